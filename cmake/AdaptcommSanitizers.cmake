@@ -1,0 +1,10 @@
+# ADAPTCOMM_SANITIZE=address builds everything with ASan+UBSan; =thread with TSan.
+if(ADAPTCOMM_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+elseif(ADAPTCOMM_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT ADAPTCOMM_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "ADAPTCOMM_SANITIZE must be '', 'address' or 'thread', not '${ADAPTCOMM_SANITIZE}'")
+endif()

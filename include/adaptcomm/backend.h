@@ -1,0 +1,89 @@
+// Backend: the small interface a transport implements (Gloo, NCCL, and later composites such as
+// an intra-host shared-memory path combined with Gloo across hosts).
+//
+// Ownership: a Communicator owns exactly one Backend and is the only caller of Run().
+// Thread safety: Run() is called by one thread at a time, in sequence order. Abort(), health()
+// and capabilities() may be called from any thread at any time.
+// Optional features are capability queries (Supports, capabilities), never methods that throw.
+#ifndef ADAPTCOMM_BACKEND_H_
+#define ADAPTCOMM_BACKEND_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "adaptcomm/types.h"
+
+namespace adaptcomm {
+
+enum class OpKind : uint8_t {
+  kAllreduce,
+  kBroadcast,
+  kReduce,
+  kAllgather,
+  kReduceScatter,
+  kAlltoall,
+  kBarrier,
+  kSend,
+  kRecv,
+};
+const char* OpKindName(OpKind kind);
+
+// One operation as the backend sees it. The communicator has validated the generic rules (non-null
+// data, matching sizes, root/peer in range) before Run() sees it.
+//   allreduce, broadcast, reduce: in place on `output` (input aliases output).
+//   allgather: input = this rank's block, output = world_size blocks.
+//   reduce_scatter: input = world_size blocks, output = this rank's reduced block.
+//   alltoall: input and output both hold world_size equal blocks; block i goes to rank i.
+//   send: input; recv: output.
+struct OpDesc {
+  OpKind kind = OpKind::kBarrier;
+  TensorView input;
+  TensorView output;
+  ReduceOp reduce = ReduceOp::kSum;
+  int root = 0;      // broadcast, reduce
+  int peer = -1;     // send, recv
+  uint32_t tag = 0;  // send, recv: matches a send to a recv between the same pair
+  uint64_t seq = 0;  // per-communicator sequence number (1-based)
+  absl::Duration timeout = absl::Seconds(600);  // bound of this op, counted from its start
+};
+
+struct Capabilities {
+  bool host_memory = true;     // accepts CPU buffers
+  bool device_memory = false;  // accepts CUDA buffers without staging
+  bool native_bf16 = false;    // bf16 reduced by the transport itself (else emulated)
+  bool native_avg = false;     // avg reduced by the transport itself (else sum + scale)
+  bool send_recv = true;
+  bool abortable = true;  // Abort() interrupts an op in flight
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const char* name() const = 0;  // "gloo", "nccl", ...
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Capabilities capabilities() const = 0;
+
+  // OK if this backend can run `op` (dtype x reduce op x device), else InvalidArgument saying why.
+  // Called before the op is queued, so bad input fails at the call, not later.
+  virtual absl::Status Supports(const OpDesc& op) const = 0;
+
+  // Runs `op` to completion, or fails within op.timeout (DeadlineExceeded) or when aborted
+  // (Aborted). After a failure other than InvalidArgument the backend is broken: health()
+  // returns the failure and every later Run() fails fast with it.
+  virtual absl::Status Run(const OpDesc& op) = 0;
+
+  // Makes a Run() in flight return promptly and breaks the backend. Idempotent.
+  virtual void Abort(const absl::Status& reason) = 0;
+
+  // OK, or the error that broke the backend.
+  virtual absl::Status health() const = 0;
+};
+
+}  // namespace adaptcomm
+
+#endif  // ADAPTCOMM_BACKEND_H_

@@ -1,0 +1,162 @@
+// Communicator: a group of ranks running collectives over one Backend.
+//
+//   auto comm = adaptcomm::Communicator::Create({});   // rank/world from torchrun, OpenMPI, Slurm
+//   if (!comm.ok()) return Fail(comm.status());
+//   adaptcomm::Work w = (*comm)->Allreduce(adaptcomm::HostView(grad.data(), grad.size()),
+//                                          {.op = adaptcomm::ReduceOp::kAvg});
+//   absl::Status s = w.Wait();
+//
+// Ownership: Create() returns the only owner; the Communicator owns its Backend and threads.
+// Destruction waits for queued operations (each within its own timeout), then closes the backend.
+// Thread safety: every method may be called from any thread. Operations run one at a time, in the
+// order they were issued (the sequence number); REQUIRES: every rank issues the same collectives
+// in the same order, as with every collective library.
+#ifndef ADAPTCOMM_COMMUNICATOR_H_
+#define ADAPTCOMM_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "adaptcomm/backend.h"
+#include "adaptcomm/store.h"
+#include "adaptcomm/types.h"
+#include "adaptcomm/work.h"
+
+namespace adaptcomm {
+
+enum class BackendChoice : uint8_t { kAuto, kGloo, kNccl };
+const char* BackendChoiceName(BackendChoice choice);
+
+// Where rank, world size and the master address came from.
+struct LaunchInfo {
+  int rank = -1;
+  int world_size = -1;
+  int local_rank = -1;
+  int local_world_size = -1;
+  std::string master_addr;
+  int master_port = 0;
+  std::string source;  // "torchrun", "openmpi", "slurm", "options"
+};
+// Reads the variables of torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
+// OpenMPI (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK) or Slurm (SLURM_PROCID, SLURM_NTASKS,
+// SLURM_LOCALID), in that order; MASTER_ADDR/MASTER_PORT (or ADAPTCOMM_MASTER_ADDR/_PORT) give
+// the store address under every launcher. NotFound when no launcher is recognised.
+[[nodiscard]] absl::StatusOr<LaunchInfo> DetectLaunchEnvironment();
+
+struct CommunicatorOptions {
+  int rank = -1;        // -1: from the launcher's environment
+  int world_size = -1;  // -1: from the launcher's environment
+  // Distinguishes communicators that share one store; two live communicators may not share a name.
+  std::string name = "default";
+  BackendChoice backend = BackendChoice::kAuto;
+  // Default bound of each operation, counted from when it starts running (not when queued).
+  absl::Duration timeout = absl::Seconds(600);
+  // Bound of creation: store connection, rendezvous of every rank, backend init.
+  absl::Duration init_timeout = absl::Seconds(120);
+
+  // Rendezvous. If `store` is set it is used as is; otherwise rank 0 serves a TCP store at
+  // master_addr:master_port and every rank connects to it.
+  std::shared_ptr<Store> store;
+  std::string master_addr;  // empty: MASTER_ADDR / ADAPTCOMM_MASTER_ADDR, else 127.0.0.1
+  int master_port = 0;      // 0: MASTER_PORT / ADAPTCOMM_MASTER_PORT
+  std::string store_token;  // empty: ADAPTCOMM_STORE_TOKEN (empty there too: no token)
+
+  // Network interface for the Gloo transport. Empty: GLOO_SOCKET_IFNAME; if unset too, the local
+  // address that routes to master_addr (loopback when the master is local).
+  std::string iface;
+};
+
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  absl::Duration timeout = absl::ZeroDuration();  // zero: the communicator's default
+};
+struct BroadcastOptions {
+  int root = 0;
+  absl::Duration timeout = absl::ZeroDuration();
+};
+struct ReduceOptions {
+  int root = 0;
+  ReduceOp op = ReduceOp::kSum;
+  absl::Duration timeout = absl::ZeroDuration();
+};
+struct AllgatherOptions {
+  absl::Duration timeout = absl::ZeroDuration();
+};
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  absl::Duration timeout = absl::ZeroDuration();
+};
+struct AlltoallOptions {
+  absl::Duration timeout = absl::ZeroDuration();
+};
+struct BarrierOptions {
+  absl::Duration timeout = absl::ZeroDuration();
+};
+struct P2POptions {
+  uint32_t tag = 0;  // a send matches the recv of the same tag between the same two ranks
+  absl::Duration timeout = absl::ZeroDuration();
+};
+
+namespace internal {
+class CommunicatorImpl;
+}
+
+class Communicator {
+ public:
+  // Rendezvous of all ranks and backend creation, bounded by options.init_timeout. A rank that
+  // never joins makes the others fail with DeadlineExceeded naming it.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Communicator>> Create(
+      const CommunicatorOptions& options);
+  // Wraps an already-built backend (tests, composite backends). options.rank/world_size must
+  // match the backend's.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Communicator>> CreateWithBackend(
+      std::unique_ptr<Backend> backend, const CommunicatorOptions& options);
+
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  ~Communicator();
+
+  int rank() const;
+  int size() const;
+  const char* backend_name() const;
+  // Why this backend was chosen ("backend=gloo requested", "auto: NCCL not built", ...).
+  const std::string& selection_reason() const;
+  Capabilities capabilities() const;
+
+  // In place: every rank's `data` ends as the reduction over all ranks.
+  Work Allreduce(TensorView data, const AllreduceOptions& options = {});
+  // In place: root's `data` is copied to every rank.
+  Work Broadcast(TensorView data, const BroadcastOptions& options = {});
+  // In place on root: root's `data` ends as the reduction; other ranks' data is left unspecified
+  // (Gloo uses it as scratch).
+  Work Reduce(TensorView data, const ReduceOptions& options = {});
+  // output.count == input.count * size(); rank i's input lands in block i.
+  Work Allgather(TensorView input, TensorView output, const AllgatherOptions& options = {});
+  // input.count == output.count * size(); output = reduction of block rank() over all ranks.
+  Work ReduceScatter(TensorView input, TensorView output, const ReduceScatterOptions& options = {});
+  // input.count == output.count, divisible by size(); block j of input goes to rank j, where it
+  // lands in block rank() of output.
+  Work Alltoall(TensorView input, TensorView output, const AlltoallOptions& options = {});
+  Work Barrier(const BarrierOptions& options = {});
+  // Point to point. Each completes before the next operation of this communicator starts: order
+  // pairs so that they match (as with blocking MPI).
+  Work Send(TensorView data, int peer, const P2POptions& options = {});
+  Work Recv(TensorView data, int peer, const P2POptions& options = {});
+
+  // OK, or the error that broke the communicator (it then fails every new op fast).
+  absl::Status health() const;
+  // Fails every pending op with Aborted(reason) and interrupts the running one. Idempotent.
+  void Abort(const absl::Status& reason);
+
+ private:
+  explicit Communicator(std::unique_ptr<internal::CommunicatorImpl> impl);
+  std::unique_ptr<internal::CommunicatorImpl> impl_;
+};
+
+}  // namespace adaptcomm
+
+#endif  // ADAPTCOMM_COMMUNICATOR_H_

@@ -1,0 +1,30 @@
+// What each absl::StatusCode returned by adaptcomm means, and what retrying can do about it.
+//
+//   Unavailable        transient: a peer or the store could not be reached, a connection broke.
+//                      Retrying after re-creating the communicator can succeed.
+//   DeadlineExceeded   an operation or a wait ran past its bound. The communicator that timed out
+//                      is broken (its transport state is unknown); re-create it to retry.
+//   Aborted            the operation was cancelled because this or another rank failed or the
+//                      communicator was aborted. A coordinated retry can succeed.
+//   InvalidArgument    the call itself is wrong (null data, sizes, dtype/op, rank out of range).
+//                      Never retry: every attempt fails the same way.
+//   FailedPrecondition the communicator is not in a state for the call (already broken, name
+//                      already taken on the store, mismatched configuration). Not retryable as is.
+//   Internal           a bug in adaptcomm or its dependencies; report it.
+#ifndef ADAPTCOMM_STATUS_H_
+#define ADAPTCOMM_STATUS_H_
+
+#include "absl/status/status.h"
+
+namespace adaptcomm {
+
+// True for Unavailable, Aborted and DeadlineExceeded: the codes a coordinated retry may fix.
+bool IsRetryable(const absl::Status& status);
+
+// Process exit code used by adaptcomm's tools and by a trainer that ends because of a
+// communication failure (distinct from crashes, signals and generic errors 1 and 2).
+inline constexpr int kExitCommunicationFailure = 75;
+
+}  // namespace adaptcomm
+
+#endif  // ADAPTCOMM_STATUS_H_

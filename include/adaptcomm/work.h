@@ -1,0 +1,64 @@
+// Work: the handle of one asynchronous collective.
+//
+// Ownership: a Work shares the operation's state with the communicator that runs it; dropping the
+// handle does not cancel the operation (it still runs, in order, like every other op).
+// Thread safety: all methods may be called from any thread, concurrently.
+// Handles are move-only: a copy would let two owners disagree about who waits.
+#ifndef ADAPTCOMM_WORK_H_
+#define ADAPTCOMM_WORK_H_
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace adaptcomm {
+
+enum class WorkState : uint8_t {
+  kPending,   // queued behind earlier operations of the communicator
+  kRunning,   // executing in the backend; its timeout clock runs from here
+  kDone,      // finished; the output buffers hold the result
+  kFailed,    // finished with an error (status() says which)
+  kTimedOut,  // ran past its timeout; status() is DeadlineExceeded naming op, seq and timeout
+};
+const char* WorkStateName(WorkState state);
+inline bool IsTerminal(WorkState s) { return s != WorkState::kPending && s != WorkState::kRunning; }
+
+namespace internal {
+class WorkImpl;
+}
+
+class [[nodiscard]] Work {
+ public:
+  Work() = default;  // an empty handle; Wait() returns FailedPrecondition
+  explicit Work(std::shared_ptr<internal::WorkImpl> impl);
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  ~Work();
+
+  // Blocks until the operation ends; bounded by the operation's own timeout (plus the abort bound),
+  // never forever. Returns the operation's status.
+  [[nodiscard]] absl::Status Wait();
+  // Blocks at most `timeout`. If the operation is still pending or running then, returns
+  // DeadlineExceeded saying so; the operation itself continues and can be waited on again.
+  [[nodiscard]] absl::Status Wait(absl::Duration timeout);
+
+  WorkState state() const;
+  // OK unless the state is kFailed or kTimedOut.
+  absl::Status status() const;
+  bool completed() const { return IsTerminal(state()); }
+  // The communicator's sequence number of this operation (1-based, counted per communicator).
+  uint64_t seq() const;
+  bool valid() const { return impl_ != nullptr; }
+
+ private:
+  std::shared_ptr<internal::WorkImpl> impl_;
+};
+
+}  // namespace adaptcomm
+
+#endif  // ADAPTCOMM_WORK_H_

@@ -1,0 +1,111 @@
+// Names of the public enums, and the retry classification of status codes.
+#include "adaptcomm/backend.h"
+#include "adaptcomm/communicator.h"
+#include "adaptcomm/status.h"
+#include "adaptcomm/types.h"
+#include "adaptcomm/work.h"
+
+namespace adaptcomm {
+
+const char* DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI8:
+      return "i8";
+    case DType::kU8:
+      return "u8";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+  }
+  return "unknown-dtype";
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kProd:
+      return "prod";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kAvg:
+      return "avg";
+  }
+  return "unknown-op";
+}
+
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllreduce:
+      return "allreduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kAllgather:
+      return "allgather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAlltoall:
+      return "alltoall";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+  }
+  return "unknown-op";
+}
+
+const char* WorkStateName(WorkState state) {
+  switch (state) {
+    case WorkState::kPending:
+      return "pending";
+    case WorkState::kRunning:
+      return "running";
+    case WorkState::kDone:
+      return "done";
+    case WorkState::kFailed:
+      return "failed";
+    case WorkState::kTimedOut:
+      return "timed_out";
+  }
+  return "unknown-state";
+}
+
+const char* BackendChoiceName(BackendChoice choice) {
+  switch (choice) {
+    case BackendChoice::kAuto:
+      return "auto";
+    case BackendChoice::kGloo:
+      return "gloo";
+    case BackendChoice::kNccl:
+      return "nccl";
+  }
+  return "unknown-backend";
+}
+
+bool IsRetryable(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kDeadlineExceeded:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace adaptcomm

@@ -1,0 +1,41 @@
+// Runs N ranks of a test body as threads of this process or as forked processes.
+//
+//   RunRanks(RankMode::kThreads, 4, [](const RankEnv& env) {
+//     auto comm = Communicator::Create(env.options);
+//     ...EXPECT_...
+//   });
+//
+// Threads share an in-process HashStore; processes rendezvous through a TCP store that rank 0
+// serves on a free loopback port. A process rank reports failure through its exit code (any
+// gtest failure in the child => exit 1); the parent kills every rank that outlives `bound`.
+#ifndef ADAPTCOMM_TESTS_HARNESS_H_
+#define ADAPTCOMM_TESTS_HARNESS_H_
+
+#include <functional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "adaptcomm/communicator.h"
+
+namespace adaptcomm::testing {
+
+enum class RankMode { kThreads, kProcesses };
+std::string RankModeName(RankMode mode);
+
+struct RankEnv {
+  int rank = 0;
+  int world_size = 0;
+  CommunicatorOptions options;  // rank, world size and rendezvous filled in
+};
+
+// Runs body(env) on every rank and waits at most `bound` for all of them. EXPECTs in the body
+// count as failures of the calling test (threads directly, processes via the exit code).
+void RunRanks(RankMode mode, int world_size, const std::function<void(const RankEnv&)>& body,
+              absl::Duration bound = absl::Seconds(120));
+
+// A loopback TCP port that was free a moment ago.
+int PickFreePort();
+
+}  // namespace adaptcomm::testing
+
+#endif  // ADAPTCOMM_TESTS_HARNESS_H_
