@@ -1,1 +1,125 @@
 #include "tests/harness.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "adaptcomm/store.h"
+#include "gtest/gtest.h"
+#include "lib/core/log.h"
+
+namespace adaptcomm::testing {
+
+std::string RankModeName(RankMode mode) {
+  return mode == RankMode::kThreads ? "threads" : "processes";
+}
+
+int PickFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+namespace {
+
+CommunicatorOptions BaseOptions(int rank, int world_size) {
+  CommunicatorOptions o;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.name = "test";
+  o.backend = BackendChoice::kGloo;
+  o.timeout = absl::Seconds(60);
+  o.init_timeout = absl::Seconds(30);
+  return o;
+}
+
+void RunAsThreads(int world_size, const std::function<void(const RankEnv&)>& body) {
+  std::shared_ptr<Store> store = CreateHashStore();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      log::ScopedThreadRank rank_for_logs(r);
+      RankEnv env{r, world_size, BaseOptions(r, world_size)};
+      env.options.store = store;
+      body(env);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+void RunAsProcesses(int world_size, const std::function<void(const RankEnv&)>& body,
+                    absl::Duration bound) {
+  const int port = PickFreePort();
+  ASSERT_GT(port, 0);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world_size; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0) << "fork failed";
+    if (pid == 0) {
+      RankEnv env{r, world_size, BaseOptions(r, world_size)};
+      env.options.master_addr = "127.0.0.1";
+      env.options.master_port = port;
+      body(env);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(::testing::Test::HasFailure() ? 1 : 0);
+    }
+    pids.push_back(pid);
+  }
+  const absl::Time deadline = absl::Now() + bound;
+  std::vector<int> status(world_size, -1);
+  int remaining = world_size;
+  while (remaining > 0 && absl::Now() < deadline) {
+    for (int r = 0; r < world_size; ++r) {
+      if (status[r] != -1) continue;
+      int st;
+      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        status[r] = st;
+        --remaining;
+      }
+    }
+    if (remaining > 0) absl::SleepFor(absl::Milliseconds(5));
+  }
+  for (int r = 0; r < world_size; ++r) {
+    if (status[r] != -1) continue;
+    kill(pids[r], SIGKILL);
+    waitpid(pids[r], &status[r], 0);
+    ADD_FAILURE() << "rank " << r << " still running after " << absl::FormatDuration(bound)
+                  << "; killed";
+  }
+  for (int r = 0; r < world_size; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)
+        << "rank " << r << " process failed: "
+        << (WIFEXITED(status[r]) ? absl::StrCat("exit code ", WEXITSTATUS(status[r]))
+                                 : absl::StrCat("signal ", WTERMSIG(status[r])));
+  }
+}
+
+}  // namespace
+
+void RunRanks(RankMode mode, int world_size, const std::function<void(const RankEnv&)>& body,
+              absl::Duration bound) {
+  if (mode == RankMode::kThreads) {
+    RunAsThreads(world_size, body);
+  } else {
+    RunAsProcesses(world_size, body, bound);
+  }
+}
+
+}  // namespace adaptcomm::testing

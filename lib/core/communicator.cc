@@ -1,0 +1,228 @@
+#include "adaptcomm/communicator.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "lib/core/communicator_impl.h"
+#include "lib/core/log.h"
+#include "lib/core/validate.h"
+#include "lib/gloo/gloo_backend.h"
+
+namespace adaptcomm {
+namespace internal {
+
+CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, Rendezvous rendezvous,
+                                   std::shared_ptr<OpExecutor> executor,
+                                   std::string selection_reason)
+    : options_(std::move(options)),
+      rendezvous_(std::move(rendezvous)),
+      executor_(std::move(executor)),
+      selection_reason_(std::move(selection_reason)) {}
+
+CommunicatorImpl::~CommunicatorImpl() {
+  executor_->Shutdown();
+  LeaveRendezvous(rendezvous_, options_);
+}
+
+Work CommunicatorImpl::Submit(OpDesc desc) {
+  if (desc.timeout == absl::ZeroDuration()) desc.timeout = options_.timeout;
+  absl::Status valid = ValidateOp(desc, options_.rank, options_.world_size);
+  if (valid.ok()) valid = executor_->backend().Supports(desc);
+  if (!valid.ok()) return Work(WorkImpl::Failed(std::move(desc), std::move(valid)));
+  return Work(executor_->Submit(std::move(desc)));
+}
+
+namespace {
+
+absl::Status ResolveOptions(CommunicatorOptions& o, std::string& launch_source) {
+  launch_source = "options";
+  if (o.rank < 0 || o.world_size < 0) {
+    absl::StatusOr<LaunchInfo> launch = DetectLaunchEnvironment();
+    if (!launch.ok()) return launch.status();
+    if (o.rank < 0) o.rank = launch->rank;
+    if (o.world_size < 0) o.world_size = launch->world_size;
+    if (o.master_addr.empty()) o.master_addr = launch->master_addr;
+    if (o.master_port == 0) o.master_port = launch->master_port;
+    launch_source = launch->source;
+  }
+  if (o.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size must be at least 1, got ", o.world_size));
+  }
+  if (o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", o.rank, " is out of range for world size ", o.world_size));
+  }
+  if (o.name.empty()) return absl::InvalidArgumentError("communicator name must not be empty");
+  if (o.timeout <= absl::ZeroDuration() || o.init_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeouts must be positive: timeout=", absl::FormatDuration(o.timeout),
+        " init_timeout=", absl::FormatDuration(o.init_timeout)));
+  }
+  return absl::OkStatus();
+}
+
+struct BackendSelection {
+  std::unique_ptr<Backend> backend;
+  std::string reason;
+};
+
+absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o, const Rendezvous& rv,
+                                               absl::Time deadline) {
+  std::string reason;
+  switch (o.backend) {
+    case BackendChoice::kNccl:
+      return absl::FailedPreconditionError(
+          "backend=nccl requested, but this adaptcomm was built without its NCCL backend");
+    case BackendChoice::kAuto:
+      reason = "auto: NCCL backend not built into this adaptcomm, using gloo";
+      break;
+    case BackendChoice::kGloo:
+      reason = "backend=gloo requested";
+      break;
+  }
+  GlooBackendOptions gloo;
+  gloo.rank = o.rank;
+  gloo.size = o.world_size;
+  gloo.store = CreatePrefixStore("gloo", rv.store);
+  gloo.iface = rv.transport_iface;
+  gloo.hostname = rv.transport_host;
+  gloo.init_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  gloo.default_timeout = o.timeout;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(gloo);
+  if (!backend.ok()) return backend.status();
+  return BackendSelection{std::move(*backend), std::move(reason)};
+}
+
+}  // namespace
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
+    const CommunicatorOptions& options) {
+  CommunicatorOptions o = options;
+  std::string launch_source;
+  if (absl::Status s = internal::ResolveOptions(o, launch_source); !s.ok()) return s;
+  log::SetProcessRank(o.rank);
+  const absl::Time deadline = absl::Now() + o.init_timeout;
+
+  absl::StatusOr<internal::Rendezvous> rv = internal::JoinRendezvous(o, deadline);
+  if (!rv.ok()) return rv.status();
+  absl::StatusOr<internal::BackendSelection> selected = internal::SelectBackend(o, *rv, deadline);
+  if (!selected.ok()) {
+    internal::LeaveRendezvous(*rv, o);
+    return selected.status();
+  }
+  ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "' rank ", o.rank, " of ", o.world_size,
+                ": backend ", selected->backend->name(), " (", selected->reason, "), ",
+                rv->description, ", rank/world from ", launch_source, ", op timeout ",
+                absl::FormatDuration(o.timeout));
+  auto executor =
+      std::make_shared<internal::OpExecutor>(std::move(selected->backend), internal::ExecutorOptions{});
+  executor->Start();
+  return std::unique_ptr<Communicator>(new Communicator(std::make_unique<internal::CommunicatorImpl>(
+      std::move(o), std::move(*rv), std::move(executor), std::move(selected->reason))));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::CreateWithBackend(
+    std::unique_ptr<Backend> backend, const CommunicatorOptions& options) {
+  if (backend == nullptr) return absl::InvalidArgumentError("CreateWithBackend: backend is null");
+  CommunicatorOptions o = options;
+  o.rank = backend->rank();
+  o.world_size = backend->size();
+  std::string unused;
+  if (absl::Status s = internal::ResolveOptions(o, unused); !s.ok()) return s;
+  std::string reason = absl::StrCat("backend ", backend->name(), " given by the caller");
+  auto executor =
+      std::make_shared<internal::OpExecutor>(std::move(backend), internal::ExecutorOptions{});
+  executor->Start();
+  return std::unique_ptr<Communicator>(new Communicator(std::make_unique<internal::CommunicatorImpl>(
+      std::move(o), internal::Rendezvous{}, std::move(executor), std::move(reason))));
+}
+
+Communicator::Communicator(std::unique_ptr<internal::CommunicatorImpl> impl)
+    : impl_(std::move(impl)) {}
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const { return impl_->options().rank; }
+int Communicator::size() const { return impl_->options().world_size; }
+const char* Communicator::backend_name() const { return impl_->executor().backend().name(); }
+const std::string& Communicator::selection_reason() const { return impl_->selection_reason(); }
+Capabilities Communicator::capabilities() const {
+  return impl_->executor().backend().capabilities();
+}
+absl::Status Communicator::health() const { return impl_->executor().backend().health(); }
+void Communicator::Abort(const absl::Status& reason) { impl_->executor().Abort(reason); }
+
+namespace {
+OpDesc InPlace(OpKind kind, TensorView data, absl::Duration timeout) {
+  OpDesc d;
+  d.kind = kind;
+  d.input = data;
+  d.output = data;
+  d.timeout = timeout;
+  return d;
+}
+OpDesc InOut(OpKind kind, TensorView input, TensorView output, absl::Duration timeout) {
+  OpDesc d;
+  d.kind = kind;
+  d.input = input;
+  d.output = output;
+  d.timeout = timeout;
+  return d;
+}
+}  // namespace
+
+Work Communicator::Allreduce(TensorView data, const AllreduceOptions& options) {
+  OpDesc d = InPlace(OpKind::kAllreduce, data, options.timeout);
+  d.reduce = options.op;
+  return impl_->Submit(std::move(d));
+}
+
+Work Communicator::Broadcast(TensorView data, const BroadcastOptions& options) {
+  OpDesc d = InPlace(OpKind::kBroadcast, data, options.timeout);
+  d.root = options.root;
+  return impl_->Submit(std::move(d));
+}
+
+Work Communicator::Reduce(TensorView data, const ReduceOptions& options) {
+  OpDesc d = InPlace(OpKind::kReduce, data, options.timeout);
+  d.root = options.root;
+  d.reduce = options.op;
+  return impl_->Submit(std::move(d));
+}
+
+Work Communicator::Allgather(TensorView input, TensorView output,
+                             const AllgatherOptions& options) {
+  return impl_->Submit(InOut(OpKind::kAllgather, input, output, options.timeout));
+}
+
+Work Communicator::ReduceScatter(TensorView input, TensorView output,
+                                 const ReduceScatterOptions& options) {
+  OpDesc d = InOut(OpKind::kReduceScatter, input, output, options.timeout);
+  d.reduce = options.op;
+  return impl_->Submit(std::move(d));
+}
+
+Work Communicator::Alltoall(TensorView input, TensorView output, const AlltoallOptions& options) {
+  return impl_->Submit(InOut(OpKind::kAlltoall, input, output, options.timeout));
+}
+
+Work Communicator::Barrier(const BarrierOptions& options) {
+  return impl_->Submit(InPlace(OpKind::kBarrier, TensorView{}, options.timeout));
+}
+
+Work Communicator::Send(TensorView data, int peer, const P2POptions& options) {
+  OpDesc d = InOut(OpKind::kSend, data, TensorView{}, options.timeout);
+  d.peer = peer;
+  d.tag = options.tag;
+  return impl_->Submit(std::move(d));
+}
+
+Work Communicator::Recv(TensorView data, int peer, const P2POptions& options) {
+  OpDesc d = InOut(OpKind::kRecv, TensorView{}, data, options.timeout);
+  d.peer = peer;
+  d.tag = options.tag;
+  return impl_->Submit(std::move(d));
+}
+
+}  // namespace adaptcomm

@@ -1,0 +1,187 @@
+#include "lib/core/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/core/log.h"
+
+namespace adaptcomm::internal {
+namespace {
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+bool IsLoopbackName(const std::string& host) {
+  return host.empty() || host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// The local IPv4 address the kernel would use to reach `host` (no packet is sent: a UDP connect
+// only selects a route). Empty if the host does not resolve.
+std::string LocalAddressToward(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port > 0 ? port : 9).c_str(), &hints, &res) != 0) {
+    return "";
+  }
+  std::string local;
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in addr{};
+    socklen_t len = sizeof(addr);
+    char text[INET_ADDRSTRLEN];
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
+        inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text)) != nullptr) {
+      local = text;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return local;
+}
+
+std::string ClaimKey(const CommunicatorOptions& o) {
+  return absl::StrCat("adaptcomm/claims/", o.name, "/", o.rank);
+}
+
+absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::Time deadline) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < o.world_size; ++r) keys.push_back(absl::StrCat("join/", r));
+  absl::Status joined = store.Wait(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  if (joined.ok() || !absl::IsDeadlineExceeded(joined)) return joined;
+  std::vector<int> missing;
+  for (int r = 0; r < o.world_size; ++r) {
+    if (!store.Get(keys[r], absl::ZeroDuration()).ok()) missing.push_back(r);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "), " of ", o.world_size,
+                   " did not join communicator '", o.name, "' within the init timeout of ",
+                   absl::FormatDuration(o.init_timeout)));
+}
+
+}  // namespace
+
+absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Time deadline) {
+  Rendezvous rv;
+  std::string master = o.master_addr;
+  if (master.empty()) {
+    const char* env = Env("ADAPTCOMM_MASTER_ADDR") ? Env("ADAPTCOMM_MASTER_ADDR") : Env("MASTER_ADDR");
+    if (env != nullptr) master = env;
+  }
+  if (o.store != nullptr) {
+    rv.root_store = o.store;
+    rv.description = "store given by the caller";
+  } else {
+    int port = o.master_port;
+    if (port == 0) {
+      const char* env = Env("ADAPTCOMM_MASTER_PORT") ? Env("ADAPTCOMM_MASTER_PORT") : Env("MASTER_PORT");
+      if (env != nullptr && (!absl::SimpleAtoi(env, &port) || port <= 0 || port > 65535)) {
+        return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT='", env, "' is not a TCP port"));
+      }
+    }
+    if (port == 0) {
+      return absl::InvalidArgumentError(
+          "no rendezvous: set CommunicatorOptions::store, or master_port (or MASTER_PORT), e.g. "
+          "by starting ranks with `adaptcomm launch -n N -- ...` or torchrun");
+    }
+    if (master.empty()) master = "127.0.0.1";
+    TcpStoreOptions tcp;
+    tcp.host = master;
+    tcp.port = port;
+    tcp.token = o.store_token;
+    if (tcp.token.empty() && Env("ADAPTCOMM_STORE_TOKEN") != nullptr) {
+      tcp.token = Env("ADAPTCOMM_STORE_TOKEN");
+    }
+    tcp.connect_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    if (o.rank == 0) {
+      TcpStoreOptions serve = tcp;
+      serve.host = "0.0.0.0";
+      absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = StartTcpStoreServer(serve);
+      if (!server.ok()) {
+        return absl::Status(server.status().code(),
+                            absl::StrCat("rank 0 cannot serve the store on port ", port, ": ",
+                                         server.status().message()));
+      }
+      rv.server = std::move(*server);
+      tcp.host = "127.0.0.1";
+    }
+    absl::StatusOr<std::shared_ptr<Store>> client = ConnectTcpStore(tcp);
+    if (!client.ok()) return client.status();
+    rv.root_store = std::move(*client);
+    rv.description = absl::StrCat("tcp store ", master, ":", port);
+  }
+
+  absl::StatusOr<int64_t> claims = rv.root_store->Add(ClaimKey(o), 1);
+  if (!claims.ok()) return claims.status();
+  if (*claims != 1) {
+    (void)rv.root_store->Add(ClaimKey(o), -1);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a communicator named '", o.name, "' already has rank ", o.rank,
+        " on this store; give each communicator sharing a store a distinct "
+        "CommunicatorOptions::name"));
+  }
+  // Every rank creates a given name the same number of times, so the count of this rank's
+  // creations is an incarnation number all ranks agree on; it keeps the keys of a communicator
+  // apart from those of an earlier one of the same name on the same store.
+  absl::StatusOr<int64_t> incarnation =
+      rv.root_store->Add(absl::StrCat("adaptcomm/incarnations/", o.name, "/", o.rank), 1);
+  if (!incarnation.ok()) return incarnation.status();
+  rv.store = CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", *incarnation),
+                               rv.root_store);
+  char host[256] = "unknown";
+  gethostname(host, sizeof(host) - 1);
+  if (absl::Status s = rv.store->Set(absl::StrCat("join/", o.rank), absl::StrCat(host, ":", getpid()));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WaitForAllRanks(*rv.store, o, deadline); !s.ok()) {
+    (void)rv.root_store->Add(ClaimKey(o), -1);
+    return s;
+  }
+
+  rv.transport_iface = o.iface;
+  if (rv.transport_iface.empty() && Env("GLOO_SOCKET_IFNAME") != nullptr) {
+    rv.transport_iface = Env("GLOO_SOCKET_IFNAME");
+  }
+  if (rv.transport_iface.empty()) {
+    rv.transport_host = IsLoopbackName(master) ? "127.0.0.1" : LocalAddressToward(master, 0);
+    if (rv.transport_host.empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          "no route to the master address '", master,
+          "': set GLOO_SOCKET_IFNAME or CommunicatorOptions::iface to the interface to use"));
+    }
+  }
+  return rv;
+}
+
+void LeaveRendezvous(Rendezvous& rv, const CommunicatorOptions& o) {
+  if (rv.root_store == nullptr) return;
+  (void)rv.root_store->Delete(ClaimKey(o));
+  absl::StatusOr<int64_t> left = rv.store->Add("left", 1);
+  if (rv.server != nullptr && left.ok()) {
+    // Serve until the others have left too, within a bound: a dead peer must not hold us here.
+    const absl::Time until = absl::Now() + std::min(o.init_timeout, absl::Seconds(30));
+    while (absl::Now() < until) {
+      absl::StatusOr<int64_t> count = rv.store->Add("left", 0);
+      if (!count.ok() || *count >= o.world_size) break;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  }
+  rv.store.reset();
+  rv.root_store.reset();
+  rv.server.reset();
+}
+
+}  // namespace adaptcomm::internal

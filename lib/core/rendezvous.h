@@ -1,0 +1,34 @@
+// Rendezvous of a communicator's ranks: the store (served by rank 0 unless the caller gave one),
+// a claim on the communicator's name, and the wait until every rank has joined.
+#ifndef ADAPTCOMM_LIB_CORE_RENDEZVOUS_H_
+#define ADAPTCOMM_LIB_CORE_RENDEZVOUS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "adaptcomm/communicator.h"
+#include "adaptcomm/store.h"
+
+namespace adaptcomm::internal {
+
+struct Rendezvous {
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only, when adaptcomm serves the store
+  std::shared_ptr<Store> root_store;       // the job's store
+  std::shared_ptr<Store> store;            // scoped to this communicator's name
+  std::string transport_host;              // address Gloo binds to (when no interface is named)
+  std::string transport_iface;             // interface Gloo binds to, if named
+  std::string description;                 // for the creation log line
+};
+
+// REQUIRES: options.rank and options.world_size resolved and valid.
+absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& options, absl::Time deadline);
+
+// Gives the name back and, on rank 0, keeps serving the store until every rank has left (bounded),
+// so that peers still finishing their own departure do not lose the store under them.
+void LeaveRendezvous(Rendezvous& rendezvous, const CommunicatorOptions& options);
+
+}  // namespace adaptcomm::internal
+
+#endif  // ADAPTCOMM_LIB_CORE_RENDEZVOUS_H_

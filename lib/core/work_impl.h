@@ -1,0 +1,53 @@
+// WorkImpl: the shared state of one operation, between the Work handle(s), the executor that runs
+// it and the watchdog that bounds it.
+#ifndef ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
+#define ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
+
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "adaptcomm/backend.h"
+#include "adaptcomm/work.h"
+
+namespace adaptcomm::internal {
+
+class OpExecutor;
+
+class WorkImpl {
+ public:
+  WorkImpl(OpDesc desc, std::weak_ptr<OpExecutor> executor);
+  // A Work that failed before being queued (bad input, broken communicator).
+  static std::shared_ptr<WorkImpl> Failed(OpDesc desc, absl::Status status);
+
+  const OpDesc& desc() const { return desc_; }
+
+  // Pending -> running; the timeout clock starts here. False if already terminal (aborted).
+  bool MarkRunning();
+  // Any non-terminal state -> done/failed/timed out. The first call wins; later ones are ignored
+  // (the watchdog and the executor may both try). Returns whether this call won.
+  bool Finish(absl::Status status);
+
+  absl::Status Wait(absl::Duration bound);
+  WorkState state() const;
+  absl::Status status() const;
+  absl::Time enqueue_time() const { return enqueue_time_; }
+  absl::Time start_time() const;
+  absl::Time end_time() const;
+
+ private:
+  const OpDesc desc_;
+  const std::weak_ptr<OpExecutor> executor_;
+  const absl::Time enqueue_time_;
+  mutable absl::Mutex mu_;
+  WorkState state_ ABSL_GUARDED_BY(mu_) = WorkState::kPending;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Time start_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time end_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+}  // namespace adaptcomm::internal
+
+#endif  // ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
