@@ -55,9 +55,9 @@ absl::Status ResolveOptions(CommunicatorOptions& o, std::string& launch_source) 
   }
   if (o.name.empty()) return absl::InvalidArgumentError("communicator name must not be empty");
   if (o.timeout <= absl::ZeroDuration() || o.init_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeouts must be positive: timeout=", absl::FormatDuration(o.timeout),
-        " init_timeout=", absl::FormatDuration(o.init_timeout)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeouts must be positive: timeout=", absl::FormatDuration(o.timeout),
+                     " init_timeout=", absl::FormatDuration(o.init_timeout)));
   }
   return absl::OkStatus();
 }
@@ -116,11 +116,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
                 ": backend ", selected->backend->name(), " (", selected->reason, "), ",
                 rv->description, ", rank/world from ", launch_source, ", op timeout ",
                 absl::FormatDuration(o.timeout));
-  auto executor =
-      std::make_shared<internal::OpExecutor>(std::move(selected->backend), internal::ExecutorOptions{});
+  auto executor = std::make_shared<internal::OpExecutor>(std::move(selected->backend),
+                                                         internal::ExecutorOptions{});
   executor->Start();
-  return std::unique_ptr<Communicator>(new Communicator(std::make_unique<internal::CommunicatorImpl>(
-      std::move(o), std::move(*rv), std::move(executor), std::move(selected->reason))));
+  return std::unique_ptr<Communicator>(
+      new Communicator(std::make_unique<internal::CommunicatorImpl>(
+          std::move(o), std::move(*rv), std::move(executor), std::move(selected->reason))));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::CreateWithBackend(
@@ -135,8 +136,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::CreateWithBackend(
   auto executor =
       std::make_shared<internal::OpExecutor>(std::move(backend), internal::ExecutorOptions{});
   executor->Start();
-  return std::unique_ptr<Communicator>(new Communicator(std::make_unique<internal::CommunicatorImpl>(
-      std::move(o), internal::Rendezvous{}, std::move(executor), std::move(reason))));
+  return std::unique_ptr<Communicator>(
+      new Communicator(std::make_unique<internal::CommunicatorImpl>(
+          std::move(o), internal::Rendezvous{}, std::move(executor), std::move(reason))));
 }
 
 Communicator::Communicator(std::unique_ptr<internal::CommunicatorImpl> impl)
@@ -191,8 +193,7 @@ Work Communicator::Reduce(TensorView data, const ReduceOptions& options) {
   return impl_->Submit(std::move(d));
 }
 
-Work Communicator::Allgather(TensorView input, TensorView output,
-                             const AllgatherOptions& options) {
+Work Communicator::Allgather(TensorView input, TensorView output, const AllgatherOptions& options) {
   return impl_->Submit(InOut(OpKind::kAllgather, input, output, options.timeout));
 }
 

@@ -88,9 +88,8 @@ void OpExecutor::WatchdogLoop() {
     mu_.Await(absl::Condition(&idle_or_stop));
     if (running_ == nullptr) return;  // stopping, nothing left
     std::shared_ptr<WorkImpl> watched = running_;
-    auto moved_on = [this, &watched]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return running_ != watched;
-    };
+    auto moved_on = [this, &watched]()
+                        ABSL_SHARED_LOCKS_REQUIRED(mu_) { return running_ != watched; };
     const OpDesc& desc = watched->desc();
     const absl::Time deadline = running_since_ + desc.timeout + options_.watchdog_grace;
     if (mu_.AwaitWithDeadline(absl::Condition(&moved_on), deadline)) continue;
@@ -126,10 +125,9 @@ void OpExecutor::Abort(const absl::Status& reason) {
     dropped.swap(queue_);
   }
   for (auto& work : dropped) {
-    work->Finish(absl::AbortedError(absl::StrCat(OpKindName(work->desc().kind), " #",
-                                                 work->desc().seq,
-                                                 " cancelled: communicator aborted: ",
-                                                 reason.message())));
+    work->Finish(
+        absl::AbortedError(absl::StrCat(OpKindName(work->desc().kind), " #", work->desc().seq,
+                                        " cancelled: communicator aborted: ", reason.message())));
   }
   backend_->Abort(reason);
 }

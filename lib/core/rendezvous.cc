@@ -65,10 +65,10 @@ absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::T
   for (int r = 0; r < o.world_size; ++r) {
     if (!store.Get(keys[r], absl::ZeroDuration()).ok()) missing.push_back(r);
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "), " of ", o.world_size,
-                   " did not join communicator '", o.name, "' within the init timeout of ",
-                   absl::FormatDuration(o.init_timeout)));
+  return absl::DeadlineExceededError(absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "), " of ",
+                                                  o.world_size, " did not join communicator '",
+                                                  o.name, "' within the init timeout of ",
+                                                  absl::FormatDuration(o.init_timeout)));
 }
 
 }  // namespace
@@ -77,7 +77,8 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Ti
   Rendezvous rv;
   std::string master = o.master_addr;
   if (master.empty()) {
-    const char* env = Env("ADAPTCOMM_MASTER_ADDR") ? Env("ADAPTCOMM_MASTER_ADDR") : Env("MASTER_ADDR");
+    const char* env =
+        Env("ADAPTCOMM_MASTER_ADDR") ? Env("ADAPTCOMM_MASTER_ADDR") : Env("MASTER_ADDR");
     if (env != nullptr) master = env;
   }
   if (o.store != nullptr) {
@@ -86,9 +87,11 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Ti
   } else {
     int port = o.master_port;
     if (port == 0) {
-      const char* env = Env("ADAPTCOMM_MASTER_PORT") ? Env("ADAPTCOMM_MASTER_PORT") : Env("MASTER_PORT");
+      const char* env =
+          Env("ADAPTCOMM_MASTER_PORT") ? Env("ADAPTCOMM_MASTER_PORT") : Env("MASTER_PORT");
       if (env != nullptr && (!absl::SimpleAtoi(env, &port) || port <= 0 || port > 65535)) {
-        return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT='", env, "' is not a TCP port"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("MASTER_PORT='", env, "' is not a TCP port"));
       }
     }
     if (port == 0) {
@@ -127,10 +130,10 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Ti
   if (!claims.ok()) return claims.status();
   if (*claims != 1) {
     (void)rv.root_store->Add(ClaimKey(o), -1);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "a communicator named '", o.name, "' already has rank ", o.rank,
-        " on this store; give each communicator sharing a store a distinct "
-        "CommunicatorOptions::name"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("a communicator named '", o.name, "' already has rank ", o.rank,
+                     " on this store; give each communicator sharing a store a distinct "
+                     "CommunicatorOptions::name"));
   }
   // Every rank creates a given name the same number of times, so the count of this rank's
   // creations is an incarnation number all ranks agree on; it keeps the keys of a communicator
@@ -138,11 +141,12 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Ti
   absl::StatusOr<int64_t> incarnation =
       rv.root_store->Add(absl::StrCat("adaptcomm/incarnations/", o.name, "/", o.rank), 1);
   if (!incarnation.ok()) return incarnation.status();
-  rv.store = CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", *incarnation),
-                               rv.root_store);
+  rv.store =
+      CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", *incarnation), rv.root_store);
   char host[256] = "unknown";
   gethostname(host, sizeof(host) - 1);
-  if (absl::Status s = rv.store->Set(absl::StrCat("join/", o.rank), absl::StrCat(host, ":", getpid()));
+  if (absl::Status s =
+          rv.store->Set(absl::StrCat("join/", o.rank), absl::StrCat(host, ":", getpid()));
       !s.ok()) {
     return s;
   }

@@ -19,7 +19,8 @@ absl::Status CheckView(const OpDesc& op, const char* role, const TensorView& v) 
     return Invalid(op, absl::StrCat(role, " is null but its count is ", v.count));
   }
   if (DTypeSize(v.dtype) == 0) {
-    return Invalid(op, absl::StrCat(role, " has an unknown dtype code ", static_cast<int>(v.dtype)));
+    return Invalid(op,
+                   absl::StrCat(role, " has an unknown dtype code ", static_cast<int>(v.dtype)));
   }
   if (v.device.is_cuda() && v.device.index < 0) {
     return Invalid(op, absl::StrCat(role, " is on CUDA with device index ", v.device.index));
@@ -56,8 +57,8 @@ absl::Status ValidateOp(const OpDesc& op, int rank, int world_size) {
   if (auto s = CheckView(op, "input", op.input); !s.ok()) return s;
   if (auto s = CheckView(op, "output", op.output); !s.ok()) return s;
   if (op.timeout <= absl::ZeroDuration()) {
-    return Invalid(op, absl::StrCat("timeout must be positive, got ",
-                                    absl::FormatDuration(op.timeout)));
+    return Invalid(
+        op, absl::StrCat("timeout must be positive, got ", absl::FormatDuration(op.timeout)));
   }
   const size_t n = static_cast<size_t>(world_size);
   switch (op.kind) {

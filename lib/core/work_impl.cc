@@ -52,10 +52,9 @@ absl::Status WorkImpl::Wait(absl::Duration bound) {
   absl::MutexLock lock(&mu_);
   auto terminal = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return IsTerminal(state_); };
   if (!mu_.AwaitWithDeadline(absl::Condition(&terminal), deadline)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("wait bound of ", absl::FormatDuration(bound), " expired: ",
-                     OpKindName(desc_.kind), " #", desc_.seq, " is still ",
-                     WorkStateName(state_), " (the operation continues; wait again)"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "wait bound of ", absl::FormatDuration(bound), " expired: ", OpKindName(desc_.kind), " #",
+        desc_.seq, " is still ", WorkStateName(state_), " (the operation continues; wait again)"));
   }
   return status_;
 }

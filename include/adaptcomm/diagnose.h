@@ -1,0 +1,66 @@
+// Pre-flight checks of a node before training (what `adaptcomm diagnose` runs): GPUs and their
+// topology, CUDA driver/runtime and NCCL versions against the compatibility matrix, the NCCL_* /
+// GLOO_* / ADAPTCOMM_* environment, and checkpoint storage. Each check ends pass, warn or fail
+// with a one-line detail and, unless it passed, the fix. A CI pipeline gates on AnyFailed().
+//
+//   adaptcomm::DiagnoseOptions opts;
+//   opts.expect_gpus = 8;
+//   opts.checkpoint_dir = "/ckpt";
+//   std::vector<adaptcomm::CheckResult> results = adaptcomm::RunPreflightChecks(opts);
+//   if (adaptcomm::AnyFailed(results)) ...
+//
+// Compiles as C++17: trainers include it.
+#ifndef ADAPTCOMM_DIAGNOSE_H_
+#define ADAPTCOMM_DIAGNOSE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace adaptcomm {
+
+enum class CheckStatus { kPass, kWarn, kFail };
+const char* CheckStatusName(CheckStatus status);  // "pass", "warn", "fail"
+
+struct CheckResult {
+  std::string check;   // "gpu.count", "version.nccl", "env.NCCL_MAX_RINGS", "storage.fsync", ...
+  CheckStatus status = CheckStatus::kPass;
+  std::string detail;  // what was found
+  std::string fix;     // what to do (empty when passed)
+};
+
+struct DiagnoseOptions {
+  // GPUs this node must have: -1 = no expectation (no GPU passes, as on a CPU job); N > 0 makes
+  // fewer than N (or no NVML at all) a failure.
+  int expect_gpus = -1;
+  // The job spans several hosts (the hostname must not resolve to loopback). Unset: inferred
+  // from WORLD_SIZE > LOCAL_WORLD_SIZE.
+  int multi_host = -1;  // -1 infer, 0 no, 1 yes
+
+  // Storage: empty skips the checks. `checkpoint_bytes` are written, fsynced and read back.
+  std::string checkpoint_dir;
+  uint64_t checkpoint_bytes = 64ull << 20;
+  double min_write_mbps = 200;     // below: warn; below a tenth of it: fail
+  double min_read_mbps = 200;      // same
+  double max_fsync_ms = 100;       // above: warn; above ten times it: fail
+
+  // Data files; empty = found in the configuration directory (configs/).
+  std::string compat_matrix_file;  // compat_matrix.yaml
+  std::string nccl_params_file;    // nccl_params.yaml
+
+  // The environment to lint, "NAME=value" entries; empty = this process's environment.
+  std::vector<std::string> environment;
+
+  // Called with a short line before each group of checks starts ("checking GPUs...").
+  std::function<void(const std::string&)> progress;
+};
+
+// Runs every local check. Never throws; a check that cannot run reports why as warn or fail.
+std::vector<CheckResult> RunPreflightChecks(const DiagnoseOptions& options);
+
+bool AnyFailed(const std::vector<CheckResult>& results);
+
+}  // namespace adaptcomm
+
+#endif  // ADAPTCOMM_DIAGNOSE_H_

@@ -1,0 +1,239 @@
+// Size-tiered profiles: a trainer says "a 70B model on 64 ranks" and gets every setting adaptcomm
+// and NCCL/Gloo should use, each with the place it came from.
+//
+//   adaptcomm::ProfileRequest req;
+//   req.model_size = "70B";
+//   req.world_size = 64;
+//   absl::StatusOr<adaptcomm::EffectiveConfig> cfg = adaptcomm::ResolveProfile(req);
+//   if (!cfg.ok()) return Fail(cfg.status());    // file:line:column for a broken profile
+//   std::puts(cfg->Explain().c_str());
+//
+// Precedence, highest first: an explicit API value (ProfileRequest::overrides) > a variable the
+// user already exported (NCCL_* only; never overwritten unless the profile marks it `force`) >
+// the selected tier > the profile's `defaults`/`infrastructure` blocks > built-in defaults.
+//
+// Tier selection: tiers in the file are ordered by parameter count. A size inside a tier's range
+// selects it; a size between two tiers (the article leaves 7B-30B uncovered) selects the NEXT
+// LARGER tier - more generous timeouts and channels are the safe side - and says so in a log line
+// and in Explain(). A size above every tier selects the largest one.
+//
+// World-size scaling of the collective (and heartbeat) timeout, monotone non-decreasing in world:
+//   factor(world) = 1                                                   for world <= R
+//   factor(world) = min(max_factor, 1 + per_doubling * log2(world / R)) for world >  R
+// with R = world_scaling.reference_world (8), per_doubling 0.25, max_factor 3 by default; the
+// result is rounded to whole seconds. An explicit API collective timeout is used as given.
+//
+// Timeouts must be ordered store_connect < collective < heartbeat (checked after scaling), and
+// init >= store_connect; a profile that inverts them is refused with both values named.
+//
+// Compiles as C++17: trainers include it. No NCCL header is needed: NCCL settings are returned as
+// a plain struct and a list of environment variables.
+#ifndef ADAPTCOMM_PROFILE_H_
+#define ADAPTCOMM_PROFILE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace adaptcomm {
+
+class Store;
+// Defined in communicator.h: { kAuto, kGloo, kNccl }.
+enum class BackendChoice : uint8_t;
+
+// Values a trainer sets in code; each one set wins over the environment and the profile.
+struct ProfileOverrides {
+  std::optional<absl::Duration> store_connect_timeout;
+  std::optional<absl::Duration> init_timeout;
+  std::optional<absl::Duration> collective_timeout;  // used as given: not scaled by world size
+  std::optional<absl::Duration> heartbeat_timeout;
+  std::optional<absl::Duration> abort_timeout;
+  std::optional<absl::Duration> long_operation_timeout;
+  std::optional<BackendChoice> backend;
+  std::optional<bool> allow_fallback;
+  std::optional<int> max_retry_attempts;
+  std::optional<uint64_t> nccl_buffer_size;  // bytes (NCCL_BUFFSIZE)
+  std::optional<int> nccl_min_ctas;          // channels (ncclConfig_t.minCTAs / NCCL_MIN_CTAS)
+  std::optional<int> nccl_max_ctas;
+  // Any other NCCL_* variable by name (checked against the parameter registry like the profile).
+  std::map<std::string, std::string> nccl_env;
+};
+
+struct ProfileRequest {
+  // "7B", "235B", "1.5T", "7000000000", or a tier name. Empty: ADAPTCOMM_MODEL_SIZE, else the
+  // smallest tier.
+  std::string model_size;
+  int world_size = 1;
+  // Profile file. Empty: ADAPTCOMM_PROFILE, else profiles.yaml in the configuration directory
+  // (ADAPTCOMM_CONFIG_DIR, else the source tree's configs/, else <prefix>/share/adaptcomm/configs).
+  std::string file;
+  // Refuse profiles naming variables NCCL never reads or does not know. Also ADAPTCOMM_PROFILE_STRICT=1.
+  bool strict = false;
+  ProfileOverrides overrides;
+};
+
+struct TimeoutConfig {
+  absl::Duration store_connect;      // a store client's connect bound
+  absl::Duration init;               // creation: rendezvous + backend init
+  absl::Duration collective_base;    // before world-size scaling
+  absl::Duration collective;         // per-operation bound, scaled by world size
+  double world_factor = 1.0;         // collective / collective_base (1 if set by the API)
+  absl::Duration heartbeat;          // watchdog silent this long: the process aborts (scaled too)
+  absl::Duration abort;              // how long an abort may take before a hard exit
+  absl::Duration long_operation;     // bound inside a long-operation scope (checkpoint save)
+};
+
+struct RetryPolicy {
+  int max_attempts = 3;  // including the first
+  absl::Duration initial_backoff;
+  double multiplier = 2.0;
+  absl::Duration max_backoff;
+  double jitter = 0.2;  // each backoff is multiplied by a uniform factor in [1-jitter, 1+jitter]
+  std::vector<absl::StatusCode> retryable;
+};
+
+struct BackendPolicy {
+  BackendChoice choice{};  // value 0: kAuto
+  bool allow_fallback = true;        // NCCL -> Gloo when NCCL is unavailable or unstable
+  int degrade_after_failures = 3;    // K failed NCCL operations...
+  absl::Duration degrade_window;     // ...within this window: degrade to Gloo
+};
+
+// One NCCL setting after precedence. Where it goes is decided by PlanNccl() once the loaded NCCL
+// version is known.
+struct NcclSetting {
+  std::string name;          // canonical NCCL_* name (deprecated aliases already translated)
+  std::string value;         // as NCCL parses it (sizes in bytes)
+  std::string source;        // "profiles.yaml:42", "env NCCL_IB_HCA", "API", "default"
+  bool force = false;        // overwrite a value the user exported
+  bool user_exported = false;  // the value IS the user's exported one: nothing to set
+  bool per_process = true;   // NCCL reads it once per process and caches it
+  std::string config_field;  // ncclConfig_t field, empty if none
+  int config_since = 0;      // NCCL_VERSION_CODE that added config_field (2.17 -> 21700)
+  bool env_overrides_config = false;  // NCCL lets the env win over the ncclConfig_t field
+};
+
+struct GlooSettings {
+  std::string algorithm = "ring";  // "ring" or "bcube"
+  absl::Duration timeout;          // per-operation (defaults to the collective timeout)
+  uint64_t max_segment_bytes = 0;  // 0: Gloo's default
+};
+
+struct FlightRecorderSettings {
+  int entries = 2000;  // last N collectives per rank kept for the timeout dump
+  std::string dump_dir;
+};
+
+struct TraceSettings {
+  bool enabled = false;
+  std::string dir;
+};
+
+// One row of the effective-configuration report.
+struct SettingRecord {
+  std::string key;         // "timeouts.collective", "nccl.NCCL_MIN_CTAS"
+  std::string value;       // canonical text ("4200s", "2097152")
+  std::string source;      // "profiles.yaml:42", "env NCCL_IB_HCA", "API", "default"
+  std::string applied_as;  // "ncclConfig_t.minCTAs (NCCL >= 2.17)", "process env", "Gloo option"
+};
+
+struct EffectiveConfig {
+  std::string file;          // the profile file, as found
+  std::string tier;          // selected tier name
+  std::string tier_range;    // e.g. ">=100B"
+  uint64_t model_params = 0;  // 0: no size given (smallest tier)
+  int world_size = 1;
+  bool strict = false;
+
+  TimeoutConfig timeouts;
+  RetryPolicy retry;
+  BackendPolicy backend;
+  std::vector<NcclSetting> nccl;
+  GlooSettings gloo;
+  FlightRecorderSettings flight_recorder;
+  TraceSettings trace;
+
+  std::vector<SettingRecord> settings;  // every setting, sorted by key
+  std::vector<std::string> warnings;    // dead/deprecated variables, non-power-of-two buffers...
+  std::vector<std::string> notes;       // selection and scaling explanations
+
+  // Human-readable table: every setting, its value, source and how it is applied.
+  std::string Explain() const;
+  std::string ExplainJson() const;
+  // "key=value" lines sorted by key (no sources): what must match on every rank.
+  std::string CanonicalListing() const;
+  // FNV-1a 64 of CanonicalListing().
+  uint64_t Hash() const;
+};
+
+// Loads, validates and resolves a profile. InvalidArgument "file:line:column: ..." for a broken
+// file; FailedPrecondition for strict-mode refusals; NotFound for a missing file.
+[[nodiscard]] absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request);
+
+// The configuration directory (see ProfileRequest::file); empty if none exists.
+std::string DefaultConfigDir();
+
+// ---- NCCL application ----
+
+// Mirrors ncclConfig_t; an unset field keeps NCCL's default.
+struct NcclConfigValues {
+  std::optional<int> blocking;
+  std::optional<int> cga_cluster_size;
+  std::optional<int> min_ctas;
+  std::optional<int> max_ctas;
+  std::optional<std::string> net_name;
+  std::optional<int> split_share;
+  std::optional<int> traffic_class;
+  std::optional<std::string> comm_name;
+  std::optional<int> cta_policy;
+  std::optional<int> nvls_ctas;
+};
+
+struct NcclEnvVar {
+  std::string name;
+  std::string value;
+  bool force = false;
+};
+
+struct NcclPlan {
+  NcclConfigValues config;       // for ncclCommInitRankConfig
+  std::vector<NcclEnvVar> env;   // to set before the first NCCL init
+  std::vector<std::string> notes;  // e.g. "trafficClass needs NCCL 2.26; NCCL_IB_TC set instead"
+};
+
+// Pure: splits cfg.nccl for the loaded NCCL (version code as NCCL_VERSION_CODE: 2.27.3 -> 22703).
+// Fields the version lacks go to the env instead, with a note.
+NcclPlan PlanNccl(const EffectiveConfig& cfg, int nccl_version_code);
+
+struct NcclEnvReport {
+  std::vector<std::string> set;         // NAME=value set now
+  std::vector<std::string> kept_user;   // NAME: user's exported value kept
+  std::vector<std::string> conflicts;   // read-once variables a later call wanted different
+};
+
+// Sets the process environment for PlanNccl(cfg, version).env by precedence: a variable the user
+// exported is kept unless the setting is forced or came from the API. Read-once variables already
+// set by an earlier call are not changed; a different wanted value is logged as a warning and
+// listed in conflicts. Thread-safe.
+NcclEnvReport ApplyNcclEnvironment(const EffectiveConfig& cfg, int nccl_version_code);
+
+// ---- consistency across ranks ----
+
+// Every rank publishes Hash() (and, for the error message, CanonicalListing()) to `store` under
+// "adaptcomm/config/..." and reads everyone's. On any mismatch EVERY rank returns
+// FailedPrecondition naming the ranks and the keys that differ, e.g.
+// "rank 2 differs from rank 0 on timeouts.collective (2400s vs 1200s)". Use a fresh store prefix
+// per communicator: keys are not deleted.
+[[nodiscard]] absl::Status CheckSameConfigOnAllRanks(Store& store, int rank, int world_size,
+                                                     const EffectiveConfig& cfg,
+                                                     absl::Duration timeout);
+
+}  // namespace adaptcomm
+
+#endif  // ADAPTCOMM_PROFILE_H_

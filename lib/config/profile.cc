@@ -1,0 +1,138 @@
+// ResolveProfile(): finds the profile file, the registry and the environment, then hands the
+// text to the pure loader.
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "adaptcomm/profile.h"
+#include "lib/config/profile_loader.h"
+#include "lib/config/resolve_internal.h"
+#include "lib/config/units.h"
+#include "lib/config/yaml_util.h"
+
+extern char** environ;
+
+namespace adaptcomm {
+namespace {
+
+bool FileExists(const std::string& path) { return !path.empty() && access(path.c_str(), R_OK) == 0; }
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+absl::StatusOr<std::string> FindRegistry(const std::string& profile_file) {
+  std::vector<std::string> candidates;
+  std::string dir = DefaultConfigDir();
+  if (!dir.empty()) candidates.push_back(dir + "/nccl_params.yaml");
+  // A template under configs/templates/ finds the registry one level up.
+  candidates.push_back(DirName(profile_file) + "/nccl_params.yaml");
+  candidates.push_back(DirName(DirName(profile_file)) + "/nccl_params.yaml");
+  for (const std::string& c : candidates) {
+    if (FileExists(c)) return c;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "the NCCL parameter registry nccl_params.yaml is in none of: ", candidates[0],
+      candidates.size() > 1 ? absl::StrCat(", ", candidates[1]) : "",
+      " (set ADAPTCOMM_CONFIG_DIR to the directory holding profiles.yaml and nccl_params.yaml)"));
+}
+
+}  // namespace
+
+std::string DefaultConfigDir() {
+  std::string dir = Env("ADAPTCOMM_CONFIG_DIR");
+  if (!dir.empty()) return dir;
+#ifdef ADAPTCOMM_SOURCE_CONFIG_DIR
+  if (FileExists(std::string(ADAPTCOMM_SOURCE_CONFIG_DIR) + "/profiles.yaml")) {
+    return ADAPTCOMM_SOURCE_CONFIG_DIR;
+  }
+#endif
+#ifdef ADAPTCOMM_INSTALL_CONFIG_DIR
+  if (FileExists(std::string(ADAPTCOMM_INSTALL_CONFIG_DIR) + "/profiles.yaml")) {
+    return ADAPTCOMM_INSTALL_CONFIG_DIR;
+  }
+#endif
+  return "";
+}
+
+absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request) {
+  config::ResolveInputs in;
+  std::string file_origin = "request";
+  in.file = request.file;
+  if (in.file.empty()) {
+    in.file = Env("ADAPTCOMM_PROFILE");
+    file_origin = "ADAPTCOMM_PROFILE";
+  }
+  if (in.file.empty()) {
+    std::string dir = DefaultConfigDir();
+    if (dir.empty()) {
+      return absl::NotFoundError(
+          "no profile file: set ProfileRequest::file, ADAPTCOMM_PROFILE or ADAPTCOMM_CONFIG_DIR "
+          "(no configs/ directory was found in the source tree or the install prefix)");
+    }
+    in.file = dir + "/profiles.yaml";
+    file_origin = "default";
+  }
+  auto text = config::ReadConfigFile(in.file);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat(text.status().message(), " (profile from ", file_origin, ")"));
+  }
+  in.text = *std::move(text);
+  auto registry_path = FindRegistry(in.file);
+  if (!registry_path.ok()) return registry_path.status();
+  auto registry = config::NcclRegistry::LoadCached(*registry_path);
+  if (!registry.ok()) return registry.status();
+
+  std::string size = request.model_size;
+  std::string size_origin;
+  if (size.empty()) {
+    size = Env("ADAPTCOMM_MODEL_SIZE");
+    if (!size.empty()) size_origin = "ADAPTCOMM_MODEL_SIZE";
+  }
+  if (!size.empty()) {
+    auto params = config::ParseModelSize(size);
+    if (params.ok()) {
+      in.model_params = *params;
+    } else {
+      in.tier_name = size;  // a profile name, or a typo the loader reports with both readings
+    }
+    in.model_size_text = size;
+  }
+  std::string strict_env = absl::AsciiStrToLower(Env("ADAPTCOMM_PROFILE_STRICT"));
+  in.strict = request.strict || strict_env == "1" || strict_env == "true";
+  in.world_size = request.world_size;
+  in.overrides = request.overrides;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry(*e);
+    if (!absl::StartsWith(entry, "NCCL_")) continue;
+    size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    std::string name = entry.substr(0, eq);
+    std::string value = entry.substr(eq + 1);
+    if (config::SetByAdaptcomm(name, value)) continue;
+    in.user_env[name] = value;
+  }
+  auto cfg = config::ResolveFromText(in, **registry);
+  if (!cfg.ok()) return cfg.status();
+  if (!size_origin.empty()) {
+    cfg->notes.insert(cfg->notes.begin(), absl::StrCat("model size ", size, " from ", size_origin));
+  }
+  if (file_origin == "ADAPTCOMM_PROFILE") {
+    cfg->notes.insert(cfg->notes.begin(), absl::StrCat("profile file from ADAPTCOMM_PROFILE"));
+  }
+  return cfg;
+}
+
+}  // namespace adaptcomm

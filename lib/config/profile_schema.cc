@@ -1,0 +1,148 @@
+#include "lib/config/profile_schema.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "lib/config/units.h"
+
+namespace adaptcomm::config {
+
+const std::vector<KeySpec>& Schema() {
+  static const auto* schema = new std::vector<KeySpec>{
+      {"timeouts.store_connect", Kind::kDuration, 0, 0, {}, "60s", "store client connect bound"},
+      {"timeouts.init", Kind::kDuration, 0, 0, {}, "300s",
+       "creation bound (store, rendezvous, backend init)"},
+      {"timeouts.collective", Kind::kDuration, 0, 0, {}, "600s",
+       "per-operation watchdog bound (NCCL has no timeout of its own)"},
+      {"timeouts.heartbeat", Kind::kDuration, 0, 0, {}, "900s",
+       "watchdog liveness bound: past it the process aborts"},
+      {"timeouts.abort", Kind::kDuration, 0, 0, {}, "30s", "bound of an abort before a hard exit"},
+      {"timeouts.long_operation", Kind::kDuration, 0, 0, {}, "7200s",
+       "bound inside a long-operation scope (checkpoint save)"},
+      {"world_scaling.reference_world", Kind::kInt, 1, 1 << 24, {}, "8",
+       "timeout scaling: worlds up to this size are not scaled"},
+      {"world_scaling.per_doubling", Kind::kDouble, 0, 10, {}, "0.25",
+       "timeout scaling: added factor per doubling of the world"},
+      {"world_scaling.max_factor", Kind::kDouble, 1, 100, {}, "3", "timeout scaling: cap"},
+      {"retry.max_attempts", Kind::kInt, 1, 100, {}, "3",
+       "retry: attempts incl. the first (abort + re-init, agreed by all ranks)"},
+      {"retry.initial_backoff", Kind::kDuration, 0, 0, {}, "1s", "retry: first backoff"},
+      {"retry.multiplier", Kind::kDouble, 1, 10, {}, "2", "retry: backoff growth per attempt"},
+      {"retry.max_backoff", Kind::kDuration, 0, 0, {}, "30s", "retry: backoff cap"},
+      {"retry.jitter", Kind::kDouble, 0, 1, {}, "0.2", "retry: backoff x uniform[1-j, 1+j]"},
+      {"retry.retryable", Kind::kCodeList, 0, 0, {}, "unavailable,aborted",
+       "retry: status codes classified transient"},
+      {"backend.choice", Kind::kEnum, 0, 0, {"auto", "nccl", "gloo"}, "auto",
+       "backend selection (auto: NCCL for CUDA tensors, else Gloo)"},
+      {"backend.fallback", Kind::kEnum, 0, 0, {"allow", "deny"}, "allow",
+       "NCCL -> Gloo fallback when NCCL is unavailable or unstable"},
+      {"backend.degrade_after_failures", Kind::kInt, 1, 1000, {}, "3",
+       "degrade to Gloo after this many NCCL failures..."},
+      {"backend.degrade_window", Kind::kDuration, 0, 0, {}, "600s", "...within this window"},
+      {"gloo.algorithm", Kind::kEnum, 0, 0, {"ring", "bcube"}, "ring",
+       "Gloo AllreduceOptions::setAlgorithm"},
+      {"gloo.timeout", Kind::kDuration, 0, 0, {}, "collective",
+       "Gloo context and per-op setTimeout"},
+      {"gloo.max_segment_bytes", Kind::kBytes, 0, 0, {}, "0",
+       "Gloo setMaxSegmentSize (0: Gloo's default)"},
+      {"flight_recorder.entries", Kind::kInt, 0, 1 << 20, {}, "2000",
+       "last N collectives per rank, dumped on timeout"},
+      {"flight_recorder.dump_dir", Kind::kString, 0, 0, {}, "/tmp/adaptcomm",
+       "where flight-recorder dumps go"},
+      {"trace.enabled", Kind::kBool, 0, 0, {}, "false", "collective timeline trace"},
+      {"trace.dir", Kind::kString, 0, 0, {}, "", "where timeline traces go (empty: cwd)"},
+  };
+  return *schema;
+}
+
+const KeySpec* FindKey(const std::string& key) {
+  for (const KeySpec& spec : Schema()) {
+    if (key == spec.key) return &spec;
+  }
+  return nullptr;
+}
+
+const std::vector<std::string>& SectionNames() {
+  static const auto* names = new std::vector<std::string>{
+      "timeouts", "world_scaling", "retry", "backend", "gloo", "flight_recorder", "trace"};
+  return *names;
+}
+
+namespace {
+const std::vector<std::string>& CodeNames() {
+  static const auto* names = new std::vector<std::string>{
+      "cancelled", "unknown", "deadline_exceeded", "aborted", "unavailable",
+      "internal",  "resource_exhausted", "data_loss"};
+  return *names;
+}
+}  // namespace
+
+absl::StatusOr<std::string> CanonicalValue(const KeySpec& spec, const std::string& text) {
+  switch (spec.kind) {
+    case Kind::kDuration: {
+      // gloo.timeout may follow the collective timeout.
+      if (text == "collective" && std::string(spec.key) == "gloo.timeout") return text;
+      auto d = ParseDuration(text);
+      if (!d.ok()) return d.status();
+      if (*d <= absl::ZeroDuration()) {
+        return absl::InvalidArgumentError(absl::StrCat(spec.key, " must be positive"));
+      }
+      return DurationText(*d);
+    }
+    case Kind::kInt: {
+      auto v = ParseInt(text);
+      if (!v.ok()) return v.status();
+      if (*v < spec.min || *v > spec.max) {
+        return absl::OutOfRangeError(absl::StrCat(spec.key, " = ", *v, " is outside ",
+                                                  static_cast<int64_t>(spec.min), "..",
+                                                  static_cast<int64_t>(spec.max)));
+      }
+      return absl::StrCat(*v);
+    }
+    case Kind::kDouble: {
+      auto v = ParseDouble(text);
+      if (!v.ok()) return v.status();
+      if (*v < spec.min || *v > spec.max) {
+        return absl::OutOfRangeError(
+            absl::StrCat(spec.key, " = ", *v, " is outside ", spec.min, "..", spec.max));
+      }
+      return absl::StrCat(*v);
+    }
+    case Kind::kBool: {
+      auto v = ParseBool(text);
+      if (!v.ok()) return v.status();
+      return std::string(*v ? "true" : "false");
+    }
+    case Kind::kEnum:
+      if (std::find(spec.choices.begin(), spec.choices.end(), text) == spec.choices.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(spec.key, " must be one of ",
+                                                       absl::StrJoin(spec.choices, ", ")));
+      }
+      return text;
+    case Kind::kString:
+      return text;
+    case Kind::kBytes: {
+      auto v = ParseByteSize(text);
+      if (!v.ok()) return v.status();
+      return absl::StrCat(*v);
+    }
+    case Kind::kCodeList: {
+      std::vector<std::string> out;
+      for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+        std::string name(absl::StripAsciiWhitespace(part));
+        if (std::find(CodeNames().begin(), CodeNames().end(), name) == CodeNames().end()) {
+          return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not one of ",
+                                                         absl::StrJoin(CodeNames(), ", ")));
+        }
+        if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+      }
+      return absl::StrJoin(out, ",");
+    }
+  }
+  return text;
+}
+
+}  // namespace adaptcomm::config

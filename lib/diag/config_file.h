@@ -1,0 +1,16 @@
+// Finds the data files under configs/ (knowledge base, compatibility matrix, NCCL registry) the
+// same way profiles are found: ADAPTCOMM_CONFIG_DIR, else the source tree's configs/, else
+// <prefix>/share/adaptcomm/configs next to the running executable.
+#ifndef ADAPTCOMM_LIB_DIAG_CONFIG_FILE_H_
+#define ADAPTCOMM_LIB_DIAG_CONFIG_FILE_H_
+
+#include <string>
+
+namespace adaptcomm::diag {
+
+// Full path of configs/<name>, or "" if no candidate directory holds it.
+std::string FindConfigFile(const std::string& name);
+
+}  // namespace adaptcomm::diag
+
+#endif  // ADAPTCOMM_LIB_DIAG_CONFIG_FILE_H_

@@ -1,0 +1,284 @@
+#include "lib/diag/log_doctor.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace adaptcomm::diag {
+namespace {
+
+std::string Truncate(const std::string& s, size_t n) {
+  return s.size() <= n ? s : s.substr(0, n) + "...";
+}
+
+// Patterns built once: std::regex construction is far more expensive than matching.
+const std::regex& AdaptcommRank() {
+  static const auto* re = new std::regex(R"(\[adaptcomm r(\d+) )");
+  return *re;
+}
+const std::regex& BracketRank() {
+  static const auto* re = new std::regex(R"(\[[Rr]ank ?(\d+)\])");
+  return *re;
+}
+const std::regex& NcclPrefix() {
+  static const auto* re = new std::regex(R"((?:^|[\s\]:])([A-Za-z0-9_.\-]+):(\d+):(\d+) \[(\d+)\])");
+  return *re;
+}
+const std::regex& WordRank() {
+  static const auto* re = new std::regex(R"(\b[Rr]ank[ =:]?(\d+)\b)");
+  return *re;
+}
+const std::regex& PeerAddress() {
+  static const auto* re = new std::regex(
+      R"((\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})(?:\]?:|<|, )(\d{1,5})\b)");
+  return *re;
+}
+
+}  // namespace
+
+std::string ExtractOrigin(const std::string& line) {
+  std::smatch m;
+  if (std::regex_search(line, m, AdaptcommRank())) return absl::StrCat("rank ", m[1].str());
+  if (std::regex_search(line, m, BracketRank())) return absl::StrCat("rank ", m[1].str());
+  if (std::regex_search(line, m, NcclPrefix())) {
+    return absl::StrCat(m[1].str(), " gpu", m[4].str());
+  }
+  if (std::regex_search(line, m, WordRank())) return absl::StrCat("rank ", m[1].str());
+  return "";
+}
+
+std::vector<std::string> ExtractPeers(const std::string& line) {
+  std::vector<std::string> out;
+  for (auto it = std::sregex_iterator(line.begin(), line.end(), PeerAddress());
+       it != std::sregex_iterator(); ++it) {
+    std::string peer = absl::StrCat((*it)[1].str(), ":", (*it)[2].str());
+    if (std::find(out.begin(), out.end(), peer) == out.end()) out.push_back(std::move(peer));
+  }
+  return out;
+}
+
+void LogDoctor::Count(std::map<std::string, uint64_t>& map, uint64_t& dropped, size_t cap,
+                      const std::string& key) {
+  auto it = map.find(key);
+  if (it != map.end()) {
+    ++it->second;
+  } else if (map.size() < cap) {
+    map.emplace(key, 1);
+  } else {
+    ++dropped;
+  }
+}
+
+void LogDoctor::FeedLine(const std::string& full_line, const std::string& file,
+                         uint64_t line_number) {
+  ++totals_.lines;
+  std::string head;
+  if (full_line.size() > kMaxMatchBytes) head = full_line.substr(0, kMaxMatchBytes);
+  const std::string& line = full_line.size() > kMaxMatchBytes ? head : full_line;
+  const KbEntry* entry = kb_.Classify(line);
+  if (entry == nullptr) {
+    if (line.find("NCCL WARN") != std::string::npos) {
+      ++totals_.unclassified_warnings;
+      if (totals_.unclassified_examples.size() < kMaxUnclassified) {
+        totals_.unclassified_examples.push_back(
+            absl::StrCat(file, ":", line_number, ": ", Truncate(line, kMaxExampleBytes)));
+      }
+    }
+    return;
+  }
+  ++totals_.classified_lines;
+  CauseSummary& c = causes_[entry];
+  if (c.lines++ == 0) {
+    c.entry = entry;
+    c.first_example = Truncate(line, kMaxExampleBytes);
+    c.first_location = absl::StrCat(file, ":", line_number);
+    c.first_order = totals_.lines;
+  }
+  std::string origin = ExtractOrigin(line);
+  if (origin.empty()) origin = "unknown";
+  Count(c.origins, c.origins_dropped, kMaxOriginsPerCause, origin);
+  for (const std::string& peer : ExtractPeers(line)) {
+    Count(c.peers, c.peers_dropped, kMaxPeersPerCause, peer);
+  }
+  if (entry->seq_group > 0 && origin != "unknown") {
+    std::smatch m;
+    if (std::regex_search(line, m, entry->regex) && m[entry->seq_group].matched) {
+      const uint64_t seq = std::strtoull(m[entry->seq_group].str().c_str(), nullptr, 10);
+      auto it = c.lowest_seq.find(origin);
+      if (it != c.lowest_seq.end()) {
+        it->second = std::min(it->second, seq);
+      } else if (c.lowest_seq.size() < kMaxOriginsPerCause) {
+        c.lowest_seq.emplace(origin, seq);
+      }
+    }
+  }
+}
+
+void LogDoctor::FeedStream(std::istream& in, const std::string& name) {
+  ++totals_.files;
+  // A fixed read buffer and a line capped at kMaxLineBytes: a multi-GB log, or one without any
+  // newline, costs the same memory as a small one.
+  std::vector<char> buf(1 << 20);
+  std::string line;
+  bool truncated = false;
+  uint64_t number = 0;
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const size_t got = static_cast<size_t>(in.gcount());
+    size_t start = 0;
+    for (size_t i = 0; i < got; ++i) {
+      if (buf[i] != '\n') continue;
+      const size_t room = kMaxLineBytes - line.size();
+      if (i - start > room) truncated = true;
+      line.append(buf.data() + start, std::min(i - start, room));
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      totals_.truncated_lines += truncated;
+      FeedLine(line, name, ++number);
+      line.clear();
+      truncated = false;
+      start = i + 1;
+    }
+    const size_t room = kMaxLineBytes - line.size();
+    if (got - start > room) truncated = true;
+    line.append(buf.data() + start, std::min(got - start, room));
+  }
+  if (!line.empty()) {
+    totals_.truncated_lines += truncated;
+    FeedLine(line, name, ++number);
+  }
+}
+
+absl::Status LogDoctor::FeedFile(const std::string& path) {
+  if (path == "-") {
+    FeedStream(std::cin, "<stdin>");
+    return absl::OkStatus();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read log ", path));
+  FeedStream(in, path);
+  if (in.bad()) return absl::DataLossError(absl::StrCat("read error in ", path));
+  return absl::OkStatus();
+}
+
+DoctorReport LogDoctor::Report() const {
+  DoctorReport r = totals_;
+  for (const auto& [entry, summary] : causes_) {
+    CauseSummary c = summary;
+    uint64_t lowest = UINT64_MAX;
+    for (const auto& [origin, seq] : c.lowest_seq) {
+      if (seq < lowest) {
+        lowest = seq;
+        c.behind_origin = origin;
+      }
+    }
+    // Only meaningful when several origins disagree.
+    if (c.lowest_seq.size() < 2) c.behind_origin.clear();
+    r.causes.push_back(std::move(c));
+  }
+  std::stable_sort(r.causes.begin(), r.causes.end(), [](const auto& a, const auto& b) {
+    if (a.entry->root_cause != b.entry->root_cause) return a.entry->root_cause;
+    if (a.lines != b.lines) return a.lines > b.lines;
+    return a.first_order < b.first_order;  // ties: the earliest cause first
+  });
+  return r;
+}
+
+namespace {
+
+std::string JoinCounts(const std::map<std::string, uint64_t>& m, uint64_t dropped, size_t limit) {
+  std::vector<std::pair<std::string, uint64_t>> v(m.begin(), m.end());
+  std::stable_sort(v.begin(), v.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string out;
+  for (size_t i = 0; i < v.size() && i < limit; ++i) {
+    absl::StrAppend(&out, i ? ", " : "", v[i].first, " (", v[i].second, ")");
+  }
+  if (v.size() > limit) absl::StrAppend(&out, ", +", v.size() - limit, " more");
+  if (dropped > 0) absl::StrAppend(&out, ", +", dropped, " lines from further origins");
+  return out;
+}
+
+}  // namespace
+
+std::string RenderDoctorText(const DoctorReport& report, size_t max_causes) {
+  std::string out = absl::StrFormat("Read %d line(s) from %d file(s): %d classified", report.lines,
+                                    report.files, report.classified_lines);
+  if (report.truncated_lines > 0) {
+    absl::StrAppend(&out, ", ", report.truncated_lines, " over ", kMaxLineBytes,
+                    " bytes truncated");
+  }
+  absl::StrAppend(&out, ".\n");
+  if (report.causes.empty()) {
+    absl::StrAppend(&out, "No known failure signature found.\n");
+  }
+  size_t n = 0;
+  for (const CauseSummary& c : report.causes) {
+    if (n++ == max_causes) {
+      absl::StrAppend(&out, "\n(", report.causes.size() - max_causes, " more cause(s) omitted)\n");
+      break;
+    }
+    absl::StrAppend(&out, "\n", n, ". [", c.entry->root_cause ? "root cause" : "symptom", "] ",
+                    c.entry->id, ": ", c.lines, " line(s), first at ", c.first_location, "\n");
+    absl::StrAppend(&out, "   cause:   ", c.entry->cause, "\n");
+    absl::StrAppend(&out, "   from:    ", JoinCounts(c.origins, c.origins_dropped, 8), "\n");
+    if (!c.peers.empty()) {
+      absl::StrAppend(&out, "   peers:   ", JoinCounts(c.peers, c.peers_dropped, 8), "\n");
+    }
+    if (!c.behind_origin.empty()) {
+      absl::StrAppend(&out, "   behind:  ", c.behind_origin, " (lowest sequence number ",
+                      c.lowest_seq.at(c.behind_origin), ")\n");
+    }
+    absl::StrAppend(&out, "   example: ", c.first_example, "\n");
+    absl::StrAppend(&out, "   fix:     ", c.entry->fix, "\n");
+    if (!c.entry->doc.empty()) absl::StrAppend(&out, "   doc:     ", c.entry->doc, "\n");
+  }
+  if (report.unclassified_warnings > 0) {
+    absl::StrAppend(&out, "\n", report.unclassified_warnings,
+                    " NCCL WARN line(s) matched no known signature, e.g.:\n");
+    for (const std::string& e : report.unclassified_examples) absl::StrAppend(&out, "  ", e, "\n");
+  }
+  return out;
+}
+
+std::string RenderDoctorJson(const DoctorReport& report) {
+  nlohmann::json j;
+  j["files"] = report.files;
+  j["lines"] = report.lines;
+  j["classified_lines"] = report.classified_lines;
+  j["truncated_lines"] = report.truncated_lines;
+  j["causes"] = nlohmann::json::array();
+  for (const CauseSummary& c : report.causes) {
+    nlohmann::json cj;
+    cj["id"] = c.entry->id;
+    cj["kind"] = c.entry->root_cause ? "root" : "symptom";
+    cj["lines"] = c.lines;
+    cj["cause"] = c.entry->cause;
+    cj["fix"] = c.entry->fix;
+    cj["doc"] = c.entry->doc;
+    cj["origins"] = c.origins;
+    cj["origins_dropped"] = c.origins_dropped;
+    cj["peers"] = c.peers;
+    cj["peers_dropped"] = c.peers_dropped;
+    cj["first_location"] = c.first_location;
+    cj["first_example"] = c.first_example;
+    if (!c.behind_origin.empty()) {
+      cj["behind"] = {{"origin", c.behind_origin}, {"seq", c.lowest_seq.at(c.behind_origin)}};
+    }
+    j["causes"].push_back(std::move(cj));
+  }
+  j["unclassified_warnings"] = report.unclassified_warnings;
+  j["unclassified_examples"] = report.unclassified_examples;
+  // Logs are not guaranteed UTF-8: replace invalid bytes instead of throwing.
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace adaptcomm::diag

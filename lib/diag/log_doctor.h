@@ -1,0 +1,93 @@
+// `adaptcomm doctor`: classifies the lines of trainer logs with the knowledge base and aggregates
+// them by cause, origin (rank) and peer address. Streaming: memory is bounded by the number of
+// causes and the caps below, never by the size of the logs.
+#ifndef ADAPTCOMM_LIB_DIAG_LOG_DOCTOR_H_
+#define ADAPTCOMM_LIB_DIAG_LOG_DOCTOR_H_
+
+#include <cstdint>
+#include <istream>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "lib/diag/knowledge_base.h"
+
+namespace adaptcomm::diag {
+
+// Caps that keep a report (and memory) bounded whatever the log holds.
+inline constexpr size_t kMaxLineBytes = 64 << 10;  // longer lines are truncated
+// Only a line's head is classified: signatures sit near the start, and libstdc++'s recursive
+// std::regex can exhaust the stack on `.*` over very long input.
+inline constexpr size_t kMaxMatchBytes = 4096;
+inline constexpr size_t kMaxOriginsPerCause = 1024;
+inline constexpr size_t kMaxPeersPerCause = 32;
+inline constexpr size_t kMaxUnclassified = 5;
+inline constexpr size_t kMaxExampleBytes = 400;
+
+struct CauseSummary {
+  const KbEntry* entry = nullptr;
+  uint64_t lines = 0;
+  // "rank 3" (the trainer's rank), "node1 gpu3" (NCCL's host:pid:tid [dev] prefix: a CUDA
+  // device, the local rank in one-process-per-GPU jobs) or "unknown" -> matching lines.
+  std::map<std::string, uint64_t> origins;
+  uint64_t origins_dropped = 0;  // lines whose origin did not fit under the cap
+  std::map<std::string, uint64_t> peers;  // "10.0.0.2:4711" -> lines naming it
+  uint64_t peers_dropped = 0;
+  std::string first_example;   // the first matching line, truncated
+  std::string first_location;  // "file:line"
+  uint64_t first_order = 0;    // index of the first matching line over all files read
+  // With seq_group: the lowest sequence number seen per origin and the origin that is furthest
+  // behind (lowest of all).
+  std::map<std::string, uint64_t> lowest_seq;
+  std::string behind_origin;
+};
+
+struct DoctorReport {
+  uint64_t files = 0;
+  uint64_t lines = 0;
+  uint64_t classified_lines = 0;
+  uint64_t truncated_lines = 0;
+  // Root causes first, then symptoms; within each, the most frequent first.
+  std::vector<CauseSummary> causes;
+  // NCCL WARN lines no entry explains (the article's `grep NCCL | grep -v INFO` residue).
+  uint64_t unclassified_warnings = 0;
+  std::vector<std::string> unclassified_examples;
+};
+
+// The origin of a line ("rank 3", "node1 gpu3"), "" if it names none.
+std::string ExtractOrigin(const std::string& line);
+// IPv4 peers a line names, as "a.b.c.d:port" (from "a.b.c.d:port", NCCL's "a.b.c.d<port>",
+// Gloo's "[a.b.c.d]:port" and c10d's "(a.b.c.d, port)").
+std::vector<std::string> ExtractPeers(const std::string& line);
+
+class LogDoctor {
+ public:
+  explicit LogDoctor(const KnowledgeBase& kb) : kb_(kb) {}
+
+  // One line without its newline; `location` is "file:line" for the report.
+  void FeedLine(const std::string& line, const std::string& file, uint64_t line_number);
+  // Reads line by line with a fixed buffer; "-" reads standard input.
+  [[nodiscard]] absl::Status FeedFile(const std::string& path);
+  void FeedStream(std::istream& in, const std::string& name);
+
+  DoctorReport Report() const;
+
+ private:
+  void Count(std::map<std::string, uint64_t>& map, uint64_t& dropped, size_t cap,
+             const std::string& key);
+
+  const KnowledgeBase& kb_;
+  std::map<const KbEntry*, CauseSummary> causes_;
+  DoctorReport totals_;
+};
+
+// The text report: top causes with origins, peers, fix and link. `max_causes` limits the list.
+std::string RenderDoctorText(const DoctorReport& report,
+                             size_t max_causes = std::numeric_limits<size_t>::max());
+std::string RenderDoctorJson(const DoctorReport& report);
+
+}  // namespace adaptcomm::diag
+
+#endif  // ADAPTCOMM_LIB_DIAG_LOG_DOCTOR_H_

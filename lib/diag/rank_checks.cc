@@ -1,0 +1,219 @@
+#include "lib/diag/rank_checks.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "lib/diag/gpu_probe.h"
+#include "lib/diag/library_probe.h"
+
+namespace adaptcomm::diag {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kFingerprintBytes = 256;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times `iters` allreduces of `count` floats after one warm-up; returns this rank's durations
+// in ms (the injected delay, if any, comes before the clock starts: a late arrival).
+absl::StatusOr<std::vector<double>> TimeAllreduce(Communicator& comm, size_t count, int iters,
+                                                  const RankCheckOptions& o) {
+  std::vector<float> buf(count, 1.0f);
+  std::vector<double> ms;
+  for (int i = -1; i < iters; ++i) {
+    if (comm.rank() == o.inject_rank && i >= 0) {
+      std::this_thread::sleep_for(absl::ToChronoMicroseconds(o.inject_delay));
+    }
+    const auto t0 = Clock::now();
+    if (absl::Status s = comm.Allreduce(HostView(buf.data(), buf.size())).Wait(); !s.ok()) {
+      return s;
+    }
+    if (i >= 0) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return ms;
+}
+
+// Every rank's `mine` (same length everywhere), rank-major.
+absl::StatusOr<std::vector<double>> AllgatherDoubles(Communicator& comm, std::vector<double> mine) {
+  std::vector<double> all(mine.size() * static_cast<size_t>(comm.size()));
+  if (absl::Status s = comm.Allgather(HostView(mine.data(), mine.size()),
+                                      HostView(all.data(), all.size()))
+                           .Wait();
+      !s.ok()) {
+    return s;
+  }
+  return all;
+}
+
+}  // namespace
+
+std::string LocalVersionFingerprint() {
+  char host[128] = {};
+  gethostname(host, sizeof(host) - 1);
+  const GpuProbe gpus = ProbeGpus();
+  const LibraryVersion runtime = ProbeCudaRuntime();
+  const LibraryVersion nccl = ProbeNccl();
+  return absl::StrCat(host, "|driver ", gpus.driver_version.empty() ? "none" : gpus.driver_version,
+                      "|cudart ", runtime.found ? runtime.version : "none", "|nccl ",
+                      nccl.found ? nccl.version : "none");
+}
+
+std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
+  std::vector<CheckResult> out;
+  auto add = [&](std::string check, CheckStatus st, std::string detail, std::string fix = "") {
+    out.push_back({std::move(check), st, std::move(detail), std::move(fix)});
+  };
+  const auto start = Clock::now();
+  auto created = Communicator::Create(o.comm);
+  if (!created.ok()) {
+    add("ranks.store", CheckStatus::kFail,
+        absl::StrCat("rendezvous failed: ", std::string(created.status().message())),
+        "start every rank (adaptcomm launch -n N -- ...); check MASTER_ADDR/MASTER_PORT are the "
+        "same and reachable from every node");
+    return out;
+  }
+  Communicator& comm = **created;
+  const int n = comm.size();
+  add("ranks.store", CheckStatus::kPass,
+      absl::StrFormat("all %d rank(s) joined in %.0f ms (backend %s)", n,
+                      std::chrono::duration<double, std::milli>(Clock::now() - start).count(),
+                      comm.backend_name()));
+
+  // Versions: a fixed-size record per rank.
+  std::vector<uint8_t> mine(kFingerprintBytes, 0);
+  std::memcpy(mine.data(), o.versions.data(), std::min(o.versions.size(), kFingerprintBytes - 1));
+  std::vector<uint8_t> all(kFingerprintBytes * static_cast<size_t>(n));
+  if (absl::Status s = comm.Allgather(HostView(mine.data(), mine.size()),
+                                      HostView(all.data(), all.size()))
+                           .Wait();
+      !s.ok()) {
+    add("ranks.versions", CheckStatus::kFail, absl::StrCat("allgather failed: ", s.ToString()),
+        "see ranks.store; a rank died or the network dropped");
+    return out;
+  }
+  std::map<std::string, std::vector<int>> by_versions;  // without the host name
+  for (int r = 0; r < n; ++r) {
+    std::string fp(reinterpret_cast<const char*>(all.data() + r * kFingerprintBytes));
+    const size_t bar = fp.find('|');
+    by_versions[bar == std::string::npos ? fp : fp.substr(bar + 1)].push_back(r);
+  }
+  if (by_versions.size() == 1) {
+    add("ranks.versions", CheckStatus::kPass,
+        absl::StrCat("all ranks: ", by_versions.begin()->first));
+  } else {
+    std::vector<std::string> groups;
+    for (const auto& [v, ranks] : by_versions) {
+      groups.push_back(absl::StrCat("ranks ", absl::StrJoin(ranks, ","), ": ", v));
+    }
+    add("ranks.versions", CheckStatus::kFail,
+        absl::StrCat("versions differ: ", absl::StrJoin(groups, "; ")),
+        "install the same driver, CUDA runtime and NCCL on every node (mixed NCCL versions refuse "
+        "to form a communicator or hang)");
+  }
+
+  // Small allreduce: latency, and who arrives late.
+  auto small = TimeAllreduce(comm, std::max<size_t>(1, o.small_bytes / 4), o.small_iters, o);
+  if (!small.ok()) {
+    add("ranks.latency", CheckStatus::kFail, small.status().ToString(),
+        "a rank failed mid-check: read its output");
+    return out;
+  }
+  auto small_all = AllgatherDoubles(comm, *small);
+  if (!small_all.ok()) {
+    add("ranks.latency", CheckStatus::kFail, small_all.status().ToString(), "");
+    return out;
+  }
+  const int iters = o.small_iters;
+  auto d = [&](int r, int i) { return (*small_all)[static_cast<size_t>(r) * iters + i]; };
+  // The rank that arrives last waits least; everyone else waits for it. Per iteration, the
+  // fastest duration is the pure collective cost and (max - own) is how late a rank was.
+  std::vector<double> per_iter_min;
+  std::vector<double> lag_sum(n, 0);
+  std::vector<int> last_count(n, 0);
+  for (int i = 0; i < iters; ++i) {
+    double lo = d(0, i), hi = d(0, i);
+    int last = 0;
+    for (int r = 1; r < n; ++r) {
+      if (d(r, i) < lo) {
+        lo = d(r, i);
+        last = r;
+      }
+      hi = std::max(hi, d(r, i));
+    }
+    per_iter_min.push_back(lo);
+    for (int r = 0; r < n; ++r) lag_sum[r] += hi - d(r, i);
+    ++last_count[last];
+  }
+  const double latency = Median(per_iter_min);
+  add("ranks.latency", latency > o.max_small_latency_ms ? CheckStatus::kWarn : CheckStatus::kPass,
+      absl::StrFormat("%zu-byte allreduce: median %.3f ms over %d iterations (threshold %.0f ms)",
+                      o.small_bytes, latency, iters, o.max_small_latency_ms),
+      latency > o.max_small_latency_ms
+          ? "check the interface in use (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME) and the network"
+          : "");
+  int slow = 0;
+  for (int r = 1; r < n; ++r) {
+    if (lag_sum[r] > lag_sum[slow]) slow = r;
+  }
+  const double slow_lag = iters > 0 ? lag_sum[slow] / iters : 0;
+  if (n > 1 && slow_lag > o.slow_rank_ms) {
+    add("ranks.slow_rank", CheckStatus::kFail,
+        absl::StrFormat("rank %d arrives %.1f ms late on average (last in %d of %d collectives); "
+                        "every other rank waits for it",
+                        slow, slow_lag, last_count[slow], iters),
+        absl::StrFormat("look at rank %d's node: CPU contention, a slow GPU, data loading or "
+                        "unbalanced work (adaptcomm::BalancePartitions for sequence lengths)",
+                        slow));
+  } else {
+    add("ranks.slow_rank", CheckStatus::kPass,
+        absl::StrFormat("no straggler: the latest rank arrives %.2f ms late on average "
+                        "(threshold %.0f ms)",
+                        slow_lag, o.slow_rank_ms));
+  }
+
+  // Large allreduce: bus bandwidth as nccl-tests defines it.
+  auto large = TimeAllreduce(comm, std::max<size_t>(1, o.large_bytes / 4), o.large_iters, o);
+  if (!large.ok()) {
+    add("ranks.busbw", CheckStatus::kFail, large.status().ToString(), "");
+    return out;
+  }
+  auto large_all = AllgatherDoubles(comm, *large);
+  if (!large_all.ok()) {
+    add("ranks.busbw", CheckStatus::kFail, large_all.status().ToString(), "");
+    return out;
+  }
+  std::vector<double> large_min;
+  for (int i = 0; i < o.large_iters; ++i) {
+    double lo = (*large_all)[i];
+    for (int r = 1; r < n; ++r) lo = std::min(lo, (*large_all)[static_cast<size_t>(r) * o.large_iters + i]);
+    large_min.push_back(lo);
+  }
+  const double t_s = Median(large_min) / 1e3;
+  const double algbw = t_s > 0 ? o.large_bytes / t_s / 1e9 : 0;
+  const double busbw = n > 1 ? algbw * 2.0 * (n - 1) / n : algbw;
+  add("ranks.busbw", busbw < o.min_busbw_gbps ? CheckStatus::kWarn : CheckStatus::kPass,
+      absl::StrFormat("%.0f MiB allreduce: %.2f GB/s bus bandwidth (algbw %.2f GB/s, %.1f ms; "
+                      "threshold %.2f GB/s)",
+                      o.large_bytes / 1048576.0, busbw, algbw, t_s * 1e3, o.min_busbw_gbps),
+      busbw < o.min_busbw_gbps ? "check link speed and the transport in use (NCCL_DEBUG=INFO "
+                                 "shows NET/IB vs NET/Socket)"
+                               : "");
+  return out;
+}
+
+}  // namespace adaptcomm::diag

@@ -1,0 +1,643 @@
+#include "lib/gloo/gloo_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/alltoall.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/common/logging.h"
+#include "gloo/reduce.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "lib/core/log.h"
+#include "lib/gloo/gloo_reduce.h"
+#include "lib/gloo/gloo_store_adapter.h"
+
+namespace adaptcomm {
+namespace {
+
+using gloo_backend::GetReduceFn;
+using gloo_backend::ReduceFn;
+using Clock = std::chrono::steady_clock;
+
+// Slots of our own unbound-buffer traffic. Gloo's collectives build slots from prefixes 0x01..0x08
+// in the top byte (and Context::nextSlot counts up from 0), so a top byte of 0x50/0x51 cannot
+// collide with them.
+constexpr uint64_t kSendRecvSlotBase = uint64_t{0x50} << 56;
+constexpr uint64_t kReduceScatterSlotBase = uint64_t{0x51} << 56;
+// reduce_scatter steps are numbered in the low 16 bits of its slot.
+constexpr int kMaxRingSize = 1 << 16;
+
+constexpr size_t kMaxElements = static_cast<size_t>(std::numeric_limits<int32_t>::max());
+
+// Gloo treats a zero timeout as "none": never pass one.
+std::chrono::milliseconds ToMs(absl::Duration d) {
+  const int64_t ms = absl::ToInt64Milliseconds(d);
+  constexpr int64_t kMaxMs = int64_t{1} << 40;  // ~35 years; avoids steady_clock overflow
+  return std::chrono::milliseconds(std::clamp<int64_t>(ms, 1, kMaxMs));
+}
+
+}  // namespace
+}  // namespace adaptcomm
+
+// tcp::Context::signalException(const std::string&), which Gloo itself calls when an
+// unbound-buffer wait times out: it sets an IoException on every pair of the context, wakes every
+// buffer waiting on them and closes the sockets (the peers then fail with "Connection closed by
+// peer"). Context::closeConnections() alone closes the sockets but leaves a local waiter asleep
+// until its timeout, so Abort() needs this. The member is protected, and Debian's libgloo-dev
+// ships gloo/transport/tcp/context.h without the gloo/common/memory.h it includes, so the class
+// cannot be named here: the exported symbol is bound by its Itanium-mangled name (a non-virtual
+// member taking `this` first). A Gloo without it fails at load time, not silently.
+void AdaptcommGlooTcpContextSignalException(void* tcp_context, const std::string& message) __asm__(
+    "_ZN4gloo9transport3tcp7Context15signalExceptionERKNSt7__cxx1112basic_stringIcSt11char_"
+    "traitsIcESaIcEEE");
+
+namespace adaptcomm {
+namespace {
+
+class AbortableContext final : public ::gloo::rendezvous::Context {
+ public:
+  using ::gloo::rendezvous::Context::Context;
+
+  // Thread-safe: Gloo's own timeout path calls it concurrently with the device loop, and
+  // transportContext_ is fixed once connectFullMesh has returned. Only valid over the TCP
+  // device this backend creates; tcp::Context's transport::Context base is its primary base, so
+  // the pointers coincide.
+  void SignalAll(const std::string& message) {
+    if (transportContext_ != nullptr) {
+      AdaptcommGlooTcpContextSignalException(static_cast<void*>(transportContext_.get()), message);
+    }
+  }
+};
+
+bool IsReduction(OpKind kind) {
+  return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
+}
+bool UsesInput(OpKind kind) {
+  return kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
+         kind == OpKind::kAlltoall || kind == OpKind::kSend;
+}
+bool UsesOutput(OpKind kind) { return kind != OpKind::kBarrier && kind != OpKind::kSend; }
+bool ValidDType(DType t) { return DTypeSize(t) != 0; }
+
+bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const auto pa = reinterpret_cast<uintptr_t>(a);
+  const auto pb = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+class GlooBackend final : public Backend {
+ public:
+  GlooBackend(std::shared_ptr<AbortableContext> context)
+      : context_(std::move(context)),
+        gloo_context_(context_),
+        rank_(context_->rank),
+        size_(context_->size) {}
+
+  ~GlooBackend() override = default;
+
+  const char* name() const override { return "gloo"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Capabilities capabilities() const override {
+    Capabilities caps;
+    caps.host_memory = true;
+    caps.device_memory = false;
+    caps.native_bf16 = false;
+    caps.native_avg = false;
+    caps.send_recv = true;
+    caps.abortable = true;
+    return caps;
+  }
+
+  absl::Status Supports(const OpDesc& op) const override;
+  absl::Status Run(const OpDesc& op) override;
+  void Abort(const absl::Status& reason) override;
+  absl::Status health() const override {
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+
+ private:
+  // Each of these throws what Gloo throws; Run() translates at the edge.
+  void Dispatch(const OpDesc& op);
+  void Allreduce(const OpDesc& op);
+  void Broadcast(const OpDesc& op);
+  void Reduce(const OpDesc& op);
+  void Allgather(const OpDesc& op);
+  void ReduceScatter(const OpDesc& op);
+  void Alltoall(const OpDesc& op);
+  void Barrier(const OpDesc& op);
+  void SendRecv(const OpDesc& op);
+
+  absl::Status Break(absl::Status status);
+  // At least `bytes` of reusable scratch. Grown, never shrunk: fresh pages cost ~11 us per 4 KiB
+  // on first touch here, so re-allocating per op would dominate large ops.
+  uint8_t* Scratch(size_t bytes);
+
+  const std::shared_ptr<AbortableContext> context_;
+  const std::shared_ptr<::gloo::Context>
+      gloo_context_;  // the same object, as Gloo's options take it
+  const int rank_;
+  const int size_;
+
+  mutable absl::Mutex mu_;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Used by the Run() thread only.
+  std::unique_ptr<uint8_t[]> scratch_;
+  size_t scratch_bytes_ = 0;
+};
+
+uint8_t* GlooBackend::Scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    scratch_.reset();
+    const size_t grown = std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2);
+    scratch_.reset(new uint8_t[grown]);
+    scratch_bytes_ = grown;
+  }
+  return scratch_.get();
+}
+
+absl::Status GlooBackend::Supports(const OpDesc& op) const {
+  const char* kind = OpKindName(op.kind);
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+    case OpKind::kBroadcast:
+    case OpKind::kReduce:
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAlltoall:
+    case OpKind::kBarrier:
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("gloo backend: unknown op kind ", static_cast<int>(op.kind)));
+  }
+  auto check_view = [&](const TensorView& v, const char* which) -> absl::Status {
+    if (v.device.is_cuda()) {
+      return absl::InvalidArgumentError(absl::StrCat("gloo backend needs host memory; view ", which,
+                                                     " of ", kind, " is on cuda:", v.device.index));
+    }
+    if (!ValidDType(v.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gloo backend: ", kind, " ", which, " has unknown dtype ", static_cast<int>(v.dtype)));
+    }
+    // Gloo's math and segment loops index with int.
+    if (v.count > kMaxElements) {
+      return absl::InvalidArgumentError(absl::StrCat("gloo backend: ", kind, " ", which, " has ",
+                                                     v.count, " elements; Gloo supports at most ",
+                                                     kMaxElements, " (2^31-1) per buffer"));
+    }
+    return absl::OkStatus();
+  };
+  if (UsesInput(op.kind)) {
+    if (absl::Status s = check_view(op.input, "input"); !s.ok()) return s;
+  }
+  if (UsesOutput(op.kind)) {
+    if (absl::Status s = check_view(op.output, "output"); !s.ok()) return s;
+  }
+  if (IsReduction(op.kind)) {
+    const DType dtype = op.output.dtype;
+    if (GetReduceFn(dtype, op.reduce) == nullptr) {
+      if (op.reduce == ReduceOp::kAvg) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gloo backend: ", kind, " avg is defined for floating-point dtypes only, not ",
+            DTypeName(dtype), " (an integer average would truncate)"));
+      }
+      return absl::InvalidArgumentError(absl::StrCat("gloo backend: ", kind, " cannot reduce ",
+                                                     DTypeName(dtype), " with op ",
+                                                     static_cast<int>(op.reduce)));
+    }
+  }
+  if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
+    if (op.peer < 0 || op.peer >= size_ || op.peer == rank_) {
+      return absl::InvalidArgumentError(absl::StrCat("gloo backend: ", kind, " peer ", op.peer,
+                                                     " must be another rank in [0, ", size_,
+                                                     "), not this rank ", rank_));
+    }
+  }
+  if ((op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce) &&
+      (op.root < 0 || op.root >= size_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo backend: ", kind, " root ", op.root, " is not in [0, ", size_, ")"));
+  }
+  const auto n = static_cast<size_t>(size_);
+  if (op.kind == OpKind::kAllgather && op.output.count != op.input.count * n) {
+    return absl::InvalidArgumentError(absl::StrCat("gloo backend: allgather output holds ",
+                                                   op.output.count, " elements, expected ",
+                                                   op.input.count, " x ", size_));
+  }
+  if (op.kind == OpKind::kReduceScatter && op.input.count != op.output.count * n) {
+    return absl::InvalidArgumentError(absl::StrCat("gloo backend: reduce_scatter input holds ",
+                                                   op.input.count, " elements, expected ",
+                                                   op.output.count, " x ", size_));
+  }
+  if (op.kind == OpKind::kReduceScatter && size_ > kMaxRingSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo backend: reduce_scatter supports at most ", kMaxRingSize, " ranks"));
+  }
+  if (op.kind == OpKind::kAlltoall &&
+      (op.input.count != op.output.count || op.input.count % n != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo backend: alltoall needs input and output of equal size, a multiple of ",
+                     size_, " elements; got ", op.input.count, " and ", op.output.count));
+  }
+  if ((op.kind == OpKind::kAllgather || op.kind == OpKind::kReduceScatter ||
+       op.kind == OpKind::kAlltoall) &&
+      op.input.dtype != op.output.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("gloo backend: ", kind, " input is ",
+                                                   DTypeName(op.input.dtype), " but output is ",
+                                                   DTypeName(op.output.dtype)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooBackend::Break(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  // An op that failed because of Abort() reports the abort, not the IO error it caused.
+  if (aborted_) return broken_;
+  if (broken_.ok()) broken_ = status;
+  return status;
+}
+
+void GlooBackend::Abort(const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    const std::string why = reason.ok() ? std::string("no reason given") : reason.ToString();
+    if (broken_.ok()) {
+      broken_ = absl::AbortedError(absl::StrCat("gloo backend aborted: ", why));
+    } else {
+      broken_ = absl::AbortedError(absl::StrCat("gloo backend aborted: ", why,
+                                                " (already broken: ", broken_.ToString(), ")"));
+    }
+  }
+  ADAPTCOMM_LOG(kInfo, "gloo backend rank ", rank_, " aborting: ", reason.ToString());
+  try {
+    context_->SignalAll(absl::StrCat("adaptcomm abort: ", reason.message()));
+  } catch (const std::exception& e) {
+    // Signalling is best effort; the backend is broken either way.
+    ADAPTCOMM_LOG(kWarning, "gloo backend abort: signalling the pairs failed: ", e.what());
+  }
+}
+
+absl::Status GlooBackend::Run(const OpDesc& op) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("gloo backend is broken; ",
+                                                        OpKindName(op.kind), " seq ", op.seq,
+                                                        " not run: ", broken_.ToString()));
+    }
+  }
+  if (absl::Status s = Supports(op); !s.ok()) return s;
+  // Built only on failure: the success path of a small allreduce must not allocate.
+  auto what = [&op] { return absl::StrCat("gloo ", OpKindName(op.kind), " seq ", op.seq); };
+  try {
+    Dispatch(op);
+    return absl::OkStatus();
+  } catch (const ::gloo::IoException& e) {
+    const std::string text = e.what();
+    if (absl::StrContains(text, "Timed out")) {
+      return Break(absl::DeadlineExceededError(
+          absl::StrCat(what(), " timed out after ", absl::FormatDuration(op.timeout), ": ", text)));
+    }
+    return Break(absl::UnavailableError(absl::StrCat(what(), " failed: ", text)));
+  } catch (const ::gloo::EnforceNotMet& e) {
+    // Gloo checks its arguments before any traffic: the context is still usable.
+    absl::Status s =
+        absl::InvalidArgumentError(absl::StrCat(what(), " rejected by Gloo: ", e.what()));
+    absl::MutexLock lock(&mu_);
+    return aborted_ ? broken_ : s;
+  } catch (const std::exception& e) {
+    return Break(absl::InternalError(absl::StrCat(what(), " failed inside Gloo: ", e.what())));
+  } catch (...) {
+    return Break(
+        absl::InternalError(absl::StrCat(what(), " failed inside Gloo (unknown exception)")));
+  }
+}
+
+void GlooBackend::Dispatch(const OpDesc& op) {
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+      return Allreduce(op);
+    case OpKind::kBroadcast:
+      return Broadcast(op);
+    case OpKind::kReduce:
+      return Reduce(op);
+    case OpKind::kAllgather:
+      return Allgather(op);
+    case OpKind::kReduceScatter:
+      return ReduceScatter(op);
+    case OpKind::kAlltoall:
+      return Alltoall(op);
+    case OpKind::kBarrier:
+      return Barrier(op);
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      return SendRecv(op);
+  }
+}
+
+// Gloo's options only need the element size (our reduce functions know the real type), so
+// buffers are typed by an unsigned integer of the same width.
+template <typename F>
+void WithElementType(DType dtype, F&& f) {
+  switch (DTypeSize(dtype)) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    default:
+      return f(uint64_t{});
+  }
+}
+
+void GlooBackend::Allreduce(const OpDesc& op) {
+  const TensorView& v = op.output;
+  if (v.count == 0 || size_ == 1) return;  // avg over one rank is the identity
+  const ReduceFn fn = GetReduceFn(v.dtype, op.reduce);
+  WithElementType(v.dtype, [&](auto t) {
+    using T = decltype(t);
+    ::gloo::AllreduceOptions opts(gloo_context_);
+    opts.setOutput(static_cast<T*>(v.data), v.count);
+    opts.setReduceFunction(fn);
+    opts.setTag(static_cast<uint32_t>(op.seq));
+    opts.setTimeout(ToMs(op.timeout));
+    ::gloo::allreduce(opts);
+  });
+  if (op.reduce == ReduceOp::kAvg) gloo_backend::DivideInPlace(v.dtype, v.data, v.count, size_);
+}
+
+void GlooBackend::Broadcast(const OpDesc& op) {
+  const TensorView& v = op.output;
+  if (v.count == 0 || size_ == 1) return;
+  WithElementType(v.dtype, [&](auto t) {
+    using T = decltype(t);
+    ::gloo::BroadcastOptions opts(gloo_context_);
+    opts.setOutput(static_cast<T*>(v.data), v.count);  // in place: no input on any rank
+    opts.setRoot(op.root);
+    opts.setTag(static_cast<uint32_t>(op.seq));
+    opts.setTimeout(ToMs(op.timeout));
+    ::gloo::broadcast(opts);
+  });
+}
+
+void GlooBackend::Reduce(const OpDesc& op) {
+  const TensorView& v = op.output;
+  if (v.count == 0 || size_ == 1) return;
+  const ReduceFn fn = GetReduceFn(v.dtype, op.reduce);
+  const bool root = rank_ == op.root;
+  // Gloo's reduce is a ring reduce-scatter that writes partial sums into every rank's output;
+  // non-roots get scratch as output so their buffer stays as the caller left it (as with NCCL).
+  void* out = root ? v.data : Scratch(v.bytes());
+  WithElementType(v.dtype, [&](auto t) {
+    using T = decltype(t);
+    ::gloo::ReduceOptions opts(gloo_context_);
+    if (!root) opts.setInput(static_cast<T*>(v.data), v.count);
+    opts.setOutput(static_cast<T*>(out), v.count);
+    opts.setRoot(op.root);
+    opts.setReduceFunction(fn);
+    opts.setTag(static_cast<uint32_t>(op.seq));
+    opts.setTimeout(ToMs(op.timeout));
+    ::gloo::reduce(opts);
+  });
+  if (root && op.reduce == ReduceOp::kAvg) {
+    gloo_backend::DivideInPlace(v.dtype, v.data, v.count, size_);
+  }
+}
+
+void GlooBackend::Allgather(const OpDesc& op) {
+  const size_t block = op.input.bytes();
+  if (block == 0) return;
+  auto* out = static_cast<uint8_t*>(op.output.data);
+  const void* in = op.input.data;
+  uint8_t* own = out + static_cast<size_t>(rank_) * block;
+  if (size_ == 1) {
+    std::memmove(out, in, block);
+    return;
+  }
+  // In place (input is this rank's block of the output): Gloo allgathers without an input.
+  const bool in_place = in == own;
+  if (!in_place && Overlaps(in, block, out, op.output.bytes())) {
+    uint8_t* staged = Scratch(block);
+    std::memcpy(staged, in, block);
+    in = staged;
+  }
+  WithElementType(op.output.dtype, [&](auto t) {
+    using T = decltype(t);
+    ::gloo::AllgatherOptions opts(gloo_context_);
+    if (!in_place) opts.setInput(static_cast<T*>(const_cast<void*>(in)), op.input.count);
+    opts.setOutput(reinterpret_cast<T*>(out), op.output.count);
+    opts.setTag(static_cast<uint32_t>(op.seq));
+    opts.setTimeout(ToMs(op.timeout));
+    ::gloo::allgather(opts);
+  });
+}
+
+void GlooBackend::Alltoall(const OpDesc& op) {
+  const size_t bytes = op.input.bytes();
+  if (bytes == 0) return;
+  const void* in = op.input.data;
+  void* out = op.output.data;
+  if (size_ == 1) {
+    std::memmove(out, in, bytes);
+    return;
+  }
+  // Gloo copies this rank's own block locally while other blocks are still being sent from the
+  // input: an input overlapping the output is staged first.
+  if (Overlaps(in, bytes, out, bytes)) {
+    uint8_t* staged = Scratch(bytes);
+    std::memcpy(staged, in, bytes);
+    in = staged;
+  }
+  WithElementType(op.output.dtype, [&](auto t) {
+    using T = decltype(t);
+    ::gloo::AlltoallOptions opts(gloo_context_);
+    opts.setInput(static_cast<T*>(const_cast<void*>(in)), op.input.count);
+    opts.setOutput(static_cast<T*>(out), op.output.count);
+    opts.setTag(static_cast<uint32_t>(op.seq));
+    opts.setTimeout(ToMs(op.timeout));
+    ::gloo::alltoall(opts);
+  });
+}
+
+void GlooBackend::Barrier(const OpDesc& op) {
+  if (size_ == 1) return;
+  ::gloo::BarrierOptions opts(gloo_context_);
+  opts.setTag(static_cast<uint32_t>(op.seq));
+  opts.setTimeout(ToMs(op.timeout));
+  ::gloo::barrier(opts);
+}
+
+// Waits on one unbound-buffer operation within what is left of the op's deadline. Gloo throws
+// IoException ("Timed out waiting ...") on timeout; false means the wait was aborted.
+template <typename WaitFn>
+void WaitUntil(Clock::time_point deadline, WaitFn&& wait) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() < 1) left = std::chrono::milliseconds(1);
+  if (!wait(left)) throw ::gloo::IoException("unbound buffer wait was aborted");
+}
+
+Clock::time_point DeadlineOf(const OpDesc& op) { return Clock::now() + ToMs(op.timeout); }
+
+void GlooBackend::SendRecv(const OpDesc& op) {
+  const Clock::time_point deadline = DeadlineOf(op);
+  const uint64_t slot = kSendRecvSlotBase | op.tag;
+  if (op.kind == OpKind::kSend) {
+    auto buf = context_->createUnboundBuffer(op.input.data, op.input.bytes());
+    buf->send(op.peer, slot, 0, op.input.bytes());
+    WaitUntil(deadline, [&](std::chrono::milliseconds t) { return buf->waitSend(t); });
+  } else {
+    auto buf = context_->createUnboundBuffer(op.output.data, op.output.bytes());
+    buf->recv(op.peer, slot, 0, op.output.bytes());
+    WaitUntil(deadline, [&](std::chrono::milliseconds t) { return buf->waitRecv(t); });
+  }
+}
+
+// Ring reduce-scatter over unbound buffers: n-1 steps, each sending one block to the right
+// neighbour and reducing the block received from the left with this rank's input block, so
+// every rank moves (n-1)/n of the input. At step s rank r sends the partial sum of block
+// (r-1-s) mod n and receives that of block (r-2-s) mod n; the last step yields block r.
+void GlooBackend::ReduceScatter(const OpDesc& op) {
+  const size_t n = static_cast<size_t>(size_);
+  const size_t r = static_cast<size_t>(rank_);
+  const size_t count = op.output.count;
+  const size_t block = op.output.bytes();
+  if (block == 0) return;
+  const Clock::time_point deadline = DeadlineOf(op);
+  const auto* in = static_cast<const uint8_t*>(op.input.data);
+  auto* out = static_cast<uint8_t*>(op.output.data);
+  if (n == 1) {
+    std::memmove(out, in, block);
+    return;
+  }
+  // Output written only at the last step, from block r of the input: the output may be exactly
+  // that block (in place); any other overlap with the input is staged first.
+  const bool stage = out != in + r * block && Overlaps(in, block * n, out, block);
+  uint8_t* scratch = Scratch(block * 3 + (stage ? block * n : 0));
+  uint8_t* recv_block = scratch;
+  uint8_t* acc[2] = {scratch + block, scratch + 2 * block};
+  if (stage) {
+    std::memcpy(scratch + 3 * block, in, block * n);
+    in = scratch + 3 * block;
+  }
+  const ReduceFn fn = GetReduceFn(op.output.dtype, op.reduce);
+  const size_t right = (r + 1) % n;
+  const size_t left = (r + n - 1) % n;
+  const uint64_t slot_base = kReduceScatterSlotBase | ((op.seq & 0xffffffffu) << 16);
+
+  auto recv_buf = context_->createUnboundBuffer(recv_block, block);
+  const uint8_t* send_ptr = in + ((r + n - 1) % n) * block;
+  for (size_t s = 0; s + 1 < n; ++s) {
+    const uint64_t slot = slot_base | s;
+    recv_buf->recv(static_cast<int>(left), slot, 0, block);
+    auto send_buf = context_->createUnboundBuffer(const_cast<uint8_t*>(send_ptr), block);
+    send_buf->send(static_cast<int>(right), slot, 0, block);
+    WaitUntil(deadline, [&](std::chrono::milliseconds t) { return recv_buf->waitRecv(t); });
+    const size_t blk = (r + 2 * n - 2 - s) % n;
+    uint8_t* dst = s + 2 == n ? out : acc[s & 1];
+    fn(dst, recv_block, in + blk * block, count);
+    WaitUntil(deadline, [&](std::chrono::milliseconds t) { return send_buf->waitSend(t); });
+    send_ptr = dst;
+  }
+  if (op.reduce == ReduceOp::kAvg) {
+    gloo_backend::DivideInPlace(op.output.dtype, out, count, size_);
+  }
+}
+
+bool ContainsTimeout(const std::string& text) {
+  return absl::StrContains(text, "Timed out") || absl::StrContains(text, "timeout") ||
+         absl::StrContains(text, "Timeout");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const GlooBackendOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(absl::StrCat("gloo backend: rank ", options.rank,
+                                                   " not in a world of size ", options.size));
+  }
+  if (options.store == nullptr) {
+    return absl::InvalidArgumentError("gloo backend: no rendezvous store");
+  }
+  if (options.iface.empty() && options.hostname.empty()) {
+    return absl::InvalidArgumentError(
+        "gloo backend: set iface or hostname (an empty Gloo attr resolves the host name and may "
+        "pick an interface the peers cannot reach)");
+  }
+  if (options.init_timeout <= absl::ZeroDuration() ||
+      options.default_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("gloo backend: timeouts must be positive");
+  }
+
+  ::gloo::transport::tcp::attr attr;
+  std::string where;
+  if (!options.iface.empty()) {
+    attr.iface = options.iface;
+    where = absl::StrCat("interface ", options.iface);
+  } else {
+    attr.hostname = options.hostname;
+    where = absl::StrCat("host ", options.hostname);
+  }
+  std::shared_ptr<::gloo::transport::Device> device;
+  try {
+    device = ::gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("gloo backend rank ", options.rank, ": cannot use ", where, ": ", e.what()));
+  }
+
+  auto context = std::make_shared<AbortableContext>(options.rank, options.size);
+  context->setTimeout(ToMs(options.init_timeout));
+  gloo_backend::GlooStoreAdapter adapter(options.store, options.init_timeout);
+  try {
+    context->connectFullMesh(adapter, device);
+  } catch (const std::exception& e) {
+    const std::string prefix =
+        absl::StrCat("gloo backend rank ", options.rank, " of ", options.size, " (", where, "): ");
+    absl::Status store_error = adapter.first_error();
+    if (absl::IsDeadlineExceeded(store_error)) {
+      return absl::DeadlineExceededError(absl::StrCat(prefix, store_error.message()));
+    }
+    if (!store_error.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(prefix, "rendezvous store failed: ", store_error.ToString()));
+    }
+    const std::string text = e.what();
+    if (ContainsTimeout(text)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(prefix, "connecting the pairs timed out (init timeout ",
+                       absl::FormatDuration(options.init_timeout), "): ", text));
+    }
+    return absl::UnavailableError(absl::StrCat(prefix, "connecting the pairs failed: ", text));
+  }
+  context->setTimeout(ToMs(options.default_timeout));
+  ADAPTCOMM_LOG(kDebug, "gloo backend rank ", options.rank, " of ", options.size, " connected on ",
+                where);
+  return std::unique_ptr<Backend>(new GlooBackend(std::move(context)));
+}
+
+}  // namespace adaptcomm

@@ -1,0 +1,47 @@
+// The Gloo backend: every collective and send/recv on host memory over Gloo's TCP transport.
+//
+// Uses only Gloo's options API (allreduce.h, broadcast.h, ... and unbound buffers); the old
+// algorithm classes set SO_SNDBUF on the pairs and slow new-API traffic on the same context by
+// orders of magnitude, so they must never be used on a context this backend owns.
+// reduce_scatter (which Gloo lacks) is a ring over unbound buffers; bf16 and f16 are reduced by
+// our own kernels (gloo_reduce.h); avg is sum then divide.
+#ifndef ADAPTCOMM_LIB_GLOO_GLOO_BACKEND_H_
+#define ADAPTCOMM_LIB_GLOO_GLOO_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "adaptcomm/backend.h"
+#include "adaptcomm/store.h"
+
+namespace adaptcomm {
+
+struct GlooBackendOptions {
+  int rank = 0;
+  int size = 1;
+  // Rendezvous store, already prefixed per communicator and generation (keys are reused by
+  // every rank of this backend instance only).
+  std::shared_ptr<Store> store;
+  // Where to listen: the interface `iface` if set, else the address `hostname` (e.g.
+  // "127.0.0.1"). One of them must be set: Gloo's empty default resolves the host name and can
+  // pick an interface the peers cannot reach.
+  std::string iface;
+  std::string hostname;
+  // Bound of the rendezvous (store waits) and of connecting the pairs.
+  absl::Duration init_timeout = absl::Seconds(300);
+  // Context default; every op passes its own OpDesc::timeout anyway.
+  absl::Duration default_timeout = absl::Seconds(600);
+};
+
+// Connects a full mesh of TCP pairs among options.size ranks. Errors: InvalidArgument (bad
+// options), DeadlineExceeded (rendezvous or connect ran past init_timeout; names the ranks whose
+// addresses never appeared when the store tells), Unavailable (anything else, e.g. the interface
+// cannot be bound or a peer refused the connection).
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
+    const GlooBackendOptions& options);
+
+}  // namespace adaptcomm
+
+#endif  // ADAPTCOMM_LIB_GLOO_GLOO_BACKEND_H_

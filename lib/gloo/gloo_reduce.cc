@@ -1,0 +1,285 @@
+// Reduction kernels. Built with -O3 (see CMakeLists.txt): at -O2 GCC 12's "very cheap" vectorizer
+// cost model leaves these loops scalar, and the f32/f64 sum sits on the allreduce hot path.
+#include "lib/gloo/gloo_reduce.h"
+
+#include <cstring>
+#include <type_traits>
+
+namespace adaptcomm::gloo_backend {
+namespace {
+
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+inline float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline float HalfToFloatImpl(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return BitsFloat(sign | 0x7f800000u | (mant << 13));  // inf, NaN
+  if (exp == 0) {
+    // Zero or subnormal: mant * 2^-24 is exact in float.
+    const float v = static_cast<float>(mant) * 5.9604644775390625e-08f;
+    return sign ? -v : v;
+  }
+  return BitsFloat(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+inline uint16_t FloatToHalfImpl(float f) {
+  const uint32_t x = FloatBits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  // 65520 (0x477ff000) is halfway between the largest half 65504 and 2^16; ties go to even = inf.
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (ax < 0x38800000u) {
+    // Below the smallest normal half (2^-14): a subnormal in units of 2^-24. 2^-25 (0x33000000)
+    // is the tie between 0 and the smallest subnormal and goes to even (zero).
+    if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t e = ax >> 23;  // 102..112
+    const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14..24
+    uint32_t q = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t q = (ax - 0x38000000u) >> 13;  // rebias 127 -> 15
+  const uint32_t rem = ax & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ++q;  // a carry into the exponent is right
+  return static_cast<uint16_t>(sign | q);
+}
+
+inline float Bf16ToFloatImpl(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
+
+inline uint16_t FloatToBf16Impl(float f) {
+  uint32_t x = FloatBits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+// Integer arithmetic goes through the unsigned type: signed overflow would be undefined, and
+// the wrapped two's complement result is what NCCL gives.
+template <typename T>
+inline T WrapAdd(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+template <typename T>
+inline T WrapMul(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    // uint8 promotes to int (255*255 fits); wider types multiply as unsigned.
+    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
+
+struct SumOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return WrapAdd(a, b);
+  }
+};
+struct ProdOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return WrapMul(a, b);
+  }
+};
+struct MinOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return b < a ? b : a;
+  }
+};
+struct MaxOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return a < b ? b : a;
+  }
+};
+
+// Native element types. Separate loops for the aliasing cases Gloo produces (out == a) so that
+// each loop carries __restrict and vectorizes without runtime overlap checks.
+template <typename T, typename Op>
+void LoopDistinct(T* __restrict o, const T* __restrict x, const T* __restrict y, size_t n) {
+  for (size_t i = 0; i < n; ++i) o[i] = Op::Apply(x[i], y[i]);
+}
+template <typename T, typename Op>
+void LoopInPlace(T* __restrict o, const T* __restrict y, size_t n) {
+  for (size_t i = 0; i < n; ++i) o[i] = Op::Apply(o[i], y[i]);
+}
+template <typename T, typename Op>
+void LoopSelf(T* o, size_t n) {
+  for (size_t i = 0; i < n; ++i) o[i] = Op::Apply(o[i], o[i]);
+}
+
+template <typename T, typename Op>
+void NativeKernel(void* out, const void* a, const void* b, size_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  // Every op here is commutative, so out == b is handled as out == a.
+  if (o == x && o == y) {
+    LoopSelf<T, Op>(o, n);
+  } else if (o == x) {
+    LoopInPlace<T, Op>(o, y, n);
+  } else if (o == y) {
+    LoopInPlace<T, Op>(o, x, n);
+  } else {
+    LoopDistinct<T, Op>(o, x, y, n);
+  }
+}
+
+// 16-bit floats on uint16_t storage, combined in float.
+struct HalfConv {
+  static float Widen(uint16_t h) { return HalfToFloatImpl(h); }
+  static uint16_t Narrow(float f) { return FloatToHalfImpl(f); }
+};
+struct Bf16Conv {
+  static float Widen(uint16_t h) { return Bf16ToFloatImpl(h); }
+  static uint16_t Narrow(float f) { return FloatToBf16Impl(f); }
+};
+
+template <typename Conv, typename Op>
+void Loop16Distinct(uint16_t* __restrict o, const uint16_t* __restrict x,
+                    const uint16_t* __restrict y, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    o[i] = Conv::Narrow(Op::Apply(Conv::Widen(x[i]), Conv::Widen(y[i])));
+}
+template <typename Conv, typename Op>
+void Loop16InPlace(uint16_t* __restrict o, const uint16_t* __restrict y, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    o[i] = Conv::Narrow(Op::Apply(Conv::Widen(o[i]), Conv::Widen(y[i])));
+}
+
+template <typename Conv, typename Op>
+void Kernel16(void* out, const void* a, const void* b, size_t n) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  if (o == x && o == y) {
+    for (size_t i = 0; i < n; ++i) {
+      const float v = Conv::Widen(o[i]);
+      o[i] = Conv::Narrow(Op::Apply(v, v));
+    }
+  } else if (o == x) {
+    Loop16InPlace<Conv, Op>(o, y, n);
+  } else if (o == y) {
+    Loop16InPlace<Conv, Op>(o, x, n);
+  } else {
+    Loop16Distinct<Conv, Op>(o, x, y, n);
+  }
+}
+
+template <typename T>
+ReduceFn NativeFor(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return &NativeKernel<T, SumOp>;
+    case ReduceOp::kProd:
+      return &NativeKernel<T, ProdOp>;
+    case ReduceOp::kMin:
+      return &NativeKernel<T, MinOp>;
+    case ReduceOp::kMax:
+      return &NativeKernel<T, MaxOp>;
+  }
+  return nullptr;
+}
+
+template <typename Conv>
+ReduceFn SixteenFor(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return &Kernel16<Conv, SumOp>;
+    case ReduceOp::kProd:
+      return &Kernel16<Conv, ProdOp>;
+    case ReduceOp::kMin:
+      return &Kernel16<Conv, MinOp>;
+    case ReduceOp::kMax:
+      return &Kernel16<Conv, MaxOp>;
+  }
+  return nullptr;
+}
+
+template <typename T>
+void DivideNative(void* data, size_t n, int divisor) {
+  T* p = static_cast<T*>(data);
+  const T d = static_cast<T>(divisor);
+  for (size_t i = 0; i < n; ++i) p[i] = p[i] / d;
+}
+
+template <typename Conv>
+void Divide16(void* data, size_t n, int divisor) {
+  uint16_t* p = static_cast<uint16_t*>(data);
+  const float d = static_cast<float>(divisor);
+  for (size_t i = 0; i < n; ++i) p[i] = Conv::Narrow(Conv::Widen(p[i]) / d);
+}
+
+}  // namespace
+
+ReduceFn GetReduceFn(DType dtype, ReduceOp op) {
+  const bool avg = op == ReduceOp::kAvg;
+  switch (dtype) {
+    case DType::kF32:
+      return NativeFor<float>(op);
+    case DType::kF64:
+      return NativeFor<double>(op);
+    case DType::kF16:
+      return SixteenFor<HalfConv>(op);
+    case DType::kBF16:
+      return SixteenFor<Bf16Conv>(op);
+    case DType::kI8:
+      return avg ? nullptr : NativeFor<int8_t>(op);
+    case DType::kU8:
+      return avg ? nullptr : NativeFor<uint8_t>(op);
+    case DType::kI32:
+      return avg ? nullptr : NativeFor<int32_t>(op);
+    case DType::kI64:
+      return avg ? nullptr : NativeFor<int64_t>(op);
+  }
+  return nullptr;
+}
+
+void DivideInPlace(DType dtype, void* data, size_t n, int divisor) {
+  if (divisor == 1) return;
+  switch (dtype) {
+    case DType::kF32:
+      return DivideNative<float>(data, n, divisor);
+    case DType::kF64:
+      return DivideNative<double>(data, n, divisor);
+    case DType::kF16:
+      return Divide16<HalfConv>(data, n, divisor);
+    case DType::kBF16:
+      return Divide16<Bf16Conv>(data, n, divisor);
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kI32:
+    case DType::kI64:
+      return;
+  }
+}
+
+float HalfToFloat(uint16_t h) { return HalfToFloatImpl(h); }
+uint16_t FloatToHalf(float f) { return FloatToHalfImpl(f); }
+float Bf16ToFloat(uint16_t h) { return Bf16ToFloatImpl(h); }
+uint16_t FloatToBf16(float f) { return FloatToBf16Impl(f); }
+
+}  // namespace adaptcomm::gloo_backend

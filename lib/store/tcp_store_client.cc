@@ -1,0 +1,292 @@
+// The TCP store client.
+//
+// Requests run on pooled connections: a thread that finds none idle opens another, so that one
+// thread blocked in GET/WAIT never stalls the Set another thread makes through the same client.
+// A connection that failed mid-request is dropped (its framing state is unknown); the next
+// request reconnects once, without the start-up retry loop, so a dead server fails fast.
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "adaptcomm/store.h"
+#include "lib/store/tcp_wire.h"
+
+namespace adaptcomm {
+namespace {
+
+namespace wire = store_wire;
+
+// Idle connections kept for reuse; more concurrent requests than this open and close their own.
+constexpr size_t kMaxIdleConnections = 8;
+
+// Connects one socket to host:port before `deadline`; on failure returns -1 and sets *error.
+int ConnectOnce(const std::string& host, int port, absl::Time deadline, std::string* error) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string port_text = std::to_string(port);
+  if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &res); rc != 0) {
+    *error = absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc));
+    return -1;
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      *error = absl::StrCat("socket: ", std::strerror(errno));
+      continue;
+    }
+    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+    int err = rc == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+      while (true) {
+        pollfd p{fd, POLLOUT, 0};
+        int pr = ::poll(&p, 1, wire::PollMillis(deadline));
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) {
+          err = pr == 0 ? ETIMEDOUT : errno;
+        } else {
+          socklen_t len = sizeof(err);
+          if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        }
+        break;
+      }
+    }
+    if (err == 0) {
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return fd;
+    }
+    *error = std::strerror(err);
+    ::close(fd);
+  }
+  return -1;
+}
+
+absl::Status ParseStatus(wire::FrameReader* r) {
+  if (r->first_byte() == 0) return absl::OkStatus();
+  std::string_view msg;
+  if (!r->Field(&msg)) msg = "(no message)";
+  return absl::Status(static_cast<absl::StatusCode>(r->first_byte()), std::string(msg));
+}
+
+class TcpStoreClient final : public Store {
+ public:
+  explicit TcpStoreClient(const TcpStoreOptions& options)
+      : options_(options), addr_(absl::StrCat(options.host, ":", options.port)) {}
+
+  ~TcpStoreClient() override {
+    absl::MutexLock lock(&mu_);
+    for (int fd : idle_) ::close(fd);
+  }
+
+  // The first connection: retries until connect_timeout, so that ranks may start before rank 0.
+  absl::Status Connect() {
+    absl::Time deadline = absl::Now() + options_.connect_timeout;
+    absl::Duration backoff = absl::Milliseconds(10);
+    int attempts = 0;
+    std::string last_error = "no attempt made";
+    while (true) {
+      ++attempts;
+      auto fd = Dial(deadline, &last_error);
+      if (fd.ok()) {
+        Release(*fd);
+        return absl::OkStatus();
+      }
+      if (absl::IsPermissionDenied(fd.status()) || absl::IsFailedPrecondition(fd.status())) {
+        return fd.status();
+      }
+      absl::Time now = absl::Now();
+      if (now >= deadline) break;
+      absl::SleepFor(std::min(backoff, deadline - now));
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+    }
+    return absl::UnavailableError(absl::StrCat("cannot reach the TCP store at ", addr_, " within ",
+                                               absl::FormatDuration(options_.connect_timeout), " (",
+                                               attempts, " attempts): ", last_error,
+                                               ". Is rank 0 up and serving at this address?"));
+  }
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    wire::FrameWriter w(wire::kSet);
+    w.Field(key).Field(value);
+    return Call(w, key, absl::ZeroDuration()).status();
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    wire::FrameWriter w(wire::kGet);
+    int64_t us = wire::TimeoutToMicros(timeout);
+    w.Field(key).Int(us);
+    auto body = Call(w, key, absl::Microseconds(us));
+    if (!body.ok()) return body.status();
+    wire::FrameReader r(*body);
+    std::string_view value;
+    if (!r.Field(&value) || !r.AtEnd()) return Malformed("GET");
+    return std::string(value);
+  }
+
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    wire::FrameWriter w(wire::kAdd);
+    w.Field(key).Int(delta);
+    auto body = Call(w, key, absl::ZeroDuration());
+    if (!body.ok()) return body.status();
+    wire::FrameReader r(*body);
+    int64_t value = 0;
+    if (!r.Int(&value) || !r.AtEnd()) return Malformed("ADD");
+    return value;
+  }
+
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    wire::FrameWriter w(wire::kWait);
+    int64_t us = wire::TimeoutToMicros(timeout);
+    w.Int(us);
+    for (const auto& k : keys) w.Field(k);
+    return Call(w, keys.empty() ? std::string() : keys[0], absl::Microseconds(us)).status();
+  }
+
+  absl::StatusOr<bool> Delete(const std::string& key) override {
+    wire::FrameWriter w(wire::kDelete);
+    w.Field(key);
+    auto body = Call(w, key, absl::ZeroDuration());
+    if (!body.ok()) return body.status();
+    wire::FrameReader r(*body);
+    std::string_view existed;
+    if (!r.Field(&existed) || existed.size() != 1 || !r.AtEnd()) return Malformed("DELETE");
+    return existed[0] != 0;
+  }
+
+ private:
+  absl::Status Malformed(const char* op) const {
+    return absl::InternalError(
+        absl::StrCat("malformed ", op, " reply from the TCP store at ", addr_));
+  }
+
+  // One connected, authenticated socket, or an error; *error gets the reason of a failed
+  // connect (kept by the caller for its final message).
+  absl::StatusOr<int> Dial(absl::Time connect_deadline, std::string* error) {
+    int fd = ConnectOnce(options_.host, options_.port, connect_deadline, error);
+    if (fd < 0) return absl::UnavailableError(*error);
+    std::string what = absl::StrCat("the TCP store at ", addr_);
+    absl::Time deadline = absl::Now() + options_.io_timeout;
+    wire::FrameWriter hello(wire::kHello);
+    hello.Field(wire::kMagic).Int(wire::kVersion).Field(options_.token);
+    absl::Status s = wire::SendAll(fd, hello.Finish(), deadline, what);
+    absl::StatusOr<std::string> reply;
+    if (s.ok()) {
+      reply = wire::RecvFrame(fd, options_.max_frame_bytes, deadline, options_.io_timeout, what);
+      s = reply.status();
+    }
+    if (s.ok()) {
+      wire::FrameReader r(*reply);
+      s = ParseStatus(&r);
+      if (absl::IsPermissionDenied(s)) {
+        s = absl::PermissionDeniedError(
+            absl::StrCat("the TCP store at ", addr_, " refused this client: ", s.message()));
+      }
+    }
+    if (!s.ok()) {
+      ::close(fd);
+      *error = std::string(s.message());
+      return s;
+    }
+    return fd;
+  }
+
+  absl::StatusOr<int> Acquire() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!idle_.empty()) {
+        int fd = idle_.back();
+        idle_.pop_back();
+        return fd;
+      }
+    }
+    std::string error;
+    absl::Time deadline = absl::Now() + std::min(options_.connect_timeout, options_.io_timeout);
+    auto fd = Dial(deadline, &error);
+    if (fd.ok() || absl::IsPermissionDenied(fd.status())) return fd;
+    return absl::UnavailableError(
+        absl::StrCat("lost the TCP store at ", addr_, " and cannot reconnect: ", error));
+  }
+
+  void Release(int fd) {
+    absl::MutexLock lock(&mu_);
+    if (idle_.size() < kMaxIdleConnections) {
+      idle_.push_back(fd);
+    } else {
+      ::close(fd);
+    }
+  }
+
+  // Sends a request and returns the reply body of a successful request (its fields follow the
+  // status byte, which FrameReader skips); a reply with an error becomes that status.
+  // `wait` is how long the server may legitimately hold the request (GET/WAIT).
+  absl::StatusOr<std::string> Call(wire::FrameWriter& request, const std::string& key,
+                                   absl::Duration wait) {
+    if (request.body_size() > options_.max_frame_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TCP store request for key '", key, "' is ", request.body_size(),
+          " bytes, over max_frame_bytes=", options_.max_frame_bytes, "; store smaller values"));
+    }
+    std::string frame = request.Finish();
+    auto fd = Acquire();
+    if (!fd.ok()) return fd.status();
+    std::string what = absl::StrCat("the TCP store at ", addr_);
+    absl::Status s = wire::SendAll(*fd, frame, absl::Now() + options_.io_timeout, what);
+    absl::StatusOr<std::string> reply;
+    if (s.ok()) {
+      absl::Time deadline = absl::Now() + wait + options_.io_timeout;
+      reply = wire::RecvFrame(*fd, options_.max_frame_bytes, deadline, options_.io_timeout, what);
+      s = reply.status();
+    }
+    if (!s.ok()) {
+      ::close(*fd);
+      if (absl::IsDeadlineExceeded(s)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("TCP store request for key '", key, "' got no reply within ",
+                         absl::FormatDuration(wait + options_.io_timeout), " (io_timeout ",
+                         absl::FormatDuration(options_.io_timeout), "): ", s.message()));
+      }
+      return absl::UnavailableError(
+          absl::StrCat("TCP store request for key '", key, "' failed: ", s.message()));
+    }
+    Release(*fd);
+    wire::FrameReader r(*reply);
+    absl::Status status = ParseStatus(&r);
+    if (!status.ok()) return status;
+    return std::move(*reply);
+  }
+
+  const TcpStoreOptions options_;
+  const std::string addr_;
+  absl::Mutex mu_;
+  std::vector<int> idle_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Store>> ConnectTcpStore(const TcpStoreOptions& options) {
+  if (options.port <= 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TCP store: client port ", options.port, " is out of range 1..65535"));
+  }
+  auto client = std::make_shared<TcpStoreClient>(options);
+  if (absl::Status s = client->Connect(); !s.ok()) return s;
+  return std::shared_ptr<Store>(std::move(client));
+}
+
+}  // namespace adaptcomm

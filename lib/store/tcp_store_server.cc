@@ -1,0 +1,423 @@
+// The TCP store server: rank 0 serves the job's keys to every rank.
+//
+// One thread accepts, one thread serves each connection (rendezvous traffic is a few requests
+// per rank, and a thread per connection keeps blocking GET/WAIT simple). Connections are
+// bounded; anything malformed closes only the connection that sent it.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "adaptcomm/store.h"
+#include "lib/core/log.h"
+#include "lib/store/tcp_wire.h"
+
+namespace adaptcomm {
+namespace {
+
+namespace wire = store_wire;
+
+// More concurrent connections than any job has ranks, yet far below what would exhaust threads.
+constexpr size_t kMaxConnections = 4096;
+// A client sends HELLO right after connecting; a connection that does not is not a client.
+constexpr absl::Duration kMaxHandshakeTime = absl::Seconds(10);
+// How often a blocked GET/WAIT checks whether its client is still there.
+constexpr absl::Duration kPeerCheckInterval = absl::Milliseconds(200);
+
+std::string PeerName(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "unknown peer";
+  char ip[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof(ip));
+  return absl::StrCat(ip, ":", ntohs(addr.sin_port));
+}
+
+bool PeerGone(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+std::string ErrorResponse(const absl::Status& s) {
+  std::string msg(s.message());
+  return wire::FrameWriter(static_cast<uint8_t>(s.code())).Field(msg).Finish();
+}
+
+class TcpStoreServerImpl final : public TcpStoreServer {
+ public:
+  explicit TcpStoreServerImpl(const TcpStoreOptions& options) : options_(options) {}
+
+  ~TcpStoreServerImpl() override { Stop(); }
+
+  int port() const override { return port_; }
+
+  absl::Status Start() {
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* res = nullptr;
+    std::string port_text = std::to_string(options_.port);
+    const char* host = options_.host.empty() ? nullptr : options_.host.c_str();
+    if (int rc = ::getaddrinfo(host, port_text.c_str(), &hints, &res); rc != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TCP store: cannot resolve host '", options_.host, "': ", gai_strerror(rc)));
+    }
+    std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listen_fd_ < 0) {
+      return absl::UnavailableError(absl::StrCat("TCP store: socket: ", std::strerror(errno)));
+    }
+    int one = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    std::string where = absl::StrCat(options_.host, ":", options_.port);
+    if (::bind(listen_fd_, res->ai_addr, res->ai_addrlen) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("TCP store: cannot listen on ", where, ": bind: ", std::strerror(errno)));
+    }
+    if (::listen(listen_fd_, SOMAXCONN) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("TCP store: cannot listen on ", where, ": listen: ", std::strerror(errno)));
+    }
+    sockaddr_in bound{};
+    socklen_t len = sizeof(bound);
+    if (::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+      return absl::InternalError(absl::StrCat("TCP store: getsockname: ", std::strerror(errno)));
+    }
+    port_ = ntohs(bound.sin_port);
+    if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
+      return absl::UnavailableError(absl::StrCat("TCP store: pipe: ", std::strerror(errno)));
+    }
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    ADAPTCOMM_LOG(kDebug, "TCP store serving on ", options_.host, ":", port_);
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Conn {
+    int fd = -1;  // closed (and set to -1) under conns_mu_ by the serving thread
+    bool done = false;
+    std::thread thread;
+  };
+
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      cv_.SignalAll();
+    }
+    if (accept_thread_.joinable()) {
+      char b = 1;
+      (void)!::write(wake_pipe_[1], &b, 1);
+      accept_thread_.join();
+    }
+    std::vector<std::unique_ptr<Conn>> conns;
+    {
+      absl::MutexLock lock(&conns_mu_);
+      // Wakes every serving thread out of recv/poll; the fds stay open until their threads close
+      // them, so no fd number is reused under us.
+      for (auto& c : conns_)
+        if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
+      conns.swap(conns_);
+    }
+    for (auto& c : conns) c->thread.join();
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    for (int& fd : wake_pipe_)
+      if (fd >= 0) ::close(fd);
+    listen_fd_ = -1;
+  }
+
+  void AcceptLoop() {
+    int64_t refused = 0;
+    while (true) {
+      pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_pipe_[0], POLLIN, 0}};
+      int rc = ::poll(fds, 2, 1000);
+      ReapFinished();
+      if (rc < 0 && errno != EINTR) {
+        ADAPTCOMM_LOG(kError, "TCP store: poll on the listener failed: ", std::strerror(errno));
+        absl::SleepFor(absl::Milliseconds(50));
+        continue;
+      }
+      if (fds[1].revents != 0) return;
+      if (rc <= 0 || (fds[0].revents & POLLIN) == 0) continue;
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors: back off instead of spinning on a listener that stays readable.
+          if (refused++ % 1000 == 0) {
+            ADAPTCOMM_LOG(kWarning, "TCP store: accept failed: ", std::strerror(errno));
+          }
+          absl::SleepFor(absl::Milliseconds(50));
+        }
+        continue;
+      }
+      absl::MutexLock lock(&conns_mu_);
+      if (conns_.size() >= kMaxConnections) {
+        if (refused++ % 1000 == 0) {
+          ADAPTCOMM_LOG(kWarning, "TCP store: refusing connection from ", PeerName(fd), ": ",
+                        kMaxConnections, " connections already open");
+        }
+        ::close(fd);
+        continue;
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      auto conn = std::make_unique<Conn>();
+      conn->fd = fd;
+      Conn* raw = conn.get();
+      try {
+        conn->thread = std::thread([this, raw] { Serve(raw); });
+      } catch (const std::system_error& e) {
+        ADAPTCOMM_LOG(kWarning, "TCP store: cannot start a thread for a connection: ", e.what());
+        ::close(fd);
+        continue;
+      }
+      conns_.push_back(std::move(conn));
+    }
+  }
+
+  void ReapFinished() {
+    std::vector<std::unique_ptr<Conn>> finished;
+    {
+      absl::MutexLock lock(&conns_mu_);
+      for (auto it = conns_.begin(); it != conns_.end();) {
+        if ((*it)->done) {
+          finished.push_back(std::move(*it));
+          it = conns_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& c : finished) c->thread.join();
+  }
+
+  void Serve(Conn* conn) {
+    const int fd = conn->fd;
+    const std::string peer = PeerName(fd);
+    // Log lines already name the peer.
+    const std::string what = "the client";
+    if (Handshake(fd, peer, what)) {
+      while (true) {
+        auto frame = wire::RecvFrame(fd, options_.max_frame_bytes, absl::InfiniteFuture(),
+                                     options_.io_timeout, what);
+        if (!frame.ok()) {
+          // A client that disconnects between requests is normal; anything else is refused.
+          if (!absl::IsUnavailable(frame.status())) {
+            ADAPTCOMM_LOG(kWarning, "TCP store: closing connection from ", peer, ": ",
+                          frame.status().message());
+          }
+          break;
+        }
+        bool close_after = false;
+        std::string response = Handle(fd, *frame, &close_after);
+        if (!response.empty()) {
+          if (!wire::SendAll(fd, response, absl::Now() + options_.io_timeout, what).ok()) break;
+        }
+        if (close_after) break;
+      }
+    }
+    absl::MutexLock lock(&conns_mu_);
+    ::close(fd);
+    conn->fd = -1;
+    conn->done = true;
+  }
+
+  bool Handshake(int fd, const std::string& peer, const std::string& what) {
+    absl::Duration limit = std::min(options_.io_timeout, kMaxHandshakeTime);
+    auto frame = wire::RecvFrame(fd, options_.max_frame_bytes, absl::Now() + limit, limit, what);
+    if (!frame.ok()) {
+      if (!absl::IsUnavailable(frame.status())) {
+        ADAPTCOMM_LOG(kWarning, "TCP store: refused connection from ", peer, ": ",
+                      frame.status().message());
+      }
+      return false;
+    }
+    wire::FrameReader r(*frame);
+    std::string_view magic, token;
+    int64_t version = 0;
+    if (r.first_byte() != wire::kHello || !r.Field(&magic) || !r.Int(&version) ||
+        !r.Field(&token) || !r.AtEnd() || magic != wire::kMagic) {
+      ADAPTCOMM_LOG(kWarning, "TCP store: refused connection from ", peer,
+                    ": it did not start with an adaptcomm store handshake");
+      return false;
+    }
+    if (version != wire::kVersion) {
+      ADAPTCOMM_LOG(kWarning, "TCP store: refused connection from ", peer, ": protocol version ",
+                    version, ", this server speaks ", wire::kVersion);
+      (void)wire::SendAll(
+          fd,
+          ErrorResponse(absl::FailedPreconditionError(absl::StrCat(
+              "store protocol version ", version, " unsupported; server speaks ", wire::kVersion))),
+          absl::Now() + limit, what);
+      return false;
+    }
+    // An empty server token means the job runs without one.
+    if (!options_.token.empty() && !wire::ConstantTimeEquals(token, options_.token)) {
+      ADAPTCOMM_LOG(kWarning, "TCP store: refused connection from ", peer,
+                    ": wrong job token (a process of another job, or a token mismatch)");
+      (void)wire::SendAll(fd,
+                          ErrorResponse(absl::PermissionDeniedError(
+                              "the store server refused this client's token: the job token "
+                              "(ADAPTCOMM_STORE_TOKEN / store_token) differs from rank 0's")),
+                          absl::Now() + limit, what);
+      return false;
+    }
+    return wire::SendAll(fd, wire::FrameWriter(0).Finish(), absl::Now() + limit, what).ok();
+  }
+
+  // The response frame for one request; empty when none is to be sent.
+  std::string Handle(int fd, const std::string& body, bool* close_after) {
+    wire::FrameReader r(body);
+    std::string_view key, value;
+    int64_t n = 0;
+    auto malformed = [&](const char* op) {
+      *close_after = true;
+      absl::Status s = absl::InvalidArgumentError(absl::StrCat("malformed ", op, " request"));
+      ADAPTCOMM_LOG(kWarning, "TCP store: closing connection from ", PeerName(fd), ": ",
+                    s.message());
+      return ErrorResponse(s);
+    };
+    switch (r.first_byte()) {
+      case wire::kSet: {
+        if (!r.Field(&key) || !r.Field(&value) || !r.AtEnd()) return malformed("SET");
+        absl::MutexLock lock(&mu_);
+        data_[std::string(key)] = std::string(value);
+        cv_.SignalAll();
+        return wire::FrameWriter(0).Finish();
+      }
+      case wire::kGet: {
+        if (!r.Field(&key) || !r.Int(&n) || !r.AtEnd()) return malformed("GET");
+        std::string k(key);
+        std::string found;
+        absl::Status s = WaitFor(fd, {k}, n, &found);
+        if (s.ok()) return wire::FrameWriter(0).Field(found).Finish();
+        if (absl::IsCancelled(s)) *close_after = true;
+        if (absl::IsDeadlineExceeded(s)) {
+          s = n == 0 ? absl::NotFoundError(absl::StrCat("store key '", k, "' is not set"))
+                     : absl::DeadlineExceededError(
+                           absl::StrCat("store key '", k, "' not set within ",
+                                        absl::FormatDuration(absl::Microseconds(n))));
+        }
+        return ErrorResponse(s);
+      }
+      case wire::kAdd: {
+        if (!r.Field(&key) || !r.Int(&n) || !r.AtEnd()) return malformed("ADD");
+        absl::MutexLock lock(&mu_);
+        std::string& slot = data_[std::string(key)];
+        int64_t v = 0;
+        if (!slot.empty() && !absl::SimpleAtoi(slot, &v)) {
+          return ErrorResponse(absl::InvalidArgumentError(absl::StrCat(
+              "store key '", std::string(key), "' holds a non-integer value; cannot add to it")));
+        }
+        if (__builtin_add_overflow(v, n, &v)) {
+          return ErrorResponse(absl::OutOfRangeError(
+              absl::StrCat("adding ", n, " to store key '", std::string(key), "' overflows")));
+        }
+        slot = std::to_string(v);
+        cv_.SignalAll();
+        return wire::FrameWriter(0).Int(v).Finish();
+      }
+      case wire::kWait: {
+        if (!r.Int(&n)) return malformed("WAIT");
+        std::vector<std::string> keys;
+        while (!r.AtEnd()) {
+          if (!r.Field(&key)) return malformed("WAIT");
+          keys.emplace_back(key);
+        }
+        absl::Status s = WaitFor(fd, keys, n, nullptr);
+        if (absl::IsCancelled(s)) *close_after = true;
+        return s.ok() ? wire::FrameWriter(0).Finish() : ErrorResponse(s);
+      }
+      case wire::kDelete: {
+        if (!r.Field(&key) || !r.AtEnd()) return malformed("DELETE");
+        absl::MutexLock lock(&mu_);
+        bool existed = data_.erase(std::string(key)) > 0;
+        return wire::FrameWriter(0).Field(existed ? "\1" : std::string_view("\0", 1)).Finish();
+      }
+      default: {
+        *close_after = true;
+        absl::Status s = absl::InvalidArgumentError(
+            absl::StrCat("unknown store opcode ", static_cast<int>(r.first_byte())));
+        ADAPTCOMM_LOG(kWarning, "TCP store: closing connection from ", PeerName(fd), ": ",
+                      s.message());
+        return ErrorResponse(s);
+      }
+    }
+  }
+
+  // Waits until every key is set. DeadlineExceeded names the missing keys; Unavailable when the
+  // server stops; Cancelled when the client hung up (nobody to answer).
+  absl::Status WaitFor(int fd, const std::vector<std::string>& keys, int64_t timeout_us,
+                       std::string* value) {
+    absl::Time deadline = absl::Now() + absl::Microseconds(timeout_us);
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      if (stopping_) return absl::UnavailableError("the store server is shutting down");
+      std::vector<std::string> missing;
+      for (const auto& k : keys)
+        if (data_.count(k) == 0) missing.push_back(k);
+      if (missing.empty()) {
+        if (value != nullptr) *value = data_[keys[0]];
+        return absl::OkStatus();
+      }
+      absl::Time now = absl::Now();
+      if (now >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "store keys not set within ", absl::FormatDuration(absl::Microseconds(timeout_us)),
+            ": ", absl::StrJoin(missing, ", ")));
+      }
+      if (cv_.WaitWithDeadline(&mu_, std::min(deadline, now + kPeerCheckInterval)) &&
+          PeerGone(fd)) {
+        return absl::CancelledError("client hung up");
+      }
+    }
+  }
+
+  const TcpStoreOptions options_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  int wake_pipe_[2] = {-1, -1};
+  std::thread accept_thread_;
+
+  absl::Mutex conns_mu_;
+  std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(conns_mu_);
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> StartTcpStoreServer(
+    const TcpStoreOptions& options) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TCP store: port ", options.port, " is out of range 0..65535"));
+  }
+  auto server = std::make_unique<TcpStoreServerImpl>(options);
+  if (absl::Status s = server->Start(); !s.ok()) return s;
+  return std::unique_ptr<TcpStoreServer>(std::move(server));
+}
+
+}  // namespace adaptcomm

@@ -1,0 +1,21 @@
+#!/bin/sh
+# Installs what adaptcomm needs from Debian 12's packages, skipping what is already there.
+#   scripts/install-deps.sh        build + demo dependencies
+#   scripts/install-deps.sh test   also what the test suite uses (gmock, clang's libFuzzer)
+set -eu
+packages="build-essential cmake pkg-config libgloo-dev libyaml-cpp-dev libabsl-dev libgtest-dev
+  libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev"
+if [ "${1:-}" = test ]; then
+  packages="$packages clang libclang-rt-14-dev iproute2"
+fi
+missing=""
+for p in $packages; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "installing:$missing"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends $missing
+fi

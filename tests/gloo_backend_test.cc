@@ -1,0 +1,640 @@
+// The Gloo backend, driven directly (no Communicator): ranks are threads sharing a HashStore.
+//
+// Values are small integers so that every sum and product is exact in every dtype (|sum| <= 20
+// and |product| <= 16 with at most 4 ranks: exact in bf16's 8-bit mantissa and in i8), whatever
+// order the ring reduces in. avg is checked exactly too: the backend computes the exact sum and
+// divides once in the element type, which the reference does the same way.
+#include "lib/gloo/gloo_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "adaptcomm/store.h"
+#include "lib/gloo/gloo_reduce.h"
+
+namespace adaptcomm {
+namespace {
+
+namespace gb = gloo_backend;
+using Backends = std::vector<std::unique_ptr<Backend>>;
+
+constexpr absl::Duration kOpTimeout = absl::Seconds(20);
+
+GlooBackendOptions Options(int rank, int size, std::shared_ptr<Store> store) {
+  GlooBackendOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.store = std::move(store);
+  o.hostname = "127.0.0.1";
+  o.init_timeout = absl::Seconds(20);
+  o.default_timeout = kOpTimeout;
+  return o;
+}
+
+// Runs fn(rank) on `n` threads and joins them (every op inside is bounded by its timeout).
+void OnRanks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+Backends Connect(int n, const std::string& prefix) {
+  auto store = CreatePrefixStore(prefix, CreateHashStore());
+  Backends backends(n);
+  OnRanks(n, [&](int r) {
+    auto b = CreateGlooBackend(Options(r, n, store));
+    ASSERT_TRUE(b.ok()) << b.status();
+    backends[r] = std::move(*b);
+  });
+  for (const auto& b : backends) {
+    if (b == nullptr) ADD_FAILURE() << "a rank failed to connect";
+  }
+  return backends;
+}
+
+// ---- values ----
+
+double Decode(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF64:
+      return static_cast<const double*>(p)[i];
+    case DType::kF16:
+      return gb::HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16:
+      return gb::Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kI8:
+      return static_cast<const int8_t*>(p)[i];
+    case DType::kU8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::kI32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+  }
+  return NAN;
+}
+
+void Encode(DType t, void* p, size_t i, double v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      return;
+    case DType::kF64:
+      static_cast<double*>(p)[i] = v;
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = gb::FloatToHalf(static_cast<float>(v));
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = gb::FloatToBf16(static_cast<float>(v));
+      return;
+    case DType::kI8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      return;
+    case DType::kU8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      return;
+  }
+}
+
+// Rank r's value at element i.
+double Value(DType t, ReduceOp op, int r, size_t i) {
+  const bool is_unsigned = t == DType::kU8;
+  if (op == ReduceOp::kProd) {
+    const auto v = static_cast<double>((static_cast<size_t>(r) + i) % 5);
+    return is_unsigned ? std::fmod(v, 3.0) : v - 2.0;  // {0..2} or {-2..2}: |product| <= 16
+  }
+  const auto v = static_cast<double>((static_cast<size_t>(r) * 7 + i * 3) % 11);
+  return is_unsigned ? v : v - 5.0;  // {0..10} or {-5..5}: |sum| <= 40
+}
+
+double Reduced(DType t, ReduceOp op, int n, size_t i) {
+  double acc = Value(t, op, 0, i);
+  for (int r = 1; r < n; ++r) {
+    const double v = Value(t, op, r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        acc += v;
+        break;
+      case ReduceOp::kProd:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+    }
+  }
+  if (op != ReduceOp::kAvg) return acc;
+  // The backend divides the exact sum once, in the element type.
+  const auto fn = static_cast<float>(n);
+  switch (t) {
+    case DType::kF32:
+      return static_cast<float>(acc) / fn;
+    case DType::kF64:
+      return acc / n;
+    case DType::kF16:
+      return gb::HalfToFloat(gb::FloatToHalf(static_cast<float>(acc) / fn));
+    case DType::kBF16:
+      return gb::Bf16ToFloat(gb::FloatToBf16(static_cast<float>(acc) / fn));
+    default:
+      return NAN;
+  }
+}
+
+std::vector<uint8_t> Buffer(DType t, size_t count) {
+  return std::vector<uint8_t>(count * DTypeSize(t) + 1);  // +1: never empty
+}
+
+TensorView View(std::vector<uint8_t>& buf, DType t, size_t count) {
+  return TensorView{buf.data(), count, t, Device::Cpu(), nullptr};
+}
+
+// ---- cases ----
+
+struct Case {
+  OpKind kind;
+  DType dtype;
+  ReduceOp op = ReduceOp::kSum;
+  size_t count = 0;  // per-rank block (allgather input, reduce_scatter output, alltoall block)
+  bool in_place = false;
+};
+
+std::string Name(const Case& c, int n) {
+  return absl::StrCat(OpKindName(c.kind), " ", DTypeName(c.dtype), " ", ReduceOpName(c.op),
+                      " count ", c.count, c.in_place ? " in place" : "", " world ", n);
+}
+
+// Compares `count` elements of `got` (starting at element 0) with want(i); reports the first
+// mismatch only.
+void Check(const std::string& what, DType t, const void* got, size_t count,
+           const std::function<double(size_t)>& want) {
+  for (size_t i = 0; i < count; ++i) {
+    const double g = Decode(t, got, i);
+    const double w = want(i);
+    if (g != w) {
+      ADD_FAILURE() << what << ": element " << i << " is " << g << ", expected " << w;
+      return;
+    }
+  }
+}
+
+void RunCase(Backend& b, int n, const Case& c, uint64_t seq) {
+  const int r = b.rank();
+  const DType t = c.dtype;
+  const std::string what = absl::StrCat(Name(c, n), " rank ", r);
+  OpDesc op;
+  op.kind = c.kind;
+  op.reduce = c.op;
+  op.seq = seq;
+  op.timeout = kOpTimeout;
+  op.root = static_cast<int>(seq % static_cast<uint64_t>(n));
+  const auto un = static_cast<size_t>(n);
+  auto value = [&](int rank, size_t i) { return Value(t, c.op, rank, i); };
+
+  switch (c.kind) {
+    case OpKind::kAllreduce:
+    case OpKind::kBroadcast:
+    case OpKind::kReduce: {
+      auto buf = Buffer(t, c.count);
+      for (size_t i = 0; i < c.count; ++i) Encode(t, buf.data(), i, value(r, i));
+      op.input = op.output = View(buf, t, c.count);
+      ASSERT_TRUE(b.Run(op).ok()) << what;
+      if (c.kind == OpKind::kBroadcast) {
+        Check(what, t, buf.data(), c.count, [&](size_t i) { return value(op.root, i); });
+      } else if (c.kind == OpKind::kReduce && r != op.root) {
+        Check(what + " (non-root keeps its input)", t, buf.data(), c.count,
+              [&](size_t i) { return value(r, i); });
+      } else {
+        Check(what, t, buf.data(), c.count, [&](size_t i) { return Reduced(t, c.op, n, i); });
+      }
+      return;
+    }
+    case OpKind::kAllgather: {
+      auto out = Buffer(t, c.count * un);
+      auto in = Buffer(t, c.count);
+      void* in_data = c.in_place ? out.data() + r * c.count * DTypeSize(t) : in.data();
+      for (size_t i = 0; i < c.count; ++i) Encode(t, in_data, i, value(r, i));
+      op.input = TensorView{in_data, c.count, t, Device::Cpu(), nullptr};
+      op.output = View(out, t, c.count * un);
+      ASSERT_TRUE(b.Run(op).ok()) << what;
+      Check(what, t, out.data(), c.count * un,
+            [&](size_t i) { return value(static_cast<int>(i / c.count), i % c.count); });
+      return;
+    }
+    case OpKind::kReduceScatter: {
+      auto in = Buffer(t, c.count * un);
+      auto out = Buffer(t, c.count);
+      for (size_t i = 0; i < c.count * un; ++i) Encode(t, in.data(), i, value(r, i));
+      op.input = View(in, t, c.count * un);
+      void* out_data = c.in_place ? in.data() + r * c.count * DTypeSize(t) : out.data();
+      op.output = TensorView{out_data, c.count, t, Device::Cpu(), nullptr};
+      ASSERT_TRUE(b.Run(op).ok()) << what;
+      Check(what, t, out_data, c.count,
+            [&](size_t i) { return Reduced(t, c.op, n, r * c.count + i); });
+      return;
+    }
+    case OpKind::kAlltoall: {
+      // Block j of rank r's input holds Value(r, j*count + i) and goes to rank j.
+      auto in = Buffer(t, c.count * un);
+      auto out = Buffer(t, c.count * un);
+      for (size_t i = 0; i < c.count * un; ++i) Encode(t, in.data(), i, value(r, i));
+      op.input = View(in, t, c.count * un);
+      op.output = c.in_place ? op.input : View(out, t, c.count * un);
+      ASSERT_TRUE(b.Run(op).ok()) << what;
+      Check(what, t, op.output.data, c.count * un, [&](size_t i) {
+        const size_t j = i / c.count;
+        return value(static_cast<int>(j), r * c.count + i % c.count);
+      });
+      return;
+    }
+    case OpKind::kSend:
+    case OpKind::kRecv: {
+      // A ring: rank r sends its values to r+1 and receives r-1's. Even ranks send first, odd
+      // ranks receive first, so the blocking sends cannot form a cycle.
+      auto in = Buffer(t, c.count);
+      auto out = Buffer(t, c.count);
+      for (size_t i = 0; i < c.count; ++i) Encode(t, in.data(), i, value(r, i));
+      OpDesc send = op, recv = op;
+      send.kind = OpKind::kSend;
+      send.peer = (r + 1) % n;
+      send.input = View(in, t, c.count);
+      send.tag = static_cast<uint32_t>(seq);
+      recv.kind = OpKind::kRecv;
+      recv.peer = (r + n - 1) % n;
+      recv.output = View(out, t, c.count);
+      recv.tag = static_cast<uint32_t>(seq);
+      if (r % 2 == 0) {
+        ASSERT_TRUE(b.Run(send).ok()) << what;
+        ASSERT_TRUE(b.Run(recv).ok()) << what;
+      } else {
+        ASSERT_TRUE(b.Run(recv).ok()) << what;
+        ASSERT_TRUE(b.Run(send).ok()) << what;
+      }
+      Check(what, t, out.data(), c.count, [&](size_t i) { return value((r + n - 1) % n, i); });
+      return;
+    }
+    case OpKind::kBarrier:
+      ASSERT_TRUE(b.Run(op).ok()) << what;
+      return;
+  }
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  const OpKind reductions[] = {OpKind::kAllreduce, OpKind::kReduce, OpKind::kReduceScatter};
+  const OpKind movers[] = {OpKind::kBroadcast, OpKind::kAllgather, OpKind::kAlltoall,
+                           OpKind::kSend};
+  for (DType t : kAllDTypes) {
+    std::vector<size_t> counts = {1, 7, 1000, (size_t{1} << 20) / DTypeSize(t)};  // last: 1 MiB
+    for (OpKind k : reductions) {
+      for (ReduceOp op : kAllReduceOps) {
+        if (op == ReduceOp::kAvg && !IsFloatingPoint(t)) continue;
+        for (size_t count : counts) {
+          // The 1 MiB case once per op x dtype (sum) keeps the suite fast.
+          if (count > 1000 && op != ReduceOp::kSum) continue;
+          cases.push_back({k, t, op, count});
+        }
+      }
+    }
+    for (OpKind k : movers) {
+      for (size_t count : counts) cases.push_back({k, t, ReduceOp::kSum, count});
+    }
+  }
+  for (size_t count : {size_t{7}, size_t{1000}}) {
+    cases.push_back({OpKind::kAllgather, DType::kF32, ReduceOp::kSum, count, true});
+    cases.push_back({OpKind::kReduceScatter, DType::kF32, ReduceOp::kSum, count, true});
+    cases.push_back({OpKind::kReduceScatter, DType::kBF16, ReduceOp::kAvg, count, true});
+    cases.push_back({OpKind::kAlltoall, DType::kI32, ReduceOp::kSum, count, true});
+  }
+  cases.push_back({OpKind::kBarrier, DType::kF32});
+  return cases;
+}
+
+class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooCollectivesTest, EveryOpDtypeAndReduceOpMatchesReference) {
+  const int n = GetParam();
+  Backends backends = Connect(n, absl::StrCat("collectives-", n));
+  ASSERT_EQ(backends.size(), static_cast<size_t>(n));
+  for (const auto& b : backends) ASSERT_NE(b, nullptr);
+  const std::vector<Case> cases = AllCases();
+  OnRanks(n, [&](int r) {
+    uint64_t seq = 0;
+    for (const Case& c : cases) {
+      RunCase(*backends[r], n, c, ++seq);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  });
+  for (const auto& b : backends) EXPECT_TRUE(b->health().ok()) << b->health();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return absl::StrCat("world", info.param); });
+
+TEST(GlooBackendTest, SingleRankWorldIsLocal) {
+  Backends backends = Connect(1, "single");
+  ASSERT_NE(backends[0], nullptr);
+  uint64_t seq = 0;
+  for (const Case& c : AllCases()) {
+    if (c.kind == OpKind::kSend) continue;  // no peer in a world of one
+    RunCase(*backends[0], 1, c, ++seq);
+  }
+}
+
+// ---- half-precision conversions ----
+
+TEST(GlooReduceTest, HalfConversionsRoundToNearestEven) {
+  EXPECT_EQ(gb::FloatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(gb::FloatToHalf(-2.0f), 0xc000);
+  EXPECT_EQ(gb::FloatToHalf(65504.0f), 0x7bff);
+  EXPECT_EQ(gb::FloatToHalf(65519.0f), 0x7bff);
+  EXPECT_EQ(gb::FloatToHalf(65520.0f), 0x7c00);  // the tie rounds to even: infinity
+  EXPECT_EQ(gb::FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(gb::FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
+  EXPECT_EQ(gb::FloatToHalf(std::ldexp(1.5f, -25)), 0x0001);
+  EXPECT_EQ(gb::FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie, even stays
+  EXPECT_EQ(gb::FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // tie, odd rounds up
+  EXPECT_TRUE(std::isnan(gb::HalfToFloat(gb::FloatToHalf(NAN))));
+  EXPECT_EQ(gb::FloatToBf16(1.0f), 0x3f80);
+  float tie_even, tie_odd;
+  const uint32_t te = 0x3f808000u, to = 0x3f818000u;
+  std::memcpy(&tie_even, &te, 4);
+  std::memcpy(&tie_odd, &to, 4);
+  EXPECT_EQ(gb::FloatToBf16(tie_even), 0x3f80);
+  EXPECT_EQ(gb::FloatToBf16(tie_odd), 0x3f82);
+  EXPECT_TRUE(std::isnan(gb::Bf16ToFloat(gb::FloatToBf16(NAN))));
+  // Every finite 16-bit pattern survives a round trip through float; NaNs stay NaN.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const auto x = static_cast<uint16_t>(h);
+    const float f = gb::HalfToFloat(x);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(gb::HalfToFloat(gb::FloatToHalf(f)))) << h;
+    } else {
+      ASSERT_EQ(gb::FloatToHalf(f), x) << h;
+    }
+    const float g = gb::Bf16ToFloat(x);
+    if (std::isnan(g)) {
+      EXPECT_TRUE(std::isnan(gb::Bf16ToFloat(gb::FloatToBf16(g)))) << h;
+    } else {
+      ASSERT_EQ(gb::FloatToBf16(g), x) << h;
+    }
+  }
+}
+
+TEST(GlooReduceTest, IntegerSumsAndProductsWrap) {
+  int32_t a[3] = {INT32_MAX, -7, 3}, b[3] = {1, 2, -4}, out[3];
+  gb::GetReduceFn(DType::kI32, ReduceOp::kSum)(out, a, b, 3);
+  EXPECT_EQ(out[0], INT32_MIN);
+  EXPECT_EQ(out[1], -5);
+  gb::GetReduceFn(DType::kI32, ReduceOp::kProd)(a, a, b, 3);  // in place
+  EXPECT_EQ(a[0], INT32_MAX);
+  EXPECT_EQ(a[1], -14);
+  EXPECT_EQ(a[2], -12);
+  int8_t c[2] = {127, -128}, d[2] = {1, -1};
+  gb::GetReduceFn(DType::kI8, ReduceOp::kSum)(c, c, d, 2);
+  EXPECT_EQ(c[0], -128);
+  EXPECT_EQ(c[1], 127);
+  EXPECT_EQ(gb::GetReduceFn(DType::kI64, ReduceOp::kAvg), nullptr);
+}
+
+// ---- Supports, creation errors ----
+
+TEST(GlooBackendTest, SupportsRejectsWhatGlooCannotRun) {
+  Backends backends = Connect(2, "supports");
+  ASSERT_NE(backends[0], nullptr);
+  Backend& b = *backends[0];
+  EXPECT_STREQ(b.name(), "gloo");
+  EXPECT_EQ(b.rank(), 0);
+  EXPECT_EQ(b.size(), 2);
+  const Capabilities caps = b.capabilities();
+  EXPECT_TRUE(caps.host_memory);
+  EXPECT_FALSE(caps.device_memory);
+  EXPECT_FALSE(caps.native_bf16);
+  EXPECT_FALSE(caps.native_avg);
+  EXPECT_TRUE(caps.send_recv);
+  EXPECT_TRUE(caps.abortable);
+
+  std::vector<int32_t> data(8);
+  OpDesc op;
+  op.kind = OpKind::kAllreduce;
+  op.input = op.output = HostView(data.data(), data.size());
+  op.seq = 1;
+  EXPECT_TRUE(b.Supports(op).ok());
+
+  OpDesc avg = op;
+  avg.reduce = ReduceOp::kAvg;
+  absl::Status s = b.Supports(avg);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("i32"), absl::string_view::npos) << s;
+  // Run refuses it the same way, and an InvalidArgument does not break the backend.
+  EXPECT_TRUE(absl::IsInvalidArgument(b.Run(avg)));
+  EXPECT_TRUE(b.health().ok());
+
+  OpDesc cuda = op;
+  cuda.output.device = Device::Cuda(1);
+  s = b.Supports(cuda);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("needs host memory"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("cuda:1"), absl::string_view::npos) << s;
+
+  OpDesc huge = op;
+  huge.output.count = size_t{1} << 31;  // never dereferenced: refused before any access
+  huge.input = huge.output;
+  s = b.Supports(huge);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+
+  OpDesc self_send;
+  self_send.kind = OpKind::kSend;
+  self_send.input = HostView(data.data(), data.size());
+  self_send.peer = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(b.Supports(self_send)));
+
+  OpDesc uneven;
+  uneven.kind = OpKind::kAlltoall;
+  uneven.input = uneven.output = HostView(data.data(), 7);
+  EXPECT_TRUE(absl::IsInvalidArgument(b.Supports(uneven)));
+  EXPECT_TRUE(b.health().ok());
+}
+
+TEST(GlooBackendTest, CreateRejectsBadOptions) {
+  auto store = CreateHashStore();
+  GlooBackendOptions o = Options(0, 2, store);
+  o.hostname.clear();
+  EXPECT_TRUE(absl::IsInvalidArgument(CreateGlooBackend(o).status()));
+  o = Options(2, 2, store);
+  EXPECT_TRUE(absl::IsInvalidArgument(CreateGlooBackend(o).status()));
+  o = Options(0, 2, nullptr);
+  EXPECT_TRUE(absl::IsInvalidArgument(CreateGlooBackend(o).status()));
+}
+
+TEST(GlooBackendTest, RendezvousTimeoutNamesTheMissingRank) {
+  GlooBackendOptions o = Options(0, 3, CreatePrefixStore("missing", CreateHashStore()));
+  o.init_timeout = absl::Seconds(1);
+  // Rank 1 publishes its address, rank 2 never shows up.
+  absl::StatusOr<std::unique_ptr<Backend>> r0, r1;
+  const absl::Time start = absl::Now();
+  OnRanks(2, [&](int r) {
+    GlooBackendOptions mine = o;
+    mine.rank = r;
+    (r == 0 ? r0 : r1) = CreateGlooBackend(mine);
+  });
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(r0.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r0.status())) << r0.status();
+  EXPECT_NE(r0.status().message().find("rank 2"), absl::string_view::npos) << r0.status();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r1.status())) << r1.status();
+  EXPECT_LT(took, absl::Seconds(4));
+}
+
+// ---- timeouts and abort ----
+
+OpDesc Allreduce(std::vector<float>& data, uint64_t seq, absl::Duration timeout) {
+  OpDesc op;
+  op.kind = OpKind::kAllreduce;
+  op.input = op.output = HostView(data.data(), data.size());
+  op.seq = seq;
+  op.timeout = timeout;
+  return op;
+}
+
+// One rank runs `op` while its peer never joins: DeadlineExceeded within timeout + 2 s, the
+// backend broken after, later ops refused fast; the peer notices the dead connection promptly.
+void ExpectTimesOut(const std::string& prefix,
+                    const std::function<OpDesc(std::vector<float>&)>& make) {
+  Backends backends = Connect(2, prefix);
+  ASSERT_NE(backends[0], nullptr);
+  ASSERT_NE(backends[1], nullptr);
+  std::vector<float> data(1000, 1.0f);
+  OpDesc op = make(data);
+  const absl::Time start = absl::Now();
+  absl::Status s = backends[0]->Run(op);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_GE(took, op.timeout - absl::Milliseconds(50));
+  EXPECT_LT(took, op.timeout + absl::Seconds(2));
+  EXPECT_NE(s.message().find(OpKindName(op.kind)), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("seq 7"), absl::string_view::npos) << s;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(backends[0]->health())) << backends[0]->health();
+
+  OpDesc again = Allreduce(data, 8, absl::Seconds(5));
+  const absl::Time refused_at = absl::Now();
+  s = backends[0]->Run(again);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_LT(absl::Now() - refused_at, absl::Milliseconds(100));
+
+  // The timed-out rank closed its connections: the peer fails instead of waiting 5 s.
+  const absl::Time peer_start = absl::Now();
+  s = backends[1]->Run(Allreduce(data, 8, absl::Seconds(5)));
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - peer_start, absl::Seconds(2)) << s;
+  EXPECT_FALSE(backends[1]->health().ok());
+}
+
+TEST(GlooBackendTest, AllreduceTimeoutIsDeadlineExceededAndBreaks) {
+  ExpectTimesOut("timeout-allreduce",
+                 [](std::vector<float>& d) { return Allreduce(d, 7, absl::Seconds(1)); });
+}
+
+TEST(GlooBackendTest, ReduceScatterTimeoutIsDeadlineExceeded) {
+  ExpectTimesOut("timeout-rs", [](std::vector<float>& d) {
+    OpDesc op;
+    op.kind = OpKind::kReduceScatter;
+    op.input = HostView(d.data(), d.size());
+    op.output = HostView(d.data(), d.size() / 2);
+    op.seq = 7;
+    op.timeout = absl::Milliseconds(700);
+    return op;
+  });
+}
+
+TEST(GlooBackendTest, RecvTimeoutIsDeadlineExceeded) {
+  ExpectTimesOut("timeout-recv", [](std::vector<float>& d) {
+    OpDesc op;
+    op.kind = OpKind::kRecv;
+    op.output = HostView(d.data(), d.size());
+    op.peer = 1;
+    op.seq = 7;
+    op.timeout = absl::Milliseconds(700);
+    return op;
+  });
+}
+
+// Abort() from another thread ends a blocked op promptly with Aborted.
+void ExpectAbortInterrupts(const std::string& prefix, OpKind kind) {
+  Backends backends = Connect(2, prefix);
+  ASSERT_NE(backends[0], nullptr);
+  ASSERT_NE(backends[1], nullptr);
+  std::vector<float> data(1000, 1.0f);
+  OpDesc op = Allreduce(data, 1, absl::Seconds(30));
+  if (kind == OpKind::kRecv) {
+    op.kind = OpKind::kRecv;
+    op.peer = 1;
+  }
+  absl::Status result;
+  absl::Time returned_at;
+  std::thread runner([&] {
+    result = backends[0]->Run(op);
+    returned_at = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // let it block
+  const absl::Time abort_at = absl::Now();
+  backends[0]->Abort(absl::CancelledError("test abort"));
+  runner.join();
+  EXPECT_TRUE(absl::IsAborted(result)) << result;
+  EXPECT_NE(result.message().find("test abort"), absl::string_view::npos) << result;
+  EXPECT_LT(returned_at - abort_at, absl::Seconds(2));
+  EXPECT_TRUE(absl::IsAborted(backends[0]->health())) << backends[0]->health();
+  EXPECT_TRUE(absl::IsFailedPrecondition(backends[0]->Run(Allreduce(data, 2, absl::Seconds(5)))));
+  backends[0]->Abort(absl::CancelledError("again"));  // idempotent
+  EXPECT_TRUE(absl::IsAborted(backends[0]->health()));
+
+  // The peer sees the closed connections instead of waiting out its timeout.
+  const absl::Time peer_start = absl::Now();
+  absl::Status s = backends[1]->Run(Allreduce(data, 1, absl::Seconds(5)));
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - peer_start, absl::Seconds(2)) << s;
+}
+
+TEST(GlooBackendTest, AbortInterruptsBlockedAllreduce) {
+  ExpectAbortInterrupts("abort-allreduce", OpKind::kAllreduce);
+}
+
+TEST(GlooBackendTest, AbortInterruptsBlockedRecv) {
+  ExpectAbortInterrupts("abort-recv", OpKind::kRecv);
+}
+
+TEST(GlooBackendTest, AbortBeforeAnyOpFailsFast) {
+  Backends backends = Connect(2, "abort-idle");
+  ASSERT_NE(backends[0], nullptr);
+  backends[0]->Abort(absl::UnavailableError("peer lost"));
+  std::vector<float> data(4, 1.0f);
+  absl::Status s = backends[0]->Run(Allreduce(data, 1, absl::Seconds(5)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("peer lost"), absl::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace adaptcomm

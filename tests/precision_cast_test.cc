@@ -1,0 +1,412 @@
+// Cast kernels: the scalar reference against independent oracles, and every vector path this CPU
+// has against the scalar reference, bit for bit (all 65536 fp16/bf16 patterns, fp32 edge cases,
+// large random arrays), plus exact overflow/non-finite counts and the multi-threaded public path.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "adaptcomm/precision.h"
+#include "gtest/gtest.h"
+#include "lib/precision/cast_kernels.h"
+#include "lib/precision/cast_parallel.h"
+
+namespace adaptcomm::precision {
+namespace {
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+float Float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+bool IsF16NaN(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0; }
+bool IsBF16NaN(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f) != 0; }
+
+std::vector<uint16_t> AllPatterns() {
+  std::vector<uint16_t> v(65536);
+  for (uint32_t i = 0; i < 65536; ++i) v[i] = static_cast<uint16_t>(i);
+  return v;
+}
+
+class PathTest : public ::testing::TestWithParam<CastPath> {};
+
+std::string PathParamName(const ::testing::TestParamInfo<CastPath>& info) {
+  return CastPathName(info.param);
+}
+
+// ---- the scalar reference against oracles that share none of its code ----
+
+TEST(ScalarReference, F16ToF32MatchesMathematicalValue) {
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const uint16_t h = static_cast<uint16_t>(i);
+    const uint32_t got = F16ToF32Bits(h);
+    const int e = (h >> 10) & 0x1f;
+    const int m = h & 0x3ff;
+    const double sign = (h & 0x8000) ? -1.0 : 1.0;
+    if (e == 0x1f) {
+      if (m == 0) {
+        EXPECT_EQ(got, (h & 0x8000 ? 0xff800000u : 0x7f800000u)) << std::hex << h;
+      } else {
+        EXPECT_EQ(got, (h & 0x8000 ? 0x80000000u : 0u) | 0x7fc00000u | (uint32_t(m) << 13))
+            << std::hex << h;
+      }
+      continue;
+    }
+    const double value =
+        e == 0 ? sign * std::ldexp(double(m), -24) : sign * std::ldexp(1.0 + m / 1024.0, e - 15);
+    EXPECT_EQ(double(Float(got)), value) << std::hex << h;
+    EXPECT_EQ(got >> 31, uint32_t(h >> 15)) << "sign of " << std::hex << h;
+  }
+}
+
+// Nearest-even rounding checked by distances in double: no candidate is closer, and a tie goes
+// to the even encoding.
+void ExpectNearestEven(float x, uint16_t got, uint32_t (*widen)(uint16_t), const char* what) {
+  const double xd = x;
+  const double g = Float(widen(got));
+  for (int delta : {-1, 1}) {
+    const uint16_t other = static_cast<uint16_t>(got + delta);
+    const uint32_t ob = widen(other);
+    if ((ob & 0x7fffffff) > 0x7f800000) continue;  // NaN neighbour
+    if (((ob ^ widen(got)) >> 31) != 0 && (got & 0x7fff) != 0) continue;  // wrapped past 0
+    const double o = Float(ob);
+    ASSERT_LE(std::fabs(g - xd), std::fabs(o - xd))
+        << what << " x=" << std::hexfloat << x << " got " << std::hex << got;
+    if (std::fabs(g - xd) == std::fabs(o - xd)) {
+      EXPECT_EQ(got & 1, 0) << what << " tie not to even, x=" << std::hexfloat << x;
+    }
+  }
+}
+
+TEST(ScalarReference, NarrowingIsNearestEvenOnRandomFiniteValues) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t b = rng();
+    // Bias towards the fp16 range so both formats see normals, denormals and ties.
+    if (i % 2) b = (b & 0x81ffffffu) | (uint32_t(100 + rng() % 44) << 23);
+    if (i % 7 == 0) b &= 0xffffe000u | (1u << 12);  // exact fp16 ties / near-ties
+    const float x = Float(b);
+    if (!std::isfinite(x)) continue;
+    const uint16_t bf = F32BitsToBF16(b);
+    if ((bf & 0x7fff) != 0x7f80) ExpectNearestEven(x, bf, BF16ToF32Bits, "bf16");
+    const uint16_t hf = F32BitsToF16(b);
+    if (std::fabs(x) < 65520.0f) {
+      ASSERT_NE(hf & 0x7fff, 0x7c00) << std::hexfloat << x;
+      ExpectNearestEven(x, hf, F16ToF32Bits, "f16");
+    } else {
+      EXPECT_EQ(hf & 0x7fff, 0x7c00) << std::hexfloat << x;
+    }
+  }
+}
+
+#ifdef __FLT16_MAX__
+// GCC's _Float16 conversion (libgcc soft-float without AVX512-FP16) is an independent RNE oracle.
+TEST(ScalarReference, F32ToF16MatchesCompilerFloat16) {
+  std::mt19937 rng(11);
+  for (int i = 0; i < 300000; ++i) {
+    uint32_t b = rng();
+    if (i % 2) b = (b & 0x81ffffffu) | (uint32_t(96 + rng() % 48) << 23);
+    const float x = Float(b);
+    if (std::isnan(x)) continue;
+    const _Float16 ref = static_cast<_Float16>(x);
+    uint16_t ref_bits;
+    std::memcpy(&ref_bits, &ref, 2);
+    ASSERT_EQ(F32BitsToF16(b), ref_bits) << std::hexfloat << x;
+  }
+}
+#endif
+
+// ---- fp32 edge cases: exact expected bits and counts on every path ----
+
+struct Edge {
+  uint32_t f32;
+  uint16_t f16;
+  uint16_t bf16;
+  const char* what;
+};
+
+const std::vector<Edge>& Edges() {
+  static const std::vector<Edge> edges = {
+      {0x3f800000, 0x3c00, 0x3f80, "1.0"},
+      {0x3f801000, 0x3c00, 0x3f80, "fp16 tie down to even (1 + 2^-11)"},
+      {0x3f803000, 0x3c02, 0x3f80, "fp16 tie up to even (1 + 3*2^-11)"},
+      {0x3f801001, 0x3c01, 0x3f80, "just above an fp16 tie"},
+      {0x3f808000, 0x3c04, 0x3f80, "bf16 tie down to even"},
+      {0x3f818000, 0x3c0c, 0x3f82, "bf16 tie up to even"},
+      {0x3f808001, 0x3c04, 0x3f81, "just above a bf16 tie"},
+      {0x477fe000, 0x7bff, 0x4780, "65504 = fp16 max finite"},
+      {0x477fefff, 0x7bff, 0x4780, "just below the fp16 overflow boundary"},
+      {0x477ff000, 0x7c00, 0x4780, "65520: fp16 overflow (tie to even = Inf)"},
+      {0xc77ff000, 0xfc00, 0xc780, "-65520"},
+      {0x7f7fffff, 0x7c00, 0x7f80, "FLT_MAX: overflows both"},
+      {0x7f7f7fff, 0x7c00, 0x7f7f, "largest value that stays finite in bf16"},
+      {0x7f7f8000, 0x7c00, 0x7f80, "bf16 overflow boundary"},
+      {0x33800000, 0x0001, 0x3380, "2^-24: fp16 min denormal"},
+      {0x33000000, 0x0000, 0x3300, "2^-25: tie to even zero"},
+      {0x33000001, 0x0001, 0x3300, "just above 2^-25"},
+      {0x33c00000, 0x0002, 0x33c0, "3*2^-25: tie up to 2"},
+      {0x387fc000, 0x03ff, 0x3880, "fp16 max denormal"},
+      {0x387ff000, 0x0400, 0x3880, "rounds from denormal into min normal"},
+      {0x38800000, 0x0400, 0x3880, "2^-14: fp16 min normal"},
+      {0x00000001, 0x0000, 0x0000, "fp32 min denormal"},
+      {0x00018000, 0x0000, 0x0002, "fp32 denormal, bf16 tie up"},
+      {0x80400000, 0x8000, 0x8040, "negative fp32 denormal kept by bf16"},
+      {0x007fffff, 0x0000, 0x0080, "fp32 max denormal rounds to bf16 min normal"},
+      {0x00000000, 0x0000, 0x0000, "+0"},
+      {0x80000000, 0x8000, 0x8000, "-0"},
+      {0x7f800000, 0x7c00, 0x7f80, "+Inf"},
+      {0xff800000, 0xfc00, 0xff80, "-Inf"},
+      {0x7fc00000, 0x7e00, 0x7fc0, "canonical quiet NaN"},
+      {0x7f800001, 0x7e00, 0x7fc0, "signalling NaN, payload in low bits only"},
+      {0x7f802000, 0x7e01, 0x7fc0, "signalling NaN, payload bit 13"},
+      {0x7f810000, 0x7e08, 0x7fc1, "signalling NaN, payload bit 16"},
+      {0xffa00000, 0xff00, 0xffe0, "negative signalling NaN"},
+      {0x7fffffff, 0x7fff, 0x7fff, "all-ones NaN"},
+  };
+  return edges;
+}
+
+constexpr uint32_t kNonFiniteF32Mask = 0x7f800000;
+
+TEST_P(PathTest, EdgeCasesGiveExactBitsAndCounts) {
+  const CastPath path = GetParam();
+  // Each edge alone (tail code) and inside a long array at every lane position (vector code).
+  for (const Edge& e : Edges()) {
+    const bool nonfinite = (e.f32 & kNonFiniteF32Mask) == kNonFiniteF32Mask;
+    const bool f16_over = !nonfinite && (e.f16 & 0x7fff) == 0x7c00;
+    const bool bf16_over = !nonfinite && (e.bf16 & 0x7fff) == 0x7f80;
+    for (size_t n : {size_t{1}, size_t{67}}) {
+      for (size_t pos = 0; pos < n; pos += (n == 1 ? 1 : 3)) {
+        std::vector<float> src(n, 0.5f);
+        src[pos] = Float(e.f32);
+        std::vector<uint16_t> h(n), b(n);
+        const CastStats sh = F32ToF16(path, src.data(), h.data(), n);
+        const CastStats sb = F32ToBF16(path, src.data(), b.data(), n);
+        ASSERT_EQ(h[pos], e.f16) << e.what << " pos " << pos << " n " << n;
+        ASSERT_EQ(b[pos], e.bf16) << e.what << " pos " << pos << " n " << n;
+        ASSERT_EQ(h[(pos + 1) % n], n == 1 ? e.f16 : 0x3800) << e.what;
+        ASSERT_EQ(sh.overflow, f16_over ? 1u : 0u) << e.what;
+        ASSERT_EQ(sb.overflow, bf16_over ? 1u : 0u) << e.what;
+        ASSERT_EQ(sh.nonfinite_inputs, nonfinite ? 1u : 0u) << e.what;
+        ASSERT_EQ(sb.nonfinite_inputs, nonfinite ? 1u : 0u) << e.what;
+        ASSERT_EQ(sh.count, n);
+      }
+    }
+  }
+}
+
+// ---- all 65536 patterns: to fp32 and back ----
+
+TEST_P(PathTest, EveryF16PatternWidensAndRoundTrips) {
+  const CastPath path = GetParam();
+  const std::vector<uint16_t> all = AllPatterns();
+  std::vector<float> wide(all.size());
+  const CastStats sw = F16ToF32(path, all.data(), wide.data(), all.size());
+  size_t nonfinite = 0;
+  for (uint32_t i = 0; i < 65536; ++i) {
+    ASSERT_EQ(Bits(wide[i]), F16ToF32Bits(all[i])) << std::hex << i;
+    nonfinite += (i & 0x7c00) == 0x7c00;
+  }
+  EXPECT_EQ(sw.nonfinite_inputs, nonfinite);
+  EXPECT_EQ(sw.nonfinite_inputs, 2048u);
+  std::vector<uint16_t> back(all.size());
+  const CastStats sn = F32ToF16(path, wide.data(), back.data(), all.size());
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const uint16_t want = IsF16NaN(all[i]) ? static_cast<uint16_t>(all[i] | 0x0200) : all[i];
+    ASSERT_EQ(back[i], want) << std::hex << i;
+  }
+  EXPECT_EQ(sn.overflow, 0u);  // only Inf inputs reach Inf
+  EXPECT_EQ(sn.nonfinite_inputs, nonfinite);
+}
+
+TEST_P(PathTest, EveryBF16PatternWidensAndRoundTrips) {
+  const CastPath path = GetParam();
+  const std::vector<uint16_t> all = AllPatterns();
+  std::vector<float> wide(all.size());
+  const CastStats sw = BF16ToF32(path, all.data(), wide.data(), all.size());
+  for (uint32_t i = 0; i < 65536; ++i) {
+    ASSERT_EQ(Bits(wide[i]), BF16ToF32Bits(all[i])) << std::hex << i;
+    if (!IsBF16NaN(all[i])) {
+      ASSERT_EQ(Bits(wide[i]), i << 16) << "exact embedding " << i;
+    }
+  }
+  EXPECT_EQ(sw.nonfinite_inputs, 256u);  // 2 signs x 128 mantissas
+  std::vector<uint16_t> back(all.size());
+  const CastStats sn = F32ToBF16(path, wide.data(), back.data(), all.size());
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const uint16_t want = IsBF16NaN(all[i]) ? static_cast<uint16_t>(all[i] | 0x0040) : all[i];
+    ASSERT_EQ(back[i], want) << std::hex << i;
+  }
+  EXPECT_EQ(sn.overflow, 0u);
+}
+
+// ---- large random arrays: vector path == scalar, bits and counts ----
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b = rng();
+    switch (i % 4) {
+      case 0:  // anything: NaNs (all payloads), Inf, denormals, huge
+        break;
+      case 1:  // the fp16 range incl. its overflow boundary and denormals
+        b = (b & 0x81ffffffu) | (uint32_t(98 + rng() % 46) << 23);
+        break;
+      case 2:  // ties and near-ties for both formats
+        b = (b & 0xffff0000u) | ((rng() % 3 == 0) ? 0x8000u : (b & 0x1fffu) | 0x1000u);
+        break;
+      default:  // gradient-like normal values
+        v[i] = std::ldexp(float(int(rng() % 2001) - 1000), -int(rng() % 20));
+        continue;
+    }
+    v[i] = Float(b);
+  }
+  return v;
+}
+
+void ExpectSameStats(const CastStats& a, const CastStats& b, const char* what) {
+  EXPECT_EQ(a.count, b.count) << what;
+  EXPECT_EQ(a.overflow, b.overflow) << what;
+  EXPECT_EQ(a.nonfinite_inputs, b.nonfinite_inputs) << what;
+}
+
+TEST_P(PathTest, RandomArraysMatchScalarBitsAndCounts) {
+  const CastPath path = GetParam();
+  const size_t n = (1 << 20) + 13;  // odd tail
+  const std::vector<float> src = RandomFloats(n, 1234);
+  std::vector<uint16_t> ref(n), got(n);
+  ExpectSameStats(F32ToF16(path, src.data(), got.data(), n),
+                  F32ToF16Scalar(src.data(), ref.data(), n), "f16");
+  ASSERT_EQ(std::memcmp(ref.data(), got.data(), n * 2), 0);
+  ExpectSameStats(F32ToBF16(path, src.data(), got.data(), n),
+                  F32ToBF16Scalar(src.data(), ref.data(), n), "bf16");
+  ASSERT_EQ(std::memcmp(ref.data(), got.data(), n * 2), 0);
+
+  // Widening, plain and scaled (the scale is applied in fp32 by every path alike).
+  std::vector<uint16_t> halves(n);
+  std::mt19937 rng(99);
+  for (auto& h : halves) h = static_cast<uint16_t>(rng());
+  std::vector<float> wref(n), wgot(n);
+  for (float scale : {1.0f, 0.25f, 1.0f / 3.0f}) {
+    ExpectSameStats(F16ToF32(path, halves.data(), wgot.data(), n, scale),
+                    F16ToF32Scalar(halves.data(), wref.data(), n, scale), "f16->f32");
+    ASSERT_EQ(std::memcmp(wref.data(), wgot.data(), n * 4), 0) << "scale " << scale;
+    ExpectSameStats(BF16ToF32(path, halves.data(), wgot.data(), n, scale),
+                    BF16ToF32Scalar(halves.data(), wref.data(), n, scale), "bf16->f32");
+    ASSERT_EQ(std::memcmp(wref.data(), wgot.data(), n * 4), 0) << "scale " << scale;
+  }
+}
+
+TEST_P(PathTest, EveryLengthUpTo70) {
+  const CastPath path = GetParam();
+  const std::vector<float> src = RandomFloats(70, 5);
+  for (size_t n = 0; n <= 70; ++n) {
+    std::vector<uint16_t> ref(n + 1, 0xabcd), got(n + 1, 0xabcd);
+    F32ToBF16Scalar(src.data(), ref.data(), n);
+    F32ToBF16(path, src.data(), got.data(), n);
+    ASSERT_EQ(ref, got) << "n=" << n;  // includes the guard element: no write past the end
+    F32ToF16Scalar(src.data(), ref.data(), n);
+    F32ToF16(path, src.data(), got.data(), n);
+    ASSERT_EQ(ref, got) << "n=" << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, PathTest, ::testing::ValuesIn(SupportedCastPaths()),
+                         PathParamName);
+
+TEST(CastPaths, BestPathIsUsedAndNamed) {
+  const std::vector<CastPath> paths = SupportedCastPaths();
+  ASSERT_FALSE(paths.empty());
+  EXPECT_EQ(paths.front(), CastPath::kScalar);
+  EXPECT_STREQ(CastImplementationName(), CastPathName(paths.back()));
+  ::testing::Test::RecordProperty("cast_path", CastImplementationName());
+}
+
+// ---- overflow counting, exact, through the public multi-threaded functions ----
+
+TEST(PublicCast, OverflowCountIsExactOnLargeParallelBuffer) {
+  const size_t n = (size_t{6} << 20) / 4 + 5;  // 6 MiB of fp32: above the parallel threshold
+  std::vector<float> src(n);
+  std::mt19937 rng(3);
+  size_t f16_over = 0, bf16_over = 0, nonfinite = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t r = rng() % 1000;
+    float x = std::ldexp(float(rng() % 1000) / 1000.0f, int(rng() % 16));  // < 65520
+    if (r == 0) {
+      x = 65520.0f + float(rng() % 100000);  // overflows fp16 only
+      ++f16_over;
+    } else if (r == 1) {
+      x = -Float(0x7f7f8000u + rng() % 0x8000u);  // overflows both
+      ++f16_over;
+      ++bf16_over;
+    } else if (r == 2) {
+      x = (rng() & 1) ? INFINITY : NAN;  // non-finite input: never an overflow
+      ++nonfinite;
+    } else if (r == 3) {
+      x = 65504.0f;  // max finite: not an overflow
+    }
+    src[i] = x;
+  }
+  ASSERT_GT(f16_over, 1000u);
+  std::vector<uint16_t> got(n), ref(n);
+  const CastStats s16 = CastF32ToF16(src.data(), got.data(), n);
+  const CastStats r16 = F32ToF16Scalar(src.data(), ref.data(), n);
+  EXPECT_EQ(s16.overflow, f16_over);
+  EXPECT_EQ(s16.nonfinite_inputs, nonfinite);
+  EXPECT_EQ(s16.count, n);
+  ExpectSameStats(s16, r16, "public f16");
+  ASSERT_EQ(std::memcmp(ref.data(), got.data(), n * 2), 0);
+  const CastStats sb = CastF32ToBF16(src.data(), got.data(), n);
+  EXPECT_EQ(sb.overflow, bf16_over);
+  EXPECT_EQ(sb.nonfinite_inputs, nonfinite);
+  F32ToBF16Scalar(src.data(), ref.data(), n);
+  ASSERT_EQ(std::memcmp(ref.data(), got.data(), n * 2), 0);
+
+  std::vector<float> wide(n), wref(n);
+  const CastStats w = CastF16ToF32(got.data(), wide.data(), n);  // got holds bf16 now: reuse
+  F16ToF32Scalar(got.data(), wref.data(), n, 1.0f);
+  EXPECT_EQ(w.count, n);
+  ASSERT_EQ(std::memcmp(wref.data(), wide.data(), n * 4), 0);
+  CastBF16ToF32(got.data(), wide.data(), n);
+  BF16ToF32Scalar(got.data(), wref.data(), n, 1.0f);
+  ASSERT_EQ(std::memcmp(wref.data(), wide.data(), n * 4), 0);
+}
+
+TEST(PublicCast, ForcedScalarPathGivesTheSameBits) {
+  const size_t n = 100003;
+  const std::vector<float> src = RandomFloats(n, 77);
+  std::vector<uint16_t> fast(n), slow(n);
+  CastF32ToF16(src.data(), fast.data(), n);
+  SetCastPathForTesting(CastPath::kScalar);
+  EXPECT_STREQ(CastImplementationName(), "scalar");
+  CastF32ToF16(src.data(), slow.data(), n);
+  ResetCastPathForTesting();
+  EXPECT_EQ(fast, slow);
+}
+
+TEST(CastJobTest, ChunksCoverTheBufferExactlyOnce) {
+  for (size_t n : {size_t{0}, size_t{511}, size_t{512}, size_t{100000}, size_t{1000003}}) {
+    for (int threads : {1, 2, 3, 7}) {
+      std::vector<float> src = RandomFloats(n, 1);
+      std::vector<uint16_t> got(n + 1, 0x5a5a), ref(n + 1, 0x5a5a);
+      CastRequest req{CastKind::kF32ToBF16, src.data(), got.data(), n};
+      req.parallel_min_bytes = 0;
+      req.threads = threads;
+      std::shared_ptr<CastJob> job = StartCast(req);
+      ASSERT_TRUE(job->Wait(absl::Seconds(30)).ok());  // the pool alone finishes it
+      EXPECT_TRUE(job->done());
+      const CastStats ref_stats = F32ToBF16Scalar(src.data(), ref.data(), n);
+      ASSERT_EQ(got, ref) << n << " x " << threads;
+      ExpectSameStats(job->stats(), ref_stats, "job");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace adaptcomm::precision

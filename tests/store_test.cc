@@ -1,0 +1,641 @@
+// The Store contract, run against every store kind, and the TCP store's defences.
+#include "adaptcomm/store.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lib/store/tcp_wire.h"
+
+namespace adaptcomm {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Slack for scheduling on a loaded 2-core machine.
+constexpr absl::Duration kSlack = absl::Milliseconds(1500);
+
+// A store under test plus whatever keeps it alive; Another() is a second handle to the same
+// keys (another client, another FileStore on the same directory).
+class StoreFixture {
+ public:
+  virtual ~StoreFixture() = default;
+  virtual std::shared_ptr<Store> store() = 0;
+  virtual std::shared_ptr<Store> Another() = 0;
+};
+
+class HashFixture : public StoreFixture {
+ public:
+  std::shared_ptr<Store> store() override { return store_; }
+  std::shared_ptr<Store> Another() override { return store_; }
+
+ private:
+  std::shared_ptr<Store> store_ = CreateHashStore();
+};
+
+class PrefixFixture : public StoreFixture {
+ public:
+  std::shared_ptr<Store> store() override { return CreatePrefixStore("job", base_); }
+  std::shared_ptr<Store> Another() override { return CreatePrefixStore("job", base_); }
+
+ private:
+  std::shared_ptr<Store> base_ = CreateHashStore();
+};
+
+std::string TempDir(const std::string& tag) {
+  const char* base = std::getenv("TMPDIR");
+  std::string dir =
+      absl::StrCat(base != nullptr ? base : "/tmp", "/adaptcomm_store_test_", ::getpid(), "_", tag);
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+class FileFixture : public StoreFixture {
+ public:
+  FileFixture() : dir_(TempDir(absl::StrCat(counter_++))) {
+    auto s = CreateFileStore(dir_ + "/nested/dir");
+    EXPECT_TRUE(s.ok()) << s.status();
+    store_ = *s;
+  }
+  ~FileFixture() override { std::filesystem::remove_all(dir_); }
+  std::shared_ptr<Store> store() override { return store_; }
+  std::shared_ptr<Store> Another() override { return *CreateFileStore(dir_ + "/nested/dir"); }
+
+ private:
+  static inline std::atomic<int> counter_{0};
+  std::string dir_;
+  std::shared_ptr<Store> store_;
+};
+
+TcpStoreOptions TcpOptions(int port = 0) {
+  TcpStoreOptions o;
+  o.port = port;
+  o.token = "job-token-123";
+  o.connect_timeout = absl::Seconds(5);
+  o.io_timeout = absl::Seconds(5);
+  return o;
+}
+
+class TcpFixture : public StoreFixture {
+ public:
+  TcpFixture() {
+    auto server = StartTcpStoreServer(TcpOptions());
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    store_ = Another();
+  }
+  std::shared_ptr<Store> store() override { return store_; }
+  std::shared_ptr<Store> Another() override {
+    auto c = ConnectTcpStore(TcpOptions(server_->port()));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *c : nullptr;
+  }
+
+ private:
+  std::unique_ptr<TcpStoreServer> server_;
+  std::shared_ptr<Store> store_;
+};
+
+struct Kind {
+  std::string name;
+  std::function<std::unique_ptr<StoreFixture>()> make;
+};
+// Keeps ctest's discovered test names stable (the default prints the object's bytes).
+void PrintTo(const Kind& kind, std::ostream* os) { *os << kind.name; }
+
+class StoreContractTest : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override {
+    fixture_ = GetParam().make();
+    store_ = fixture_->store();
+    ASSERT_NE(store_, nullptr);
+  }
+  std::unique_ptr<StoreFixture> fixture_;
+  std::shared_ptr<Store> store_;
+};
+
+TEST_P(StoreContractTest, SetGetOverwrite) {
+  ASSERT_TRUE(store_->Set("a", "1").ok());
+  EXPECT_EQ(*store_->Get("a", absl::ZeroDuration()), "1");
+  ASSERT_TRUE(store_->Set("a", "two").ok());
+  EXPECT_EQ(*store_->Get("a", absl::Seconds(1)), "two");
+  // Binary values, empty values and awkward key names round-trip unchanged.
+  std::string binary("\0\1\xff/..\n", 7);
+  ASSERT_TRUE(store_->Set("x/../y z%", binary).ok());
+  ASSERT_TRUE(store_->Set("empty", "").ok());
+  EXPECT_EQ(*store_->Get("x/../y z%", absl::ZeroDuration()), binary);
+  EXPECT_EQ(*store_->Get("empty", absl::ZeroDuration()), "");
+  std::string long_key(600, 'k');
+  ASSERT_TRUE(store_->Set(long_key, "long").ok());
+  EXPECT_EQ(*store_->Get(long_key, absl::ZeroDuration()), "long");
+  EXPECT_TRUE(absl::IsNotFound(store_->Get(std::string(599, 'k'), absl::ZeroDuration()).status()));
+  // Another handle sees the same keys.
+  auto other = fixture_->Another();
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(*other->Get("a", absl::ZeroDuration()), "two");
+}
+
+TEST_P(StoreContractTest, GetZeroTimeoutIsNotFound) {
+  auto v = store_->Get("missing", absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsNotFound(v.status())) << v.status();
+}
+
+TEST_P(StoreContractTest, GetTimesOutWithinBound) {
+  const absl::Duration timeout = absl::Milliseconds(200);
+  absl::Time start = absl::Now();
+  auto v = store_->Get("never", timeout);
+  absl::Duration elapsed = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(v.status())) << v.status();
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("never"));
+  EXPECT_GE(elapsed, timeout);
+  EXPECT_LT(elapsed, timeout + kSlack);
+}
+
+TEST_P(StoreContractTest, GetWaitsForALaterSet) {
+  auto other = fixture_->Another();
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(other->Set("late", "here").ok());
+  });
+  absl::Time start = absl::Now();
+  auto v = store_->Get("late", absl::Seconds(5));
+  setter.join();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "here");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST_P(StoreContractTest, ConcurrentAddsAreExact) {
+  constexpr int kThreads = 8;
+  constexpr int kAdds = 200;
+  std::vector<std::vector<int64_t>> seen(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Half the threads share the fixture's handle, half use their own.
+      auto store = t % 2 == 0 ? store_ : fixture_->Another();
+      for (int i = 0; i < kAdds; ++i) {
+        auto v = store->Add("counter", 1);
+        ASSERT_TRUE(v.ok()) << v.status();
+        seen[t].push_back(*v);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  // Every intermediate value was handed out exactly once.
+  std::set<int64_t> all;
+  for (const auto& s : seen) all.insert(s.begin(), s.end());
+  ASSERT_EQ(all.size(), static_cast<size_t>(kThreads * kAdds));
+  EXPECT_EQ(*all.begin(), 1);
+  EXPECT_EQ(*all.rbegin(), kThreads * kAdds);
+  EXPECT_EQ(*store_->Get("counter", absl::ZeroDuration()), std::to_string(kThreads * kAdds));
+  EXPECT_EQ(*store_->Add("counter", -1600), 0);
+  EXPECT_EQ(*store_->Add("fresh", -5), -5);
+}
+
+TEST_P(StoreContractTest, AddToNonIntegerIsInvalidArgument) {
+  ASSERT_TRUE(store_->Set("text", "hello").ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(store_->Add("text", 1).status()));
+  EXPECT_EQ(*store_->Get("text", absl::ZeroDuration()), "hello");
+}
+
+TEST_P(StoreContractTest, WaitOnSeveralKeys) {
+  ASSERT_TRUE(store_->Set("k1", "v").ok());
+  absl::Time start = absl::Now();
+  absl::Status s = store_->Wait({"k1", "k2", "k3"}, absl::Milliseconds(150));
+  absl::Duration elapsed = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  std::string msg(s.message());
+  EXPECT_THAT(msg, HasSubstr("k2"));
+  EXPECT_THAT(msg, HasSubstr("k3"));
+  EXPECT_THAT(msg, ::testing::Not(HasSubstr("k1")));
+  EXPECT_GE(elapsed, absl::Milliseconds(150));
+  EXPECT_LT(elapsed, absl::Milliseconds(150) + kSlack);
+
+  auto other = fixture_->Another();
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(other->Set("k2", "v").ok());
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(other->Set("k3", "v").ok());
+  });
+  EXPECT_TRUE(store_->Wait({"k1", "k2", "k3"}, absl::Seconds(5)).ok());
+  setter.join();
+  EXPECT_TRUE(store_->Wait({}, absl::ZeroDuration()).ok());
+}
+
+TEST_P(StoreContractTest, DeleteReportsExistence) {
+  ASSERT_TRUE(store_->Set("d", "1").ok());
+  EXPECT_TRUE(*store_->Delete("d"));
+  EXPECT_FALSE(*store_->Delete("d"));
+  EXPECT_TRUE(absl::IsNotFound(store_->Get("d", absl::ZeroDuration()).status()));
+  EXPECT_EQ(*store_->Add("d", 3), 3);  // a deleted counter restarts from 0
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllKinds, StoreContractTest,
+    ::testing::Values(Kind{"hash", [] { return std::make_unique<HashFixture>(); }},
+                      Kind{"prefix", [] { return std::make_unique<PrefixFixture>(); }},
+                      Kind{"file", [] { return std::make_unique<FileFixture>(); }},
+                      Kind{"tcp", [] { return std::make_unique<TcpFixture>(); }}),
+    [](const ::testing::TestParamInfo<Kind>& info) { return info.param.name; });
+
+TEST(PrefixStoreTest, KeysAreNamespaced) {
+  auto base = CreateHashStore();
+  auto a = CreatePrefixStore("a", base);
+  ASSERT_TRUE(a->Set("k", "1").ok());
+  EXPECT_EQ(*base->Get("a/k", absl::ZeroDuration()), "1");
+  EXPECT_TRUE(
+      absl::IsNotFound(CreatePrefixStore("b", base)->Get("k", absl::ZeroDuration()).status()));
+}
+
+// ---- TCP store specifics ----
+
+// A raw loopback connection for forging frames.
+class RawConn {
+ public:
+  explicit RawConn(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  ~RawConn() { ::close(fd_); }
+  bool connected() const { return connected_; }
+  void Send(const std::string& bytes) {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  void Hello(const std::string& token) {
+    store_wire::FrameWriter w(store_wire::kHello);
+    w.Field(store_wire::kMagic).Int(store_wire::kVersion).Field(token);
+    Send(w.Finish());
+    std::string reply = ReadSome(absl::Seconds(2));
+    ASSERT_GE(reply.size(), 5u);
+    EXPECT_EQ(reply[4], 0) << "handshake refused";
+  }
+  // Reads whatever arrives until EOF or `bound`; *eof says whether the server closed.
+  std::string ReadSome(absl::Duration bound, bool* eof = nullptr) {
+    std::string out;
+    absl::Time deadline = absl::Now() + bound;
+    while (absl::Now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, store_wire::PollMillis(deadline)) <= 0) break;
+      char buf[4096];
+      ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) {
+        if (eof != nullptr) *eof = true;
+        return out;
+      }
+      out.append(buf, static_cast<size_t>(n));
+      if (eof == nullptr) return out;
+    }
+    if (eof != nullptr) *eof = false;
+    return out;
+  }
+  // True if the server closes the connection within `bound`.
+  bool ClosedWithin(absl::Duration bound) {
+    bool eof = false;
+    ReadSome(bound, &eof);
+    return eof;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+class TcpStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = StartTcpStoreServer(TcpOptions());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    port_ = server_->port();
+    ASSERT_GT(port_, 0);
+  }
+  // A fresh good client completes a round trip.
+  void ExpectServerHealthy() {
+    auto c = ConnectTcpStore(TcpOptions(port_));
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Set("health", "ok").ok());
+    EXPECT_EQ(*(*c)->Get("health", absl::ZeroDuration()), "ok");
+  }
+  std::unique_ptr<TcpStoreServer> server_;
+  int port_ = 0;
+};
+
+TEST_F(TcpStoreTest, WrongTokenIsRefused) {
+  for (const char* token : {"wrong-token", "", "job-token-1234", "job-token-12"}) {
+    TcpStoreOptions o = TcpOptions(port_);
+    o.token = token;
+    absl::Time start = absl::Now();
+    auto c = ConnectTcpStore(o);
+    EXPECT_TRUE(absl::IsPermissionDenied(c.status())) << token << ": " << c.status();
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("token"));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "a refused token must not be retried";
+  }
+  ExpectServerHealthy();
+}
+
+TEST_F(TcpStoreTest, GarbageBytesAreRefused) {
+  RawConn raw(port_);
+  ASSERT_TRUE(raw.connected());
+  std::string garbage;
+  for (int i = 0; i < 256; ++i) garbage.push_back(static_cast<char>((i * 131 + 7) & 0xff));
+  raw.Send(garbage);
+  EXPECT_TRUE(raw.ClosedWithin(absl::Seconds(2)));
+  ExpectServerHealthy();
+}
+
+TEST_F(TcpStoreTest, HugeFrameHeaderIsRefused) {
+  for (bool authenticated : {false, true}) {
+    RawConn raw(port_);
+    ASSERT_TRUE(raw.connected());
+    if (authenticated) raw.Hello("job-token-123");
+    raw.Send(std::string("\xff\xff\xff\xff", 4));  // claims 4 GiB
+    EXPECT_TRUE(raw.ClosedWithin(absl::Seconds(2))) << "authenticated=" << authenticated;
+  }
+  ExpectServerHealthy();
+}
+
+TEST_F(TcpStoreTest, TruncatedFrameIsRefused) {
+  {
+    RawConn raw(port_);
+    ASSERT_TRUE(raw.connected());
+    raw.Hello("job-token-123");
+    std::string frame = store_wire::FrameWriter(store_wire::kSet).Field("k").Field("v").Finish();
+    raw.Send(frame.substr(0, frame.size() - 3));
+  }  // closes mid-frame
+  {
+    // Fields that overrun the frame they are in.
+    RawConn raw(port_);
+    ASSERT_TRUE(raw.connected());
+    raw.Hello("job-token-123");
+    raw.Send(std::string("\x06\0\0\0\x02\x50\0\0\0k", 10));
+    bool eof = false;
+    std::string reply = raw.ReadSome(absl::Seconds(2), &eof);
+    EXPECT_TRUE(eof);
+    ASSERT_GE(reply.size(), 5u);
+    EXPECT_EQ(reply[4], static_cast<char>(absl::StatusCode::kInvalidArgument));
+  }
+  ExpectServerHealthy();
+  auto c = ConnectTcpStore(TcpOptions(port_));
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(absl::IsNotFound((*c)->Get("k", absl::ZeroDuration()).status()));
+}
+
+TEST_F(TcpStoreTest, UnknownOpcodeIsRefused) {
+  RawConn raw(port_);
+  ASSERT_TRUE(raw.connected());
+  raw.Hello("job-token-123");
+  raw.Send(store_wire::FrameWriter(99).Field("x").Finish());
+  bool eof = false;
+  std::string reply = raw.ReadSome(absl::Seconds(2), &eof);
+  EXPECT_TRUE(eof);
+  ASSERT_GE(reply.size(), 5u);
+  EXPECT_EQ(reply[4], static_cast<char>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(reply, HasSubstr("opcode 99"));
+  ExpectServerHealthy();
+}
+
+TEST_F(TcpStoreTest, RandomFramesNeverCrashTheServer) {
+  // Well-framed bodies of random bytes behind a valid opcode (after the handshake) and random
+  // handshakes: the server answers or closes, and keeps serving.
+  uint32_t seed = 12345;
+  auto next = [&seed] {
+    seed = seed * 1664525u + 1013904223u;
+    return seed >> 8;
+  };
+  for (int i = 0; i < 200; ++i) {
+    RawConn raw(port_);
+    ASSERT_TRUE(raw.connected());
+    bool authenticated = i % 4 != 0;
+    if (authenticated) raw.Hello("job-token-123");
+    std::string body(1 + next() % 40, '\0');
+    for (char& c : body) c = static_cast<char>(next() & 0xff);
+    body[0] = static_cast<char>(authenticated ? 2 + next() % 5 : next() % 3);
+    std::string frame;
+    for (int b = 0; b < 4; ++b) frame.push_back(static_cast<char>((body.size() >> (8 * b)) & 0xff));
+    raw.Send(frame + body);
+  }
+  ExpectServerHealthy();
+}
+
+TEST_F(TcpStoreTest, SilentConnectionDoesNotBlockOthers) {
+  RawConn idle(port_);  // never says hello
+  ASSERT_TRUE(idle.connected());
+  ExpectServerHealthy();
+}
+
+TEST_F(TcpStoreTest, TooLargeValues) {
+  server_.reset();
+  TcpStoreOptions small = TcpOptions();
+  small.max_frame_bytes = 1024;
+  auto server = StartTcpStoreServer(small);
+  ASSERT_TRUE(server.ok());
+  small.port = (*server)->port();
+  auto client = ConnectTcpStore(small);
+  ASSERT_TRUE(client.ok()) << client.status();
+  // Refused by the client before sending; the client stays usable.
+  absl::Status s = (*client)->Set("big", std::string(2000, 'x'));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("max_frame_bytes"));
+  ASSERT_TRUE((*client)->Set("small", std::string(900, 'y')).ok());
+  EXPECT_EQ((*client)->Get("small", absl::ZeroDuration())->size(), 900u);
+  // A client with a larger limit gets its connection closed by the server, then reconnects.
+  TcpStoreOptions large = small;
+  large.max_frame_bytes = 1 << 20;
+  auto lax = ConnectTcpStore(large);
+  ASSERT_TRUE(lax.ok());
+  s = (*lax)->Set("big", std::string(2000, 'x'));
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_TRUE((*lax)->Set("after", "1").ok());
+  EXPECT_TRUE(absl::IsNotFound((*client)->Get("big", absl::ZeroDuration()).status()));
+}
+
+TEST(TcpStoreConnectTest, NobodyListening) {
+  int port = 0;
+  {
+    // Bind-then-close gives a port that is very likely unused for the next seconds.
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    port = ntohs(a.sin_port);
+    ::close(fd);
+  }
+  TcpStoreOptions o = TcpOptions(port);
+  o.connect_timeout = absl::Seconds(1);
+  absl::Time start = absl::Now();
+  auto c = ConnectTcpStore(o);
+  absl::Duration elapsed = absl::Now() - start;
+  EXPECT_TRUE(absl::IsUnavailable(c.status())) << c.status();
+  std::string msg(c.status().message());
+  EXPECT_THAT(msg, HasSubstr(absl::StrCat("127.0.0.1:", port)));
+  EXPECT_THAT(msg, HasSubstr("refused"));
+  EXPECT_GE(elapsed, absl::Seconds(1));
+  EXPECT_LE(elapsed, absl::Seconds(3));
+}
+
+TEST(TcpStoreConnectTest, ClientStartedBeforeServerConnects) {
+  auto probe = StartTcpStoreServer(TcpOptions());
+  ASSERT_TRUE(probe.ok());
+  int port = (*probe)->port();
+  probe->reset();  // the port is free again; SO_REUSEADDR lets the server take it back
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    auto server = StartTcpStoreServer(TcpOptions(port));
+    ASSERT_TRUE(server.ok()) << server.status();
+    absl::SleepFor(absl::Seconds(1));  // serves long enough for the client's round trip
+  });
+  auto c = ConnectTcpStore(TcpOptions(port));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->Set("k", "v").ok());
+  late.join();
+}
+
+TEST_F(TcpStoreTest, ShutdownWakesBlockedClients) {
+  auto c = ConnectTcpStore(TcpOptions(port_));
+  ASSERT_TRUE(c.ok());
+  std::atomic<bool> returned{false};
+  absl::Status get_status, wait_status;
+  absl::Time stopped;
+  std::thread getter([&] { get_status = (*c)->Get("never", absl::Seconds(20)).status(); });
+  std::thread waiter([&] { wait_status = (*c)->Wait({"never", "either"}, absl::Seconds(20)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  absl::Time start = absl::Now();
+  server_.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "server destructor hung";
+  getter.join();
+  waiter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "blocked clients not woken";
+  EXPECT_TRUE(absl::IsUnavailable(get_status)) << get_status;
+  EXPECT_TRUE(absl::IsUnavailable(wait_status)) << wait_status;
+  // With the server gone, requests fail fast instead of retrying for connect_timeout.
+  start = absl::Now();
+  EXPECT_TRUE(absl::IsUnavailable((*c)->Set("k", "v")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST_F(TcpStoreTest, ClientsThatHangUpMidWaitAreReleased) {
+  {
+    RawConn raw(port_);
+    raw.Hello("job-token-123");
+    raw.Send(store_wire::FrameWriter(store_wire::kGet).Field("never").Int(60'000'000).Finish());
+  }  // hangs up with the server waiting 60 s for it
+  absl::SleepFor(absl::Milliseconds(50));
+  absl::Time start = absl::Now();
+  server_.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST_F(TcpStoreTest, SixteenConcurrentClients) {
+  constexpr int kClients = 16;
+  std::vector<std::thread> threads;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kClients; ++i) keys.push_back(absl::StrCat("rank/", i));
+  std::atomic<int> ok{0};
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = ConnectTcpStore(TcpOptions(port_));
+      ASSERT_TRUE(c.ok()) << c.status();
+      Store& s = **c;
+      ASSERT_TRUE(s.Set(keys[i], absl::StrCat("addr-", i)).ok());
+      ASSERT_TRUE(s.Add("arrived", 1).ok());
+      ASSERT_TRUE(s.Wait(keys, absl::Seconds(10)).ok());
+      for (int j = 0; j < kClients; ++j) {
+        auto v = s.Get(keys[j], absl::ZeroDuration());
+        ASSERT_TRUE(v.ok()) << v.status();
+        EXPECT_EQ(*v, absl::StrCat("addr-", j));
+      }
+      ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kClients);
+  auto c = ConnectTcpStore(TcpOptions(port_));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(*(*c)->Get("arrived", absl::ZeroDuration()), std::to_string(kClients));
+}
+
+TEST(TcpStoreOptionsTest, BadArguments) {
+  TcpStoreOptions o = TcpOptions();
+  o.port = 70000;
+  EXPECT_TRUE(absl::IsInvalidArgument(StartTcpStoreServer(o).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(ConnectTcpStore(o).status()));
+  o.port = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(ConnectTcpStore(o).status()));
+}
+
+TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
+  EXPECT_TRUE(store_wire::ConstantTimeEquals("", ""));
+  EXPECT_TRUE(store_wire::ConstantTimeEquals("abc", "abc"));
+  EXPECT_FALSE(store_wire::ConstantTimeEquals("abc", "abd"));
+  EXPECT_FALSE(store_wire::ConstantTimeEquals("abc", "ab"));
+  EXPECT_FALSE(store_wire::ConstantTimeEquals("ab", "abc"));
+  EXPECT_FALSE(store_wire::ConstantTimeEquals(std::string("a\0", 2), "a"));
+}
+
+// ---- file store specifics ----
+
+TEST(FileStoreTest, SharedAcrossProcesses) {
+  std::string dir = TempDir("fork");
+  auto store = CreateFileStore(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto child = CreateFileStore(dir);
+    bool good = child.ok();
+    for (int i = 0; good && i < 100; ++i) good = (*child)->Add("n", 1).ok();
+    good = good && (*child)->Set("child", "done").ok();
+    ::_exit(good ? 0 : 1);
+  }
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE((*store)->Add("n", 1).ok());
+  auto v = (*store)->Get("child", absl::Seconds(10));
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*(*store)->Get("n", absl::ZeroDuration()), "200");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FileStoreTest, RefusesAFileAsDirectory) {
+  std::string dir = TempDir("notadir");
+  ASSERT_TRUE(CreateFileStore(dir).ok());
+  std::string file = dir + "/plain";
+  FILE* f = std::fopen(file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_FALSE(CreateFileStore(file).ok());
+  EXPECT_FALSE(CreateFileStore("").ok());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace adaptcomm

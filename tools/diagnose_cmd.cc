@@ -1,0 +1,120 @@
+// `adaptcomm diagnose`: the pre-flight checklist (GPUs, versions, environment, storage and,
+// under the launcher with --ranks, the network between ranks). Exit code 1 on any failed check,
+// so a CI/CD pipeline can gate on it; 0 otherwise (warnings included).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "adaptcomm/diagnose.h"
+#include "lib/diag/check_report.h"
+#include "lib/diag/gpu_probe.h"
+#include "lib/diag/rank_checks.h"
+#include "tools/subcommands.h"
+
+namespace adaptcomm::tools {
+namespace {
+
+struct DiagnoseArgs {
+  bool json = false;
+  int expect_gpus = -1;
+  std::string checkpoint_dir;
+  double checkpoint_mib = 64;
+  bool ranks = false;
+  bool topology = false;
+  std::string multi_host = "auto";
+  std::string inject_delay;  // "RANK:MS"
+  double min_busbw = 0.1;
+};
+
+int RunDiagnose(const DiagnoseArgs& a) {
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  DiagnoseOptions o;
+  o.expect_gpus = a.expect_gpus;
+  o.checkpoint_dir = a.checkpoint_dir;
+  o.checkpoint_bytes = static_cast<uint64_t>(a.checkpoint_mib * 1048576);
+  o.multi_host = a.multi_host == "auto" ? -1 : a.multi_host == "yes" ? 1 : 0;
+  // One progress line, rewritten in place on a terminal.
+  o.progress = [tty](const std::string& what) {
+    std::fprintf(stderr, tty ? "\r\033[K[diagnose] %s..." : "[diagnose] %s...\n", what.c_str());
+    std::fflush(stderr);
+  };
+  std::vector<CheckResult> results = RunPreflightChecks(o);
+
+  if (a.ranks) {
+    o.progress("checking ranks: store, versions, allreduce latency and bandwidth");
+    diag::RankCheckOptions ro;
+    ro.versions = diag::LocalVersionFingerprint();
+    ro.min_busbw_gbps = a.min_busbw;
+    if (!a.inject_delay.empty()) {
+      const size_t colon = a.inject_delay.find(':');
+      int rank = -1, ms = 0;
+      if (colon == std::string::npos || !absl::SimpleAtoi(a.inject_delay.substr(0, colon), &rank) ||
+          !absl::SimpleAtoi(a.inject_delay.substr(colon + 1), &ms)) {
+        std::fprintf(stderr, "diagnose: --inject-delay wants RANK:MS, got '%s'\n",
+                     a.inject_delay.c_str());
+        return 2;
+      }
+      ro.inject_rank = rank;
+      ro.inject_delay = absl::Milliseconds(ms);
+    }
+    std::vector<CheckResult> rank_results = diag::RunRankChecks(ro);
+    results.insert(results.end(), rank_results.begin(), rank_results.end());
+  }
+  if (tty) std::fprintf(stderr, "\r\033[K");
+
+  // Under the launcher every rank runs the checks; rank 0 prints the table, the others only what
+  // did not pass (their exit codes still count).
+  const char* rank_env = std::getenv("RANK");
+  if (a.ranks && !a.json && rank_env != nullptr && std::string(rank_env) != "0") {
+    std::vector<CheckResult> notable;
+    for (const auto& r : results) {
+      if (r.status != CheckStatus::kPass) notable.push_back(r);
+    }
+    if (notable.empty()) return 0;
+    results = notable;
+  }
+  std::string out = a.json ? diag::RenderCheckJson(results) + "\n" : diag::RenderCheckTable(results);
+  if (a.topology && !a.json) {
+    diag::GpuProbe probe = diag::ProbeGpus();
+    absl::StrAppend(&out, "\nGPU topology:\n",
+                    probe.gpus.empty() ? "no GPU\n" : diag::TopologyMatrix(probe));
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return AnyFailed(results) ? 1 : 0;
+}
+
+std::function<int()> SetupDiagnose(CLI::App& sub) {
+  auto a = std::make_shared<DiagnoseArgs>();
+  sub.add_flag("--json", a->json, "Machine-readable output");
+  sub.add_option("--expect-gpus", a->expect_gpus, "GPUs this node must have (fail if fewer)");
+  sub.add_option("--checkpoint-dir", a->checkpoint_dir,
+                 "Measure write/fsync/read of this checkpoint directory");
+  sub.add_option("--checkpoint-mib", a->checkpoint_mib, "Bytes written by the storage check (MiB)")
+      ->check(CLI::PositiveNumber);
+  sub.add_flag("--ranks", a->ranks,
+               "Also check the network between ranks (run under `adaptcomm launch -n N --`)");
+  sub.add_option("--min-busbw", a->min_busbw, "Bus bandwidth threshold of --ranks, GB/s");
+  sub.add_option("--inject-delay", a->inject_delay,
+                 "RANK:MS - that rank arrives MS late to each timed collective (tests the "
+                 "slow-rank check)");
+  sub.add_option("--multi-host", a->multi_host,
+                 "yes|no|auto: the job spans hosts (auto: WORLD_SIZE > LOCAL_WORLD_SIZE)")
+      ->check(CLI::IsMember({"yes", "no", "auto"}));
+  sub.add_flag("--topology", a->topology, "Print the GPU topology matrix (like nvidia-smi topo -m)");
+  sub.footer("Exit code: 1 if any check failed, 0 otherwise (warnings included).");
+  return [a] { return RunDiagnose(*a); };
+}
+
+}  // namespace
+
+ADAPTCOMM_SUBCOMMAND(diagnose, "Pre-flight checks: GPUs, versions, environment, storage, network",
+                     SetupDiagnose);
+
+}  // namespace adaptcomm::tools

@@ -1,0 +1,69 @@
+// `adaptcomm doctor LOG...`: names the causes of a failed run from its logs, with fixes.
+// Exit code: 0 no known failure signature, 1 failures found, 2 unreadable log or knowledge base.
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/diag/config_file.h"
+#include "lib/diag/knowledge_base.h"
+#include "lib/diag/log_doctor.h"
+#include "tools/subcommands.h"
+
+namespace adaptcomm::tools {
+namespace {
+
+struct DoctorArgs {
+  std::vector<std::string> logs;
+  std::string kb;
+  bool json = false;
+  size_t top = 10;
+};
+
+int RunDoctor(const DoctorArgs& args) {
+  std::string kb_path = args.kb.empty() ? diag::FindConfigFile("knowledge_base.yaml") : args.kb;
+  if (kb_path.empty()) {
+    std::fprintf(stderr,
+                 "doctor: configs/knowledge_base.yaml not found; pass --kb FILE or set "
+                 "ADAPTCOMM_CONFIG_DIR\n");
+    return 2;
+  }
+  auto kb = diag::KnowledgeBase::Load(kb_path);
+  if (!kb.ok()) {
+    std::fprintf(stderr, "doctor: %s\n", std::string(kb.status().message()).c_str());
+    return 2;
+  }
+  diag::LogDoctor doctor(*kb);
+  for (const std::string& log : args.logs) {
+    if (absl::Status s = doctor.FeedFile(log); !s.ok()) {
+      std::fprintf(stderr, "doctor: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  diag::DoctorReport report = doctor.Report();
+  const std::string out =
+      args.json ? diag::RenderDoctorJson(report) + "\n" : diag::RenderDoctorText(report, args.top);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return report.causes.empty() ? 0 : 1;
+}
+
+std::function<int()> SetupDoctor(CLI::App& sub) {
+  auto args = std::make_shared<DoctorArgs>();
+  sub.add_option("logs", args->logs, "Trainer/NCCL log files ('-' = standard input)")
+      ->required();
+  sub.add_option("--kb", args->kb, "Knowledge base (default: configs/knowledge_base.yaml)");
+  sub.add_flag("--json", args->json, "Machine-readable report");
+  sub.add_option("--top", args->top, "Causes to print in the text report")
+      ->check(CLI::PositiveNumber);
+  sub.footer(
+      "Exit code: 0 no known failure signature, 1 failures found, 2 unreadable input.");
+  return [args] { return RunDoctor(*args); };
+}
+
+}  // namespace
+
+ADAPTCOMM_SUBCOMMAND(doctor, "Classify failures in trainer/NCCL logs and print the fixes",
+                     SetupDoctor);
+
+}  // namespace adaptcomm::tools

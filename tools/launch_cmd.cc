@@ -1,0 +1,612 @@
+// `adaptcomm launch -n N [options] -- PROGRAM ARGS...`: a local torchrun. Starts N ranks with
+// RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT (+ a store token), prefixes
+// their output per line, and ends the whole job as soon as one rank fails: a job with a dead rank
+// otherwise hangs in its next collective until the collective timeout, minutes later.
+//
+// One thread, one poll() loop: the rank pipes, a self-pipe for signals (SIGCHLD wakes the loop to
+// reap) and the deadlines (job timeout, grace before SIGKILL, output drain) bound every wait.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tools/subcommands.h"
+
+extern char** environ;
+
+namespace adaptcomm::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kReadChunk = 64 * 1024;
+// A rank that writes a longer line without a newline gets it split: memory stays bounded.
+constexpr size_t kMaxLineBytes = 1 << 20;
+// After the last rank is reaped, how long its descendants may keep the output pipes open.
+constexpr auto kDrainBound = std::chrono::seconds(2);
+// Exit code of a job that ran past --timeout (as timeout(1)).
+constexpr int kTimeoutExitCode = 124;
+
+struct LaunchOptions {
+  int nproc = 0;
+  int master_port = 0;
+  double timeout_s = 0;
+  double grace_s = 5;
+  bool no_prefix = false;
+  std::vector<std::string> command;
+};
+
+void Message(const std::string& text) {
+  std::string line = absl::StrCat("adaptcomm launch: ", text, "\n");
+  std::fflush(stdout);
+  // stderr is unbuffered; one write keeps the line whole next to the ranks' lines.
+  (void)!write(STDERR_FILENO, line.data(), line.size());
+}
+
+void WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        // Our own stdout may be a non-blocking fd inherited from the caller: wait, bounded.
+        pollfd p{fd, POLLOUT, 0};
+        if (poll(&p, 1, 1000) <= 0) return;
+        continue;
+      }
+      return;  // EPIPE and friends: the reader is gone; the ranks' exit codes still matter.
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// Re-emits one rank stream line by line, each line in a single write so lines of different ranks
+// never mix.
+class LineForwarder {
+ public:
+  LineForwarder(int out_fd, std::string prefix) : out_fd_(out_fd), prefix_(std::move(prefix)) {}
+
+  void Feed(const char* data, size_t size) {
+    buffer_.append(data, size);
+    size_t start = 0;
+    while (true) {
+      size_t nl = buffer_.find('\n', start);
+      if (nl == std::string::npos) break;
+      Emit(buffer_.data() + start, nl - start + 1, false);
+      start = nl + 1;
+    }
+    buffer_.erase(0, start);
+    if (buffer_.size() >= kMaxLineBytes) {
+      Emit(buffer_.data(), buffer_.size(), true);
+      buffer_.clear();
+    }
+  }
+
+  // The stream ended: a partial last line still gets out, newline-terminated when prefixed.
+  void Finish() {
+    if (!buffer_.empty()) Emit(buffer_.data(), buffer_.size(), !prefix_.empty());
+    buffer_.clear();
+  }
+
+ private:
+  void Emit(const char* data, size_t size, bool add_newline) {
+    line_.assign(prefix_);
+    line_.append(data, size);
+    if (add_newline) line_.push_back('\n');
+    WriteAll(out_fd_, line_.data(), line_.size());
+  }
+
+  int out_fd_;
+  std::string prefix_;
+  std::string buffer_;
+  std::string line_;
+};
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1;
+  bool reaped = false;
+  int fds[2] = {-1, -1};  // read ends of the rank's stdout and stderr pipes
+  std::unique_ptr<LineForwarder> out[2];
+};
+
+int g_signal_pipe_write = -1;
+
+void OnSignal(int signo) {
+  int saved_errno = errno;
+  unsigned char byte = static_cast<unsigned char>(signo);
+  (void)!write(g_signal_pipe_write, &byte, 1);
+  errno = saved_errno;
+}
+
+const int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+std::string SignalName(int signo) {
+  const char* abbrev = sigabbrev_np(signo);
+  return abbrev != nullptr ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", signo);
+}
+
+// A free TCP port on loopback. Another process may take it before rank 0 binds it; torchrun has
+// the same window, and the store reports the bind failure clearly when it happens.
+int PickFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+std::optional<std::string> RandomToken() {
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t n = read(fd, bytes + got, sizeof(bytes) - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (got != sizeof(bytes)) return std::nullopt;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) {
+    token.push_back(kHex[b >> 4]);
+    token.push_back(kHex[b & 0xf]);
+  }
+  return token;
+}
+
+// The launcher's environment with the given variables replaced, as "NAME=value" strings.
+std::vector<std::string> BuildEnvironment(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    std::string name = entry.substr(0, entry.find('='));
+    bool replaced = std::any_of(overrides.begin(), overrides.end(),
+                                [&](const auto& kv) { return kv.first == name; });
+    if (!replaced) env.push_back(std::move(entry));
+  }
+  for (const auto& [name, value] : overrides) env.push_back(absl::StrCat(name, "=", value));
+  return env;
+}
+
+class Launcher {
+ public:
+  explicit Launcher(const LaunchOptions& options) : options_(options) {}
+  ~Launcher() {
+    for (Rank& rank : ranks_) {
+      for (int& fd : rank.fds) {
+        if (fd >= 0) close(fd);
+      }
+    }
+    for (int fd : signal_pipe_) {
+      if (fd >= 0) close(fd);
+    }
+    RestoreSignals();
+  }
+
+  int Run();
+
+ private:
+  bool InstallSignals();
+  void RestoreSignals();
+  bool StartRank(int index, const std::vector<std::string>& env);
+  void ReapChildren();
+  void OnRankExit(Rank& rank, int status);
+  void BeginStop(int signo, int exit_code);
+  void SignalAll(int signo);
+  void ReadRank(Rank& rank, int stream);
+  void HandleSignalPipe();
+  bool AllReaped() const;
+  bool AllPipesClosed() const;
+
+  const LaunchOptions& options_;
+  std::vector<Rank> ranks_;
+  int signal_pipe_[2] = {-1, -1};
+  bool signals_installed_ = false;
+  struct sigaction old_actions_[4] = {};
+  bool old_sigpipe_saved_ = false;
+  struct sigaction old_sigpipe_ = {};
+
+  bool stopping_ = false;
+  int exit_code_ = 0;
+  Clock::time_point start_;
+  std::optional<Clock::time_point> job_deadline_;
+  std::optional<Clock::time_point> kill_deadline_;
+  std::optional<Clock::time_point> drain_deadline_;
+};
+
+bool Launcher::InstallSignals() {
+  if (pipe2(signal_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return false;
+  g_signal_pipe_write = signal_pipe_[1];
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &action, &old_actions_[0]);
+  for (size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+    sigaction(kForwardedSignals[i], &action, &old_actions_[i + 1]);
+  }
+  // A closed stdout of the launcher must not kill it before it has ended the ranks.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  old_sigpipe_saved_ = sigaction(SIGPIPE, &ignore, &old_sigpipe_) == 0;
+  signals_installed_ = true;
+  return true;
+}
+
+void Launcher::RestoreSignals() {
+  if (!signals_installed_) return;
+  sigaction(SIGCHLD, &old_actions_[0], nullptr);
+  for (size_t i = 0; i < std::size(kForwardedSignals); ++i) {
+    sigaction(kForwardedSignals[i], &old_actions_[i + 1], nullptr);
+  }
+  if (old_sigpipe_saved_) sigaction(SIGPIPE, &old_sigpipe_, nullptr);
+  g_signal_pipe_write = -1;
+  signals_installed_ = false;
+}
+
+bool Launcher::StartRank(int index, const std::vector<std::string>& env) {
+  Rank& rank = ranks_[static_cast<size_t>(index)];
+  rank.index = index;
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return false;
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    close(out_pipe[0]);
+    close(out_pipe[1]);
+    return false;
+  }
+  // Everything the child touches is prepared before fork().
+  std::vector<char*> argv;
+  for (const std::string& arg : options_.command) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const std::string& entry : env) envp.push_back(const_cast<char*>(entry.c_str()));
+  envp.push_back(nullptr);
+  const pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid < 0) {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+    return false;
+  }
+  if (pid == 0) {
+    // Own process group: the launcher signals the rank together with whatever it spawned.
+    setpgid(0, 0);
+    // A launcher killed without a chance to clean up takes its ranks along.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    signal(SIGPIPE, SIG_DFL);  // SIG_IGN would survive exec
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0 && devnull != STDIN_FILENO) {
+      dup2(devnull, STDIN_FILENO);
+      close(devnull);
+    }
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    execvpe(argv[0], argv.data(), envp.data());
+    int err = errno;
+    char msg[512];
+    int len = snprintf(msg, sizeof(msg), "adaptcomm launch: cannot execute '%s': %s\n", argv[0],
+                       strerror(err));
+    if (len > 0) (void)!write(STDERR_FILENO, msg, std::min<size_t>(len, sizeof(msg) - 1));
+    _exit(err == ENOENT ? 127 : 126);
+  }
+  // Also from the parent, so the group exists before any signal is sent to it.
+  setpgid(pid, pid);
+  rank.pid = pid;
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  rank.fds[0] = out_pipe[0];
+  rank.fds[1] = err_pipe[0];
+  for (int fd : rank.fds) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  std::string prefix = options_.no_prefix ? "" : absl::StrCat("[rank ", index, "] ");
+  rank.out[0] = std::make_unique<LineForwarder>(STDOUT_FILENO, prefix);
+  rank.out[1] = std::make_unique<LineForwarder>(STDERR_FILENO, prefix);
+  return true;
+}
+
+void Launcher::SignalAll(int signo) {
+  for (Rank& rank : ranks_) {
+    if (rank.pid <= 0) continue;
+    // The group may outlive its leader (a daemonised helper); a leader that moved to another
+    // group is reached directly.
+    if (kill(-rank.pid, signo) != 0 && !rank.reaped) kill(rank.pid, signo);
+  }
+}
+
+void Launcher::BeginStop(int signo, int exit_code) {
+  stopping_ = true;
+  exit_code_ = exit_code;
+  SignalAll(signo);
+  kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(options_.grace_s));
+}
+
+void Launcher::OnRankExit(Rank& rank, int status) {
+  rank.reaped = true;
+  int code = 0;
+  std::string how;
+  if (WIFEXITED(status)) {
+    code = WEXITSTATUS(status);
+    how = absl::StrCat("exited with code ", code);
+  } else if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    code = 128 + sig;
+    how = absl::StrCat("was killed by ", SignalName(sig), " (exit code ", code, ")");
+  } else {
+    return;
+  }
+  if (code == 0 || stopping_) return;
+  Message(absl::StrCat("rank ", rank.index, " ", how, "; stopping the other ranks"));
+  BeginStop(SIGTERM, code);
+}
+
+void Launcher::ReapChildren() {
+  for (Rank& rank : ranks_) {
+    if (rank.pid <= 0 || rank.reaped) continue;
+    int status = 0;
+    pid_t r;
+    do {
+      r = waitpid(rank.pid, &status, WNOHANG);
+    } while (r < 0 && errno == EINTR);
+    if (r == rank.pid) {
+      OnRankExit(rank, status);
+    } else if (r < 0 && errno == ECHILD) {
+      rank.reaped = true;  // cannot happen unless someone else reaped it; do not wait forever
+    }
+  }
+}
+
+void Launcher::ReadRank(Rank& rank, int stream) {
+  char buffer[kReadChunk];
+  int& fd = rank.fds[stream];
+  // Bounded per wake-up so one chatty rank cannot starve the others or the signal handling.
+  for (int i = 0; i < 16 && fd >= 0; ++i) {
+    ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      rank.out[stream]->Feed(buffer, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    rank.out[stream]->Finish();
+    close(fd);
+    fd = -1;
+  }
+}
+
+void Launcher::HandleSignalPipe() {
+  unsigned char bytes[64];
+  while (true) {
+    ssize_t n = read(signal_pipe_[0], bytes, sizeof(bytes));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    for (ssize_t i = 0; i < n; ++i) {
+      int signo = bytes[i];
+      if (signo == SIGCHLD) continue;  // the loop reaps on every wake-up
+      if (!stopping_) {
+        Message(absl::StrCat("received ", SignalName(signo), "; forwarding it to the ranks"));
+        BeginStop(signo, 128 + signo);
+      } else {
+        // A second interrupt means "now": no more grace.
+        Message(absl::StrCat("received ", SignalName(signo), " again; killing the ranks"));
+        SignalAll(SIGKILL);
+        kill_deadline_.reset();
+      }
+    }
+  }
+}
+
+bool Launcher::AllReaped() const {
+  return std::all_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.reaped; });
+}
+
+bool Launcher::AllPipesClosed() const {
+  return std::all_of(ranks_.begin(), ranks_.end(),
+                     [](const Rank& r) { return r.fds[0] < 0 && r.fds[1] < 0; });
+}
+
+int Launcher::Run() {
+  start_ = Clock::now();
+  int port = options_.master_port;
+  if (port == 0) {
+    port = PickFreePort();
+    if (port <= 0) {
+      Message(absl::StrCat("cannot pick a free port: ", strerror(errno)));
+      return 1;
+    }
+  }
+  std::string token;
+  if (const char* given = getenv("ADAPTCOMM_STORE_TOKEN"); given != nullptr) {
+    token = given;
+  } else {
+    std::optional<std::string> fresh = RandomToken();
+    if (!fresh) {
+      Message("cannot read /dev/urandom for the store token");
+      return 1;
+    }
+    token = *fresh;
+  }
+  if (!InstallSignals()) {
+    Message(absl::StrCat("cannot create the signal pipe: ", strerror(errno)));
+    return 1;
+  }
+  if (options_.timeout_s > 0) {
+    job_deadline_ = start_ + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(options_.timeout_s));
+  }
+
+  const std::string world = std::to_string(options_.nproc);
+  ranks_.resize(static_cast<size_t>(options_.nproc));
+  for (int i = 0; i < options_.nproc; ++i) {
+    std::vector<std::string> env = BuildEnvironment({
+        {"RANK", std::to_string(i)},
+        {"LOCAL_RANK", std::to_string(i)},
+        {"GROUP_RANK", "0"},
+        {"WORLD_SIZE", world},
+        {"LOCAL_WORLD_SIZE", world},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", std::to_string(port)},
+        {"ADAPTCOMM_STORE_TOKEN", token},
+    });
+    if (!StartRank(i, env)) {
+      Message(absl::StrCat("cannot start rank ", i, ": ", strerror(errno)));
+      ranks_.resize(static_cast<size_t>(i));
+      if (ranks_.empty()) return 1;
+      BeginStop(SIGTERM, 1);
+      break;
+    }
+  }
+
+  std::vector<pollfd> fds;
+  std::vector<std::pair<size_t, int>> owners;  // (rank, stream) of each pipe in fds
+  while (true) {
+    ReapChildren();
+    Clock::time_point now = Clock::now();
+    if (job_deadline_ && now >= *job_deadline_ && !stopping_) {
+      Message(absl::StrCat("job ran past --timeout ", options_.timeout_s,
+                           "s; stopping all ranks (exit code ", kTimeoutExitCode, ")"));
+      BeginStop(SIGTERM, kTimeoutExitCode);
+    }
+    if (kill_deadline_ && now >= *kill_deadline_) {
+      std::vector<int> alive;
+      for (const Rank& rank : ranks_) {
+        if (!rank.reaped) alive.push_back(rank.index);
+      }
+      if (!alive.empty()) {
+        Message(absl::StrCat("rank(s) ", absl::StrJoin(alive, ","), " still running after ",
+                             options_.grace_s, "s grace; sending SIGKILL"));
+      }
+      SignalAll(SIGKILL);
+      kill_deadline_.reset();
+    }
+    if (AllReaped()) {
+      if (!drain_deadline_) {
+        drain_deadline_ = now + kDrainBound;
+        // Whatever a failed job left behind must not keep the pipes (and us) alive.
+        if (stopping_) SignalAll(SIGKILL);
+      }
+      if (AllPipesClosed() || now >= *drain_deadline_) break;
+    }
+
+    std::optional<Clock::time_point> wake;
+    auto consider = [&wake](const std::optional<Clock::time_point>& d) {
+      if (d && (!wake || *d < *wake)) wake = d;
+    };
+    if (!stopping_) consider(job_deadline_);
+    consider(kill_deadline_);
+    consider(drain_deadline_);
+    int timeout_ms = -1;
+    if (wake) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(*wake - now).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 60 * 60 * 1000));
+    }
+
+    fds.clear();
+    owners.clear();
+    fds.push_back({signal_pipe_[0], POLLIN, 0});
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      for (int s = 0; s < 2; ++s) {
+        if (ranks_[r].fds[s] < 0) continue;
+        fds.push_back({ranks_[r].fds[s], POLLIN, 0});
+        owners.emplace_back(r, s);
+      }
+    }
+    int ready = poll(fds.data(), fds.size(), timeout_ms);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      Message(absl::StrCat("poll failed: ", strerror(errno), "; stopping all ranks"));
+      if (!stopping_) BeginStop(SIGTERM, 1);
+      SignalAll(SIGKILL);
+      break;
+    }
+    if (fds[0].revents != 0) HandleSignalPipe();
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      ReadRank(ranks_[owners[i - 1].first], owners[i - 1].second);
+    }
+  }
+
+  // Leftover partial lines of streams that never reached EOF (descendants holding them).
+  for (Rank& rank : ranks_) {
+    for (int s = 0; s < 2; ++s) {
+      if (rank.fds[s] < 0) continue;
+      ReadRank(rank, s);
+      if (rank.fds[s] >= 0) rank.out[s]->Finish();
+    }
+  }
+  // Ranks that could not be reaped in the drain window after SIGKILL: reap without bound is
+  // impossible to justify, so only a final non-blocking pass.
+  ReapChildren();
+  std::fflush(stdout);
+  return exit_code_;
+}
+
+std::function<int()> SetupLaunch(CLI::App& sub) {
+  auto options = std::make_shared<LaunchOptions>();
+  sub.add_option("-n,--nproc", options->nproc, "Number of ranks to start")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  sub.add_option("--master-port", options->master_port,
+                 "MASTER_PORT for the ranks (default: a free port)")
+      ->check(CLI::Range(0, 65535));
+  sub.add_option("--timeout", options->timeout_s,
+                 "End the whole job after this many seconds (exit code 124); 0 = no bound")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_option("--grace", options->grace_s,
+                 "Seconds between SIGTERM and SIGKILL when the job is stopped")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  sub.add_flag("--no-prefix", options->no_prefix, "Do not prefix output lines with [rank R]");
+  sub.add_option("command", options->command, "PROGRAM ARGS... (after --)")->required();
+  sub.footer(
+      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1,\n"
+      "MASTER_PORT and ADAPTCOMM_STORE_TOKEN (kept if already set). When a rank fails, the\n"
+      "others get SIGTERM, then SIGKILL after the grace period, and the launcher exits with the\n"
+      "failing rank's code (128+signal for a signal death). SIGINT/SIGTERM are forwarded.");
+  return [options]() {
+    Launcher launcher(*options);
+    return launcher.Run();
+  };
+}
+
+}  // namespace
+
+ADAPTCOMM_SUBCOMMAND(launch, "Start N local ranks with torchrun variables", SetupLaunch);
+
+}  // namespace adaptcomm::tools
