@@ -131,7 +131,7 @@ int RankMain(int rank, int world, int port, const Config& cfg, int out_fd) {
   }
   std::string out;
   const std::pair<const char*, std::vector<double>*> series[] = {
-      {"fp32", &t32}, {"bf16", &t16}, {"wire", &twire},
+      {"fp32", &t32},   {"bf16", &t16},   {"wire", &twire},
       {"cast", &tcast}, {"coll", &tcoll}, {"back", &tback}};
   for (const auto& [name, v] : series) {
     out += name;
@@ -161,8 +161,8 @@ bool RunAllreduce(int world, const Config& cfg) {
     pids.push_back(pid);
     fds.push_back(p[0]);
   }
-  std::vector<std::vector<double>> fp32(world), bf16(world), wire(world), cast(world),
-      coll(world), back(world);
+  std::vector<std::vector<double>> fp32(world), bf16(world), wire(world), cast(world), coll(world),
+      back(world);
   bool ok = true;
   for (int r = 0; r < world; ++r) {
     std::string text;
@@ -201,16 +201,17 @@ bool RunAllreduce(int world, const Config& cfg) {
   const double m32 = slowest(fp32), m16 = slowest(bf16);
   const double bytes = double(cfg.mib) * (1 << 20);
   const double bus = 2.0 * (world - 1) / world;
-  std::printf("allreduce %3zu MiB fp32, %d ranks: fp32 %8.2f ms (busbw %.2f GB/s) | bf16 wire "
-              "%8.2f ms (busbw %.2f GB/s of fp32 data) | bf16/fp32 = %.2fx%s\n",
-              cfg.mib, world, m32 * 1e3, bytes / m32 * bus / 1e9, m16 * 1e3,
-              bytes / m16 * bus / 1e9, m16 / m32,
-              world == 2 ? (m16 <= 0.6 * m32 ? "  [target <= 0.6x: met]" : "  [target <= 0.6x: MISSED]")
-                         : "  (4 ranks on 2 cores: scheduler-bound, functional)");
-  std::printf("    bf16 wire breakdown (rank 0 medians): cast %.2f ms, barrier+collective %.2f ms, "
-              "cast back %.2f ms; the bf16 collective alone (pre-cast buffer) %.2f ms\n",
-              Median(cast[0]) * 1e3, Median(coll[0]) * 1e3, Median(back[0]) * 1e3,
-              slowest(wire) * 1e3);
+  std::printf(
+      "allreduce %3zu MiB fp32, %d ranks: fp32 %8.2f ms (busbw %.2f GB/s) | bf16 wire "
+      "%8.2f ms (busbw %.2f GB/s of fp32 data) | bf16/fp32 = %.2fx%s\n",
+      cfg.mib, world, m32 * 1e3, bytes / m32 * bus / 1e9, m16 * 1e3, bytes / m16 * bus / 1e9,
+      m16 / m32,
+      world == 2 ? (m16 <= 0.6 * m32 ? "  [target <= 0.6x: met]" : "  [target <= 0.6x: MISSED]")
+                 : "  (4 ranks on 2 cores: scheduler-bound, functional)");
+  std::printf(
+      "    bf16 wire breakdown (rank 0 medians): cast %.2f ms, barrier+collective %.2f ms, "
+      "cast back %.2f ms; the bf16 collective alone (pre-cast buffer) %.2f ms\n",
+      Median(cast[0]) * 1e3, Median(coll[0]) * 1e3, Median(back[0]) * 1e3, slowest(wire) * 1e3);
   return true;
 }
 
@@ -243,8 +244,8 @@ void RunCasts(const Config& cfg) {
   const double memcpy_traffic = 2 * in_bytes / t_memcpy;
   std::printf("\nmemcpy %zu MiB, 1 thread: %.2f GB/s copied (%.2f GB/s traffic)\n", cfg.mib,
               in_bytes / t_memcpy / 1e9, memcpy_traffic / 1e9);
-  std::printf("%-12s %-10s %10s %12s %14s %16s\n", "path", "cast", "ms", "Gelem/s",
-              "traffic GB/s", "vs memcpy traffic");
+  std::printf("%-12s %-10s %10s %12s %14s %16s\n", "path", "cast", "ms", "Gelem/s", "traffic GB/s",
+              "vs memcpy traffic");
   double best_narrow_ratio = 0;
   for (p::CastPath path : p::SupportedCastPaths()) {
     struct Row {
@@ -271,18 +272,20 @@ void RunCasts(const Config& cfg) {
                   r.t * 1e3, double(n) / r.t / 1e9, r.traffic_bytes / r.t / 1e9, ratio);
     }
   }
-  std::printf("active path %s: narrowing casts run at >= %.2fx single-thread memcpy traffic "
-              "[target >= 0.5x: %s]\n",
-              adaptcomm::CastImplementationName(), best_narrow_ratio,
-              best_narrow_ratio >= 0.5 ? "met" : "MISSED");
+  std::printf(
+      "active path %s: narrowing casts run at >= %.2fx single-thread memcpy traffic "
+      "[target >= 0.5x: %s]\n",
+      adaptcomm::CastImplementationName(), best_narrow_ratio,
+      best_narrow_ratio >= 0.5 ? "met" : "MISSED");
   // The public functions split buffers >= 4 MiB over the pool.
   const double t_mt =
       TimeMedian(reps, [&] { adaptcomm::CastF32ToBF16(f32.data(), half.data(), n); });
   const double t_mt_back =
       TimeMedian(reps, [&] { adaptcomm::CastBF16ToF32(half.data(), f32_out.data(), n); });
-  std::printf("public multi-threaded (%d pool threads): f32->bf16 %.2f ms (%.2f GB/s traffic), "
-              "bf16->f32 %.2f ms\n",
-              p::CastPoolWorkers(), t_mt * 1e3, in_bytes * 1.5 / t_mt / 1e9, t_mt_back * 1e3);
+  std::printf(
+      "public multi-threaded (%d pool threads): f32->bf16 %.2f ms (%.2f GB/s traffic), "
+      "bf16->f32 %.2f ms\n",
+      p::CastPoolWorkers(), t_mt * 1e3, in_bytes * 1.5 / t_mt / 1e9, t_mt_back * 1e3);
 }
 
 bool ParseArgs(int argc, char** argv, Config& cfg) {

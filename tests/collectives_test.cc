@@ -173,7 +173,7 @@ void ExpectElement(double got, double want, DType t, ReduceOp op, const std::str
 
 bool Applies(DType t, ReduceOp op) { return op != ReduceOp::kAvg || IsFloatingPoint(t); }
 
-constexpr size_t kSmallCounts[] = {1, 7, 1031};
+constexpr size_t kSmallCounts[] = {1, 2, 7, 1031};
 
 void CheckReductions(Communicator& comm, DType t, ReduceOp op, size_t n) {
   const int rank = comm.rank(), world = comm.size();
@@ -298,6 +298,27 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<MatrixParam>& info) {
       return absl::StrCat(testing::RankModeName(info.param.mode), info.param.world);
     });
+
+}  // namespace
+}  // namespace adaptcomm
+
+namespace adaptcomm {
+namespace {
+
+// Found by the mixed-precision tests: blocks of 2 elements on 3 ranks, values i + 10 r.
+TEST(ReduceScatter, BlocksOfTwoOnThreeRanks) {
+  testing::RunRanks(RankMode::kThreads, 3, [](const RankEnv& env) {
+    auto comm = Communicator::Create(env.options);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    std::vector<float> in(6), out(2);
+    for (int i = 0; i < 6; ++i) in[i] = static_cast<float>(i + 10 * env.rank);
+    ASSERT_TRUE(
+        (*comm)->ReduceScatter(HostView(in.data(), 6), HostView(out.data(), 2)).Wait().ok());
+    const float base = 30.0f + 6.0f * env.rank;  // sum over r of (2 * rank + j + 10 r)
+    EXPECT_EQ(out[0], base);
+    EXPECT_EQ(out[1], base + 3.0f);
+  });
+}
 
 }  // namespace
 }  // namespace adaptcomm

@@ -54,9 +54,9 @@ EnvLintInput LintInput(std::vector<std::string> env) {
 }
 
 TEST(EnvLintTest, FlagsDeadDeprecatedUnknownAndOutOfRange) {
-  auto rs = LintEnvironment(LintInput({"NCCL_MAX_RINGS=8", "NCCL_MIN_NRINGS=4", "NCCL_IB_MTU=4096",
-                                       "NCCL_MIN_CTAS=500", "NCCL_BUFFSIZE=2097152",
-                                       "ADAPTCOMM_LOG_LEVL=debug", "PATH=/bin"}));
+  auto rs = LintEnvironment(
+      LintInput({"NCCL_MAX_RINGS=8", "NCCL_MIN_NRINGS=4", "NCCL_IB_MTU=4096", "NCCL_MIN_CTAS=500",
+                 "NCCL_BUFFSIZE=2097152", "ADAPTCOMM_LOG_LEVL=debug", "PATH=/bin"}));
   const CheckResult* dead = Find(rs, "env.NCCL_MAX_RINGS");
   ASSERT_NE(dead, nullptr);
   EXPECT_EQ(dead->status, CheckStatus::kFail);
@@ -75,8 +75,9 @@ TEST(EnvLintTest, FlagsDeadDeprecatedUnknownAndOutOfRange) {
             std::string::npos);
   EXPECT_EQ(Find(rs, "env.PATH"), nullptr);
   ASSERT_NE(Find(rs, "env.summary"), nullptr);
-  EXPECT_NE(Find(rs, "env.summary")->detail.find("6 NCCL_/GLOO_/ADAPTCOMM_ variable(s) set, 1 clean"),
-            std::string::npos)
+  EXPECT_NE(
+      Find(rs, "env.summary")->detail.find("6 NCCL_/GLOO_/ADAPTCOMM_ variable(s) set, 1 clean"),
+      std::string::npos)
       << Find(rs, "env.summary")->detail;
 }
 
@@ -102,7 +103,8 @@ TEST(EnvLintTest, SocketInterfaceNames) {
   EXPECT_EQ(Find(ok, "env.NCCL_SOCKET_IFNAME"), nullptr);
   EXPECT_EQ(Find(ok, "env.GLOO_SOCKET_IFNAME"), nullptr);
 
-  const std::vector<Interface> ifs = {{"lo", true, true}, {"eth0", true, false}, {"ib0", false, false}};
+  const std::vector<Interface> ifs = {
+      {"lo", true, true}, {"eth0", true, false}, {"ib0", false, false}};
   std::string why;
   EXPECT_TRUE(NcclIfnameMatches("^lo,docker", ifs, why));
   EXPECT_TRUE(NcclIfnameMatches("=eth0", ifs, why));
@@ -167,12 +169,14 @@ TEST(CompatMatrixTest, DriverRuntimeAndNccl) {
   EXPECT_FALSE(AnyFailed(good));
   EXPECT_EQ(st(good, "compat.driver_runtime"), CheckStatus::kPass);
   // Runtime 12.6 on a 12.4 driver: minor-version compatibility, a warning.
-  auto minor = CheckVersions(*m, Lib("CUDA driver", 12040, "12.4"), "550.54.14",
-                             Lib("CUDA runtime", 12060, "12.6"), Lib("NCCL", 22105, "2.21.5"), true);
+  auto minor =
+      CheckVersions(*m, Lib("CUDA driver", 12040, "12.4"), "550.54.14",
+                    Lib("CUDA runtime", 12060, "12.6"), Lib("NCCL", 22105, "2.21.5"), true);
   EXPECT_EQ(st(minor, "compat.driver_runtime"), CheckStatus::kWarn);
   // Runtime 13.0 on a 12.4 driver: fails, and names the driver needed.
-  auto major = CheckVersions(*m, Lib("CUDA driver", 12040, "12.4"), "550.54.14",
-                             Lib("CUDA runtime", 13000, "13.0"), Lib("NCCL", 22809, "2.28.9"), true);
+  auto major =
+      CheckVersions(*m, Lib("CUDA driver", 12040, "12.4"), "550.54.14",
+                    Lib("CUDA runtime", 13000, "13.0"), Lib("NCCL", 22809, "2.28.9"), true);
   EXPECT_EQ(st(major, "compat.driver_runtime"), CheckStatus::kFail);
   EXPECT_NE(Find(major, "compat.driver_runtime")->fix.find("580.65.06"), std::string::npos);
   // NCCL below the minimum fails; below recommended warns.

@@ -69,8 +69,8 @@ TEST(KnowledgeBaseTest, OrdinaryLinesAreNotClassified) {
 }
 
 TEST(KnowledgeBaseTest, RejectsBadEntries) {
-  auto bad_regex = KnowledgeBase::Parse(
-      "entries:\n  - {id: x, pattern: 'a(b', cause: c, fix: f}\n", "kb.yaml");
+  auto bad_regex =
+      KnowledgeBase::Parse("entries:\n  - {id: x, pattern: 'a(b', cause: c, fix: f}\n", "kb.yaml");
   ASSERT_FALSE(bad_regex.ok());
   EXPECT_NE(bad_regex.status().message().find("bad pattern"), absl::string_view::npos);
   auto missing = KnowledgeBase::Parse("entries:\n  - {id: x, pattern: a, cause: c}\n", "kb.yaml");

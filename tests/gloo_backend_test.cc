@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -544,6 +544,9 @@ void ExpectTimesOut(const std::string& prefix,
   s = backends[0]->Run(again);
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_LT(absl::Now() - refused_at, absl::Milliseconds(100));
+  // A later Abort (as a communicator does after a timeout) keeps the original cause.
+  backends[0]->Abort(absl::CancelledError("cleanup"));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(backends[0]->health())) << backends[0]->health();
 
   // The timed-out rank closed its connections: the peer fails instead of waiting 5 s.
   const absl::Time peer_start = absl::Now();

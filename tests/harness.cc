@@ -65,12 +65,27 @@ void RunAsThreads(int world_size, const std::function<void(const RankEnv&)>& bod
 
 void RunAsProcesses(int world_size, const std::function<void(const RankEnv&)>& body,
                     absl::Duration bound) {
+  std::vector<int> status = RunRankProcesses(world_size, body, bound);
+  for (int r = 0; r < world_size; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)
+        << "rank " << r << " process failed: "
+        << (WIFEXITED(status[r]) ? absl::StrCat("exit code ", WEXITSTATUS(status[r]))
+                                 : absl::StrCat("signal ", WTERMSIG(status[r])));
+  }
+}
+
+}  // namespace
+
+std::vector<int> RunRankProcesses(int world_size, const std::function<void(const RankEnv&)>& body,
+                                  absl::Duration bound) {
   const int port = PickFreePort();
-  ASSERT_GT(port, 0);
   std::vector<pid_t> pids;
   for (int r = 0; r < world_size; ++r) {
     pid_t pid = fork();
-    ASSERT_GE(pid, 0) << "fork failed";
+    if (pid < 0) {
+      ADD_FAILURE() << "fork failed";
+      break;
+    }
     if (pid == 0) {
       RankEnv env{r, world_size, BaseOptions(r, world_size)};
       env.options.master_addr = "127.0.0.1";
@@ -83,10 +98,10 @@ void RunAsProcesses(int world_size, const std::function<void(const RankEnv&)>& b
     pids.push_back(pid);
   }
   const absl::Time deadline = absl::Now() + bound;
-  std::vector<int> status(world_size, -1);
-  int remaining = world_size;
+  std::vector<int> status(pids.size(), -1);
+  size_t remaining = pids.size();
   while (remaining > 0 && absl::Now() < deadline) {
-    for (int r = 0; r < world_size; ++r) {
+    for (size_t r = 0; r < pids.size(); ++r) {
       if (status[r] != -1) continue;
       int st;
       if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
@@ -96,22 +111,15 @@ void RunAsProcesses(int world_size, const std::function<void(const RankEnv&)>& b
     }
     if (remaining > 0) absl::SleepFor(absl::Milliseconds(5));
   }
-  for (int r = 0; r < world_size; ++r) {
+  for (size_t r = 0; r < pids.size(); ++r) {
     if (status[r] != -1) continue;
     kill(pids[r], SIGKILL);
     waitpid(pids[r], &status[r], 0);
     ADD_FAILURE() << "rank " << r << " still running after " << absl::FormatDuration(bound)
                   << "; killed";
   }
-  for (int r = 0; r < world_size; ++r) {
-    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)
-        << "rank " << r << " process failed: "
-        << (WIFEXITED(status[r]) ? absl::StrCat("exit code ", WEXITSTATUS(status[r]))
-                                 : absl::StrCat("signal ", WTERMSIG(status[r])));
-  }
+  return status;
 }
-
-}  // namespace
 
 void RunRanks(RankMode mode, int world_size, const std::function<void(const RankEnv&)>& body,
               absl::Duration bound) {

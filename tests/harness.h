@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "adaptcomm/communicator.h"
@@ -32,6 +33,12 @@ struct RankEnv {
 // count as failures of the calling test (threads directly, processes via the exit code).
 void RunRanks(RankMode mode, int world_size, const std::function<void(const RankEnv&)>& body,
               absl::Duration bound = absl::Seconds(120));
+
+// Runs body(env) in `world_size` forked processes and returns each one's wait status (as from
+// waitpid), without judging them: for tests where some ranks are meant to die. Ranks still alive
+// after `bound` are killed with SIGKILL.
+std::vector<int> RunRankProcesses(int world_size, const std::function<void(const RankEnv&)>& body,
+                                  absl::Duration bound);
 
 // A loopback TCP port that was free a moment ago.
 int PickFreePort();

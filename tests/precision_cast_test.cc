@@ -72,7 +72,7 @@ void ExpectNearestEven(float x, uint16_t got, uint32_t (*widen)(uint16_t), const
   for (int delta : {-1, 1}) {
     const uint16_t other = static_cast<uint16_t>(got + delta);
     const uint32_t ob = widen(other);
-    if ((ob & 0x7fffffff) > 0x7f800000) continue;  // NaN neighbour
+    if ((ob & 0x7fffffff) > 0x7f800000) continue;                         // NaN neighbour
     if (((ob ^ widen(got)) >> 31) != 0 && (got & 0x7fff) != 0) continue;  // wrapped past 0
     const double o = Float(ob);
     ASSERT_LE(std::fabs(g - xd), std::fabs(o - xd))
@@ -303,6 +303,26 @@ TEST_P(PathTest, RandomArraysMatchScalarBitsAndCounts) {
   }
 }
 
+TEST_P(PathTest, AccumulateMatchesScalar) {
+  const CastPath path = GetParam();
+  const size_t n = 100000 + 7;
+  std::vector<uint16_t> halves(n);
+  std::mt19937 rng(21);
+  for (auto& h : halves) h = static_cast<uint16_t>(rng());
+  const std::vector<float> start = RandomFloats(n, 8);
+  for (bool f16 : {false, true}) {
+    std::vector<float> ref = start, got = start;
+    if (f16) {
+      AccumulateF16Scalar(halves.data(), ref.data(), n);
+      AccumulateF16(path, halves.data(), got.data(), n);
+    } else {
+      AccumulateBF16Scalar(halves.data(), ref.data(), n);
+      AccumulateBF16(path, halves.data(), got.data(), n);
+    }
+    ASSERT_EQ(std::memcmp(ref.data(), got.data(), n * 4), 0) << (f16 ? "f16" : "bf16");
+  }
+}
+
 TEST_P(PathTest, EveryLengthUpTo70) {
   const CastPath path = GetParam();
   const std::vector<float> src = RandomFloats(70, 5);
@@ -317,8 +337,7 @@ TEST_P(PathTest, EveryLengthUpTo70) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, PathTest, ::testing::ValuesIn(SupportedCastPaths()),
-                         PathParamName);
+INSTANTIATE_TEST_SUITE_P(Paths, PathTest, ::testing::ValuesIn(SupportedCastPaths()), PathParamName);
 
 TEST(CastPaths, BestPathIsUsedAndNamed) {
   const std::vector<CastPath> paths = SupportedCastPaths();

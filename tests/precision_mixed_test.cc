@@ -1,6 +1,7 @@
 // Mixed-precision collectives on 2-4 Gloo ranks (threads of this process): error bound against an
 // fp64 reference, the cast/collective ordering (with the host barrier and, as a proof that the
-// test can fail, without it), fingerprint mismatch detection, hooks, and the fp16 overflow policies.
+// test can fail, without it), fingerprint mismatch detection, hooks, and the fp16 overflow
+// policies.
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -45,7 +46,9 @@ std::vector<float> RankData(int rank, size_t n, float magnitude = 1.0f) {
   return v;
 }
 
-double UnitRoundoff(DType wire) { return wire == DType::kF16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8); }
+double UnitRoundoff(DType wire) {
+  return wire == DType::kF16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+}
 
 // The documented bounds (precision.h): fp32 accumulation (2u + n * 2^-23) * S, backend
 // accumulation gamma_n * S; fp16 adds (n + 1) * 2^-25; all times the scale, + 2^-23 * |exact|.
@@ -113,21 +116,21 @@ TEST_P(MixedAllreduceBound, WithinErrorBoundOfFp64Reference) {
   ::testing::Test::RecordProperty("worst_error_over_bound", std::to_string(worst_ratio));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Worlds, MixedAllreduceBound,
-    ::testing::Values(BoundCase{2, DType::kBF16, ReduceOp::kSum, true},
-                      BoundCase{3, DType::kBF16, ReduceOp::kAvg, true},
-                      BoundCase{4, DType::kBF16, ReduceOp::kSum, true},
-                      BoundCase{2, DType::kF16, ReduceOp::kAvg, true},
-                      BoundCase{4, DType::kF16, ReduceOp::kSum, true},
-                      BoundCase{2, DType::kBF16, ReduceOp::kSum, false},
-                      BoundCase{4, DType::kBF16, ReduceOp::kAvg, false},
-                      BoundCase{3, DType::kF16, ReduceOp::kSum, false}),
-    [](const ::testing::TestParamInfo<BoundCase>& info) {
-      return absl::StrCat("w", info.param.world, "_", DTypeName(info.param.wire), "_",
-                          ReduceOpName(info.param.op),
-                          info.param.fp32_acc ? "_fp32acc" : "_backendacc");
-    });
+INSTANTIATE_TEST_SUITE_P(Worlds, MixedAllreduceBound,
+                         ::testing::Values(BoundCase{2, DType::kBF16, ReduceOp::kSum, true},
+                                           BoundCase{3, DType::kBF16, ReduceOp::kAvg, true},
+                                           BoundCase{4, DType::kBF16, ReduceOp::kSum, true},
+                                           BoundCase{2, DType::kF16, ReduceOp::kAvg, true},
+                                           BoundCase{4, DType::kF16, ReduceOp::kSum, true},
+                                           BoundCase{2, DType::kBF16, ReduceOp::kSum, false},
+                                           BoundCase{4, DType::kBF16, ReduceOp::kAvg, false},
+                                           BoundCase{3, DType::kF16, ReduceOp::kSum, false}),
+                         [](const ::testing::TestParamInfo<BoundCase>& info) {
+                           return absl::StrCat("w", info.param.world, "_",
+                                               DTypeName(info.param.wire), "_",
+                                               ReduceOpName(info.param.op),
+                                               info.param.fp32_acc ? "_fp32acc" : "_backendacc");
+                         });
 
 TEST(MixedCollectives, ReduceScatterAndAllgather) {
   const int world = 3;
@@ -164,8 +167,8 @@ TEST(MixedCollectives, ReduceScatterAndAllgather) {
     }
     std::vector<float> mine = ag_in[env.rank];
     std::vector<float> all(block * world, 0.0f);
-    auto ag = AllgatherMixed(*comm, HostView(mine.data(), block), HostView(all.data(), all.size()),
-                             o);
+    auto ag =
+        AllgatherMixed(*comm, HostView(mine.data(), block), HostView(all.data(), all.size()), o);
     ASSERT_TRUE(ag.ok()) << ag.status();
     for (int r = 0; r < world; ++r) {
       const std::vector<float>& theirs = ag_in[r];
@@ -184,7 +187,7 @@ TEST(MixedCollectives, ReduceScatterAndAllgather) {
 // ---- ordering: the collective never reads the wire buffer before the cast finished ----
 
 struct OrderingOutcome {
-  std::vector<std::string> order;  // hook points seen on rank 0
+  std::vector<std::string> order;       // hook points seen on rank 0
   size_t wire_elements_incomplete = 0;  // at before_collective, vs the full cast (rank 0)
   size_t result_wrong = 0;              // elements of the final result off the bound (rank 0)
 };
@@ -204,8 +207,8 @@ OrderingOutcome RunOrderingScenario(bool skip_host_barrier) {
     CastF32ToBF16(inputs[env.rank].data(), expected_wire.data(), n);
     std::mutex mu;
     std::vector<HookHandle> handles;
-    for (HookPoint p : {HookPoint::kBeforeCast, HookPoint::kAfterCast,
-                        HookPoint::kBeforeCollective, HookPoint::kAfterCollective}) {
+    for (HookPoint p : {HookPoint::kBeforeCast, HookPoint::kAfterCast, HookPoint::kBeforeCollective,
+                        HookPoint::kAfterCollective}) {
       handles.push_back(ctx.AddHook(p, "order", [&](const HookInfo& info) {
         std::lock_guard<std::mutex> lock(mu);
         if (env.rank == 0) outcome.order.push_back(HookPointName(info.point));
@@ -262,7 +265,8 @@ TEST(MixedOrdering, WithoutHostBarrierTheRaceIsDetected) {
   EXPECT_GT(o.result_wrong, 0u) << "the result was right although the collective read early";
 }
 
-// ---- fingerprints: mismatched ranks fail fast, naming the rank, and the communicator survives ----
+// ---- fingerprints: mismatched ranks fail fast, naming the rank, and the communicator survives
+// ----
 
 TEST(MixedGlobalBarrier, MismatchedCountAndWireAreNamed) {
   const int world = 3;
@@ -516,10 +520,9 @@ TEST(MixedValidation, RejectsBadArguments) {
                   .status()
                   .code(),
               absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(AllgatherMixed(*comm, HostView(f.data(), 2), HostView(out.data(), 3), o)
-                  .status()
-                  .code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(
+        AllgatherMixed(*comm, HostView(f.data(), 2), HostView(out.data(), 3), o).status().code(),
+        absl::StatusCode::kInvalidArgument);
   });
 }
 

@@ -80,7 +80,8 @@ int RunDiagnose(const DiagnoseArgs& a) {
     if (notable.empty()) return 0;
     results = notable;
   }
-  std::string out = a.json ? diag::RenderCheckJson(results) + "\n" : diag::RenderCheckTable(results);
+  std::string out =
+      a.json ? diag::RenderCheckJson(results) + "\n" : diag::RenderCheckTable(results);
   if (a.topology && !a.json) {
     diag::GpuProbe probe = diag::ProbeGpus();
     absl::StrAppend(&out, "\nGPU topology:\n",
@@ -107,7 +108,8 @@ std::function<int()> SetupDiagnose(CLI::App& sub) {
   sub.add_option("--multi-host", a->multi_host,
                  "yes|no|auto: the job spans hosts (auto: WORLD_SIZE > LOCAL_WORLD_SIZE)")
       ->check(CLI::IsMember({"yes", "no", "auto"}));
-  sub.add_flag("--topology", a->topology, "Print the GPU topology matrix (like nvidia-smi topo -m)");
+  sub.add_flag("--topology", a->topology,
+               "Print the GPU topology matrix (like nvidia-smi topo -m)");
   sub.footer("Exit code: 1 if any check failed, 0 otherwise (warnings included).");
   return [a] { return RunDiagnose(*a); };
 }

@@ -50,14 +50,12 @@ int RunDoctor(const DoctorArgs& args) {
 
 std::function<int()> SetupDoctor(CLI::App& sub) {
   auto args = std::make_shared<DoctorArgs>();
-  sub.add_option("logs", args->logs, "Trainer/NCCL log files ('-' = standard input)")
-      ->required();
+  sub.add_option("logs", args->logs, "Trainer/NCCL log files ('-' = standard input)")->required();
   sub.add_option("--kb", args->kb, "Knowledge base (default: configs/knowledge_base.yaml)");
   sub.add_flag("--json", args->json, "Machine-readable report");
   sub.add_option("--top", args->top, "Causes to print in the text report")
       ->check(CLI::PositiveNumber);
-  sub.footer(
-      "Exit code: 0 no known failure signature, 1 failures found, 2 unreadable input.");
+  sub.footer("Exit code: 0 no known failure signature, 1 failures found, 2 unreadable input.");
   return [args] { return RunDoctor(*args); };
 }
 

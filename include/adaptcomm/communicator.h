@@ -30,6 +30,9 @@ namespace adaptcomm {
 
 enum class BackendChoice : uint8_t { kAuto, kGloo, kNccl };
 const char* BackendChoiceName(BackendChoice choice);
+// What creation does when NCCL (auto or nccl) is not usable on every rank: build Gloo on every
+// rank (device buffers staged through host memory), or fail on every rank naming the reason.
+enum class Fallback : uint8_t { kAllow, kDeny };
 
 // Where rank, world size and the master address came from.
 struct LaunchInfo {
@@ -53,6 +56,7 @@ struct CommunicatorOptions {
   // Distinguishes communicators that share one store; two live communicators may not share a name.
   std::string name = "default";
   BackendChoice backend = BackendChoice::kAuto;
+  Fallback fallback = Fallback::kAllow;
   // Default bound of each operation, counted from when it starts running (not when queued).
   absl::Duration timeout = absl::Seconds(600);
   // Bound of creation: store connection, rendezvous of every rank, backend init.
@@ -64,6 +68,15 @@ struct CommunicatorOptions {
   std::string master_addr;  // empty: MASTER_ADDR / ADAPTCOMM_MASTER_ADDR, else 127.0.0.1
   int master_port = 0;      // 0: MASTER_PORT / ADAPTCOMM_MASTER_PORT
   std::string store_token;  // empty: ADAPTCOMM_STORE_TOKEN (empty there too: no token)
+
+  // Flight recorder: the last `flight_recorder_entries` ops of this rank, dumped as JSON to
+  // flight_recorder_dir/flight.rank<R>.json on a timeout or fatal error, or by DumpFlightRecord().
+  // Empty dir: $ADAPTCOMM_FLIGHT_RECORDER_DIR, else $TMPDIR/adaptcomm-flight.
+  std::string flight_recorder_dir;
+  size_t flight_recorder_entries = 2048;
+  // After a failure, how long a rank waits for every other rank to report before naming the
+  // silent ones as dead or stalled.
+  absl::Duration failure_report_window = absl::Seconds(5);
 
   // Network interface for the Gloo transport. Empty: GLOO_SOCKET_IFNAME; if unset too, the local
   // address that routes to master_addr (loopback when the master is local).
@@ -146,6 +159,9 @@ class Communicator {
   // pairs so that they match (as with blocking MPI).
   Work Send(TensorView data, int peer, const P2POptions& options = {});
   Work Recv(TensorView data, int peer, const P2POptions& options = {});
+
+  // Writes this rank's flight record now; returns the file's path.
+  [[nodiscard]] absl::StatusOr<std::string> DumpFlightRecord(const std::string& reason);
 
   // OK, or the error that broke the communicator (it then fails every new op fast).
   absl::Status health() const;

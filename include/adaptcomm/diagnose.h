@@ -24,7 +24,7 @@ enum class CheckStatus { kPass, kWarn, kFail };
 const char* CheckStatusName(CheckStatus status);  // "pass", "warn", "fail"
 
 struct CheckResult {
-  std::string check;   // "gpu.count", "version.nccl", "env.NCCL_MAX_RINGS", "storage.fsync", ...
+  std::string check;  // "gpu.count", "version.nccl", "env.NCCL_MAX_RINGS", "storage.fsync", ...
   CheckStatus status = CheckStatus::kPass;
   std::string detail;  // what was found
   std::string fix;     // what to do (empty when passed)
@@ -41,9 +41,9 @@ struct DiagnoseOptions {
   // Storage: empty skips the checks. `checkpoint_bytes` are written, fsynced and read back.
   std::string checkpoint_dir;
   uint64_t checkpoint_bytes = 64ull << 20;
-  double min_write_mbps = 200;     // below: warn; below a tenth of it: fail
-  double min_read_mbps = 200;      // same
-  double max_fsync_ms = 100;       // above: warn; above ten times it: fail
+  double min_write_mbps = 200;  // below: warn; below a tenth of it: fail
+  double min_read_mbps = 200;   // same
+  double max_fsync_ms = 100;    // above: warn; above ten times it: fail
 
   // Data files; empty = found in the configuration directory (configs/).
   std::string compat_matrix_file;  // compat_matrix.yaml

@@ -147,13 +147,13 @@ struct MixedOptions {
 struct MixedStats {
   DType wire_used = DType::kBF16;  // differs from MixedOptions::wire after a resend
   bool resent = false;
-  size_t cast_overflow = 0;          // this rank: finite fp32 that became +-Inf in the wire cast
+  size_t cast_overflow = 0;           // this rank: finite fp32 that became +-Inf in the wire cast
   int64_t global_cast_overflow = -1;  // summed over ranks when they exchanged counts, else -1
-  size_t nonfinite_inputs = 0;       // this rank: NaN/Inf in the fp32 input
-  size_t result_nonfinite = 0;       // NaN/Inf in this rank's reduced wire result
-  absl::Duration cast_time;          // fp32 -> wire, wall time on this rank
-  absl::Duration collective_time;    // barriers + collective
-  absl::Duration cast_back_time;     // wire -> fp32 incl. scaling
+  size_t nonfinite_inputs = 0;        // this rank: NaN/Inf in the fp32 input
+  size_t result_nonfinite = 0;        // NaN/Inf in this rank's reduced wire result
+  absl::Duration cast_time;           // fp32 -> wire, wall time on this rank
+  absl::Duration collective_time;     // barriers + collective
+  absl::Duration cast_back_time;      // wire -> fp32 incl. scaling
 };
 
 // Removes its hook when destroyed (or on Remove()). May outlive the context.
@@ -168,7 +168,7 @@ class HookHandle {
   void Remove();
   bool active() const;
 
-  struct Registry;  // internal, defined in the library
+  struct Registry;                                            // internal, defined in the library
   HookHandle(std::weak_ptr<Registry> registry, uint64_t id);  // internal: use AddHook
 
  private:

@@ -425,13 +425,14 @@ absl::StatusOr<EffectiveConfig> ResolveFromText(const ResolveInputs& in, const N
     MergeInputs merge;
     for (const Layer* layer : layers) {
       for (const auto& [k, v] : layer->values) merge.values[k] = v;
-      for (const auto& [name, v] : layer->nccl) {
+      for (const auto& entry : layer->nccl) {
+        const std::string& name = entry.first;  // clang 14 cannot capture a structured binding
         auto it = std::find_if(merge.nccl.begin(), merge.nccl.end(),
                                [&](const auto& e) { return e.first == name; });
         if (it == merge.nccl.end()) {
-          merge.nccl.emplace_back(name, v);
+          merge.nccl.push_back(entry);
         } else {
-          it->second = v;
+          it->second = entry.second;
         }
       }
       merge.warnings.insert(merge.warnings.end(), layer->warnings.begin(), layer->warnings.end());

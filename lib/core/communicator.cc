@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "lib/core/backend_selection.h"
 #include "lib/core/communicator_impl.h"
 #include "lib/core/log.h"
 #include "lib/core/validate.h"
@@ -12,16 +13,42 @@ namespace adaptcomm {
 namespace internal {
 
 CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, Rendezvous rendezvous,
-                                   std::shared_ptr<OpExecutor> executor,
-                                   std::string selection_reason)
+                                   std::unique_ptr<Backend> backend, std::string selection_reason)
     : options_(std::move(options)),
       rendezvous_(std::move(rendezvous)),
-      executor_(std::move(executor)),
-      selection_reason_(std::move(selection_reason)) {}
+      selection_reason_(std::move(selection_reason)) {
+  trace::FlightRecorderOptions fr;
+  fr.rank = options_.rank;
+  fr.world_size = options_.world_size;
+  fr.communicator = options_.name;
+  fr.backend = backend->name();
+  fr.capacity = options_.flight_recorder_entries;
+  fr.dump_dir = options_.flight_recorder_dir.empty() ? trace::DefaultFlightRecorderDir()
+                                                     : options_.flight_recorder_dir;
+  recorder_ = std::make_shared<trace::FlightRecorder>(std::move(fr));
+  executor_ = std::make_shared<OpExecutor>(std::move(backend), ExecutorOptions{});
+  executor_->AddObserver(recorder_);
+  if (rendezvous_.store != nullptr) {
+    FailureCoordinatorOptions fc;
+    fc.rank = options_.rank;
+    fc.world_size = options_.world_size;
+    fc.name = options_.name;
+    fc.report_window = options_.failure_report_window;
+    coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
+    executor_->SetFailureHandler(coordinator_);
+  }
+  executor_->Start();
+  if (coordinator_ != nullptr) {
+    coordinator_->Start([executor = std::weak_ptr<OpExecutor>(executor_)](const absl::Status& s) {
+      if (auto e = executor.lock()) e->Abort(s);
+    });
+  }
+}
 
 CommunicatorImpl::~CommunicatorImpl() {
+  if (coordinator_ != nullptr) coordinator_->Stop();
   executor_->Shutdown();
-  LeaveRendezvous(rendezvous_, options_);
+  LeaveRendezvous(rendezvous_, options_, executor_->backend().health().ok());
 }
 
 Work CommunicatorImpl::Submit(OpDesc desc) {
@@ -69,29 +96,11 @@ struct BackendSelection {
 
 absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o, const Rendezvous& rv,
                                                absl::Time deadline) {
-  std::string reason;
-  switch (o.backend) {
-    case BackendChoice::kNccl:
-      return absl::FailedPreconditionError(
-          "backend=nccl requested, but this adaptcomm was built without its NCCL backend");
-    case BackendChoice::kAuto:
-      reason = "auto: NCCL backend not built into this adaptcomm, using gloo";
-      break;
-    case BackendChoice::kGloo:
-      reason = "backend=gloo requested";
-      break;
-  }
-  GlooBackendOptions gloo;
-  gloo.rank = o.rank;
-  gloo.size = o.world_size;
-  gloo.store = CreatePrefixStore("gloo", rv.store);
-  gloo.iface = rv.transport_iface;
-  gloo.hostname = rv.transport_host;
-  gloo.init_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-  gloo.default_timeout = o.timeout;
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(gloo);
-  if (!backend.ok()) return backend.status();
-  return BackendSelection{std::move(*backend), std::move(reason)};
+  // NCCL where every rank can use it, else Gloo on every rank (lib/core/backend_selection.h).
+  absl::StatusOr<selection::SelectedBackend> selected =
+      selection::SelectBackend(o, rv, deadline, /*api=*/nullptr);
+  if (!selected.ok()) return selected.status();
+  return BackendSelection{std::move(selected->backend), std::move(selected->reason)};
 }
 
 }  // namespace
@@ -109,19 +118,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
   if (!rv.ok()) return rv.status();
   absl::StatusOr<internal::BackendSelection> selected = internal::SelectBackend(o, *rv, deadline);
   if (!selected.ok()) {
-    internal::LeaveRendezvous(*rv, o);
+    internal::LeaveRendezvous(*rv, o, /*healthy=*/false);
     return selected.status();
   }
   ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "' rank ", o.rank, " of ", o.world_size,
                 ": backend ", selected->backend->name(), " (", selected->reason, "), ",
                 rv->description, ", rank/world from ", launch_source, ", op timeout ",
                 absl::FormatDuration(o.timeout));
-  auto executor = std::make_shared<internal::OpExecutor>(std::move(selected->backend),
-                                                         internal::ExecutorOptions{});
-  executor->Start();
   return std::unique_ptr<Communicator>(
-      new Communicator(std::make_unique<internal::CommunicatorImpl>(
-          std::move(o), std::move(*rv), std::move(executor), std::move(selected->reason))));
+      new Communicator(std::make_unique<internal::CommunicatorImpl>(std::move(o), std::move(*rv),
+                                                                    std::move(selected->backend),
+                                                                    std::move(selected->reason))));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::CreateWithBackend(
@@ -133,12 +140,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::CreateWithBackend(
   std::string unused;
   if (absl::Status s = internal::ResolveOptions(o, unused); !s.ok()) return s;
   std::string reason = absl::StrCat("backend ", backend->name(), " given by the caller");
-  auto executor =
-      std::make_shared<internal::OpExecutor>(std::move(backend), internal::ExecutorOptions{});
-  executor->Start();
   return std::unique_ptr<Communicator>(
       new Communicator(std::make_unique<internal::CommunicatorImpl>(
-          std::move(o), internal::Rendezvous{}, std::move(executor), std::move(reason))));
+          std::move(o), internal::Rendezvous{}, std::move(backend), std::move(reason))));
 }
 
 Communicator::Communicator(std::unique_ptr<internal::CommunicatorImpl> impl)
@@ -154,6 +158,9 @@ Capabilities Communicator::capabilities() const {
 }
 absl::Status Communicator::health() const { return impl_->executor().backend().health(); }
 void Communicator::Abort(const absl::Status& reason) { impl_->executor().Abort(reason); }
+absl::StatusOr<std::string> Communicator::DumpFlightRecord(const std::string& reason) {
+  return impl_->recorder().Dump(reason);
+}
 
 namespace {
 OpDesc InPlace(OpKind kind, TensorView data, absl::Duration timeout) {

@@ -7,15 +7,19 @@
 #include <string>
 
 #include "adaptcomm/communicator.h"
+#include "lib/core/failure_coordinator.h"
 #include "lib/core/op_executor.h"
 #include "lib/core/rendezvous.h"
+#include "lib/trace/flight_recorder.h"
 
 namespace adaptcomm::internal {
 
 class CommunicatorImpl {
  public:
+  // Builds the executor (with its flight recorder and, when there is a store, the failure
+  // coordinator) around `backend` and starts it.
   CommunicatorImpl(CommunicatorOptions options, Rendezvous rendezvous,
-                   std::shared_ptr<OpExecutor> executor, std::string selection_reason);
+                   std::unique_ptr<Backend> backend, std::string selection_reason);
   ~CommunicatorImpl();
 
   // Validates `desc` (generic rules, then the backend's), fills in the default timeout, queues it.
@@ -25,10 +29,13 @@ class CommunicatorImpl {
   OpExecutor& executor() { return *executor_; }
   const OpExecutor& executor() const { return *executor_; }
   const std::string& selection_reason() const { return selection_reason_; }
+  trace::FlightRecorder& recorder() { return *recorder_; }
 
  private:
   const CommunicatorOptions options_;
   Rendezvous rendezvous_;
+  std::shared_ptr<trace::FlightRecorder> recorder_;
+  std::shared_ptr<FailureCoordinator> coordinator_;  // null without a store
   std::shared_ptr<OpExecutor> executor_;
   const std::string selection_reason_;
 };

@@ -33,6 +33,7 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
   } else if (stopping_) {
     work->Finish(absl::FailedPreconditionError("communicator is shutting down"));
   } else {
+    for (const auto& o : observers_) o->OnEnqueue(work->desc(), work->enqueue_time());
     queue_.push_back(work);
   }
   return work;
@@ -47,22 +48,35 @@ void OpExecutor::RunHeadLocked() {
   std::shared_ptr<WorkImpl> work = std::move(queue_.front());
   queue_.pop_front();
   if (!work->MarkRunning()) return;  // finished by an abort while queued
+  busy_ = true;
   running_ = work;
-  running_since_ = absl::Now();
+  const absl::Time started = absl::Now();
+  running_since_ = started;
+  const OpDesc& desc = work->desc();
   mu_.Unlock();
-  absl::Status status = backend_->Run(work->desc());
-  mu_.Lock();
+  for (const auto& o : observers_) o->OnStart(desc, started);
+  absl::Status status = backend_->Run(desc);
   if (!status.ok()) {
-    ADAPTCOMM_LOG(kDebug, OpKindName(work->desc().kind), " #", work->desc().seq,
-                  " failed: ", status.ToString());
+    ADAPTCOMM_LOG(kDebug, OpKindName(desc.kind), " #", desc.seq, " failed: ", status.ToString());
+    if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status)) {
+      {
+        // The backend returned: the watchdog has nothing left to bound; the handler bounds itself.
+        absl::MutexLock lock(&mu_);
+        running_ = nullptr;
+      }
+      status = failure_handler_->OnOpFailure(desc, std::move(status));
+    }
   }
+  for (const auto& o : observers_) o->OnEnd(desc, status, absl::Now());
+  mu_.Lock();
   work->Finish(std::move(status));
   running_ = nullptr;
+  busy_ = false;
 }
 
 void OpExecutor::HelpUntil(const WorkImpl* target) {
   absl::MutexLock lock(&mu_);
-  while (!IsTerminal(target->state()) && !queue_.empty() && running_ == nullptr) {
+  while (!IsTerminal(target->state()) && !queue_.empty() && !busy_) {
     RunHeadLocked();
   }
 }
@@ -71,7 +85,7 @@ void OpExecutor::WorkerLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return (!queue_.empty() && running_ == nullptr) || (stopping_ && queue_.empty());
+      return (!queue_.empty() && !busy_) || (stopping_ && queue_.empty());
     };
     mu_.Await(absl::Condition(&ready));
     if (queue_.empty()) return;  // stopping and drained
@@ -83,7 +97,7 @@ void OpExecutor::WatchdogLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     auto idle_or_stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return running_ != nullptr || (stopping_ && queue_.empty());
+      return running_ != nullptr || (stopping_ && queue_.empty() && !busy_);
     };
     mu_.Await(absl::Condition(&idle_or_stop));
     if (running_ == nullptr) return;  // stopping, nothing left
@@ -142,7 +156,7 @@ void OpExecutor::Shutdown() {
   bool stuck;
   {
     absl::MutexLock lock(&mu_);
-    stuck = running_ != nullptr;
+    stuck = busy_;
   }
   if (worker_.joinable()) {
     if (stuck) {

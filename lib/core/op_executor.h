@@ -15,6 +15,7 @@
 #include <deque>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -22,6 +23,7 @@
 #include "absl/time/time.h"
 #include "adaptcomm/backend.h"
 #include "lib/core/work_impl.h"
+#include "lib/trace/op_observer.h"
 
 namespace adaptcomm::internal {
 
@@ -33,6 +35,15 @@ struct ExecutorOptions {
   absl::Duration abort_bound = absl::Seconds(5);
 };
 
+// Decides what a failed op's Work reports: called on the thread that ran the op, without the
+// executor's lock, for every failure except InvalidArgument (a caller bug, local to the call).
+// It may publish the failure, wait for the other ranks' reports, and enrich the status.
+class FailureHandler {
+ public:
+  virtual ~FailureHandler() = default;
+  virtual absl::Status OnOpFailure(const OpDesc& op, absl::Status status) = 0;
+};
+
 class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
  public:
   OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options);
@@ -40,6 +51,14 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   OpExecutor(const OpExecutor&) = delete;
   OpExecutor& operator=(const OpExecutor&) = delete;
 
+  // Shared: a worker abandoned inside a hung backend may still call them after Shutdown().
+  // REQUIRES: called before Start().
+  void AddObserver(std::shared_ptr<trace::OpObserver> observer) {
+    observers_.push_back(std::move(observer));
+  }
+  void SetFailureHandler(std::shared_ptr<FailureHandler> handler) {
+    failure_handler_ = std::move(handler);
+  }
   // Starts the worker and watchdog threads. Call once, right after construction.
   void Start();
   // Queues `desc` (seq assigned here) and returns its work.
@@ -59,7 +78,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
  private:
   void WorkerLoop();
   void WatchdogLoop();
-  // Pops the head and runs it. REQUIRES: mu_ held, queue non-empty, !running_. Releases mu_
+  // Pops the head and runs it. REQUIRES: mu_ held, queue non-empty, !busy_. Releases mu_
   // around the backend call.
   void RunHeadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -67,11 +86,14 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   const ExecutorOptions options_;
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<WorkImpl>> queue_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<WorkImpl> running_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a thread is inside RunHeadLocked's backend phase
+  std::shared_ptr<WorkImpl> running_ ABSL_GUARDED_BY(mu_);  // the op the watchdog bounds
   absl::Time running_since_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<trace::OpObserver>> observers_;  // fixed after Start()
+  std::shared_ptr<FailureHandler> failure_handler_;            // fixed after Start()
   std::thread worker_;
   std::thread watchdog_;
 };

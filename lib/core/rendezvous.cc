@@ -170,17 +170,18 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Ti
   return rv;
 }
 
-void LeaveRendezvous(Rendezvous& rv, const CommunicatorOptions& o) {
+void LeaveRendezvous(Rendezvous& rv, const CommunicatorOptions& o, bool healthy) {
   if (rv.root_store == nullptr) return;
   (void)rv.root_store->Delete(ClaimKey(o));
   absl::StatusOr<int64_t> left = rv.store->Add("left", 1);
   if (rv.server != nullptr && left.ok()) {
     // Serve until the others have left too, within a bound: a dead peer must not hold us here.
-    const absl::Time until = absl::Now() + std::min(o.init_timeout, absl::Seconds(30));
+    const absl::Time until =
+        absl::Now() + (healthy ? std::min(o.init_timeout, absl::Seconds(30)) : absl::Seconds(1));
     while (absl::Now() < until) {
       absl::StatusOr<int64_t> count = rv.store->Add("left", 0);
       if (!count.ok() || *count >= o.world_size) break;
-      absl::SleepFor(absl::Milliseconds(2));
+      absl::SleepFor(absl::Milliseconds(10));
     }
   }
   rv.store.reset();

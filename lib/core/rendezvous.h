@@ -27,7 +27,9 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& options, ab
 
 // Gives the name back and, on rank 0, keeps serving the store until every rank has left (bounded),
 // so that peers still finishing their own departure do not lose the store under them.
-void LeaveRendezvous(Rendezvous& rendezvous, const CommunicatorOptions& options);
+// `healthy`: whether the communicator ended healthy; a broken one waits only briefly, since a
+// dead peer will never leave.
+void LeaveRendezvous(Rendezvous& rendezvous, const CommunicatorOptions& options, bool healthy);
 
 }  // namespace adaptcomm::internal
 

@@ -2,8 +2,8 @@
 #include "adaptcomm/balance.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <utility>
 #include <vector>

@@ -13,8 +13,8 @@ std::string RenderCheckTable(const std::vector<CheckResult>& results) {
   size_t width = 5;
   for (const auto& r : results) width = std::max(width, r.check.size());
   width = std::min<size_t>(width, 40);
-  std::string out = absl::StrFormat("%-*s  %-6s %s\n", static_cast<int>(width), "CHECK", "STATUS",
-                                    "DETAIL");
+  std::string out =
+      absl::StrFormat("%-*s  %-6s %s\n", static_cast<int>(width), "CHECK", "STATUS", "DETAIL");
   int counts[3] = {0, 0, 0};
   for (const auto& r : results) {
     ++counts[static_cast<int>(r.status)];
@@ -26,8 +26,8 @@ std::string RenderCheckTable(const std::vector<CheckResult>& results) {
       absl::StrAppend(&out, std::string(width + 9, ' '), "fix: ", r.fix, "\n");
     }
   }
-  absl::StrAppend(&out, absl::StrFormat("\n%d pass, %d warn, %d fail\n", counts[0], counts[1],
-                                        counts[2]));
+  absl::StrAppend(
+      &out, absl::StrFormat("\n%d pass, %d warn, %d fail\n", counts[0], counts[1], counts[2]));
   return out;
 }
 

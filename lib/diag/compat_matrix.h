@@ -13,7 +13,7 @@
 namespace adaptcomm::diag {
 
 struct CompatMatrix {
-  std::map<std::string, std::string> toolkit_min_driver;  // "12.4" -> "550.54.14"
+  std::map<std::string, std::string> toolkit_min_driver;       // "12.4" -> "550.54.14"
   std::map<std::string, std::string> minor_compat_min_driver;  // "12" -> "525.60.13"
   std::string nccl_minimum, nccl_recommended;
   std::vector<std::pair<std::string, std::string>> nccl_notes;  // below version -> text

@@ -23,11 +23,12 @@ namespace {
 // getenv calls in lib/ and tools/.
 const std::set<std::string>& KnownNonNcclNames() {
   static const auto* names = new std::set<std::string>{
-      "ADAPTCOMM_CONFIG_DIR",   "ADAPTCOMM_LOG_FILE",      "ADAPTCOMM_LOG_LEVEL",
-      "ADAPTCOMM_MASTER_ADDR",  "ADAPTCOMM_MASTER_PORT",   "ADAPTCOMM_MODEL_SIZE",
-      "ADAPTCOMM_PROFILE",      "ADAPTCOMM_PROFILE_STRICT", "ADAPTCOMM_STORE_TOKEN",
-      "ADAPTCOMM_TRACE",        "ADAPTCOMM_TRACE_DIR",     "ADAPTCOMM_SOURCE_DIR",
-      "ADAPTCOMM_BINARY_DIR",   "GLOO_SOCKET_IFNAME",      "GLOO_DEVICE_TRANSPORT",
+      "ADAPTCOMM_BINARY_DIR",          "ADAPTCOMM_CONFIG_DIR",  "ADAPTCOMM_CUDA_DEVICE",
+      "ADAPTCOMM_FLIGHT_RECORDER_DIR", "ADAPTCOMM_LOG_FILE",    "ADAPTCOMM_LOG_LEVEL",
+      "ADAPTCOMM_MASTER_ADDR",         "ADAPTCOMM_MASTER_PORT", "ADAPTCOMM_MODEL_SIZE",
+      "ADAPTCOMM_NCCL_LIBRARY",        "ADAPTCOMM_PROFILE",     "ADAPTCOMM_PROFILE_STRICT",
+      "ADAPTCOMM_SOURCE_DIR",          "ADAPTCOMM_STORE_TOKEN", "ADAPTCOMM_TRACE",
+      "ADAPTCOMM_TRACE_DIR",           "GLOO_DEVICE_TRANSPORT", "GLOO_SOCKET_IFNAME",
   };
   return *names;
 }
@@ -81,9 +82,10 @@ std::vector<std::string> ResolveHost(const std::string& host) {
   if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
   for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
     char buf[INET6_ADDRSTRLEN] = {};
-    const void* src = a->ai_family == AF_INET
-                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
-                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    const void* src =
+        a->ai_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
     if (inet_ntop(a->ai_family, src, buf, sizeof(buf)) != nullptr &&
         std::find(out.begin(), out.end(), buf) == out.end()) {
       out.push_back(buf);
@@ -119,9 +121,9 @@ bool NcclIfnameMatches(const std::string& raw, const std::vector<Interface>& int
     if (i.up) return true;
     down.push_back(i.name);
   }
-  why = down.empty() ? absl::StrCat("matches no interface (up: ", UpInterfaces(interfaces), ")")
-                     : absl::StrCat("matches only interfaces that are down: ",
-                                    absl::StrJoin(down, ", "));
+  why = down.empty()
+            ? absl::StrCat("matches no interface (up: ", UpInterfaces(interfaces), ")")
+            : absl::StrCat("matches only interfaces that are down: ", absl::StrJoin(down, ", "));
   return false;
 }
 
@@ -162,7 +164,8 @@ std::vector<CheckResult> LintEnvironment(const EnvLintInput& in) {
       switch (p->status) {
         case config::ParamStatus::kNeverRead:
           add(check, CheckStatus::kFail,
-              absl::StrCat(name, " is dead: ", p->note.empty() ? "read by no NCCL version" : p->note),
+              absl::StrCat(name,
+                           " is dead: ", p->note.empty() ? "read by no NCCL version" : p->note),
               p->suggest.empty() ? "remove it" : absl::StrCat("use ", p->suggest, " instead"));
           continue;
         case config::ParamStatus::kDeprecated:
@@ -227,8 +230,9 @@ std::vector<CheckResult> LintEnvironment(const EnvLintInput& in) {
     ++clean;
   }
   add("env.summary", CheckStatus::kPass,
-      absl::StrCat(vars.size(), " NCCL_/GLOO_/ADAPTCOMM_ variable(s) set, ", clean, " clean",
-                   in.registry == nullptr ? " (NCCL registry unavailable: names not checked)" : ""));
+      absl::StrCat(
+          vars.size(), " NCCL_/GLOO_/ADAPTCOMM_ variable(s) set, ", clean, " clean",
+          in.registry == nullptr ? " (NCCL registry unavailable: names not checked)" : ""));
 
   if (in.multi_host) {
     if (in.hostname_addresses.empty()) {

@@ -22,7 +22,7 @@ struct Interface {
 std::vector<Interface> ListInterfaces();
 
 struct EnvLintInput {
-  std::vector<std::string> environment;  // "NAME=value"
+  std::vector<std::string> environment;            // "NAME=value"
   const config::NcclRegistry* registry = nullptr;  // null: NCCL names checked only for syntax
   std::vector<Interface> interfaces;
   bool multi_host = false;

@@ -172,7 +172,8 @@ GpuProbe ProbeGpus() {
 std::string TopologyMatrix(const GpuProbe& probe) {
   const size_t n = probe.gpus.size();
   std::string out = absl::StrFormat("%-6s", "");
-  for (size_t j = 0; j < n; ++j) absl::StrAppend(&out, absl::StrFormat("%-8s", "GPU" + std::to_string(j)));
+  for (size_t j = 0; j < n; ++j)
+    absl::StrAppend(&out, absl::StrFormat("%-8s", "GPU" + std::to_string(j)));
   absl::StrAppend(&out, "\n");
   for (size_t i = 0; i < n; ++i) {
     absl::StrAppend(&out, absl::StrFormat("%-6s", "GPU" + std::to_string(i)));

@@ -21,9 +21,9 @@ struct GpuInfo {
 
 struct GpuPair {
   int a = 0, b = 0;
-  std::string link;    // "NV#" style summary: "NVLink", "PIX", "PXB", "PHB", "NODE", "SYS"
+  std::string link;  // "NV#" style summary: "NVLink", "PIX", "PXB", "PHB", "NODE", "SYS"
   bool p2p_read = false;
-  std::string error;   // why the pair could not be queried
+  std::string error;  // why the pair could not be queried
 };
 
 struct GpuProbe {

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 
@@ -68,9 +69,7 @@ LibraryVersion Probe(const char* library, std::initializer_list<const char*> nam
 
 }  // namespace
 
-std::string CudaVersionText(int code) {
-  return absl::StrCat(code / 1000, ".", (code % 1000) / 10);
-}
+std::string CudaVersionText(int code) { return absl::StrCat(code / 1000, ".", (code % 1000) / 10); }
 
 std::string NcclVersionTextFromCode(int code) {
   if (code >= 10000) {
@@ -89,6 +88,14 @@ LibraryVersion ProbeCudaRuntime() {
                "cudaRuntimeGetVersion", false);
 }
 
-LibraryVersion ProbeNccl() { return Probe("NCCL", {"libnccl.so.2"}, "ncclGetVersion", true); }
+LibraryVersion ProbeNccl() {
+  // The backend loads $ADAPTCOMM_NCCL_LIBRARY when set: report that file, not the default one.
+  if (const char* env = std::getenv("ADAPTCOMM_NCCL_LIBRARY"); env != nullptr && *env != '\0') {
+    LibraryVersion v = Probe("NCCL", {env}, "ncclGetVersion", true);
+    if (!v.found) v.error = absl::StrCat("ADAPTCOMM_NCCL_LIBRARY=", env, ": ", v.error);
+    return v;
+  }
+  return Probe("NCCL", {"libnccl.so.2"}, "ncclGetVersion", true);
+}
 
 }  // namespace adaptcomm::diag

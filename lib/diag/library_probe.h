@@ -11,10 +11,10 @@ namespace adaptcomm::diag {
 struct LibraryVersion {
   std::string library;  // "CUDA driver", "CUDA runtime", "NCCL"
   bool found = false;
-  int code = 0;          // as the library reports it: 12040 (CUDA 12.4), 22809 (NCCL 2.28.9)
-  std::string version;   // "12.4", "2.28.9"
-  std::string path;      // the file loaded
-  std::string error;     // why not found / not usable
+  int code = 0;         // as the library reports it: 12040 (CUDA 12.4), 22809 (NCCL 2.28.9)
+  std::string version;  // "12.4", "2.28.9"
+  std::string path;     // the file loaded
+  std::string error;    // why not found / not usable
 };
 
 LibraryVersion ProbeCudaDriver();

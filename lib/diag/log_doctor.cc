@@ -30,7 +30,8 @@ const std::regex& BracketRank() {
   return *re;
 }
 const std::regex& NcclPrefix() {
-  static const auto* re = new std::regex(R"((?:^|[\s\]:])([A-Za-z0-9_.\-]+):(\d+):(\d+) \[(\d+)\])");
+  static const auto* re =
+      new std::regex(R"((?:^|[\s\]:])([A-Za-z0-9_.\-]+):(\d+):(\d+) \[(\d+)\])");
   return *re;
 }
 const std::regex& WordRank() {
@@ -38,8 +39,8 @@ const std::regex& WordRank() {
   return *re;
 }
 const std::regex& PeerAddress() {
-  static const auto* re = new std::regex(
-      R"((\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})(?:\]?:|<|, )(\d{1,5})\b)");
+  static const auto* re =
+      new std::regex(R"((\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})(?:\]?:|<|, )(\d{1,5})\b)");
   return *re;
 }
 

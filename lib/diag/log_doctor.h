@@ -32,7 +32,7 @@ struct CauseSummary {
   // "rank 3" (the trainer's rank), "node1 gpu3" (NCCL's host:pid:tid [dev] prefix: a CUDA
   // device, the local rank in one-process-per-GPU jobs) or "unknown" -> matching lines.
   std::map<std::string, uint64_t> origins;
-  uint64_t origins_dropped = 0;  // lines whose origin did not fit under the cap
+  uint64_t origins_dropped = 0;           // lines whose origin did not fit under the cap
   std::map<std::string, uint64_t> peers;  // "10.0.0.2:4711" -> lines naming it
   uint64_t peers_dropped = 0;
   std::string first_example;   // the first matching line, truncated

@@ -43,13 +43,14 @@ void CheckGpus(const DiagnoseOptions& o, const GpuProbe& probe, std::vector<Chec
   const int n = static_cast<int>(probe.gpus.size());
   std::string models;
   for (const auto& g : probe.gpus) {
-    if (models.find(g.name) == std::string::npos) absl::StrAppend(&models, models.empty() ? "" : ", ", g.name);
+    if (models.find(g.name) == std::string::npos)
+      absl::StrAppend(&models, models.empty() ? "" : ", ", g.name);
   }
-  const std::string detail = absl::StrCat(n, " GPU(s)", n ? ": " + models : "",
-                                          probe.driver_version.empty() ? "" : ", driver " + probe.driver_version);
+  const std::string detail =
+      absl::StrCat(n, " GPU(s)", n ? ": " + models : "",
+                   probe.driver_version.empty() ? "" : ", driver " + probe.driver_version);
   if (expect && n < o.expect_gpus) {
-    Add(out, "gpu.count", CheckStatus::kFail,
-        absl::StrCat(detail, "; expected ", o.expect_gpus),
+    Add(out, "gpu.count", CheckStatus::kFail, absl::StrCat(detail, "; expected ", o.expect_gpus),
         "check `nvidia-smi` for missing GPUs (Xid 79 'fallen off the bus', disabled devices) and "
         "CUDA_VISIBLE_DEVICES");
   } else {
@@ -64,8 +65,7 @@ void CheckGpus(const DiagnoseOptions& o, const GpuProbe& probe, std::vector<Chec
           absl::StrCat(mem, "; ", g.ecc_uncorrected, " uncorrected ECC error(s)"),
           "drain the node; check `nvidia-smi -q -d ECC,ROW_REMAPPER` and reset or replace the GPU");
     } else if (g.memory_total > 0 && g.memory_used > g.memory_total / 10) {
-      Add(out, check, CheckStatus::kWarn,
-          absl::StrCat(mem, " before training starts"),
+      Add(out, check, CheckStatus::kWarn, absl::StrCat(mem, " before training starts"),
           "another process holds GPU memory (`nvidia-smi`): NCCL may run out of memory");
     } else {
       Add(out, check, CheckStatus::kPass,
@@ -135,16 +135,17 @@ std::vector<CheckResult> RunPreflightChecks(const DiagnoseOptions& o) {
   CheckGpus(o, probe, out);
 
   progress("checking CUDA driver, CUDA runtime and NCCL versions");
-  const std::string matrix_path =
-      o.compat_matrix_file.empty() ? diag::FindConfigFile("compat_matrix.yaml") : o.compat_matrix_file;
+  const std::string matrix_path = o.compat_matrix_file.empty()
+                                      ? diag::FindConfigFile("compat_matrix.yaml")
+                                      : o.compat_matrix_file;
   auto matrix = diag::CompatMatrix::Load(matrix_path.empty() ? "compat_matrix.yaml" : matrix_path);
   if (!matrix.ok()) {
     Add(out, "version.matrix", CheckStatus::kWarn, std::string(matrix.status().message()),
         "pass the compatibility matrix (configs/compat_matrix.yaml) or set ADAPTCOMM_CONFIG_DIR");
   } else {
-    auto versions = diag::CheckVersions(*matrix, diag::ProbeCudaDriver(), probe.driver_version,
-                                        diag::ProbeCudaRuntime(), diag::ProbeNccl(),
-                                        o.expect_gpus > 0);
+    auto versions =
+        diag::CheckVersions(*matrix, diag::ProbeCudaDriver(), probe.driver_version,
+                            diag::ProbeCudaRuntime(), diag::ProbeNccl(), o.expect_gpus > 0);
     out.insert(out.end(), versions.begin(), versions.end());
   }
 

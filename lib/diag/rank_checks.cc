@@ -51,9 +51,9 @@ absl::StatusOr<std::vector<double>> TimeAllreduce(Communicator& comm, size_t cou
 // Every rank's `mine` (same length everywhere), rank-major.
 absl::StatusOr<std::vector<double>> AllgatherDoubles(Communicator& comm, std::vector<double> mine) {
   std::vector<double> all(mine.size() * static_cast<size_t>(comm.size()));
-  if (absl::Status s = comm.Allgather(HostView(mine.data(), mine.size()),
-                                      HostView(all.data(), all.size()))
-                           .Wait();
+  if (absl::Status s =
+          comm.Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size()))
+              .Wait();
       !s.ok()) {
     return s;
   }
@@ -98,9 +98,9 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
   std::vector<uint8_t> mine(kFingerprintBytes, 0);
   std::memcpy(mine.data(), o.versions.data(), std::min(o.versions.size(), kFingerprintBytes - 1));
   std::vector<uint8_t> all(kFingerprintBytes * static_cast<size_t>(n));
-  if (absl::Status s = comm.Allgather(HostView(mine.data(), mine.size()),
-                                      HostView(all.data(), all.size()))
-                           .Wait();
+  if (absl::Status s =
+          comm.Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size()))
+              .Wait();
       !s.ok()) {
     add("ranks.versions", CheckStatus::kFail, absl::StrCat("allgather failed: ", s.ToString()),
         "see ranks.store; a rank died or the network dropped");
@@ -200,7 +200,8 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
   std::vector<double> large_min;
   for (int i = 0; i < o.large_iters; ++i) {
     double lo = (*large_all)[i];
-    for (int r = 1; r < n; ++r) lo = std::min(lo, (*large_all)[static_cast<size_t>(r) * o.large_iters + i]);
+    for (int r = 1; r < n; ++r)
+      lo = std::min(lo, (*large_all)[static_cast<size_t>(r) * o.large_iters + i]);
     large_min.push_back(lo);
   }
   const double t_s = Median(large_min) / 1e3;

@@ -19,7 +19,7 @@ struct RankCheckOptions {
   size_t large_bytes = 16 << 20;
   int small_iters = 20;
   int large_iters = 4;
-  double min_busbw_gbps = 0.1;      // large allreduce below: warn
+  double min_busbw_gbps = 0.1;       // large allreduce below: warn
   double max_small_latency_ms = 50;  // small allreduce median above: warn
   // A rank whose arrival keeps everyone else waiting this long is named as the slow rank.
   double slow_rank_ms = 20;

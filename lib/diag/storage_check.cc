@@ -42,8 +42,7 @@ std::vector<CheckResult> CheckStorage(const DiagnoseOptions& o) {
   const std::string& dir = o.checkpoint_dir;
   struct statvfs vfs {};
   if (statvfs(dir.c_str(), &vfs) != 0) {
-    add("storage.access", CheckStatus::kFail,
-        absl::StrCat(dir, ": ", std::strerror(errno)),
+    add("storage.access", CheckStatus::kFail, absl::StrCat(dir, ": ", std::strerror(errno)),
         "create the checkpoint directory (shared storage mounted?) before training");
     return out;
   }
@@ -67,7 +66,8 @@ std::vector<CheckResult> CheckStorage(const DiagnoseOptions& o) {
   int write_errno = 0;
   const auto t0 = Clock::now();
   while (written < o.checkpoint_bytes) {
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(kBlock, o.checkpoint_bytes - written));
+    const size_t want =
+        static_cast<size_t>(std::min<uint64_t>(kBlock, o.checkpoint_bytes - written));
     const ssize_t n = write(fd, block.data(), want);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -153,8 +153,9 @@ std::vector<CheckResult> CheckStorage(const DiagnoseOptions& o) {
   add("storage.fsync", fs,
       absl::StrFormat("4 KiB write+fsync: mean %.2f ms, worst %.2f ms (threshold %.0f ms)",
                       total_ms / kRounds, worst_ms, o.max_fsync_ms),
-      fs == CheckStatus::kPass ? "" : "slow fsync stalls every checkpoint shard: check the "
-                                      "storage backend (NFS options, a busy disk)");
+      fs == CheckStatus::kPass ? ""
+                               : "slow fsync stalls every checkpoint shard: check the "
+                                 "storage backend (NFS options, a busy disk)");
   cleanup();
   return out;
 }

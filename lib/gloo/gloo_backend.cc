@@ -1,5 +1,8 @@
 #include "lib/gloo/gloo_backend.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -82,6 +85,52 @@ class AbortableContext final : public ::gloo::rendezvous::Context {
       AdaptcommGlooTcpContextSignalException(static_cast<void*>(transportContext_.get()), message);
     }
   }
+};
+
+// Gloo writes to its sockets with writev(2), not send(MSG_NOSIGNAL): a write to a peer that has
+// gone away raises SIGPIPE, whose default action kills the whole trainer instead of letting the
+// op fail with "Connection closed by peer". SIGPIPE from a write goes to the writing thread, and
+// Gloo writes from two kinds of threads: the caller of an op (in place, the fast path) and the
+// device's event-loop thread (which inherits the signal mask of the thread that creates the
+// device). Blocking SIGPIPE in exactly those threads keeps the process-wide disposition (which
+// belongs to the application) untouched; the write then fails with EPIPE.
+void BlockSigpipeInThisThread() {
+  thread_local bool blocked = false;
+  if (blocked) return;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  blocked = true;
+}
+
+// Blocks SIGPIPE for the scope (for threads started inside it), then restores the caller's mask.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &previous_);
+  }
+  ~ScopedSigpipeBlock() {
+    // A SIGPIPE raised inside the scope is pending now; unblocking would deliver it.
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, SIGPIPE);
+      const timespec zero{0, 0};
+      sigtimedwait(&set, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t previous_;
 };
 
 bool IsReduction(OpKind kind) {
@@ -285,12 +334,9 @@ void GlooBackend::Abort(const absl::Status& reason) {
     if (aborted_) return;
     aborted_ = true;
     const std::string why = reason.ok() ? std::string("no reason given") : reason.ToString();
-    if (broken_.ok()) {
-      broken_ = absl::AbortedError(absl::StrCat("gloo backend aborted: ", why));
-    } else {
-      broken_ = absl::AbortedError(absl::StrCat("gloo backend aborted: ", why,
-                                                " (already broken: ", broken_.ToString(), ")"));
-    }
+    // A backend already broken keeps the error that broke it (a communicator typically aborts
+    // after a timeout; health() must still say DeadlineExceeded).
+    if (broken_.ok()) broken_ = absl::AbortedError(absl::StrCat("gloo backend aborted: ", why));
   }
   ADAPTCOMM_LOG(kInfo, "gloo backend rank ", rank_, " aborting: ", reason.ToString());
   try {
@@ -311,6 +357,7 @@ absl::Status GlooBackend::Run(const OpDesc& op) {
     }
   }
   if (absl::Status s = Supports(op); !s.ok()) return s;
+  BlockSigpipeInThisThread();
   // Built only on failure: the success path of a small allreduce must not allocate.
   auto what = [&op] { return absl::StrCat("gloo ", OpKindName(op.kind), " seq ", op.seq); };
   try {
@@ -602,6 +649,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const GlooBackendOpti
     attr.hostname = options.hostname;
     where = absl::StrCat("host ", options.hostname);
   }
+  // The device starts its event-loop thread, which inherits this mask (see above); connecting
+  // may write too.
+  ScopedSigpipeBlock no_sigpipe;
   std::shared_ptr<::gloo::transport::Device> device;
   try {
     device = ::gloo::transport::tcp::CreateDevice(attr);

@@ -281,10 +281,9 @@ absl::Status CastJob::Wait(absl::Duration bound) {
   absl::MutexLock lock(&mu_);
   auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return finished_ == chunks_; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&all_done), bound)) {
-    return absl::DeadlineExceededError(absl::StrCat("cast of ", request_.count, " elements: ",
-                                                    chunks_ - finished_, " of ", chunks_,
-                                                    " chunks unfinished after ",
-                                                    absl::FormatDuration(bound)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("cast of ", request_.count, " elements: ", chunks_ - finished_, " of ",
+                     chunks_, " chunks unfinished after ", absl::FormatDuration(bound)));
   }
   return absl::OkStatus();
 }
@@ -306,8 +305,7 @@ std::shared_ptr<CastJob> StartCast(const CastRequest& request) {
     const int want = request.threads > 0
                          ? request.threads
                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    chunks = static_cast<int>(
-        std::min<size_t>(std::min(want, 64), request.count / kChunkAlign));
+    chunks = static_cast<int>(std::min<size_t>(std::min(want, 64), request.count / kChunkAlign));
   }
   auto job = std::make_shared<CastJob>(request, std::max(chunks, 1));
   pool.Post(job, std::min(job->chunks(), pool.workers()));

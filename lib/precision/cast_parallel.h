@@ -33,9 +33,9 @@ struct CastRequest {
   const void* src = nullptr;
   void* dst = nullptr;
   size_t count = 0;
-  float scale = 1.0f;  // widening only
-  int blocks = 1;            // accumulate only
-  size_t block_stride = 0;   // accumulate only, in elements
+  float scale = 1.0f;       // widening only
+  int blocks = 1;           // accumulate only
+  size_t block_stride = 0;  // accumulate only, in elements
   // Inputs of at least this many bytes are split into up to `threads` chunks (0: one per core).
   size_t parallel_min_bytes = size_t{4} << 20;
   int threads = 0;

@@ -40,7 +40,7 @@ uint16_t F32BitsToF16(uint32_t x) {
   const uint32_t a = x & kF32AbsMask;
   if (a > kF32Inf) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
   if (a >= kF16OverflowBits) return static_cast<uint16_t>(sign | 0x7c00u);  // also Inf itself
-  if (a >= 0x38800000u) {  // >= 2^-14: an fp16 normal
+  if (a >= 0x38800000u) {                   // >= 2^-14: an fp16 normal
     uint32_t h = (a >> 13) - (112u << 10);  // rebias the exponent 127 -> 15
     const uint32_t rem = a & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // may carry into the exponent
@@ -129,12 +129,23 @@ CastStats F16ToF32Scalar(const uint16_t* src, float* dst, size_t n, float scale)
   return s;
 }
 
+namespace {
+// Which NaN an add returns when both operands are NaN depends on the operand order, and compilers
+// commute float adds freely; a NaN accumulator is therefore kept explicitly (quieted) on every
+// path, so the bits do not depend on code generation.
+inline float AddKeepingAccNaN(float acc, float w) {
+  const uint32_t a = BitsOf(acc);
+  if ((a & kF32AbsMask) > kF32Inf) return FloatOf(a | kF32QuietBit);
+  return acc + w;
+}
+}  // namespace
+
 void AccumulateBF16Scalar(const uint16_t* src, float* acc, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + FloatOf(BF16ToF32Bits(src[i]));
+  for (size_t i = 0; i < n; ++i) acc[i] = AddKeepingAccNaN(acc[i], FloatOf(BF16ToF32Bits(src[i])));
 }
 
 void AccumulateF16Scalar(const uint16_t* src, float* acc, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + FloatOf(F16ToF32Bits(src[i]));
+  for (size_t i = 0; i < n; ++i) acc[i] = AddKeepingAccNaN(acc[i], FloatOf(F16ToF32Bits(src[i])));
 }
 
 }  // namespace adaptcomm::precision

@@ -82,8 +82,8 @@ __attribute__((target("avx2"))) inline __m256i BF16Round8(__m256i x) {
   const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(kInf));
   const __m256i hi = _mm256_srli_epi32(x, 16);
   const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
   const __m256i nan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
   return _mm256_blendv_epi8(rounded, nan, is_nan);
 }
@@ -186,22 +186,21 @@ __attribute__((target("avx2,f16c"))) CastStats F16ToF32Avx2(const uint16_t* src,
 namespace {
 
 __attribute__((target(ADAPTCOMM_AVX512))) inline __mmask16 TailMask(size_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xffff)
-                    : static_cast<__mmask16>((1u << left) - 1u);
+  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
 }
 
 __attribute__((target(ADAPTCOMM_AVX512))) inline __m512i BF16Round16(__m512i x, __mmask16 is_nan) {
   const __m512i hi = _mm512_srli_epi32(x, 16);
   const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
   return _mm512_mask_or_epi32(rounded, is_nan, hi, _mm512_set1_epi32(0x40));
 }
 
 }  // namespace
 
-__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToBF16Avx512(const float* src,
-                                                                    uint16_t* dst, size_t n) {
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToBF16Avx512(const float* src, uint16_t* dst,
+                                                                    size_t n) {
   CastStats s;
   s.count = n;
   const __m512i abs_mask = _mm512_set1_epi32(kAbsMask);
@@ -240,8 +239,8 @@ __attribute__((target(ADAPTCOMM_AVX512 ",avx512bf16"))) CastStats F32ToBF16Avx51
     s.overflow += __builtin_popcount(_mm512_mask_cmpgt_epi32_mask(~nonfinite, abs, over));
     __m256i r = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_castsi512_ps(x)));
     // Denormal inputs (exponent 0, mantissa != 0): the instruction flushed them; redo them.
-    const __mmask16 denormal = _mm512_mask_cmpneq_epi32_mask(
-        _mm512_testn_epi32_mask(x, exp_mask), abs, _mm512_setzero_si512());
+    const __mmask16 denormal = _mm512_mask_cmpneq_epi32_mask(_mm512_testn_epi32_mask(x, exp_mask),
+                                                             abs, _mm512_setzero_si512());
     if (denormal != 0) {
       const __m256i fixed =
           _mm512_cvtepi32_epi16(BF16Round16(x, _mm512_cmpgt_epi32_mask(abs, inf)));
@@ -252,8 +251,8 @@ __attribute__((target(ADAPTCOMM_AVX512 ",avx512bf16"))) CastStats F32ToBF16Avx51
   return s;
 }
 
-__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToF16Avx512(const float* src,
-                                                                   uint16_t* dst, size_t n) {
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToF16Avx512(const float* src, uint16_t* dst,
+                                                                   size_t n) {
   CastStats s;
   s.count = n;
   const __m512i abs_mask = _mm512_set1_epi32(kAbsMask);
@@ -272,9 +271,8 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToF16Avx512(const float* 
   return s;
 }
 
-__attribute__((target(ADAPTCOMM_AVX512))) CastStats BF16ToF32Avx512(const uint16_t* src,
-                                                                    float* dst, size_t n,
-                                                                    float scale) {
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats BF16ToF32Avx512(const uint16_t* src, float* dst,
+                                                                    size_t n, float scale) {
   CastStats s;
   s.count = n;
   const __m512i abs_mask = _mm512_set1_epi32(kAbsMask);
@@ -297,9 +295,8 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats BF16ToF32Avx512(const uint16
   return s;
 }
 
-__attribute__((target(ADAPTCOMM_AVX512))) CastStats F16ToF32Avx512(const uint16_t* src,
-                                                                   float* dst, size_t n,
-                                                                   float scale) {
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F16ToF32Avx512(const uint16_t* src, float* dst,
+                                                                   size_t n, float scale) {
   CastStats s;
   s.count = n;
   const __m512i abs_mask = _mm512_set1_epi32(kAbsMask);
@@ -317,8 +314,22 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats F16ToF32Avx512(const uint16_
   return s;
 }
 
-__attribute__((target(ADAPTCOMM_AVX512))) void AccumulateBF16Avx512(const uint16_t* src,
-                                                                    float* acc, size_t n) {
+// A NaN accumulator stays itself (quieted) whatever operand order the compiler picks for the add;
+// see AddKeepingAccNaN in cast_scalar.cc.
+__attribute__((target(ADAPTCOMM_AVX512))) inline __m512 AddKeepingAccNaN512(__m512 acc, __m512 w) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(acc, acc, _CMP_UNORD_Q);
+  const __m512i quieted = _mm512_or_si512(_mm512_castps_si512(acc), _mm512_set1_epi32(0x00400000));
+  return _mm512_mask_blend_ps(nan, _mm512_add_ps(acc, w), _mm512_castsi512_ps(quieted));
+}
+
+__attribute__((target("avx2"))) inline __m256 AddKeepingAccNaN256(__m256 acc, __m256 w) {
+  const __m256 nan = _mm256_cmp_ps(acc, acc, _CMP_UNORD_Q);
+  const __m256 quieted = _mm256_or_ps(acc, _mm256_castsi256_ps(_mm256_set1_epi32(0x00400000)));
+  return _mm256_blendv_ps(_mm256_add_ps(acc, w), quieted, nan);
+}
+
+__attribute__((target(ADAPTCOMM_AVX512))) void AccumulateBF16Avx512(const uint16_t* src, float* acc,
+                                                                    size_t n) {
   const __m512i abs_mask = _mm512_set1_epi32(kAbsMask);
   const __m512i inf = _mm512_set1_epi32(kInf);
   const __m512i quiet = _mm512_set1_epi32(0x00400000);
@@ -327,17 +338,17 @@ __attribute__((target(ADAPTCOMM_AVX512))) void AccumulateBF16Avx512(const uint16
     __m512i x = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + i)), 16);
     const __m512i abs = _mm512_and_si512(x, abs_mask);
     x = _mm512_mask_or_epi32(x, _mm512_cmpgt_epi32_mask(abs, inf), x, quiet);
-    const __m512 sum = _mm512_add_ps(_mm512_maskz_loadu_ps(m, acc + i), _mm512_castsi512_ps(x));
-    _mm512_mask_storeu_ps(acc + i, m, sum);
+    _mm512_mask_storeu_ps(
+        acc + i, m, AddKeepingAccNaN512(_mm512_maskz_loadu_ps(m, acc + i), _mm512_castsi512_ps(x)));
   }
 }
 
-__attribute__((target(ADAPTCOMM_AVX512))) void AccumulateF16Avx512(const uint16_t* src,
-                                                                   float* acc, size_t n) {
+__attribute__((target(ADAPTCOMM_AVX512))) void AccumulateF16Avx512(const uint16_t* src, float* acc,
+                                                                   size_t n) {
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
     const __m512 w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i));
-    _mm512_mask_storeu_ps(acc + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, acc + i), w));
+    _mm512_mask_storeu_ps(acc + i, m, AddKeepingAccNaN512(_mm512_maskz_loadu_ps(m, acc + i), w));
   }
 }
 
@@ -352,7 +363,8 @@ __attribute__((target("avx2,f16c"))) void AccumulateBF16Avx2(const uint16_t* src
     __m256i x = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
     const __m256i abs = _mm256_and_si256(x, abs_mask);
     x = _mm256_or_si256(x, _mm256_and_si256(_mm256_cmpgt_epi32(abs, inf), quiet));
-    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_castsi256_ps(x)));
+    _mm256_storeu_ps(acc + i,
+                     AddKeepingAccNaN256(_mm256_loadu_ps(acc + i), _mm256_castsi256_ps(x)));
   }
   AccumulateBF16Scalar(src + i, acc + i, n - i);
 }
@@ -362,7 +374,7 @@ __attribute__((target("avx2,f16c"))) void AccumulateF16Avx2(const uint16_t* src,
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), w));
+    _mm256_storeu_ps(acc + i, AddKeepingAccNaN256(_mm256_loadu_ps(acc + i), w));
   }
   AccumulateF16Scalar(src + i, acc + i, n - i);
 }

@@ -126,7 +126,7 @@ struct MixedPrecisionContext::State {
   // Scratch: the wire data this rank sends, and what it receives when that differs in size.
   std::vector<uint16_t> wire_in ABSL_GUARDED_BY(call_mu);
   std::vector<uint16_t> wire_out ABSL_GUARDED_BY(call_mu);
-  std::vector<float> acc ABSL_GUARDED_BY(call_mu);           // fp32 sums of this rank's block
+  std::vector<float> acc ABSL_GUARDED_BY(call_mu);            // fp32 sums of this rank's block
   std::vector<uint16_t> wire_block ABSL_GUARDED_BY(call_mu);  // the sums rounded to the wire
   std::vector<int64_t> fp_local ABSL_GUARDED_BY(call_mu);
   std::vector<int64_t> fp_all ABSL_GUARDED_BY(call_mu);
@@ -176,9 +176,9 @@ enum FingerprintField : int {
 
 std::string DescribeFingerprint(const int64_t* f) {
   return absl::StrCat(OpKindName(static_cast<OpKind>(f[kFpKind])), " ",
-                      ReduceOpName(static_cast<ReduceOp>(f[kFpOp])), " wire=",
-                      DTypeName(static_cast<DType>(f[kFpWire])), " count=", f[kFpCountIn], "->",
-                      f[kFpCountOut], " seq=", f[kFpSeq]);
+                      ReduceOpName(static_cast<ReduceOp>(f[kFpOp])),
+                      " wire=", DTypeName(static_cast<DType>(f[kFpWire])), " count=", f[kFpCountIn],
+                      "->", f[kFpCountOut], " seq=", f[kFpSeq]);
 }
 
 }  // namespace
@@ -217,15 +217,15 @@ struct MixedOpRunner {
         (*e.fn)(info);
       } catch (const std::exception& ex) {
         if (hook_failure.ok()) {
-          hook_failure = absl::AbortedError(absl::StrCat("mixed-precision hook '", e.name, "' at ",
-                                                         HookPointName(point), " threw: ",
-                                                         ex.what()));
+          hook_failure =
+              absl::AbortedError(absl::StrCat("mixed-precision hook '", e.name, "' at ",
+                                              HookPointName(point), " threw: ", ex.what()));
         }
       } catch (...) {
         if (hook_failure.ok()) {
-          hook_failure = absl::AbortedError(absl::StrCat("mixed-precision hook '", e.name, "' at ",
-                                                         HookPointName(point),
-                                                         " threw a non-std exception"));
+          hook_failure =
+              absl::AbortedError(absl::StrCat("mixed-precision hook '", e.name, "' at ",
+                                              HookPointName(point), " threw a non-std exception"));
         }
       }
     }
@@ -355,11 +355,10 @@ struct MixedOpRunner {
     if (st.wire_out.size() < total) st.wire_out.resize(total);
     AlltoallOptions ao;
     ao.timeout = opts.timeout;
-    absl::Status s = comm.Alltoall(TensorView{wire_in, total, wire, Device::Cpu(), nullptr},
-                                   TensorView{st.wire_out.data(), total, wire, Device::Cpu(),
-                                              nullptr},
-                                   ao)
-                         .Wait();
+    absl::Status s =
+        comm.Alltoall(TensorView{wire_in, total, wire, Device::Cpu(), nullptr},
+                      TensorView{st.wire_out.data(), total, wire, Device::Cpu(), nullptr}, ao)
+            .Wait();
     if (late_job != nullptr) JoinLate(late_job, s);
     if (!s.ok()) return s;
     precision::CastRequest acc;
@@ -386,8 +385,8 @@ struct MixedOpRunner {
     acc.dst = st.acc.data();
     if (absl::Status js = precision::StartCast(acc)->Join(); !js.ok()) return js;
     precision::CastRequest narrow;
-    narrow.kind = wire == DType::kF16 ? precision::CastKind::kF32ToF16
-                                      : precision::CastKind::kF32ToBF16;
+    narrow.kind =
+        wire == DType::kF16 ? precision::CastKind::kF32ToF16 : precision::CastKind::kF32ToBF16;
     narrow.src = st.acc.data();
     narrow.dst = st.wire_block.data();
     narrow.count = block;
@@ -434,8 +433,8 @@ struct MixedOpRunner {
     const absl::Time t0 = absl::Now();
     CallHooks(HookPoint::kBeforeCast, wire, wire_in, in_count);
     precision::CastRequest req;
-    req.kind = wire == DType::kF16 ? precision::CastKind::kF32ToF16
-                                   : precision::CastKind::kF32ToBF16;
+    req.kind =
+        wire == DType::kF16 ? precision::CastKind::kF32ToF16 : precision::CastKind::kF32ToBF16;
     req.src = input.data;
     req.dst = wire_in;
     req.count = in_count;
@@ -519,8 +518,8 @@ struct MixedOpRunner {
 
     // 7. cast back, scale in fp32
     precision::CastRequest back;
-    back.kind = wire == DType::kF16 ? precision::CastKind::kF16ToF32
-                                    : precision::CastKind::kBF16ToF32;
+    back.kind =
+        wire == DType::kF16 ? precision::CastKind::kF16ToF32 : precision::CastKind::kBF16ToF32;
     back.src = wire_out;
     back.dst = output.data;
     back.count = result_count;
@@ -546,8 +545,8 @@ struct MixedOpRunner {
 
 namespace {
 
-absl::Status Validate(Communicator& comm, OpKind kind, const TensorView& in,
-                      const TensorView& out, const MixedOptions& opts) {
+absl::Status Validate(Communicator& comm, OpKind kind, const TensorView& in, const TensorView& out,
+                      const MixedOptions& opts) {
   const char* name = OpKindName(kind);
   for (const TensorView* v : {&in, &out}) {
     if (v->dtype != DType::kF32) {

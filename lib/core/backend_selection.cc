@@ -1,0 +1,264 @@
+#include "lib/core/backend_selection.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "lib/core/log.h"
+#include "lib/gloo/gloo_backend.h"
+#include "lib/nccl/nccl_backend.h"
+#include "lib/nccl/staged_backend.h"
+
+namespace adaptcomm::internal::selection {
+namespace {
+
+constexpr char kYes[] = "ok";
+constexpr char kNoPrefix[] = "no:";
+
+// The APIs this rank can use; a null one comes with the reason it is missing.
+struct Apis {
+  std::shared_ptr<nccl::CudaApi> cuda;
+  std::string cuda_error;
+  std::shared_ptr<nccl::NcclApi> nccl;
+  std::string nccl_error;
+};
+
+Apis LoadApis(const SelectionDeps& deps, bool want_nccl) {
+  Apis a;
+  if (deps.use_given_apis) {
+    a.nccl = deps.nccl;
+    a.cuda = deps.cuda != nullptr ? deps.cuda : std::shared_ptr<nccl::CudaApi>(deps.nccl);
+    if (a.cuda == nullptr) a.cuda_error = "no CUDA runtime given";
+    if (a.nccl == nullptr) a.nccl_error = std::string(deps.nccl_load_error.message());
+    return a;
+  }
+  absl::StatusOr<std::shared_ptr<nccl::CudaApi>> cuda = nccl::LoadCudaApi();
+  if (cuda.ok()) {
+    a.cuda = *cuda;
+  } else {
+    a.cuda_error = std::string(cuda.status().message());
+  }
+  if (want_nccl) {
+    absl::StatusOr<std::shared_ptr<nccl::NcclApi>> api = nccl::LoadNcclApi(deps.nccl_library);
+    if (api.ok()) {
+      a.nccl = *api;
+    } else {
+      a.nccl_error = std::string(api.status().message());
+    }
+  }
+  return a;
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  int n = 0;
+  if (v != nullptr && absl::SimpleAtoi(v, &n) && n >= 0) return n;
+  return fallback;
+}
+
+int ChooseDevice(const SelectionDeps& deps) {
+  if (deps.device >= 0) return deps.device;
+  int d = EnvInt("ADAPTCOMM_CUDA_DEVICE", -1);
+  if (d < 0) d = EnvInt("LOCAL_RANK", -1);
+  if (d < 0) d = EnvInt("OMPI_COMM_WORLD_LOCAL_RANK", -1);
+  if (d < 0) d = EnvInt("SLURM_LOCALID", -1);
+  return d < 0 ? 0 : d;
+}
+
+int VisibleDevices(nccl::CudaApi* cuda) {
+  int count = 0;
+  if (cuda == nullptr || cuda->GetDeviceCount(&count) != nccl::kCudaSuccess) return 0;
+  return count;
+}
+
+// OK, or why this rank cannot run NCCL. Also describes the NCCL found, for the reason text.
+absl::Status LocalCapability(const Apis& apis, const SelectionDeps& deps, int device,
+                             std::string* found) {
+  if (apis.cuda == nullptr) return absl::FailedPreconditionError(apis.cuda_error);
+  if (apis.nccl == nullptr) return absl::UnavailableError(apis.nccl_error);
+  int version = 0;
+  if (nccl::NcclResult r = apis.nccl->GetVersion(&version); r != nccl::NcclResult::kSuccess) {
+    return absl::UnavailableError(absl::StrCat("ncclGetVersion of ", apis.nccl->library_path(),
+                                               " failed: ", nccl::NcclResultName(r)));
+  }
+  *found =
+      absl::StrCat("NCCL ", nccl::NcclVersionString(version), " from ", apis.nccl->library_path());
+  if (nccl::NormalizeNcclVersion(version) < nccl::NormalizeNcclVersion(deps.min_nccl_version)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(*found, " is older than the minimum NCCL ",
+                     nccl::NcclVersionString(deps.min_nccl_version)));
+  }
+  int count = 0;
+  if (int e = apis.cuda->GetDeviceCount(&count); e != nccl::kCudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device (cudaGetDeviceCount: ",
+                     e != nccl::kCudaSuccess ? apis.cuda->ErrorString(e) : std::string("0 devices"),
+                     "); ", *found));
+  }
+  if (device >= count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA device cuda:", device, " does not exist (", count, " visible); ", *found));
+  }
+  return absl::OkStatus();
+}
+
+// Publishes this rank's verdict under `phase` and reads every rank's. Returns the failures as
+// (rank, reason); an error if some rank never reported by the deadline.
+absl::StatusOr<std::vector<std::pair<int, std::string>>> Exchange(Store& store,
+                                                                  const std::string& phase,
+                                                                  int rank, int world,
+                                                                  const absl::Status& mine,
+                                                                  absl::Time deadline) {
+  const std::string value = mine.ok() ? std::string(kYes) : absl::StrCat(kNoPrefix, mine.message());
+  if (absl::Status s = store.Set(absl::StrCat("select/", phase, "/", rank), value); !s.ok()) {
+    return s;
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat("select/", phase, "/", r));
+  if (absl::Status s = store.Wait(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("backend selection (", phase,
+                                               "): not every rank reported: ", s.message()));
+  }
+  std::vector<std::pair<int, std::string>> failed;
+  for (int r = 0; r < world; ++r) {
+    absl::StatusOr<std::string> v = store.Get(keys[r], absl::Seconds(1));
+    if (!v.ok()) return v.status();
+    if (*v != kYes) {
+      failed.emplace_back(r, v->substr(std::min(v->size(), sizeof(kNoPrefix) - 1)));
+    }
+  }
+  return failed;
+}
+
+// "rank 3: reason" or "ranks 0, 1, 2: reason", identical reasons grouped, "; "-separated.
+std::string DescribeFailures(const std::vector<std::pair<int, std::string>>& failed) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (const auto& [rank, reason] : failed) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == reason; });
+    if (it == groups.end()) {
+      groups.push_back({reason, {rank}});
+    } else {
+      it->second.push_back(rank);
+    }
+  }
+  std::vector<std::string> parts;
+  for (const auto& [reason, ranks] : groups) {
+    std::vector<int> shown(ranks.begin(), ranks.begin() + std::min<size_t>(ranks.size(), 8));
+    std::string who =
+        absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(shown, ", "));
+    if (ranks.size() > shown.size())
+      absl::StrAppend(&who, " and ", ranks.size() - shown.size(), " more");
+    parts.push_back(absl::StrCat(who, ": ", reason));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
+                                                   const Rendezvous& rv, absl::Time deadline,
+                                                   const Apis& apis, std::string* staging_note) {
+  GlooBackendOptions gloo;
+  gloo.rank = o.rank;
+  gloo.size = o.world_size;
+  gloo.store = CreatePrefixStore("gloo", rv.store);
+  gloo.iface = rv.transport_iface;
+  gloo.hostname = rv.transport_host;
+  if (gloo.iface.empty() && gloo.hostname.empty()) gloo.hostname = "127.0.0.1";
+  gloo.init_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  gloo.default_timeout = o.timeout;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(gloo);
+  if (!backend.ok()) return backend.status();
+  if (VisibleDevices(apis.cuda.get()) == 0) return backend;
+  absl::StatusOr<std::unique_ptr<Backend>> staged =
+      nccl::CreateStagedBackend(std::move(*backend), apis.cuda);
+  if (!staged.ok()) return staged.status();
+  *staging_note = ", CUDA buffers staged through pinned host memory";
+  return staged;
+}
+
+}  // namespace
+
+absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
+                                                  const Rendezvous& rv, absl::Time deadline,
+                                                  const SelectionDeps& deps) {
+  if (rv.store == nullptr) return absl::InvalidArgumentError("backend selection: no store");
+  std::string staging;
+  if (o.backend == BackendChoice::kGloo) {
+    Apis apis = LoadApis(deps, /*want_nccl=*/false);
+    absl::StatusOr<std::unique_ptr<Backend>> gloo = BuildGloo(o, rv, deadline, apis, &staging);
+    if (!gloo.ok()) return gloo.status();
+    return SelectedBackend{std::move(*gloo), absl::StrCat("backend=gloo requested", staging)};
+  }
+
+  const std::string asked = absl::StrCat("backend=", BackendChoiceName(o.backend));
+  const Apis apis = LoadApis(deps, /*want_nccl=*/true);
+  const int device = ChooseDevice(deps);
+  std::string found;
+  const absl::Status mine = LocalCapability(apis, deps, device, &found);
+  absl::StatusOr<std::vector<std::pair<int, std::string>>> failed =
+      Exchange(*rv.store, "cap", o.rank, o.world_size, mine, deadline);
+  if (!failed.ok()) return failed.status();
+
+  std::unique_ptr<Backend> nccl_backend;
+  if (failed->empty()) {
+    nccl::NcclBackendOptions no;
+    no.rank = o.rank;
+    no.size = o.world_size;
+    no.device = device;
+    no.store = rv.store;
+    // Half of the time left: a hung init still leaves time to agree and build Gloo.
+    no.init_timeout = std::max((deadline - absl::Now()) / 2, absl::Milliseconds(1));
+    int version = 0;
+    (void)apis.nccl->GetVersion(&version);
+    std::vector<std::string> notes;
+    no.config = nccl::TranslateNcclConfig(deps.nccl_config, version, &notes);
+    for (const std::string& note : notes) ADAPTCOMM_LOG(kInfo, "nccl config: ", note);
+    absl::StatusOr<std::unique_ptr<Backend>> created = nccl::CreateNcclBackend(apis.nccl, no);
+    absl::Status init = created.status();
+    if (created.ok()) nccl_backend = std::move(*created);
+    failed = Exchange(*rv.store, "init", o.rank, o.world_size, init, deadline);
+    if (!failed.ok()) return failed.status();
+    if (failed->empty()) {
+      return SelectedBackend{std::move(nccl_backend), absl::StrCat(asked, ": nccl on every rank (",
+                                                                   found, ", cuda:", device, ")")};
+    }
+    if (nccl_backend != nullptr) {
+      // Peers failed: abort rather than finalize, which would wait for them.
+      nccl_backend->Abort(absl::CancelledError("another rank could not initialize NCCL"));
+      nccl_backend.reset();
+    }
+  }
+
+  const std::string why = DescribeFailures(*failed);
+  if (o.fallback == Fallback::kDeny) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(asked, " with fallback deny: NCCL is not usable on every rank: ", why));
+  }
+  ADAPTCOMM_LOG(kWarning, asked, ": NCCL is not usable on every rank, every rank falls back to ",
+                "gloo: ", why);
+  absl::StatusOr<std::unique_ptr<Backend>> gloo = BuildGloo(o, rv, deadline, apis, &staging);
+  if (!gloo.ok()) return gloo.status();
+  return SelectedBackend{
+      std::move(*gloo),
+      absl::StrCat(asked, ": gloo on every rank because NCCL is not usable: ", why, staging)};
+}
+
+absl::StatusOr<SelectedBackend> SelectBackend(const CommunicatorOptions& options,
+                                              const Rendezvous& rendezvous, absl::Time deadline,
+                                              nccl::NcclApi* api) {
+  SelectionDeps deps;
+  if (api != nullptr) {
+    deps.use_given_apis = true;
+    // Not owned: the caller keeps it alive.
+    deps.nccl = std::shared_ptr<nccl::NcclApi>(api, [](nccl::NcclApi*) {});
+  }
+  return SelectBackendWith(options, rendezvous, deadline, deps);
+}
+
+}  // namespace adaptcomm::internal::selection

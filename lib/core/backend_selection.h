@@ -1,0 +1,68 @@
+// Backend selection: NCCL where every rank can use it, otherwise Gloo on every rank alike.
+//
+// backend=auto or nccl: each rank publishes to the communicator's store what it can do (the CUDA
+// runtime is built in, NCCL loads, its version is recent enough, a CUDA device is visible); every
+// rank reads every report. Only if all ranks can, they initialize NCCL (bounded by half of the time
+// left), publish the init result and read everyone's again. Any "no" on any rank makes EVERY rank
+// build Gloo (wrapped in staging when CUDA devices are visible, so device views keep working) and
+// log the reasons with the ranks they came from ("rank 3: libnccl.so.2: cannot open shared object
+// file: ..."), or, with Fallback::kDeny, makes creation fail on every rank with those reasons.
+// backend=gloo: Gloo without asking NCCL anything (staged when CUDA devices are visible).
+//
+// Store keys (under the communicator's scope): "select/cap/<rank>", "select/init/<rank>",
+// "nccl/uid", and Gloo's under "gloo/".
+#ifndef ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_
+#define ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "adaptcomm/backend.h"
+#include "adaptcomm/communicator.h"
+#include "adaptcomm/profile.h"
+#include "lib/core/rendezvous.h"
+#include "lib/nccl/nccl_api.h"
+
+namespace adaptcomm::internal::selection {
+
+struct SelectedBackend {
+  std::unique_ptr<Backend> backend;
+  std::string reason;  // for the creation log line and Communicator::selection_reason()
+};
+
+// What selection uses besides the options; the defaults are the real loaders.
+struct SelectionDeps {
+  // Tests: use `nccl` / `cuda` as given instead of loading anything. A null `nccl` then means NCCL
+  // failed to load with `nccl_load_error`; a null `cuda` with a non-null `nccl` uses `nccl`.
+  bool use_given_apis = false;
+  std::shared_ptr<nccl::NcclApi> nccl;
+  std::shared_ptr<nccl::CudaApi> cuda;
+  absl::Status nccl_load_error = absl::UnavailableError("NCCL not loaded");
+  // NCCL library for the real loader; empty: $ADAPTCOMM_NCCL_LIBRARY, else "libnccl.so.2".
+  std::string nccl_library;
+  // Oldest acceptable NCCL (version code). A profile may raise it.
+  int min_nccl_version = nccl::kMinNcclVersion;
+  // The profile's ncclConfig_t values (translated for the loaded version at init).
+  NcclConfigValues nccl_config;
+  // CUDA device of this rank; -1: $ADAPTCOMM_CUDA_DEVICE, else the launcher's local rank
+  // (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else 0.
+  int device = -1;
+};
+
+// REQUIRES: options.rank/world_size resolved, `rendezvous` joined. Bounded by `deadline`.
+// `api`: null = the real loader; otherwise that NCCL (and its CUDA) is used, and must outlive the
+// returned backend.
+[[nodiscard]] absl::StatusOr<SelectedBackend> SelectBackend(const CommunicatorOptions& options,
+                                                            const Rendezvous& rendezvous,
+                                                            absl::Time deadline,
+                                                            nccl::NcclApi* api);
+[[nodiscard]] absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& options,
+                                                                const Rendezvous& rendezvous,
+                                                                absl::Time deadline,
+                                                                const SelectionDeps& deps);
+
+}  // namespace adaptcomm::internal::selection
+
+#endif  // ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_

@@ -1,0 +1,631 @@
+#include "lib/nccl/nccl_backend.h"
+
+#include <atomic>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "lib/core/log.h"
+#include "lib/nccl/nccl_internal.h"
+
+namespace adaptcomm::nccl {
+namespace {
+
+constexpr char kUidKey[] = "nccl/uid";
+
+bool UsesInput(OpKind kind) {
+  return kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
+         kind == OpKind::kAlltoall || kind == OpKind::kSend;
+}
+bool UsesOutput(OpKind kind) { return kind != OpKind::kBarrier && kind != OpKind::kSend; }
+bool IsReduction(OpKind kind) {
+  return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
+}
+
+NcclDataType ToNccl(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return NcclDataType::kFloat32;
+    case DType::kF64:
+      return NcclDataType::kFloat64;
+    case DType::kF16:
+      return NcclDataType::kFloat16;
+    case DType::kBF16:
+      return NcclDataType::kBfloat16;
+    case DType::kI8:
+      return NcclDataType::kInt8;
+    case DType::kU8:
+      return NcclDataType::kUint8;
+    case DType::kI32:
+      return NcclDataType::kInt32;
+    case DType::kI64:
+      return NcclDataType::kInt64;
+  }
+  return NcclDataType::kUint8;
+}
+
+NcclRedOp ToNccl(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return NcclRedOp::kSum;
+    case ReduceOp::kProd:
+      return NcclRedOp::kProd;
+    case ReduceOp::kMin:
+      return NcclRedOp::kMin;
+    case ReduceOp::kMax:
+      return NcclRedOp::kMax;
+    case ReduceOp::kAvg:
+      return NcclRedOp::kAvg;
+  }
+  return NcclRedOp::kSum;
+}
+
+bool InFlight(NcclResult r) { return r == NcclResult::kSuccess || r == NcclResult::kInProgress; }
+
+class NcclBackend final : public Backend {
+ public:
+  NcclBackend(std::shared_ptr<NcclApi> api, const NcclBackendOptions& options, NcclComm comm,
+              int device_count, CudaEvent event, CudaStream stream, void* scratch)
+      : api_(std::move(api)),
+        options_(options),
+        comm_(comm),
+        device_count_(device_count),
+        event_(event),
+        stream_(stream),
+        scratch_(scratch) {}
+  ~NcclBackend() override;
+
+  const char* name() const override { return "nccl"; }
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  Capabilities capabilities() const override {
+    Capabilities c;
+    c.host_memory = false;
+    c.device_memory = true;
+    c.native_bf16 = true;
+    c.native_avg = true;
+    c.send_recv = true;
+    c.abortable = true;
+    return c;
+  }
+  absl::Status Supports(const OpDesc& op) const override;
+  absl::Status Run(const OpDesc& op) override;
+  void Abort(const absl::Status& reason) override;
+  absl::Status health() const override {
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+
+ private:
+  absl::Status CheckView(const OpDesc& op, const TensorView& v, const char* which) const;
+  // Queues `op` on `stream`; the raw NCCL result of the call (or of the group).
+  NcclResult Enqueue(const OpDesc& op, CudaStream stream);
+  // Waits for the event recorded after `op`, polling async errors; the op's final status.
+  absl::Status WaitDone(const OpDesc& op, absl::Time deadline);
+  // Records `status` as the reason the backend is broken, aborts the communicator, returns the
+  // status the caller should see (the abort's, if Abort() came first).
+  absl::Status Break(absl::Status status);
+  void AbortCommOnce();
+  std::string What(const OpDesc& op) const {
+    return absl::StrCat("nccl ", OpKindName(op.kind), " seq ", op.seq, " (rank ", options_.rank,
+                        ", cuda:", options_.device, ")");
+  }
+
+  const std::shared_ptr<NcclApi> api_;
+  const NcclBackendOptions options_;
+  const NcclComm comm_;
+  const int device_count_;
+  const CudaEvent event_;
+  const CudaStream stream_;  // barrier's own stream
+  void* const scratch_;      // barrier's one-element device buffer
+
+  std::atomic<bool> abort_requested_{false};
+  mutable absl::Mutex mu_;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  bool comm_aborted_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+NcclBackend::~NcclBackend() {
+  bool aborted = false;
+  bool broken = false;
+  {
+    absl::MutexLock lock(&mu_);
+    aborted = comm_aborted_;
+    broken = !broken_.ok();
+  }
+  (void)api_->SetDevice(options_.device);
+  if (!aborted && broken) {
+    AbortCommOnce();
+    aborted = true;
+  }
+  if (!aborted) {
+    // Finalize flushes outstanding work (nonblocking: poll); destroy then frees the resources.
+    NcclResult r = api_->CommFinalize(comm_);
+    const absl::Time deadline = absl::Now() + options_.shutdown_timeout;
+    NcclResult state = r;
+    while (r == NcclResult::kSuccess || r == NcclResult::kInProgress) {
+      if (api_->CommGetAsyncError(comm_, &state) != NcclResult::kSuccess) break;
+      if (state != NcclResult::kInProgress || absl::Now() > deadline) break;
+      internal::PollPause(1000);
+    }
+    if (state == NcclResult::kSuccess) {
+      r = api_->CommDestroy(comm_);
+      if (r != NcclResult::kSuccess) {
+        ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank,
+                      ": ncclCommDestroy: ", NcclResultName(r));
+      }
+    } else {
+      ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank, ": ncclCommFinalize ",
+                    state == NcclResult::kInProgress
+                        ? absl::StrCat("did not finish within ",
+                                       absl::FormatDuration(options_.shutdown_timeout))
+                        : std::string(NcclResultName(state)),
+                    "; aborting the communicator");
+      AbortCommOnce();
+    }
+  }
+  if (event_ != nullptr) (void)api_->EventDestroy(event_);
+  if (stream_ != nullptr) (void)api_->StreamDestroy(stream_);
+  if (scratch_ != nullptr) (void)api_->Free(scratch_);
+}
+
+absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
+                                    const char* which) const {
+  const char* kind = OpKindName(op.kind);
+  if (!v.device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl backend needs device memory: view ", which, " of ", kind,
+                     " is a host (cpu) buffer; pass a cuda:N view or use the gloo backend"));
+  }
+  if (v.device.index < 0 || v.device.index >= device_count_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl backend: view ", which, " of ", kind, " is on cuda:", v.device.index,
+                     ", which does not exist (", device_count_, " CUDA device(s) visible)"));
+  }
+  if (v.device.index != options_.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl backend: view ", which, " of ", kind, " is on cuda:", v.device.index,
+        " but this communicator's NCCL communicator runs on cuda:", options_.device));
+  }
+  if (DTypeSize(v.dtype) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: view ", which, " of ", kind,
+                                                   " has unknown dtype ",
+                                                   static_cast<int>(v.dtype)));
+  }
+  if (v.data != nullptr) {
+    PointerInfo info;
+    const int e = api_->PointerGetAttributes(v.data, &info);
+    if (e != kCudaSuccess || !info.is_device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "nccl backend: view ", which, " of ", kind, " is tagged cuda:", v.device.index,
+          " but its pointer is host memory",
+          e != kCudaSuccess ? absl::StrCat(" (", api_->ErrorString(e), ")") : std::string()));
+    }
+    if (info.device != v.device.index) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl backend: view ", which, " of ", kind, " is tagged cuda:",
+                       v.device.index, " but its memory is on cuda:", info.device));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclBackend::Supports(const OpDesc& op) const {
+  const char* kind = OpKindName(op.kind);
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+    case OpKind::kBroadcast:
+    case OpKind::kReduce:
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAlltoall:
+    case OpKind::kBarrier:
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("nccl backend: unknown op kind ", static_cast<int>(op.kind)));
+  }
+  if (UsesInput(op.kind)) {
+    if (absl::Status s = CheckView(op, op.input, "input"); !s.ok()) return s;
+  }
+  if (UsesOutput(op.kind)) {
+    if (absl::Status s = CheckView(op, op.output, "output"); !s.ok()) return s;
+  }
+  if (UsesInput(op.kind) && UsesOutput(op.kind) && op.input.stream != op.output.stream) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl backend: ", kind,
+                     " input and output views are on different CUDA streams; NCCL runs an op on "
+                     "one stream (order them on one)"));
+  }
+  if (IsReduction(op.kind) && op.reduce == ReduceOp::kAvg && !IsFloatingPoint(op.output.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl backend: ", kind, " avg is defined for floating-point dtypes only, not ",
+        DTypeName(op.output.dtype), " (an integer average would truncate)"));
+  }
+  if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) &&
+      (op.peer < 0 || op.peer >= options_.size || op.peer == options_.rank)) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: ", kind, " peer ", op.peer,
+                                                   " must be another rank in [0, ", options_.size,
+                                                   "), not this rank ", options_.rank));
+  }
+  if (op.kind == OpKind::kAlltoall && op.input.count % static_cast<size_t>(options_.size) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: alltoall count ", op.input.count,
+                                                   " is not a multiple of ", options_.size));
+  }
+  return absl::OkStatus();
+}
+
+NcclResult NcclBackend::Enqueue(const OpDesc& op, CudaStream stream) {
+  const TensorView& in = op.input;
+  const TensorView& out = op.output;
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+      return api_->AllReduce(out.data, out.data, out.count, ToNccl(out.dtype), ToNccl(op.reduce),
+                             comm_, stream);
+    case OpKind::kBroadcast:
+      return api_->Broadcast(out.data, out.data, out.count, ToNccl(out.dtype), op.root, comm_,
+                             stream);
+    case OpKind::kReduce:
+      return api_->Reduce(out.data, out.data, out.count, ToNccl(out.dtype), ToNccl(op.reduce),
+                          op.root, comm_, stream);
+    case OpKind::kAllgather:
+      return api_->AllGather(in.data, out.data, in.count, ToNccl(in.dtype), comm_, stream);
+    case OpKind::kReduceScatter:
+      return api_->ReduceScatter(in.data, out.data, out.count, ToNccl(out.dtype),
+                                 ToNccl(op.reduce), comm_, stream);
+    case OpKind::kBarrier:
+      return api_->AllReduce(scratch_, scratch_, 1, NcclDataType::kFloat32, NcclRedOp::kSum,
+                             comm_, stream);
+    case OpKind::kSend:
+    case OpKind::kRecv:
+    case OpKind::kAlltoall: {
+      NcclResult r = api_->GroupStart();
+      if (r != NcclResult::kSuccess) return r;
+      NcclResult first_error = NcclResult::kSuccess;
+      auto note = [&first_error](NcclResult x) {
+        if (!InFlight(x) && first_error == NcclResult::kSuccess) first_error = x;
+      };
+      if (op.kind == OpKind::kSend) {
+        note(api_->Send(in.data, in.count, ToNccl(in.dtype), op.peer, comm_, stream));
+      } else if (op.kind == OpKind::kRecv) {
+        note(api_->Recv(out.data, out.count, ToNccl(out.dtype), op.peer, comm_, stream));
+      } else {
+        const size_t block = in.count / static_cast<size_t>(options_.size);
+        const size_t block_bytes = block * DTypeSize(in.dtype);
+        for (int peer = 0; peer < options_.size; ++peer) {
+          const size_t off = block_bytes * static_cast<size_t>(peer);
+          note(api_->Send(static_cast<const char*>(in.data) + off, block, ToNccl(in.dtype), peer,
+                          comm_, stream));
+          note(api_->Recv(static_cast<char*>(out.data) + off, block, ToNccl(out.dtype), peer,
+                          comm_, stream));
+        }
+      }
+      // The group must be closed even when a member was refused.
+      r = api_->GroupEnd();
+      return first_error != NcclResult::kSuccess ? first_error : r;
+    }
+  }
+  return NcclResult::kInvalidArgument;
+}
+
+absl::Status NcclBackend::Run(const OpDesc& op) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "nccl backend is broken; ", OpKindName(op.kind), " seq ", op.seq,
+          " not run: ", broken_.ToString()));
+    }
+    running_ = true;
+  }
+  absl::Status result = [&]() -> absl::Status {
+    if (absl::Status s = Supports(op); !s.ok()) return s;
+    const absl::Time deadline = absl::Now() + op.timeout;
+    if (int e = api_->SetDevice(options_.device); e != kCudaSuccess) {
+      return Break(absl::UnavailableError(absl::StrCat(What(op), ": cudaSetDevice(",
+                                                       options_.device, "): ",
+                                                       api_->ErrorString(e))));
+    }
+    CudaStream stream = op.kind == OpKind::kBarrier ? stream_
+                        : UsesOutput(op.kind)       ? op.output.stream
+                                                    : op.input.stream;
+    const NcclResult r = Enqueue(op, stream);
+    if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
+      // Refused before anything was queued: the communicator is still usable.
+      return MapNcclResult(r, What(op), api_->GetLastError(comm_));
+    }
+    if (!InFlight(r)) return Break(MapNcclResult(r, What(op), api_->GetLastError(comm_)));
+    return WaitDone(op, deadline);
+  }();
+  bool abort_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    running_ = false;
+    abort_now = abort_requested_.load() && !comm_aborted_;
+  }
+  if (abort_now) AbortCommOnce();
+  if (!result.ok() && abort_requested_.load() && !absl::IsInvalidArgument(result)) {
+    return health();
+  }
+  return result;
+}
+
+absl::Status NcclBackend::WaitDone(const OpDesc& op, absl::Time deadline) {
+  // Nonblocking communicators may return ncclInProgress before the kernel is even queued: the
+  // event may only be recorded once the communicator says the launch is done.
+  bool recorded = false;
+  for (int i = 0;; ++i) {
+    if (abort_requested_.load()) {
+      AbortCommOnce();
+      return health();
+    }
+    NcclResult state = NcclResult::kSuccess;
+    NcclResult r = api_->CommGetAsyncError(comm_, &state);
+    if (r != NcclResult::kSuccess) state = r;
+    if (state != NcclResult::kSuccess && state != NcclResult::kInProgress) {
+      return Break(MapNcclResult(state, absl::StrCat(What(op), " (asynchronous error)"),
+                                 api_->GetLastError(comm_)));
+    }
+    if (!recorded && state == NcclResult::kSuccess) {
+      CudaStream stream = op.kind == OpKind::kBarrier ? stream_
+                          : UsesOutput(op.kind)       ? op.output.stream
+                                                      : op.input.stream;
+      if (int e = api_->EventRecord(event_, stream); e != kCudaSuccess) {
+        return Break(absl::UnavailableError(
+            absl::StrCat(What(op), ": cudaEventRecord: ", api_->ErrorString(e))));
+      }
+      recorded = true;
+    }
+    if (recorded) {
+      const int q = api_->EventQuery(event_);
+      if (q == kCudaSuccess) return absl::OkStatus();
+      if (q != kCudaErrorNotReady) {
+        return Break(absl::UnavailableError(
+            absl::StrCat(What(op), ": cudaEventQuery: ", api_->ErrorString(q))));
+      }
+    }
+    if (absl::Now() > deadline) {
+      return Break(absl::DeadlineExceededError(absl::StrCat(
+          What(op), " did not complete within ", absl::FormatDuration(op.timeout),
+          recorded ? "" : " (still being launched)", "; the NCCL communicator was aborted")));
+    }
+    internal::PollPause(i);
+  }
+}
+
+absl::Status NcclBackend::Break(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (abort_requested_.load() && !broken_.ok()) {
+      status = broken_;  // Abort() came first: report it, not the error it caused
+    } else if (broken_.ok()) {
+      broken_ = status;
+    }
+  }
+  AbortCommOnce();
+  return status;
+}
+
+void NcclBackend::Abort(const absl::Status& reason) {
+  bool abort_here = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (abort_requested_.exchange(true)) return;
+    const std::string why = reason.ok() ? std::string("no reason given") : reason.ToString();
+    broken_ = broken_.ok() ? absl::AbortedError(absl::StrCat("nccl backend aborted: ", why))
+                           : absl::AbortedError(absl::StrCat("nccl backend aborted: ", why,
+                                                             " (already broken: ",
+                                                             broken_.ToString(), ")"));
+    // A running op aborts the communicator from its own polling loop, so that no NCCL call on
+    // the communicator races with its destruction by ncclCommAbort.
+    abort_here = !running_;
+  }
+  ADAPTCOMM_LOG(kInfo, "nccl backend rank ", options_.rank, " aborting: ", reason.ToString());
+  if (abort_here) AbortCommOnce();
+}
+
+void NcclBackend::AbortCommOnce() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (comm_aborted_) return;
+    comm_aborted_ = true;
+  }
+  absl::Status s = internal::AbortBounded(api_, comm_, options_.abort_timeout);
+  if (!s.ok()) ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank, ": ", s.message());
+}
+
+}  // namespace
+
+namespace internal {
+
+void PollPause(int iteration) {
+  if (iteration < 64) {
+    std::this_thread::yield();
+  } else {
+    const int shift = std::min(iteration - 64, 6);
+    absl::SleepFor(absl::Microseconds(10 << shift));  // 10 us .. 640 us
+  }
+}
+
+absl::Status AbortBounded(const std::shared_ptr<NcclApi>& api, NcclComm comm,
+                          absl::Duration bound) {
+  // ncclCommAbort itself can hang (a peer stuck in a kernel): run it on its own thread and stop
+  // waiting at the bound. The thread keeps the API alive if it outlives this call.
+  auto done = std::make_shared<absl::Notification>();
+  auto result = std::make_shared<std::atomic<int>>(0);
+  std::thread([api, comm, done, result] {
+    result->store(static_cast<int>(api->CommAbort(comm)));
+    done->Notify();
+  }).detach();
+  if (!done->WaitForNotificationWithTimeout(bound)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("ncclCommAbort did not return within ", absl::FormatDuration(bound),
+                     "; abandoned (its resources leak until the process exits)"));
+  }
+  const auto r = static_cast<NcclResult>(result->load());
+  if (r != NcclResult::kSuccess) {
+    return absl::UnavailableError(absl::StrCat("ncclCommAbort: ", NcclResultName(r)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace internal
+
+absl::Status MapNcclResult(NcclResult result, const std::string& what, const std::string& detail) {
+  const std::string text =
+      absl::StrCat(what, ": ", NcclResultName(result), detail.empty() ? "" : ": ", detail);
+  switch (result) {
+    case NcclResult::kSuccess:
+    case NcclResult::kInProgress:
+      return absl::OkStatus();
+    case NcclResult::kInvalidArgument:
+    case NcclResult::kInvalidUsage:
+      return absl::InvalidArgumentError(text);
+    case NcclResult::kUnhandledCudaError:
+    case NcclResult::kSystemError:
+    case NcclResult::kInternalError:
+    case NcclResult::kRemoteError:
+      return absl::UnavailableError(absl::StrCat(
+          text, " (the NCCL communicator is aborted; recreate the communicator to retry)"));
+  }
+  return absl::UnknownError(text);
+}
+
+NcclCommConfig TranslateNcclConfig(const NcclConfigValues& v, int version,
+                                   std::vector<std::string>* notes) {
+  NcclCommConfig c;
+  const int loaded = NormalizeNcclVersion(version);
+  auto gate = [&](const char* field, int since, auto apply) {
+    if (loaded >= since) {
+      apply();
+    } else if (notes != nullptr) {
+      notes->push_back(absl::StrCat("ncclConfig_t.", field, " needs NCCL ",
+                                    NcclVersionString(since), ", loaded ",
+                                    NcclVersionString(loaded), ": not applied"));
+    }
+  };
+  if (v.blocking.has_value() && *v.blocking != 0 && notes != nullptr) {
+    notes->push_back(absl::StrCat("ncclConfig_t.blocking=", *v.blocking,
+                                  " ignored: adaptcomm needs a nonblocking communicator to abort "
+                                  "it on timeouts"));
+  }
+  c.blocking = 0;
+  if (v.cga_cluster_size) gate("cgaClusterSize", 21400, [&] { c.cga_cluster_size = *v.cga_cluster_size; });
+  if (v.min_ctas) gate("minCTAs", 21400, [&] { c.min_ctas = *v.min_ctas; });
+  if (v.max_ctas) gate("maxCTAs", 21400, [&] { c.max_ctas = *v.max_ctas; });
+  if (v.net_name) gate("netName", 21400, [&] { c.net_name = *v.net_name; });
+  if (v.split_share) gate("splitShare", 21800, [&] { c.split_share = *v.split_share; });
+  if (v.traffic_class) gate("trafficClass", 22600, [&] { c.traffic_class = *v.traffic_class; });
+  if (v.comm_name) gate("commName", 22700, [&] { c.comm_name = *v.comm_name; });
+  if (v.cta_policy) gate("CTAPolicy", 22700, [&] { c.cta_policy = *v.cta_policy; });
+  if (v.nvls_ctas) gate("nvlsCTAs", 22700, [&] { c.nvls_ctas = *v.nvls_ctas; });
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclApi> api,
+                                                           const NcclBackendOptions& options) {
+  if (api == nullptr) return absl::InvalidArgumentError("CreateNcclBackend: api is null");
+  if (options.store == nullptr) return absl::InvalidArgumentError("CreateNcclBackend: no store");
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateNcclBackend: rank ", options.rank, " of ", options.size));
+  }
+  const absl::Time deadline = absl::Now() + options.init_timeout;
+  const std::string who = absl::StrCat("NCCL init of rank ", options.rank, " on cuda:",
+                                       options.device);
+  int device_count = 0;
+  if (int e = api->GetDeviceCount(&device_count); e != kCudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": no CUDA device (cudaGetDeviceCount: ", api->ErrorString(e), ")"));
+  }
+  if (options.device < 0 || options.device >= device_count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": device cuda:", options.device, " does not exist (", device_count, " visible)"));
+  }
+  if (int e = api->SetDevice(options.device); e != kCudaSuccess) {
+    return absl::UnavailableError(absl::StrCat(who, ": cudaSetDevice: ", api->ErrorString(e)));
+  }
+
+  NcclUniqueId uid;
+  if (options.rank == 0) {
+    if (NcclResult r = api->GetUniqueId(&uid); r != NcclResult::kSuccess) {
+      return MapNcclResult(r, absl::StrCat(who, ": ncclGetUniqueId"), api->GetLastError(nullptr));
+    }
+    if (absl::Status s = options.store->Set(
+            kUidKey, absl::BytesToHexString(absl::string_view(uid.internal, sizeof(uid.internal))));
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    absl::StatusOr<std::string> hex =
+        options.store->Get(kUidKey, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!hex.ok()) {
+      return absl::Status(hex.status().code(),
+                          absl::StrCat(who, ": waiting for rank 0's NCCL unique id: ",
+                                       hex.status().message()));
+    }
+    const std::string bytes = absl::HexStringToBytes(*hex);
+    if (bytes.size() != sizeof(uid.internal)) {
+      return absl::DataLossError(absl::StrCat(who, ": NCCL unique id in the store has ",
+                                              bytes.size(), " bytes, expected 128"));
+    }
+    std::copy(bytes.begin(), bytes.end(), uid.internal);
+  }
+
+  NcclBackendOptions o = options;
+  o.config.blocking = 0;
+  NcclComm comm = nullptr;
+  NcclResult r = api->CommInitRankConfig(&comm, o.size, uid, o.rank, o.config);
+  NcclResult state = r;
+  for (int i = 0; r == NcclResult::kSuccess || r == NcclResult::kInProgress; ++i) {
+    NcclResult q = api->CommGetAsyncError(comm, &state);
+    if (q != NcclResult::kSuccess) state = q;
+    if (state != NcclResult::kInProgress) break;
+    if (absl::Now() > deadline) break;
+    internal::PollPause(64 + i);
+  }
+  if (r != NcclResult::kSuccess && r != NcclResult::kInProgress) state = r;
+  if (state != NcclResult::kSuccess) {
+    absl::Status failed =
+        state == NcclResult::kInProgress
+            ? absl::DeadlineExceededError(absl::StrCat(
+                  who, " did not finish within ",
+                  absl::FormatDuration(absl::Trunc(options.init_timeout, absl::Milliseconds(1))),
+                  "; ncclCommAbort called"))
+            : MapNcclResult(state, who, api->GetLastError(comm));
+    if (comm != nullptr) {
+      if (absl::Status a = internal::AbortBounded(api, comm, o.abort_timeout); !a.ok()) {
+        failed = absl::Status(failed.code(), absl::StrCat(failed.message(), "; ", a.message()));
+      }
+    }
+    return failed;
+  }
+
+  CudaEvent event = nullptr;
+  CudaStream stream = nullptr;
+  void* scratch = nullptr;
+  int e = api->EventCreateDisableTiming(&event);
+  if (e == kCudaSuccess) e = api->StreamCreateNonBlocking(&stream);
+  if (e == kCudaSuccess) e = api->Malloc(&scratch, 256);
+  if (e != kCudaSuccess) {
+    // The constructor takes what exists so that the destructor frees it with the communicator.
+    NcclBackend cleanup(api, o, comm, device_count, event, stream, scratch);
+    return absl::ResourceExhaustedError(
+        absl::StrCat(who, ": creating its CUDA event/stream/scratch: ", api->ErrorString(e)));
+  }
+  int version = 0;
+  (void)api->GetVersion(&version);
+  ADAPTCOMM_LOG(kDebug, who, ": NCCL ", NcclVersionString(version), " from ",
+                api->library_path(), " ready, ", o.size, " ranks");
+  return std::unique_ptr<Backend>(
+      std::make_unique<NcclBackend>(std::move(api), o, comm, device_count, event, stream, scratch));
+}
+
+}  // namespace adaptcomm::nccl

@@ -1,0 +1,57 @@
+// The NCCL backend: every collective and send/recv on device buffers over a nonblocking NCCL
+// communicator, through the NcclApi seam.
+//
+// Nonblocking (config.blocking = 0) because only then can a hung init or collective be abandoned:
+// every wait polls ncclCommGetAsyncError (and a CUDA event for op completion) against a deadline
+// and ends in ncclCommAbort. NCCL has no collective timeout of its own.
+// Errors: a timeout -> DeadlineExceeded; ncclSystemError, ncclInternalError, ncclRemoteError,
+// ncclUnhandledCudaError -> Unavailable (the communicator is aborted: recreate it to retry);
+// ncclInvalidArgument / ncclInvalidUsage -> InvalidArgument with ncclGetLastError()'s text.
+#ifndef ADAPTCOMM_LIB_NCCL_NCCL_BACKEND_H_
+#define ADAPTCOMM_LIB_NCCL_NCCL_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "adaptcomm/backend.h"
+#include "adaptcomm/profile.h"
+#include "adaptcomm/store.h"
+#include "lib/nccl/nccl_api.h"
+
+namespace adaptcomm::nccl {
+
+struct NcclBackendOptions {
+  int rank = 0;
+  int size = 1;
+  int device = 0;  // CUDA ordinal of the communicator; every view must be on it
+  // Scoped to this communicator: rank 0 publishes the unique id under "nccl/uid".
+  std::shared_ptr<Store> store;
+  absl::Duration init_timeout = absl::Seconds(120);  // unique id exchange + init
+  // ncclConfig_t fields (see TranslateNcclConfig); blocking is always forced to 0.
+  NcclCommConfig config;
+  absl::Duration abort_timeout = absl::Seconds(5);      // ncclCommAbort may hang: bounded
+  absl::Duration shutdown_timeout = absl::Seconds(10);  // ncclCommFinalize on destruction
+};
+
+// Exchanges the unique id, initializes the communicator and waits (polling) for it. Errors:
+// FailedPrecondition (no such device), DeadlineExceeded (id or init not done by init_timeout;
+// ncclCommAbort was called), the mapped NCCL error otherwise.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(
+    std::shared_ptr<NcclApi> api, const NcclBackendOptions& options);
+
+// The profile's ncclConfig_t values for NCCL `version` (a version code). A field the version lacks
+// is left unset with a note ("trafficClass needs NCCL 2.26, loaded 2.21.5: not applied"); blocking
+// is forced to 0 (noted if the profile asked otherwise).
+NcclCommConfig TranslateNcclConfig(const NcclConfigValues& values, int version,
+                                   std::vector<std::string>* notes);
+
+// The status for an NCCL result (see the file comment). `what` names the call.
+absl::Status MapNcclResult(NcclResult result, const std::string& what, const std::string& detail);
+
+}  // namespace adaptcomm::nccl
+
+#endif  // ADAPTCOMM_LIB_NCCL_NCCL_BACKEND_H_

@@ -1,0 +1,154 @@
+#include "lib/trace/flight_recorder.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace adaptcomm::trace {
+namespace {
+
+int64_t Micros(absl::Time t) { return t == absl::UnixEpoch() ? 0 : absl::ToUnixMicros(t); }
+
+absl::Status MakeDirs(const std::string& dir) {
+  std::string partial;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+      partial = dir.substr(0, i);
+      if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot create directory ", partial, ": ", std::strerror(errno)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string DefaultFlightRecorderDir() {
+  if (const char* env = std::getenv("ADAPTCOMM_FLIGHT_RECORDER_DIR"); env && *env) return env;
+  const char* tmp = std::getenv("TMPDIR");
+  return absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/adaptcomm-flight");
+}
+
+FlightRecorder::FlightRecorder(FlightRecorderOptions options)
+    : options_(std::move(options)),
+      ring_(options_.capacity == 0 ? 1 : options_.capacity),
+      backend_(options_.backend) {}
+
+FlightRecorder::Entry* FlightRecorder::Find(uint64_t seq) {
+  Entry& e = ring_[seq % ring_.size()];
+  return e.seq == seq ? &e : nullptr;
+}
+
+void FlightRecorder::SetGeneration(int generation, const std::string& backend) {
+  absl::MutexLock lock(&mu_);
+  generation_ = generation;
+  backend_ = backend;
+}
+
+void FlightRecorder::OnEnqueue(const OpDesc& op, absl::Time when) {
+  absl::MutexLock lock(&mu_);
+  Entry& e = ring_[op.seq % ring_.size()];
+  const TensorView& data =
+      op.kind == OpKind::kRecv || op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllgather
+          ? (op.kind == OpKind::kRecv ? op.output : op.input)
+          : op.input;
+  e = Entry{};
+  e.seq = op.seq;
+  e.kind = op.kind;
+  e.dtype = data.dtype;
+  e.count = data.count;
+  e.root = op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce ? op.root : -1;
+  e.peer = op.peer;
+  e.backend = backend_;
+  e.generation = generation_;
+  e.enqueue = when;
+  last_enqueued_ = std::max(last_enqueued_, op.seq);
+}
+
+void FlightRecorder::OnStart(const OpDesc& op, absl::Time when) {
+  absl::MutexLock lock(&mu_);
+  if (Entry* e = Find(op.seq)) {
+    e->state = "running";
+    e->start = when;
+    e->backend = backend_;
+    e->generation = generation_;
+  }
+  last_started_ = std::max(last_started_, op.seq);
+}
+
+void FlightRecorder::OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) {
+  absl::MutexLock lock(&mu_);
+  if (Entry* e = Find(op.seq)) {
+    e->state = status.ok() ? "done" : absl::IsDeadlineExceeded(status) ? "timed_out" : "failed";
+    e->end = when;
+    if (!status.ok()) e->error = status.ToString();
+  }
+  if (status.ok()) last_completed_ = std::max(last_completed_, op.seq);
+}
+
+std::string FlightRecorder::DumpJson(const std::string& reason) const {
+  nlohmann::json doc;
+  absl::MutexLock lock(&mu_);
+  doc["rank"] = options_.rank;
+  doc["world_size"] = options_.world_size;
+  doc["communicator"] = options_.communicator;
+  doc["backend"] = backend_;
+  doc["generation"] = generation_;
+  doc["reason"] = reason;
+  doc["dumped_at_us"] = absl::ToUnixMicros(absl::Now());
+  doc["last_enqueued_seq"] = last_enqueued_;
+  doc["last_started_seq"] = last_started_;
+  doc["last_completed_seq"] = last_completed_;
+  nlohmann::json entries = nlohmann::json::array();
+  const uint64_t first = last_enqueued_ >= ring_.size() ? last_enqueued_ - ring_.size() + 1 : 1;
+  for (uint64_t seq = first; seq <= last_enqueued_; ++seq) {
+    const Entry& e = ring_[seq % ring_.size()];
+    if (e.seq != seq) continue;
+    entries.push_back({{"seq", e.seq},
+                       {"op", OpKindName(e.kind)},
+                       {"dtype", DTypeName(e.dtype)},
+                       {"count", e.count},
+                       {"root", e.root},
+                       {"peer", e.peer},
+                       {"backend", e.backend},
+                       {"generation", e.generation},
+                       {"state", e.state},
+                       {"enqueue_us", Micros(e.enqueue)},
+                       {"start_us", Micros(e.start)},
+                       {"end_us", Micros(e.end)},
+                       {"error", e.error}});
+  }
+  doc["entries"] = std::move(entries);
+  return doc.dump(1);
+}
+
+absl::StatusOr<std::string> FlightRecorder::Dump(const std::string& reason) const {
+  if (absl::Status s = MakeDirs(options_.dump_dir); !s.ok()) return s;
+  const std::string path = absl::StrCat(options_.dump_dir, "/flight.rank", options_.rank, ".json");
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  const std::string text = DumpJson(reason);
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+  }
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = (std::fflush(f) == 0) && ok;
+  ok = (fsync(fileno(f)) == 0) && ok;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  return path;
+}
+
+}  // namespace adaptcomm::trace

@@ -1,0 +1,83 @@
+// FlightRecorder: a ring buffer of the last N operations of one rank (seq, op, dtype, count,
+// root/peer, backend, generation, state, enqueue/start/end times), dumped as JSON when a
+// collective times out or fails fatally, or on demand, so that `adaptcomm trace culprit DIR` can
+// tell which rank is behind.
+//
+// Dump file: DIR/flight.rank<R>.json  (format in DumpJson()).
+#ifndef ADAPTCOMM_LIB_TRACE_FLIGHT_RECORDER_H_
+#define ADAPTCOMM_LIB_TRACE_FLIGHT_RECORDER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "lib/trace/op_observer.h"
+
+namespace adaptcomm::trace {
+
+struct FlightRecorderOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string communicator;  // name
+  std::string backend;       // "gloo", "nccl", ...
+  size_t capacity = 2048;    // entries kept
+  std::string dump_dir;      // where Dump() writes
+};
+
+class FlightRecorder final : public OpObserver {
+ public:
+  explicit FlightRecorder(FlightRecorderOptions options);
+
+  void OnEnqueue(const OpDesc& op, absl::Time when) override;
+  void OnStart(const OpDesc& op, absl::Time when) override;
+  void OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) override;
+
+  // The backend generation (bumped when a retry or degrade rebuilds the backend).
+  void SetGeneration(int generation, const std::string& backend);
+
+  // The JSON document: {"rank","world_size","communicator","backend","generation","reason",
+  // "dumped_at_us","last_enqueued_seq","last_started_seq","last_completed_seq",
+  // "entries":[{"seq","op","dtype","count","root","peer","backend","generation","state",
+  // "enqueue_us","start_us","end_us","error"}...]} with entries in seq order; times are
+  // microseconds since the Unix epoch (0 = not yet).
+  std::string DumpJson(const std::string& reason) const;
+  // Writes DumpJson(reason) to dump_dir/flight.rank<R>.json (atomically, via a temporary file);
+  // returns the path.
+  absl::StatusOr<std::string> Dump(const std::string& reason) const;
+  const std::string& dump_dir() const { return options_.dump_dir; }
+
+ private:
+  struct Entry {
+    uint64_t seq = 0;
+    OpKind kind = OpKind::kBarrier;
+    DType dtype = DType::kF32;
+    size_t count = 0;
+    int root = -1;
+    int peer = -1;
+    std::string backend;
+    int generation = 0;
+    const char* state = "queued";
+    absl::Time enqueue = absl::UnixEpoch(), start = absl::UnixEpoch(), end = absl::UnixEpoch();
+    std::string error;
+  };
+  Entry* Find(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const FlightRecorderOptions options_;
+  mutable absl::Mutex mu_;
+  std::vector<Entry> ring_ ABSL_GUARDED_BY(mu_);
+  std::string backend_ ABSL_GUARDED_BY(mu_);
+  int generation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_enqueued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_started_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_completed_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The dump directory when neither options nor profile name one:
+// $ADAPTCOMM_FLIGHT_RECORDER_DIR, else $TMPDIR (or /tmp) + "/adaptcomm-flight".
+std::string DefaultFlightRecorderDir();
+
+}  // namespace adaptcomm::trace
+
+#endif  // ADAPTCOMM_LIB_TRACE_FLIGHT_RECORDER_H_

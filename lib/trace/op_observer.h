@@ -1,0 +1,24 @@
+// OpObserver: what the executor tells about each operation's life (queued, started, ended), so
+// that recorders (flight recorder, timeline trace) stay out of the executor's code.
+// Thread safety: callbacks come from the executor's threads (worker, helping caller, watchdog);
+// implementations synchronize themselves and must not block for long.
+#ifndef ADAPTCOMM_LIB_TRACE_OP_OBSERVER_H_
+#define ADAPTCOMM_LIB_TRACE_OP_OBSERVER_H_
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "adaptcomm/backend.h"
+
+namespace adaptcomm::trace {
+
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void OnEnqueue(const OpDesc& op, absl::Time when) = 0;
+  virtual void OnStart(const OpDesc& op, absl::Time when) = 0;
+  virtual void OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) = 0;
+};
+
+}  // namespace adaptcomm::trace
+
+#endif  // ADAPTCOMM_LIB_TRACE_OP_OBSERVER_H_

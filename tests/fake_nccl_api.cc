@@ -1,0 +1,623 @@
+#include "tests/fake_nccl_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace adaptcomm::testing {
+
+using nccl::NcclComm;
+using nccl::NcclDataType;
+using nccl::NcclRedOp;
+using nccl::NcclResult;
+
+namespace {
+
+struct FakeOp {
+  int pending = 0;
+  bool done() const { return pending == 0; }
+};
+
+enum class Kind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter };
+
+struct Part {
+  Kind kind = Kind::kAllReduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;  // allgather: send count; reduce_scatter: recv count
+  NcclDataType dtype = NcclDataType::kFloat32;
+  NcclRedOp op = NcclRedOp::kSum;
+  int root = 0;
+  std::shared_ptr<FakeOp> fop;
+};
+
+struct Message {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t bytes = 0;
+  std::shared_ptr<FakeOp> fop;
+};
+
+struct Group {
+  int nranks = 0;
+  int joined = 0;
+  std::map<uint64_t, std::vector<std::optional<Part>>> collectives;
+  std::map<std::pair<int, int>, std::deque<Message>> sends;  // (src, dst)
+  std::map<std::pair<int, int>, std::deque<Message>> recvs;
+};
+
+size_t Size(NcclDataType t) {
+  switch (t) {
+    case NcclDataType::kInt8:
+    case NcclDataType::kUint8:
+      return 1;
+    case NcclDataType::kFloat16:
+    case NcclDataType::kBfloat16:
+      return 2;
+    case NcclDataType::kInt32:
+    case NcclDataType::kUint32:
+    case NcclDataType::kFloat32:
+      return 4;
+    default:
+      return 8;
+  }
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float v;
+  if (exp == 0) {
+    v = std::ldexp(static_cast<float>(mant), -24);
+  } else if (exp == 31) {
+    v = mant ? NAN : INFINITY;
+  } else {
+    v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+  }
+  return sign ? -v : v;
+}
+
+uint16_t FloatToHalf(float f) {
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  f = std::fabs(f);
+  if (std::isnan(f)) return sign | 0x7e00;
+  if (f >= 65520.0f) return sign | 0x7c00;
+  if (f < std::ldexp(1.0f, -14)) {
+    return sign | static_cast<uint16_t>(std::nearbyint(std::ldexp(f, 24)));
+  }
+  int e = 0;
+  const float m = std::frexp(f, &e);  // f = m * 2^e, m in [0.5, 1)
+  const auto mant = static_cast<uint32_t>(std::nearbyint(std::ldexp(m, 11)));  // 1024..2048
+  uint32_t bits = (static_cast<uint32_t>(e + 14) << 10) + (mant - 1024);
+  return sign | static_cast<uint16_t>(bits);
+}
+
+double Load(NcclDataType t, const void* p, size_t i) {
+  switch (t) {
+    case NcclDataType::kInt8:
+      return static_cast<const int8_t*>(p)[i];
+    case NcclDataType::kUint8:
+      return static_cast<const uint8_t*>(p)[i];
+    case NcclDataType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case NcclDataType::kUint32:
+      return static_cast<const uint32_t*>(p)[i];
+    case NcclDataType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case NcclDataType::kUint64:
+      return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+    case NcclDataType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case NcclDataType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case NcclDataType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    case NcclDataType::kBfloat16: {
+      uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+  }
+  return 0;
+}
+
+void Store(NcclDataType t, void* p, size_t i, double v) {
+  switch (t) {
+    case NcclDataType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      return;
+    case NcclDataType::kUint8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      return;
+    case NcclDataType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      return;
+    case NcclDataType::kUint32:
+      static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v);
+      return;
+    case NcclDataType::kInt64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      return;
+    case NcclDataType::kUint64:
+      static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v);
+      return;
+    case NcclDataType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v));
+      return;
+    case NcclDataType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      return;
+    case NcclDataType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      return;
+    case NcclDataType::kBfloat16: {
+      const float f = static_cast<float>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      bits += 0x7fff + ((bits >> 16) & 1);
+      static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(bits >> 16);
+      return;
+    }
+  }
+}
+
+double Combine(NcclRedOp op, double a, double b) {
+  switch (op) {
+    case NcclRedOp::kSum:
+    case NcclRedOp::kAvg:
+      return a + b;
+    case NcclRedOp::kProd:
+      return a * b;
+    case NcclRedOp::kMax:
+      return std::max(a, b);
+    case NcclRedOp::kMin:
+      return std::min(a, b);
+  }
+  return a;
+}
+
+// Reduction of element `i` (offset `base` elements into each send buffer) over all ranks.
+double ReduceAt(const std::vector<std::optional<Part>>& parts, size_t base, size_t i) {
+  const Part& p0 = *parts[0];
+  double acc = Load(p0.dtype, p0.send, base + i);
+  for (size_t r = 1; r < parts.size(); ++r) {
+    acc = Combine(p0.op, acc, Load(p0.dtype, parts[r]->send, base + i));
+  }
+  if (p0.op == NcclRedOp::kAvg) acc /= static_cast<double>(parts.size());
+  return acc;
+}
+
+void Execute(std::vector<std::optional<Part>>& parts) {
+  const Part& p0 = *parts[0];
+  const size_t n = parts.size();
+  const size_t es = Size(p0.dtype);
+  switch (p0.kind) {
+    case Kind::kAllReduce:
+    case Kind::kReduce: {
+      std::vector<double> out(p0.count);
+      for (size_t i = 0; i < p0.count; ++i) out[i] = ReduceAt(parts, 0, i);
+      for (size_t r = 0; r < n; ++r) {
+        if (p0.kind == Kind::kReduce && static_cast<int>(r) != p0.root) continue;
+        for (size_t i = 0; i < p0.count; ++i) Store(p0.dtype, parts[r]->recv, i, out[i]);
+      }
+      break;
+    }
+    case Kind::kBroadcast: {
+      std::vector<char> data(p0.count * es);
+      std::memcpy(data.data(), parts[static_cast<size_t>(p0.root)]->send, data.size());
+      for (size_t r = 0; r < n; ++r) std::memcpy(parts[r]->recv, data.data(), data.size());
+      break;
+    }
+    case Kind::kAllGather: {
+      const size_t block = p0.count * es;
+      std::vector<char> data(block * n);
+      for (size_t r = 0; r < n; ++r) std::memcpy(data.data() + r * block, parts[r]->send, block);
+      for (size_t r = 0; r < n; ++r) std::memcpy(parts[r]->recv, data.data(), data.size());
+      break;
+    }
+    case Kind::kReduceScatter: {
+      std::vector<std::vector<double>> out(n, std::vector<double>(p0.count));
+      for (size_t r = 0; r < n; ++r) {
+        for (size_t i = 0; i < p0.count; ++i) out[r][i] = ReduceAt(parts, r * p0.count, i);
+      }
+      for (size_t r = 0; r < n; ++r) {
+        for (size_t i = 0; i < p0.count; ++i) Store(p0.dtype, parts[r]->recv, i, out[r][i]);
+      }
+      break;
+    }
+  }
+  for (auto& p : parts) --p->fop->pending;
+}
+
+struct FakeComm {
+  std::shared_ptr<Group> group;
+  int rank = 0;
+  int nranks = 0;
+  bool init_failed = false;
+  bool init_never = false;
+  bool aborted = false;
+  NcclResult async = NcclResult::kSuccess;
+  uint64_t collective_index = 0;
+  int launches = 0;
+  std::string last_error;
+};
+
+}  // namespace
+
+class FakeNcclWorld {
+ public:
+  absl::Mutex mu;
+  std::map<std::string, std::shared_ptr<Group>> groups ABSL_GUARDED_BY(mu);
+  uint64_t next_uid ABSL_GUARDED_BY(mu) = 1;
+};
+
+std::shared_ptr<FakeNcclWorld> MakeFakeNcclWorld() { return std::make_shared<FakeNcclWorld>(); }
+
+// Everything below is guarded by the world's mutex.
+struct FakeNcclApi::State {
+  std::vector<std::unique_ptr<FakeComm>> comms;
+  std::map<void*, std::shared_ptr<FakeOp>> stream_last;
+  std::map<void*, std::shared_ptr<FakeOp>> events;
+  uintptr_t next_handle = 0x1000;
+  bool in_group = false;
+  std::vector<Part> group_collectives;
+  std::vector<std::pair<Message, std::pair<int, int>>> group_p2p;  // message, (peer, is_send)
+  FakeComm* group_comm = nullptr;
+  void* group_stream = nullptr;
+  nccl::NcclCommConfig last_config;
+  std::vector<NcclDataType> dtypes;
+  std::vector<NcclRedOp> ops;
+  std::vector<std::pair<uintptr_t, size_t>> host_ranges;
+};
+
+namespace {
+FakeComm* Comm(NcclComm c) { return reinterpret_cast<FakeComm*>(c); }
+}  // namespace
+
+FakeNcclApi::FakeNcclApi(std::shared_ptr<FakeNcclWorld> world, FakeNcclFaults faults)
+    : world_(std::move(world)), faults_(std::move(faults)), state_(std::make_unique<State>()) {}
+FakeNcclApi::~FakeNcclApi() = default;
+
+nccl::NcclCommConfig FakeNcclApi::last_config() const {
+  absl::MutexLock lock(&world_->mu);
+  return state_->last_config;
+}
+std::vector<NcclDataType> FakeNcclApi::dtypes_seen() const {
+  absl::MutexLock lock(&world_->mu);
+  return state_->dtypes;
+}
+std::vector<NcclRedOp> FakeNcclApi::ops_seen() const {
+  absl::MutexLock lock(&world_->mu);
+  return state_->ops;
+}
+void FakeNcclApi::MarkHost(const void* p, size_t bytes) {
+  absl::MutexLock lock(&world_->mu);
+  state_->host_ranges.push_back({reinterpret_cast<uintptr_t>(p), bytes});
+}
+
+int FakeNcclApi::GetDeviceCount(int* count) {
+  *count = faults_.device_count_error == nccl::kCudaSuccess ? faults_.device_count : 0;
+  return faults_.device_count_error;
+}
+int FakeNcclApi::SetDevice(int device) {
+  return device >= 0 && device < faults_.device_count ? nccl::kCudaSuccess : 101;
+}
+int FakeNcclApi::DriverVersion(int* version) {
+  *version = 13000;
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::RuntimeVersion(int* version) {
+  *version = 13000;
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::PointerGetAttributes(const void* ptr, nccl::PointerInfo* info) {
+  absl::MutexLock lock(&world_->mu);
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  info->is_device = true;
+  info->device = 0;
+  for (const auto& [start, bytes] : state_->host_ranges) {
+    if (p >= start && p < start + bytes) {
+      info->is_device = false;
+      info->device = -1;
+    }
+  }
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::StreamCreateNonBlocking(nccl::CudaStream* stream) {
+  absl::MutexLock lock(&world_->mu);
+  *stream = reinterpret_cast<void*>(state_->next_handle++);
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::StreamDestroy(nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  state_->stream_last.erase(stream);
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::EventCreateDisableTiming(nccl::CudaEvent* event) {
+  absl::MutexLock lock(&world_->mu);
+  *event = reinterpret_cast<void*>(state_->next_handle++);
+  state_->events[*event] = nullptr;
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::EventRecord(nccl::CudaEvent event, nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  auto it = state_->stream_last.find(stream);
+  state_->events[event] = it == state_->stream_last.end() ? nullptr : it->second;
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::EventQuery(nccl::CudaEvent event) {
+  absl::MutexLock lock(&world_->mu);
+  auto it = state_->events.find(event);
+  if (it == state_->events.end()) return 400;  // cudaErrorInvalidResourceHandle
+  return it->second == nullptr || it->second->done() ? nccl::kCudaSuccess
+                                                      : nccl::kCudaErrorNotReady;
+}
+int FakeNcclApi::EventDestroy(nccl::CudaEvent event) {
+  absl::MutexLock lock(&world_->mu);
+  state_->events.erase(event);
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, nccl::MemcpyKind,
+                             nccl::CudaStream) {
+  memcpy_calls_.fetch_add(1);
+  std::memmove(dst, src, bytes);
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::Malloc(void** ptr, size_t bytes) {
+  *ptr = std::calloc(1, bytes);
+  return *ptr != nullptr ? nccl::kCudaSuccess : 2;
+}
+int FakeNcclApi::Free(void* ptr) {
+  std::free(ptr);
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::HostAlloc(void** ptr, size_t bytes) {
+  if (faults_.host_alloc_fails) {
+    *ptr = nullptr;
+    return 2;  // cudaErrorMemoryAllocation
+  }
+  void* p = std::malloc(bytes);
+  *ptr = p;
+  absl::MutexLock lock(&world_->mu);
+  state_->host_ranges.push_back({reinterpret_cast<uintptr_t>(p), bytes});
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::FreeHost(void* ptr) {
+  std::free(ptr);
+  return nccl::kCudaSuccess;
+}
+std::string FakeNcclApi::ErrorString(int error) {
+  if (error == nccl::kCudaErrorNoDevice) return "cudaErrorNoDevice: no CUDA-capable device";
+  return absl::StrCat("fake cuda error ", error);
+}
+
+NcclResult FakeNcclApi::GetVersion(int* version) {
+  *version = faults_.version;
+  return NcclResult::kSuccess;
+}
+NcclResult FakeNcclApi::GetUniqueId(nccl::NcclUniqueId* id) {
+  absl::MutexLock lock(&world_->mu);
+  const std::string text = absl::StrCat("fake-uid-", world_->next_uid++);
+  *id = nccl::NcclUniqueId{};
+  std::memcpy(id->internal, text.data(), text.size());
+  return NcclResult::kSuccess;
+}
+NcclResult FakeNcclApi::CommInitRankConfig(NcclComm* comm, int nranks,
+                                           const nccl::NcclUniqueId& id, int rank,
+                                           const nccl::NcclCommConfig& config) {
+  init_calls_.fetch_add(1);
+  absl::MutexLock lock(&world_->mu);
+  state_->last_config = config;
+  *comm = nullptr;
+  if (faults_.init_invalid_usage) return NcclResult::kInvalidUsage;
+  auto c = std::make_unique<FakeComm>();
+  const std::string key(id.internal, strnlen(id.internal, sizeof(id.internal)));
+  auto& g = world_->groups[key];
+  if (g == nullptr) {
+    g = std::make_shared<Group>();
+    g->nranks = nranks;
+  }
+  c->group = g;
+  c->rank = rank;
+  c->nranks = nranks;
+  c->init_failed = faults_.init_fails;
+  c->init_never = faults_.init_never_finishes;
+  if (!c->init_failed && !c->init_never) ++g->joined;
+  *comm = reinterpret_cast<NcclComm>(c.get());
+  state_->comms.push_back(std::move(c));
+  return NcclResult::kInProgress;
+}
+NcclResult FakeNcclApi::CommGetAsyncError(NcclComm comm, NcclResult* async_error) {
+  absl::MutexLock lock(&world_->mu);
+  FakeComm* c = Comm(comm);
+  if (c->init_failed) {
+    c->last_error = "fake: init failed (injected)";
+    *async_error = NcclResult::kSystemError;
+  } else if (c->init_never || c->group->joined < c->nranks) {
+    *async_error = NcclResult::kInProgress;
+  } else {
+    *async_error = c->async;
+  }
+  return NcclResult::kSuccess;
+}
+NcclResult FakeNcclApi::CommFinalize(NcclComm) {
+  finalize_calls_.fetch_add(1);
+  return NcclResult::kSuccess;
+}
+NcclResult FakeNcclApi::CommDestroy(NcclComm) {
+  destroy_calls_.fetch_add(1);
+  return NcclResult::kSuccess;
+}
+NcclResult FakeNcclApi::CommAbort(NcclComm comm) {
+  abort_calls_.fetch_add(1);
+  if (faults_.abort_hangs_for > absl::ZeroDuration()) absl::SleepFor(faults_.abort_hangs_for);
+  absl::MutexLock lock(&world_->mu);
+  if (comm != nullptr) Comm(comm)->aborted = true;
+  return NcclResult::kSuccess;
+}
+std::string FakeNcclApi::GetErrorString(NcclResult result) {
+  return nccl::NcclResultName(result);
+}
+std::string FakeNcclApi::GetLastError(NcclComm comm) {
+  absl::MutexLock lock(&world_->mu);
+  if (comm == nullptr) return faults_.init_invalid_usage ? "fake: invalid config (injected)" : "";
+  return Comm(comm)->last_error;
+}
+
+NcclResult FakeNcclApi::GroupStart() {
+  absl::MutexLock lock(&world_->mu);
+  state_->in_group = true;
+  return NcclResult::kSuccess;
+}
+
+namespace {
+
+// One launch of `parts` and `p2p` on `c`: posts them to the world; returns the op to track.
+std::shared_ptr<FakeOp> Launch(FakeComm* c, const FakeNcclFaults& faults, std::vector<Part> parts,
+                               std::vector<std::pair<Message, std::pair<int, int>>> p2p) {
+  auto fop = std::make_shared<FakeOp>();
+  ++c->launches;
+  if (c->launches == faults.async_error_at_launch) {
+    c->async = faults.async_error;
+    c->last_error = "fake: peer connection lost (injected)";
+    fop->pending = 1;  // never completes
+    return fop;
+  }
+  if (c->launches == faults.hang_at_launch) {
+    fop->pending = 1;
+    return fop;
+  }
+  fop->pending = static_cast<int>(parts.size() + p2p.size());
+  Group& g = *c->group;
+  for (Part& p : parts) {
+    p.fop = fop;
+    auto& slot = g.collectives[c->collective_index++];
+    slot.resize(static_cast<size_t>(c->nranks));
+    slot[static_cast<size_t>(c->rank)] = std::move(p);
+    bool all = true;
+    for (const auto& s : slot) all = all && s.has_value();
+    if (all) Execute(slot);
+  }
+  for (auto& [m, peer_send] : p2p) {
+    m.fop = fop;
+    const auto [peer, is_send] = peer_send;
+    const std::pair<int, int> key =
+        is_send ? std::make_pair(c->rank, peer) : std::make_pair(peer, c->rank);
+    auto& mine = is_send ? g.sends[key] : g.recvs[key];
+    auto& theirs = is_send ? g.recvs[key] : g.sends[key];
+    mine.push_back(m);
+    while (!mine.empty() && !theirs.empty()) {
+      Message a = mine.front(), b = theirs.front();
+      mine.pop_front();
+      theirs.pop_front();
+      const Message& s = is_send ? a : b;
+      const Message& r = is_send ? b : a;
+      std::memcpy(r.recv, s.send, std::min(s.bytes, r.bytes));
+      --a.fop->pending;
+      --b.fop->pending;
+    }
+  }
+  return fop;
+}
+
+}  // namespace
+
+NcclResult FakeNcclApi::GroupEnd() {
+  absl::MutexLock lock(&world_->mu);
+  State& st = *state_;
+  st.in_group = false;
+  if (st.group_comm != nullptr) {
+    st.stream_last[st.group_stream] = Launch(st.group_comm, faults_, std::move(st.group_collectives),
+                                             std::move(st.group_p2p));
+  }
+  st.group_collectives.clear();
+  st.group_p2p.clear();
+  st.group_comm = nullptr;
+  return NcclResult::kInProgress;
+}
+
+namespace {
+NcclResult Post(FakeNcclApi::State& st, const FakeNcclFaults& faults, FakeComm* c, void* stream,
+                Part part) {
+  if (c->aborted) return NcclResult::kInvalidUsage;
+  if (st.in_group) {
+    st.group_comm = c;
+    st.group_stream = stream;
+    st.group_collectives.push_back(std::move(part));
+    return NcclResult::kSuccess;
+  }
+  st.stream_last[stream] = Launch(c, faults, {std::move(part)}, {});
+  return NcclResult::kInProgress;
+}
+}  // namespace
+
+NcclResult FakeNcclApi::AllReduce(const void* send, void* recv, size_t count, NcclDataType dtype,
+                                  NcclRedOp op, NcclComm comm, nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  state_->dtypes.push_back(dtype);
+  state_->ops.push_back(op);
+  return Post(*state_, faults_, Comm(comm), stream,
+              Part{Kind::kAllReduce, send, recv, count, dtype, op, 0, nullptr});
+}
+NcclResult FakeNcclApi::Broadcast(const void* send, void* recv, size_t count, NcclDataType dtype,
+                                  int root, NcclComm comm, nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  state_->dtypes.push_back(dtype);
+  return Post(*state_, faults_, Comm(comm), stream,
+              Part{Kind::kBroadcast, send, recv, count, dtype, NcclRedOp::kSum, root, nullptr});
+}
+NcclResult FakeNcclApi::Reduce(const void* send, void* recv, size_t count, NcclDataType dtype,
+                               NcclRedOp op, int root, NcclComm comm, nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  state_->dtypes.push_back(dtype);
+  state_->ops.push_back(op);
+  return Post(*state_, faults_, Comm(comm), stream,
+              Part{Kind::kReduce, send, recv, count, dtype, op, root, nullptr});
+}
+NcclResult FakeNcclApi::AllGather(const void* send, void* recv, size_t send_count,
+                                  NcclDataType dtype, NcclComm comm, nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  state_->dtypes.push_back(dtype);
+  return Post(*state_, faults_, Comm(comm), stream,
+              Part{Kind::kAllGather, send, recv, send_count, dtype, NcclRedOp::kSum, 0, nullptr});
+}
+NcclResult FakeNcclApi::ReduceScatter(const void* send, void* recv, size_t recv_count,
+                                      NcclDataType dtype, NcclRedOp op, NcclComm comm,
+                                      nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  state_->dtypes.push_back(dtype);
+  state_->ops.push_back(op);
+  return Post(*state_, faults_, Comm(comm), stream,
+              Part{Kind::kReduceScatter, send, recv, recv_count, dtype, op, 0, nullptr});
+}
+NcclResult FakeNcclApi::Send(const void* send, size_t count, NcclDataType dtype, int peer,
+                             NcclComm comm, nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  if (!state_->in_group) return NcclResult::kInvalidUsage;  // the backend always groups p2p
+  state_->group_comm = Comm(comm);
+  state_->group_stream = stream;
+  state_->group_p2p.push_back(
+      {Message{send, nullptr, count * Size(dtype), nullptr}, std::make_pair(peer, 1)});
+  return NcclResult::kSuccess;
+}
+NcclResult FakeNcclApi::Recv(void* recv, size_t count, NcclDataType dtype, int peer,
+                             NcclComm comm, nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  if (!state_->in_group) return NcclResult::kInvalidUsage;
+  state_->group_comm = Comm(comm);
+  state_->group_stream = stream;
+  state_->group_p2p.push_back(
+      {Message{nullptr, recv, count * Size(dtype), nullptr}, std::make_pair(peer, 0)});
+  return NcclResult::kSuccess;
+}
+
+}  // namespace adaptcomm::testing

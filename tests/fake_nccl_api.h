@@ -1,0 +1,122 @@
+// A fault-injecting NcclApi for CPU-only tests. "Device memory" is ordinary host memory (tagged
+// cuda:N by the test); copies are memcpy; collectives are computed across the ranks of one
+// FakeNcclWorld (ranks are threads) once every rank has launched its part, so an op launched by
+// one rank completes only when its peers launch theirs, as on a GPU.
+#ifndef ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
+#define ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "lib/nccl/nccl_api.h"
+
+namespace adaptcomm::testing {
+
+class FakeNcclWorld;  // shared "network" of the fake ranks; create with MakeFakeNcclWorld()
+std::shared_ptr<FakeNcclWorld> MakeFakeNcclWorld();
+
+struct FakeNcclFaults {
+  int version = 22809;  // what ncclGetVersion reports
+  int device_count = 1;
+  int device_count_error = nccl::kCudaSuccess;  // e.g. kCudaErrorNoDevice
+  std::string library_path = "fake://libnccl.so.2";
+  bool init_fails = false;            // init's asynchronous result becomes ncclSystemError
+  bool init_never_finishes = false;   // init stays ncclInProgress until aborted
+  bool init_invalid_usage = false;    // ncclCommInitRankConfig returns ncclInvalidUsage
+  int async_error_at_launch = 0;      // 1-based launch that fails asynchronously (never completes)
+  nccl::NcclResult async_error = nccl::NcclResult::kRemoteError;
+  int hang_at_launch = 0;             // 1-based launch that never completes, without any error
+  absl::Duration abort_hangs_for = absl::ZeroDuration();  // ncclCommAbort blocks this long
+  bool host_alloc_fails = false;
+};
+
+class FakeNcclApi final : public nccl::NcclApi {
+ public:
+  FakeNcclApi(std::shared_ptr<FakeNcclWorld> world, FakeNcclFaults faults);
+  ~FakeNcclApi() override;
+
+  // Observations.
+  int abort_calls() const { return abort_calls_.load(); }
+  int finalize_calls() const { return finalize_calls_.load(); }
+  int destroy_calls() const { return destroy_calls_.load(); }
+  int init_calls() const { return init_calls_.load(); }
+  int memcpy_calls() const { return memcpy_calls_.load(); }
+  nccl::NcclCommConfig last_config() const;
+  std::vector<nccl::NcclDataType> dtypes_seen() const;
+  std::vector<nccl::NcclRedOp> ops_seen() const;
+  // Pointers inside [p, p + bytes) are reported as host memory by PointerGetAttributes.
+  void MarkHost(const void* p, size_t bytes);
+
+  // CudaApi
+  int GetDeviceCount(int* count) override;
+  int SetDevice(int device) override;
+  int DriverVersion(int* version) override;
+  int RuntimeVersion(int* version) override;
+  int PointerGetAttributes(const void* ptr, nccl::PointerInfo* info) override;
+  int StreamCreateNonBlocking(nccl::CudaStream* stream) override;
+  int StreamDestroy(nccl::CudaStream stream) override;
+  int EventCreateDisableTiming(nccl::CudaEvent* event) override;
+  int EventRecord(nccl::CudaEvent event, nccl::CudaStream stream) override;
+  int EventQuery(nccl::CudaEvent event) override;
+  int EventDestroy(nccl::CudaEvent event) override;
+  int MemcpyAsync(void* dst, const void* src, size_t bytes, nccl::MemcpyKind kind,
+                  nccl::CudaStream stream) override;
+  int Malloc(void** ptr, size_t bytes) override;
+  int Free(void* ptr) override;
+  int HostAlloc(void** ptr, size_t bytes) override;
+  int FreeHost(void* ptr) override;
+  std::string ErrorString(int error) override;
+
+  // NcclApi
+  std::string library_path() const override { return faults_.library_path; }
+  nccl::NcclResult GetVersion(int* version) override;
+  nccl::NcclResult GetUniqueId(nccl::NcclUniqueId* id) override;
+  nccl::NcclResult CommInitRankConfig(nccl::NcclComm* comm, int nranks,
+                                      const nccl::NcclUniqueId& id, int rank,
+                                      const nccl::NcclCommConfig& config) override;
+  nccl::NcclResult CommGetAsyncError(nccl::NcclComm comm, nccl::NcclResult* async_error) override;
+  nccl::NcclResult CommFinalize(nccl::NcclComm comm) override;
+  nccl::NcclResult CommDestroy(nccl::NcclComm comm) override;
+  nccl::NcclResult CommAbort(nccl::NcclComm comm) override;
+  std::string GetErrorString(nccl::NcclResult result) override;
+  std::string GetLastError(nccl::NcclComm comm) override;
+  nccl::NcclResult GroupStart() override;
+  nccl::NcclResult GroupEnd() override;
+  nccl::NcclResult AllReduce(const void* send, void* recv, size_t count, nccl::NcclDataType dtype,
+                             nccl::NcclRedOp op, nccl::NcclComm comm,
+                             nccl::CudaStream stream) override;
+  nccl::NcclResult Broadcast(const void* send, void* recv, size_t count, nccl::NcclDataType dtype,
+                             int root, nccl::NcclComm comm, nccl::CudaStream stream) override;
+  nccl::NcclResult Reduce(const void* send, void* recv, size_t count, nccl::NcclDataType dtype,
+                          nccl::NcclRedOp op, int root, nccl::NcclComm comm,
+                          nccl::CudaStream stream) override;
+  nccl::NcclResult AllGather(const void* send, void* recv, size_t send_count,
+                             nccl::NcclDataType dtype, nccl::NcclComm comm,
+                             nccl::CudaStream stream) override;
+  nccl::NcclResult ReduceScatter(const void* send, void* recv, size_t recv_count,
+                                 nccl::NcclDataType dtype, nccl::NcclRedOp op, nccl::NcclComm comm,
+                                 nccl::CudaStream stream) override;
+  nccl::NcclResult Send(const void* send, size_t count, nccl::NcclDataType dtype, int peer,
+                        nccl::NcclComm comm, nccl::CudaStream stream) override;
+  nccl::NcclResult Recv(void* recv, size_t count, nccl::NcclDataType dtype, int peer,
+                        nccl::NcclComm comm, nccl::CudaStream stream) override;
+
+  struct State;  // in the .cc
+
+ private:
+  const std::shared_ptr<FakeNcclWorld> world_;
+  const FakeNcclFaults faults_;
+  std::unique_ptr<State> state_;
+  std::atomic<int> abort_calls_{0};
+  std::atomic<int> finalize_calls_{0};
+  std::atomic<int> destroy_calls_{0};
+  std::atomic<int> init_calls_{0};
+  std::atomic<int> memcpy_calls_{0};
+};
+
+}  // namespace adaptcomm::testing
+
+#endif  // ADAPTCOMM_TESTS_FAKE_NCCL_API_H_

@@ -1,0 +1,128 @@
+// Fault injection with real processes on loopback: a killed rank, mismatched collectives.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "adaptcomm/adaptcomm.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lib/trace/culprit.h"
+#include "tests/harness.h"
+
+namespace adaptcomm {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RankEnv;
+
+int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+std::string FreshDir(const std::string& name) {
+  std::string dir = absl::StrCat(::testing::TempDir(), "/", name, "_", getpid());
+  std::string cmd = absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'");
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return dir;
+}
+
+TEST(Fault, KilledRankIsNamedBySurvivorsWithinBound) {
+  const std::string dir = FreshDir("kill");
+  constexpr int kVictim = 2;
+  constexpr absl::Duration kTimeout = absl::Seconds(10);
+  std::vector<int> status = testing::RunRankProcesses(
+      4,
+      [&](const RankEnv& env) {
+        CommunicatorOptions o = env.options;
+        o.timeout = kTimeout;
+        o.failure_report_window = absl::Seconds(2);
+        o.flight_recorder_dir = dir;
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<float> grad(64 << 10);
+        for (int step = 0; step < 1000; ++step) {
+          if (env.rank == kVictim && step == 40) {
+            std::ofstream(dir + "/killed_at") << NowMicros();
+            raise(SIGKILL);
+          }
+          absl::Status s = (*comm)->Allreduce(HostView(grad.data(), grad.size())).Wait();
+          if (!s.ok()) {
+            const double seconds = (NowMicros() -
+                                    [&] {
+                                      int64_t t = 0;
+                                      std::ifstream(dir + "/killed_at") >> t;
+                                      return t;
+                                    }()) /
+                                   1e6;
+            std::ofstream(absl::StrCat(dir, "/survivor.", env.rank)) << seconds << "\n"
+                                                                     << s.ToString() << "\n";
+            EXPECT_TRUE(IsRetryable(s)) << s;
+            EXPECT_THAT(std::string(s.message()), HasSubstr("rank(s) 2 did not respond"));
+            EXPECT_LT(seconds, absl::ToDoubleSeconds(kTimeout) + 5);
+            return;
+          }
+        }
+        ADD_FAILURE() << "rank " << env.rank << " never saw the failure";
+      },
+      absl::Seconds(60));
+  ASSERT_EQ(status.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    if (r == kVictim) {
+      EXPECT_TRUE(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL);
+    } else {
+      EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+      std::ifstream report(absl::StrCat(dir, "/survivor.", r));
+      double seconds = -1;
+      report >> seconds;
+      std::printf("rank %d: error %.2f s after the kill\n", r, seconds);
+    }
+  }
+  absl::StatusOr<trace::CulpritReport> report = trace::AnalyzeFlightDumps(dir);
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::printf("%s", report->ToText().c_str());
+  EXPECT_EQ(report->missing, std::vector<int>{kVictim});
+  EXPECT_THAT(report->verdict, HasSubstr("rank 2 left no dump"));
+}
+
+TEST(Fault, MismatchedCollectivesFailOnEveryRankWithoutHanging) {
+  const std::string dir = FreshDir("mismatch");
+  std::vector<int> status = testing::RunRankProcesses(
+      4,
+      [&](const RankEnv& env) {
+        CommunicatorOptions o = env.options;
+        o.timeout = absl::Seconds(2);
+        o.failure_report_window = absl::Seconds(2);
+        o.flight_recorder_dir = dir;
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<float> a(4096), b(4096 * 4);
+        ASSERT_TRUE((*comm)->Allreduce(HostView(a.data(), a.size())).Wait().ok());
+        auto t0 = std::chrono::steady_clock::now();
+        absl::Status s = env.rank == 1 ? (*comm)
+                                             ->Allgather(HostView(a.data(), a.size()),
+                                                         HostView(b.data(), b.size()))
+                                             .Wait()
+                                       : (*comm)->Allreduce(HostView(a.data(), a.size())).Wait();
+        double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_FALSE(s.ok()) << "rank " << env.rank;
+        EXPECT_LT(seconds, 2 + 2 + 3) << s;
+      },
+      absl::Seconds(60));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
+  absl::StatusOr<trace::CulpritReport> report = trace::AnalyzeFlightDumps(dir);
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::printf("%s", report->ToText().c_str());
+  EXPECT_THAT(report->verdict, HasSubstr("mismatched collectives at #2"));
+  EXPECT_THAT(report->verdict, HasSubstr("rank 1 in allgather"));
+}
+
+}  // namespace
+}  // namespace adaptcomm

@@ -1,0 +1,394 @@
+// The NCCL backend's logic on the fault-injecting fake: collectives across thread ranks, bad
+// input, asynchronous errors, timeouts, aborts (also hanging ones), config translation, shutdown.
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lib/nccl/nccl_backend.h"
+#include "tests/fake_nccl_api.h"
+
+namespace adaptcomm {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::FakeNcclApi;
+using testing::FakeNcclFaults;
+
+struct Ranks {
+  std::vector<std::shared_ptr<FakeNcclApi>> apis;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<absl::Status> init;
+};
+
+// Creates `n` NCCL backends on fakes of one world, concurrently (init is collective).
+Ranks Create(int n, const std::function<void(int, FakeNcclFaults&)>& faults = nullptr,
+             absl::Duration init_timeout = absl::Seconds(10),
+             const nccl::NcclCommConfig& config = {}) {
+  Ranks r;
+  auto world = testing::MakeFakeNcclWorld();
+  auto store = CreateHashStore();
+  r.backends.resize(n);
+  r.init.resize(n);
+  for (int i = 0; i < n; ++i) {
+    FakeNcclFaults f;
+    if (faults) faults(i, f);
+    r.apis.push_back(std::make_shared<FakeNcclApi>(world, f));
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      nccl::NcclBackendOptions o;
+      o.rank = i;
+      o.size = n;
+      o.store = store;
+      o.init_timeout = init_timeout;
+      o.config = config;
+      o.abort_timeout = absl::Milliseconds(500);
+      auto b = nccl::CreateNcclBackend(r.apis[i], o);
+      r.init[i] = b.status();
+      if (b.ok()) r.backends[i] = std::move(*b);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return r;
+}
+
+// Runs ops[i] on rank i's backend concurrently; returns each status.
+std::vector<absl::Status> RunAll(Ranks& r, const std::vector<OpDesc>& ops) {
+  std::vector<absl::Status> out(ops.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = r.backends[i]->Run(ops[i]); });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+TensorView Dev(void* data, size_t count, DType t = DType::kF32) {
+  return TensorView{data, count, t, Device::Cuda(0), nullptr};
+}
+
+OpDesc Op(OpKind kind, TensorView in, TensorView out, ReduceOp reduce = ReduceOp::kSum) {
+  OpDesc d;
+  d.kind = kind;
+  d.input = in;
+  d.output = out;
+  d.reduce = reduce;
+  d.timeout = absl::Seconds(10);
+  return d;
+}
+
+TEST(NcclBackend, CollectivesAcrossRanksOnFakeDevices) {
+  constexpr int kN = 3;
+  Ranks r = Create(kN);
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(r.init[i].ok()) << r.init[i];
+  EXPECT_STREQ(r.backends[0]->name(), "nccl");
+  EXPECT_TRUE(r.backends[0]->capabilities().device_memory);
+
+  // allreduce avg, f32
+  std::vector<std::vector<float>> data(kN);
+  std::vector<OpDesc> ops;
+  for (int i = 0; i < kN; ++i) {
+    data[i] = {1.0f * i, 2.0f * i, 3.0f};
+    ops.push_back(Op(OpKind::kAllreduce, Dev(data[i].data(), 3), Dev(data[i].data(), 3),
+                     ReduceOp::kAvg));
+  }
+  for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_FLOAT_EQ(data[i][0], 1.0f);
+    EXPECT_FLOAT_EQ(data[i][1], 2.0f);
+    EXPECT_FLOAT_EQ(data[i][2], 3.0f);
+  }
+  EXPECT_EQ(r.apis[0]->ops_seen().back(), nccl::NcclRedOp::kAvg);  // native avg
+
+  // allreduce sum, bf16 (1.0 = 0x3f80, 2.0 = 0x4000, 3.0 = 0x4040)
+  std::vector<std::vector<uint16_t>> bf(kN, std::vector<uint16_t>(2, 0x3f80));
+  ops.clear();
+  for (int i = 0; i < kN; ++i) {
+    ops.push_back(Op(OpKind::kAllreduce, Dev(bf[i].data(), 2, DType::kBF16),
+                     Dev(bf[i].data(), 2, DType::kBF16)));
+  }
+  for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
+  for (int i = 0; i < kN; ++i) EXPECT_EQ(bf[i][0], 0x4040) << "rank " << i;
+  EXPECT_EQ(r.apis[1]->dtypes_seen().back(), nccl::NcclDataType::kBfloat16);
+
+  // allreduce max, f16 (1.0 = 0x3c00, 2.0 = 0x4000)
+  std::vector<std::vector<uint16_t>> h(kN, std::vector<uint16_t>(1, 0x3c00));
+  h[1][0] = 0x4000;
+  ops.clear();
+  for (int i = 0; i < kN; ++i) {
+    ops.push_back(Op(OpKind::kAllreduce, Dev(h[i].data(), 1, DType::kF16),
+                     Dev(h[i].data(), 1, DType::kF16), ReduceOp::kMax));
+  }
+  for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
+  for (int i = 0; i < kN; ++i) EXPECT_EQ(h[i][0], 0x4000);
+  EXPECT_EQ(r.apis[2]->dtypes_seen().back(), nccl::NcclDataType::kFloat16);
+
+  // broadcast from rank 1, i64
+  std::vector<std::vector<int64_t>> b(kN, std::vector<int64_t>{0, 0});
+  b[1] = {41, 42};
+  ops.clear();
+  for (int i = 0; i < kN; ++i) {
+    OpDesc d = Op(OpKind::kBroadcast, Dev(b[i].data(), 2, DType::kI64),
+                  Dev(b[i].data(), 2, DType::kI64));
+    d.root = 1;
+    ops.push_back(d);
+  }
+  for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
+  for (int i = 0; i < kN; ++i) EXPECT_EQ(b[i], (std::vector<int64_t>{41, 42}));
+
+  // reduce prod to rank 2, i32
+  std::vector<std::vector<int32_t>> p(kN);
+  ops.clear();
+  for (int i = 0; i < kN; ++i) {
+    p[i] = {i + 2};
+    OpDesc d = Op(OpKind::kReduce, Dev(p[i].data(), 1, DType::kI32),
+                  Dev(p[i].data(), 1, DType::kI32), ReduceOp::kProd);
+    d.root = 2;
+    ops.push_back(d);
+  }
+  for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(p[2][0], 2 * 3 * 4);
+
+  // allgather and reduce_scatter, f64
+  std::vector<std::vector<double>> in(kN), out(kN, std::vector<double>(2 * kN));
+  ops.clear();
+  for (int i = 0; i < kN; ++i) {
+    in[i] = {10.0 * i, 10.0 * i + 1};
+    ops.push_back(Op(OpKind::kAllgather, Dev(in[i].data(), 2, DType::kF64),
+                     Dev(out[i].data(), 2 * kN, DType::kF64)));
+  }
+  for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(out[i], (std::vector<double>{0, 1, 10, 11, 20, 21})) << "rank " << i;
+  }
+  std::vector<std::vector<double>> rs(kN, std::vector<double>(2));
+  ops.clear();
+  for (int i = 0; i < kN; ++i) {
+    ops.push_back(Op(OpKind::kReduceScatter, Dev(out[i].data(), 2 * kN, DType::kF64),
+                     Dev(rs[i].data(), 2, DType::kF64)));
+  }
+  for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(rs[i], (std::vector<double>{30.0 * i, 30.0 * i + 3})) << "rank " << i;
+  }
+
+  // alltoall, u8: block j of rank i = 10*i + j
+  std::vector<std::vector<uint8_t>> a_in(kN), a_out(kN, std::vector<uint8_t>(kN));
+  ops.clear();
+  for (int i = 0; i < kN; ++i) {
+    for (int j = 0; j < kN; ++j) a_in[i].push_back(static_cast<uint8_t>(10 * i + j));
+    ops.push_back(Op(OpKind::kAlltoall, Dev(a_in[i].data(), kN, DType::kU8),
+                     Dev(a_out[i].data(), kN, DType::kU8)));
+  }
+  for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
+  for (int i = 0; i < kN; ++i) {
+    for (int j = 0; j < kN; ++j) EXPECT_EQ(a_out[i][j], 10 * j + i) << i << "," << j;
+  }
+
+  // barrier
+  ops.assign(kN, Op(OpKind::kBarrier, TensorView{}, TensorView{}));
+  for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(NcclBackend, SendRecvPairsOnly) {
+  Ranks r = Create(3);
+  for (const auto& s : r.init) ASSERT_TRUE(s.ok()) << s;
+  std::vector<int8_t> src = {1, 2, 3}, dst = {0, 0, 0};
+  OpDesc send = Op(OpKind::kSend, Dev(src.data(), 3, DType::kI8), TensorView{});
+  send.peer = 2;
+  OpDesc recv = Op(OpKind::kRecv, TensorView{}, Dev(dst.data(), 3, DType::kI8));
+  recv.peer = 0;
+  absl::Status s0, s2;
+  std::thread t0([&] { s0 = r.backends[0]->Run(send); });
+  std::thread t2([&] { s2 = r.backends[2]->Run(recv); });
+  t0.join();
+  t2.join();
+  EXPECT_TRUE(s0.ok()) << s0;
+  EXPECT_TRUE(s2.ok()) << s2;
+  EXPECT_EQ(dst, src);
+}
+
+TEST(NcclBackend, BadInputIsInvalidArgumentNamingTheView) {
+  Ranks r = Create(1);
+  ASSERT_TRUE(r.init[0].ok()) << r.init[0];
+  std::vector<float> x(4, 1.0f);
+  // A host view.
+  absl::Status s = r.backends[0]->Supports(Op(OpKind::kAllreduce, HostView(x.data(), 4),
+                                              HostView(x.data(), 4)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("view output of allreduce is a host (cpu) buffer"));
+  // Host memory tagged as device memory.
+  r.apis[0]->MarkHost(x.data(), x.size() * sizeof(float));
+  s = r.backends[0]->Run(Op(OpKind::kAllgather, Dev(x.data(), 1), Dev(x.data(), 1)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("view input of allgather is tagged cuda:0 but its pointer "
+                                     "is host memory"));
+  // A device that does not exist.
+  std::vector<float> y(4);
+  TensorView v = Dev(y.data(), 4);
+  v.device = Device::Cuda(7);
+  s = r.backends[0]->Supports(Op(OpKind::kAllreduce, v, v));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("cuda:7, which does not exist (1 CUDA device(s) visible)"));
+  // Integer average.
+  s = r.backends[0]->Supports(Op(OpKind::kAllreduce, Dev(y.data(), 4, DType::kI32),
+                                 Dev(y.data(), 4, DType::kI32), ReduceOp::kAvg));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  // Invalid input does not break the backend.
+  EXPECT_TRUE(r.backends[0]->health().ok());
+  EXPECT_EQ(r.apis[0]->abort_calls(), 0);
+}
+
+TEST(NcclBackend, AsyncErrorMidCollectiveFailsWithMappedStatusAndAborts) {
+  Ranks r = Create(1, [](int, FakeNcclFaults& f) { f.async_error_at_launch = 2; });
+  ASSERT_TRUE(r.init[0].ok()) << r.init[0];
+  std::vector<float> x = {1, 2};
+  EXPECT_TRUE(r.backends[0]->Run(Op(OpKind::kAllreduce, Dev(x.data(), 2), Dev(x.data(), 2))).ok());
+  const absl::Time start = absl::Now();
+  absl::Status s = r.backends[0]->Run(Op(OpKind::kAllreduce, Dev(x.data(), 2), Dev(x.data(), 2)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("ncclRemoteError"));
+  EXPECT_THAT(s.message(), HasSubstr("peer connection lost"));  // ncclGetLastError's text
+  EXPECT_EQ(r.apis[0]->abort_calls(), 1);
+  EXPECT_EQ(r.backends[0]->health().code(), absl::StatusCode::kUnavailable);
+  // Broken: later ops fail fast without touching NCCL.
+  absl::Status later =
+      r.backends[0]->Run(Op(OpKind::kAllreduce, Dev(x.data(), 2), Dev(x.data(), 2)));
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition);
+  r.backends[0].reset();
+  EXPECT_EQ(r.apis[0]->abort_calls(), 1);     // not aborted twice
+  EXPECT_EQ(r.apis[0]->finalize_calls(), 0);  // an aborted communicator is not finalized
+}
+
+TEST(NcclBackend, OpTimeoutAbortsAndHangingAbortIsBounded) {
+  Ranks r = Create(1, [](int, FakeNcclFaults& f) {
+    f.hang_at_launch = 1;
+    f.abort_hangs_for = absl::Seconds(3);
+  });
+  ASSERT_TRUE(r.init[0].ok()) << r.init[0];
+  std::vector<float> x = {1};
+  OpDesc d = Op(OpKind::kAllreduce, Dev(x.data(), 1), Dev(x.data(), 1));
+  d.timeout = absl::Milliseconds(200);
+  const absl::Time start = absl::Now();
+  absl::Status s = r.backends[0]->Run(d);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(s.message(), HasSubstr("did not complete within 200ms"));
+  // 200 ms op timeout + 500 ms abort bound, not the 3 s the abort hangs.
+  EXPECT_GE(took, absl::Milliseconds(200));
+  EXPECT_LT(took, absl::Milliseconds(2000));
+  EXPECT_EQ(r.apis[0]->abort_calls(), 1);
+}
+
+TEST(NcclBackend, AbortFromAnotherThreadStopsARunningOp) {
+  Ranks r = Create(1, [](int, FakeNcclFaults& f) { f.hang_at_launch = 1; });
+  ASSERT_TRUE(r.init[0].ok()) << r.init[0];
+  std::vector<float> x = {1};
+  absl::Status s;
+  absl::Time start = absl::Now();
+  std::thread runner([&] {
+    s = r.backends[0]->Run(Op(OpKind::kAllreduce, Dev(x.data(), 1), Dev(x.data(), 1)));
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  r.backends[0]->Abort(absl::CancelledError("watchdog"));
+  runner.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("watchdog"));
+  EXPECT_EQ(r.apis[0]->abort_calls(), 1);
+  r.backends[0]->Abort(absl::CancelledError("again"));  // idempotent
+  EXPECT_EQ(r.apis[0]->abort_calls(), 1);
+}
+
+TEST(NcclBackend, InitFailureAndInitTimeoutAbortTheCommunicator) {
+  Ranks failed = Create(1, [](int, FakeNcclFaults& f) { f.init_fails = true; });
+  EXPECT_EQ(failed.init[0].code(), absl::StatusCode::kUnavailable) << failed.init[0];
+  EXPECT_THAT(failed.init[0].message(), HasSubstr("ncclSystemError"));
+  EXPECT_EQ(failed.apis[0]->abort_calls(), 1);
+
+  const absl::Time start = absl::Now();
+  Ranks hung = Create(
+      2, [](int i, FakeNcclFaults& f) { f.init_never_finishes = i == 1; }, absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(hung.init[i].code(), absl::StatusCode::kDeadlineExceeded) << hung.init[i];
+    EXPECT_THAT(hung.init[i].message(), HasSubstr("ncclCommAbort called"));
+    EXPECT_EQ(hung.apis[i]->abort_calls(), 1) << "rank " << i;
+  }
+
+  Ranks refused = Create(1, [](int, FakeNcclFaults& f) { f.init_invalid_usage = true; });
+  EXPECT_EQ(refused.init[0].code(), absl::StatusCode::kInvalidArgument) << refused.init[0];
+  EXPECT_THAT(refused.init[0].message(), HasSubstr("invalid config (injected)"));
+}
+
+TEST(NcclBackend, ConfigTranslationReachesCommInitRankConfig) {
+  NcclConfigValues values;
+  values.blocking = 1;  // must be overridden: aborts need a nonblocking communicator
+  values.min_ctas = 4;
+  values.max_ctas = 8;
+  values.net_name = "IB";
+  values.traffic_class = 106;
+  values.comm_name = "trainer";
+  std::vector<std::string> notes;
+  // NCCL 2.21: no trafficClass (2.26), no commName (2.27).
+  nccl::NcclCommConfig c = nccl::TranslateNcclConfig(values, 22105, &notes);
+  EXPECT_EQ(c.blocking, 0);
+  EXPECT_EQ(c.min_ctas, 4);
+  EXPECT_EQ(c.max_ctas, 8);
+  EXPECT_EQ(c.net_name, "IB");
+  EXPECT_EQ(c.traffic_class, nccl::kUndefInt);
+  EXPECT_EQ(c.comm_name, "");
+  EXPECT_EQ(c.cga_cluster_size, nccl::kUndefInt);
+  EXPECT_THAT(notes, ::testing::Contains(HasSubstr(
+                         "ncclConfig_t.trafficClass needs NCCL 2.26.0, loaded 2.21.5")));
+  EXPECT_THAT(notes, ::testing::Contains(HasSubstr("blocking=1 ignored")));
+
+  nccl::NcclCommConfig full = nccl::TranslateNcclConfig(values, 22809, nullptr);
+  EXPECT_EQ(full.traffic_class, 106);
+  Ranks r = Create(1, nullptr, absl::Seconds(10), full);
+  ASSERT_TRUE(r.init[0].ok()) << r.init[0];
+  nccl::NcclCommConfig seen = r.apis[0]->last_config();
+  EXPECT_EQ(seen.blocking, 0);
+  EXPECT_EQ(seen.min_ctas, 4);
+  EXPECT_EQ(seen.max_ctas, 8);
+  EXPECT_EQ(seen.net_name, "IB");
+  EXPECT_EQ(seen.traffic_class, 106);
+  EXPECT_EQ(seen.comm_name, "trainer");
+}
+
+TEST(NcclBackend, ShutdownFinalizesAndDestroys) {
+  Ranks r = Create(2);
+  for (const auto& s : r.init) ASSERT_TRUE(s.ok()) << s;
+  r.backends.clear();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(r.apis[i]->finalize_calls(), 1);
+    EXPECT_EQ(r.apis[i]->destroy_calls(), 1);
+    EXPECT_EQ(r.apis[i]->abort_calls(), 0);
+  }
+}
+
+TEST(NcclBackend, ResultMappingAndVersions) {
+  EXPECT_EQ(nccl::MapNcclResult(nccl::NcclResult::kSystemError, "x", "").code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(nccl::MapNcclResult(nccl::NcclResult::kInternalError, "x", "").code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(nccl::MapNcclResult(nccl::NcclResult::kUnhandledCudaError, "x", "").code(),
+            absl::StatusCode::kUnavailable);
+  absl::Status s = nccl::MapNcclResult(nccl::NcclResult::kInvalidArgument, "ncclAllReduce",
+                                       "NCCL_MIN_CTAS out of range");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("NCCL_MIN_CTAS out of range"));
+  EXPECT_EQ(nccl::NcclVersionString(22809), "2.28.9");
+  EXPECT_EQ(nccl::NcclVersionString(2804), "2.8.4");  // the pre-2.9 scheme
+  EXPECT_EQ(nccl::NormalizeNcclVersion(2804), 20804);
+}
+
+}  // namespace
+}  // namespace adaptcomm
