@@ -9,13 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/harness.h"
 
 namespace {
-
-std::string BinaryDir() {
-  const char* dir = std::getenv("ADAPTCOMM_BINARY_DIR");
-  return dir != nullptr ? dir : ".";
-}
 
 std::vector<double> ReadWeights(const std::string& path) {
   std::vector<double> w;
@@ -31,7 +27,7 @@ int RunCommand(const std::string& command) {
 }
 
 TEST(Demo, FourRankTrainingMatchesSingleProcess) {
-  const std::string bin = BinaryDir();
+  const std::string bin = adaptcomm::testing::BuildDir();
   const std::string dir = ::testing::TempDir();
   const std::string dist = dir + "/demo_weights_4ranks.txt";
   const std::string ref = dir + "/demo_weights_reference.txt";

@@ -359,7 +359,7 @@ int FakeNcclApi::EventQuery(nccl::CudaEvent event) {
   auto it = state_->events.find(event);
   if (it == state_->events.end()) return 400;  // cudaErrorInvalidResourceHandle
   return it->second == nullptr || it->second->done() ? nccl::kCudaSuccess
-                                                      : nccl::kCudaErrorNotReady;
+                                                     : nccl::kCudaErrorNotReady;
 }
 int FakeNcclApi::EventDestroy(nccl::CudaEvent event) {
   absl::MutexLock lock(&world_->mu);
@@ -395,6 +395,10 @@ int FakeNcclApi::FreeHost(void* ptr) {
   std::free(ptr);
   return nccl::kCudaSuccess;
 }
+int FakeNcclApi::LaunchHostFunc(nccl::CudaStream, void (*fn)(void*), void* arg) {
+  fn(arg);  // the fake's streams have nothing to wait for
+  return nccl::kCudaSuccess;
+}
 std::string FakeNcclApi::ErrorString(int error) {
   if (error == nccl::kCudaErrorNoDevice) return "cudaErrorNoDevice: no CUDA-capable device";
   return absl::StrCat("fake cuda error ", error);
@@ -411,9 +415,8 @@ NcclResult FakeNcclApi::GetUniqueId(nccl::NcclUniqueId* id) {
   std::memcpy(id->internal, text.data(), text.size());
   return NcclResult::kSuccess;
 }
-NcclResult FakeNcclApi::CommInitRankConfig(NcclComm* comm, int nranks,
-                                           const nccl::NcclUniqueId& id, int rank,
-                                           const nccl::NcclCommConfig& config) {
+NcclResult FakeNcclApi::CommInitRankConfig(NcclComm* comm, int nranks, const nccl::NcclUniqueId& id,
+                                           int rank, const nccl::NcclCommConfig& config) {
   init_calls_.fetch_add(1);
   absl::MutexLock lock(&world_->mu);
   state_->last_config = config;
@@ -464,9 +467,7 @@ NcclResult FakeNcclApi::CommAbort(NcclComm comm) {
   if (comm != nullptr) Comm(comm)->aborted = true;
   return NcclResult::kSuccess;
 }
-std::string FakeNcclApi::GetErrorString(NcclResult result) {
-  return nccl::NcclResultName(result);
-}
+std::string FakeNcclApi::GetErrorString(NcclResult result) { return nccl::NcclResultName(result); }
 std::string FakeNcclApi::GetLastError(NcclComm comm) {
   absl::MutexLock lock(&world_->mu);
   if (comm == nullptr) return faults_.init_invalid_usage ? "fake: invalid config (injected)" : "";
@@ -536,8 +537,8 @@ NcclResult FakeNcclApi::GroupEnd() {
   State& st = *state_;
   st.in_group = false;
   if (st.group_comm != nullptr) {
-    st.stream_last[st.group_stream] = Launch(st.group_comm, faults_, std::move(st.group_collectives),
-                                             std::move(st.group_p2p));
+    st.stream_last[st.group_stream] =
+        Launch(st.group_comm, faults_, std::move(st.group_collectives), std::move(st.group_p2p));
   }
   st.group_collectives.clear();
   st.group_p2p.clear();
@@ -609,8 +610,8 @@ NcclResult FakeNcclApi::Send(const void* send, size_t count, NcclDataType dtype,
       {Message{send, nullptr, count * Size(dtype), nullptr}, std::make_pair(peer, 1)});
   return NcclResult::kSuccess;
 }
-NcclResult FakeNcclApi::Recv(void* recv, size_t count, NcclDataType dtype, int peer,
-                             NcclComm comm, nccl::CudaStream stream) {
+NcclResult FakeNcclApi::Recv(void* recv, size_t count, NcclDataType dtype, int peer, NcclComm comm,
+                             nccl::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   if (!state_->in_group) return NcclResult::kInvalidUsage;
   state_->group_comm = Comm(comm);

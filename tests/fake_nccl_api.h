@@ -23,12 +23,12 @@ struct FakeNcclFaults {
   int device_count = 1;
   int device_count_error = nccl::kCudaSuccess;  // e.g. kCudaErrorNoDevice
   std::string library_path = "fake://libnccl.so.2";
-  bool init_fails = false;            // init's asynchronous result becomes ncclSystemError
-  bool init_never_finishes = false;   // init stays ncclInProgress until aborted
-  bool init_invalid_usage = false;    // ncclCommInitRankConfig returns ncclInvalidUsage
-  int async_error_at_launch = 0;      // 1-based launch that fails asynchronously (never completes)
+  bool init_fails = false;           // init's asynchronous result becomes ncclSystemError
+  bool init_never_finishes = false;  // init stays ncclInProgress until aborted
+  bool init_invalid_usage = false;   // ncclCommInitRankConfig returns ncclInvalidUsage
+  int async_error_at_launch = 0;     // 1-based launch that fails asynchronously (never completes)
   nccl::NcclResult async_error = nccl::NcclResult::kRemoteError;
-  int hang_at_launch = 0;             // 1-based launch that never completes, without any error
+  int hang_at_launch = 0;  // 1-based launch that never completes, without any error
   absl::Duration abort_hangs_for = absl::ZeroDuration();  // ncclCommAbort blocks this long
   bool host_alloc_fails = false;
 };
@@ -68,6 +68,7 @@ class FakeNcclApi final : public nccl::NcclApi {
   int Free(void* ptr) override;
   int HostAlloc(void** ptr, size_t bytes) override;
   int FreeHost(void* ptr) override;
+  int LaunchHostFunc(nccl::CudaStream stream, void (*fn)(void*), void* arg) override;
   std::string ErrorString(int error) override;
 
   // NcclApi

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -18,6 +19,17 @@ namespace adaptcomm::testing {
 
 std::string RankModeName(RankMode mode) {
   return mode == RankMode::kThreads ? "threads" : "processes";
+}
+
+std::string BuildDir() {
+  if (const char* dir = std::getenv("ADAPTCOMM_BINARY_DIR"); dir != nullptr && *dir != '\0') {
+    return dir;
+  }
+  char self[4096] = {};
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string path(self, n > 0 ? static_cast<size_t>(n) : 0);
+  path = path.substr(0, path.rfind('/'));  // .../build/tests
+  return path.substr(0, path.rfind('/'));  // .../build
 }
 
 int PickFreePort() {

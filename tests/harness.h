@@ -40,6 +40,9 @@ void RunRanks(RankMode mode, int world_size, const std::function<void(const Rank
 std::vector<int> RunRankProcesses(int world_size, const std::function<void(const RankEnv&)>& body,
                                   absl::Duration bound);
 
+// The build directory: $ADAPTCOMM_BINARY_DIR, else the parent of this test binary's folder.
+std::string BuildDir();
+
 // A loopback TCP port that was free a moment ago.
 int PickFreePort();
 

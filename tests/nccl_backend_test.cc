@@ -1,5 +1,7 @@
 // The NCCL backend's logic on the fault-injecting fake: collectives across thread ranks, bad
 // input, asynchronous errors, timeouts, aborts (also hanging ones), config translation, shutdown.
+#include "lib/nccl/nccl_backend.h"
+
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -9,15 +11,14 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/nccl/nccl_backend.h"
 #include "tests/fake_nccl_api.h"
 
 namespace adaptcomm {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::FakeNcclApi;
 using testing::FakeNcclFaults;
+using ::testing::HasSubstr;
 
 struct Ranks {
   std::vector<std::shared_ptr<FakeNcclApi>> apis;
@@ -95,8 +96,8 @@ TEST(NcclBackend, CollectivesAcrossRanksOnFakeDevices) {
   std::vector<OpDesc> ops;
   for (int i = 0; i < kN; ++i) {
     data[i] = {1.0f * i, 2.0f * i, 3.0f};
-    ops.push_back(Op(OpKind::kAllreduce, Dev(data[i].data(), 3), Dev(data[i].data(), 3),
-                     ReduceOp::kAvg));
+    ops.push_back(
+        Op(OpKind::kAllreduce, Dev(data[i].data(), 3), Dev(data[i].data(), 3), ReduceOp::kAvg));
   }
   for (const auto& s : RunAll(r, ops)) EXPECT_TRUE(s.ok()) << s;
   for (int i = 0; i < kN; ++i) {
@@ -134,8 +135,8 @@ TEST(NcclBackend, CollectivesAcrossRanksOnFakeDevices) {
   b[1] = {41, 42};
   ops.clear();
   for (int i = 0; i < kN; ++i) {
-    OpDesc d = Op(OpKind::kBroadcast, Dev(b[i].data(), 2, DType::kI64),
-                  Dev(b[i].data(), 2, DType::kI64));
+    OpDesc d =
+        Op(OpKind::kBroadcast, Dev(b[i].data(), 2, DType::kI64), Dev(b[i].data(), 2, DType::kI64));
     d.root = 1;
     ops.push_back(d);
   }
@@ -219,8 +220,8 @@ TEST(NcclBackend, BadInputIsInvalidArgumentNamingTheView) {
   ASSERT_TRUE(r.init[0].ok()) << r.init[0];
   std::vector<float> x(4, 1.0f);
   // A host view.
-  absl::Status s = r.backends[0]->Supports(Op(OpKind::kAllreduce, HostView(x.data(), 4),
-                                              HostView(x.data(), 4)));
+  absl::Status s =
+      r.backends[0]->Supports(Op(OpKind::kAllreduce, HostView(x.data(), 4), HostView(x.data(), 4)));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("view output of allreduce is a host (cpu) buffer"));
   // Host memory tagged as device memory.
@@ -293,9 +294,8 @@ TEST(NcclBackend, AbortFromAnotherThreadStopsARunningOp) {
   std::vector<float> x = {1};
   absl::Status s;
   absl::Time start = absl::Now();
-  std::thread runner([&] {
-    s = r.backends[0]->Run(Op(OpKind::kAllreduce, Dev(x.data(), 1), Dev(x.data(), 1)));
-  });
+  std::thread runner(
+      [&] { s = r.backends[0]->Run(Op(OpKind::kAllreduce, Dev(x.data(), 1), Dev(x.data(), 1))); });
   absl::SleepFor(absl::Milliseconds(100));
   r.backends[0]->Abort(absl::CancelledError("watchdog"));
   runner.join();
@@ -346,8 +346,8 @@ TEST(NcclBackend, ConfigTranslationReachesCommInitRankConfig) {
   EXPECT_EQ(c.traffic_class, nccl::kUndefInt);
   EXPECT_EQ(c.comm_name, "");
   EXPECT_EQ(c.cga_cluster_size, nccl::kUndefInt);
-  EXPECT_THAT(notes, ::testing::Contains(HasSubstr(
-                         "ncclConfig_t.trafficClass needs NCCL 2.26.0, loaded 2.21.5")));
+  EXPECT_THAT(notes, ::testing::Contains(
+                         HasSubstr("ncclConfig_t.trafficClass needs NCCL 2.26.0, loaded 2.21.5")));
   EXPECT_THAT(notes, ::testing::Contains(HasSubstr("blocking=1 ignored")));
 
   nccl::NcclCommConfig full = nccl::TranslateNcclConfig(values, 22809, nullptr);

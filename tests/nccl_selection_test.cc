@@ -20,9 +20,9 @@ namespace {
 
 using internal::selection::SelectedBackend;
 using internal::selection::SelectionDeps;
-using ::testing::HasSubstr;
 using testing::FakeNcclApi;
 using testing::FakeNcclFaults;
+using ::testing::HasSubstr;
 
 struct Outcome {
   std::vector<absl::StatusOr<SelectedBackend>> result;
@@ -51,6 +51,9 @@ Outcome Select(int n, CommunicatorOptions base,
       CommunicatorOptions o = base;
       o.rank = i;
       o.world_size = n;
+      // Create() fills these from the profile before selection; here selection runs alone.
+      if (o.timeout == absl::ZeroDuration()) o.timeout = absl::Seconds(60);
+      if (o.init_timeout == absl::ZeroDuration()) o.init_timeout = absl::Seconds(30);
       internal::Rendezvous rv;
       rv.root_store = store;
       rv.store = CreatePrefixStore("comm", store);

@@ -15,8 +15,7 @@ namespace {
 using ::adaptcomm::testing::ClearProfileEnvironment;
 using ::adaptcomm::testing::Registry;
 
-EffectiveConfig Load(const std::string& text,
-                     std::map<std::string, std::string> user_env = {},
+EffectiveConfig Load(const std::string& text, std::map<std::string, std::string> user_env = {},
                      ProfileOverrides overrides = {}) {
   config::ResolveInputs in;
   in.text = text;
@@ -76,9 +75,8 @@ TEST_F(ProfileApply, OlderNcclGetsEnvForMissingFields) {
   EXPECT_EQ(plan.config.min_ctas, 4);
   EXPECT_FALSE(plan.config.traffic_class.has_value());
   EXPECT_FALSE(plan.config.cta_policy.has_value());
-  EXPECT_EQ(Names(plan.env),
-            (std::vector<std::string>{"NCCL_BUFFSIZE=2097152", "NCCL_CTA_POLICY=1",
-                                      "NCCL_IB_HCA=mlx5", "NCCL_IB_TC=106"}));
+  EXPECT_EQ(Names(plan.env), (std::vector<std::string>{"NCCL_BUFFSIZE=2097152", "NCCL_CTA_POLICY=1",
+                                                       "NCCL_IB_HCA=mlx5", "NCCL_IB_TC=106"}));
   ASSERT_EQ(plan.notes.size(), 2u);
   EXPECT_EQ(plan.notes[1],
             "NCCL 2.21.5 lacks ncclConfig_t.trafficClass (added in 2.26): NCCL_IB_TC=106 goes to "
@@ -108,7 +106,8 @@ TEST_F(ProfileApply, UserExportIsKeptUnlessForced) {
   // force: true in the profile overwrites it.
   config::ResetAppliedEnvForTest();
   EffectiveConfig forced = Load(
-      "infrastructure:\n  env:\n    NCCL_IB_HCA: {value: mlx5_0, force: true}\ntiers: [{name: t}]\n",
+      "infrastructure:\n  env:\n    NCCL_IB_HCA: {value: mlx5_0, force: true}\ntiers: [{name: "
+      "t}]\n",
       {{"NCCL_IB_HCA", "mlx5_3"}});
   NcclEnvReport f = ApplyNcclEnvironment(forced, 22809);
   EXPECT_STREQ(std::getenv("NCCL_IB_HCA"), "mlx5_0");
@@ -141,8 +140,9 @@ TEST_F(ProfileApply, LaterDifferentReadOnceValueWarns) {
   EffectiveConfig second = Load("tiers:\n  - name: t\n    nccl: {NCCL_BUFFSIZE: 8MiB}\n");
   NcclEnvReport b = ApplyNcclEnvironment(second, 22809);
   ASSERT_EQ(b.conflicts.size(), 1u);
-  EXPECT_TRUE(absl::StartsWith(b.conflicts[0], "NCCL_BUFFSIZE: this profile wants 8388608 but "
-                                               "2097152 was already set"))
+  EXPECT_TRUE(absl::StartsWith(b.conflicts[0],
+                               "NCCL_BUFFSIZE: this profile wants 8388608 but "
+                               "2097152 was already set"))
       << b.conflicts[0];
   EXPECT_STREQ(std::getenv("NCCL_BUFFSIZE"), "2097152");
 }

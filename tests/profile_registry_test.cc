@@ -1,6 +1,5 @@
-#include "lib/config/nccl_registry.h"
-
 #include "gtest/gtest.h"
+#include "lib/config/nccl_registry.h"
 #include "tests/profile_test_util.h"
 
 namespace adaptcomm::config {

@@ -57,9 +57,9 @@ TEST_F(ProfileResolve, TiersByModelSize) {
     const char* size;
     const char* tier;
     int collective_s;
-  } cases[] = {{"3B", "small", 1200},    {"7B", "small", 1200},  {"7000000000", "small", 1200},
-               {"30B", "medium", 2400},  {"70B", "medium", 2400}, {"99.9B", "medium", 2400},
-               {"100B", "large", 3600},  {"235B", "large", 3600}, {"1.5T", "large", 3600}};
+  } cases[] = {{"3B", "small", 1200},   {"7B", "small", 1200},   {"7000000000", "small", 1200},
+               {"30B", "medium", 2400}, {"70B", "medium", 2400}, {"99.9B", "medium", 2400},
+               {"100B", "large", 3600}, {"235B", "large", 3600}, {"1.5T", "large", 3600}};
   for (const Case& c : cases) {
     auto cfg = Resolve(c.size, 8);
     ASSERT_TRUE(cfg.ok()) << c.size << ": " << cfg.status();
@@ -212,17 +212,24 @@ TEST_F(ProfileResolve, ArticleListWarnsAndTranslates) {
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   const std::string w = AllWarnings(*cfg);
   EXPECT_EQ(cfg->warnings.size(), 4u) << w;
-  EXPECT_TRUE(absl::StrContains(w, "article.yaml:13:5: NCCL_IBEXT_DISABLE is read only by the "
-                                   "Mellanox SHARP plugin"))
+  EXPECT_TRUE(absl::StrContains(w,
+                                "article.yaml:13:5: NCCL_IBEXT_DISABLE is read only by the "
+                                "Mellanox SHARP plugin"))
       << w;
-  EXPECT_TRUE(absl::StrContains(w, "article.yaml:17:5: NCCL_IB_MTU is never read by NCCL (the IB MTU is "
-                                   "negotiated from the ports' active MTU); dropped")) << w;
-  EXPECT_TRUE(absl::StrContains(w, "article.yaml:35:7: NCCL_MAX_RINGS is never read by NCCL (read by no "
-                                   "NCCL version; the old name was NCCL_MAX_NRINGS); dropped; "
-                                   "did you mean NCCL_MAX_CTAS?"))
+  EXPECT_TRUE(
+      absl::StrContains(w,
+                        "article.yaml:17:5: NCCL_IB_MTU is never read by NCCL (the IB MTU is "
+                        "negotiated from the ports' active MTU); dropped"))
       << w;
-  EXPECT_TRUE(absl::StrContains(w, "NCCL_MIN_NRINGS is a deprecated alias of NCCL_MIN_CTAS since "
-                                   "NCCL 2.17: using NCCL_MIN_CTAS=4 (ncclConfig_t.minCTAs)"))
+  EXPECT_TRUE(
+      absl::StrContains(w,
+                        "article.yaml:35:7: NCCL_MAX_RINGS is never read by NCCL (read by no "
+                        "NCCL version; the old name was NCCL_MAX_NRINGS); dropped; "
+                        "did you mean NCCL_MAX_CTAS?"))
+      << w;
+  EXPECT_TRUE(absl::StrContains(w,
+                                "NCCL_MIN_NRINGS is a deprecated alias of NCCL_MIN_CTAS since "
+                                "NCCL 2.17: using NCCL_MIN_CTAS=4 (ncclConfig_t.minCTAs)"))
       << w;
   EXPECT_EQ(Find(*cfg, "nccl.NCCL_MIN_CTAS")->value, "4");
   EXPECT_EQ(Find(*cfg, "nccl.NCCL_IB_MTU"), nullptr);
@@ -324,7 +331,8 @@ TEST_F(ProfileResolve, InvertedTimeoutsNameBothValues) {
             "than timeouts.heartbeat 1800s (test.yaml:4:16); required: store_connect < collective "
             "< heartbeat");
   auto store = FromText(
-      "defaults:\n  timeouts:\n    store_connect: 20min\n    collective: 10min\ntiers: [{name: a}]\n");
+      "defaults:\n  timeouts:\n    store_connect: 20min\n    collective: 10min\ntiers: [{name: "
+      "a}]\n");
   ASSERT_FALSE(store.ok());
   EXPECT_TRUE(absl::StrContains(store.status().message(),
                                 "timeouts.store_connect 1200s (test.yaml:3:20) must be shorter "
@@ -341,8 +349,9 @@ TEST_F(ProfileResolve, WarnsOnOddBufferAndUnknownName) {
   ASSERT_TRUE(cfg.ok()) << cfg.status();
   const std::string w = AllWarnings(*cfg);
   EXPECT_TRUE(absl::StrContains(w, "NCCL_BUFFSIZE=3145728 is not a power of two")) << w;
-  EXPECT_TRUE(absl::StrContains(w, "test.yaml:3:33: NCCL_IB_HAC is unknown to NCCL (did you mean "
-                                   "NCCL_IB_HCA?)"))
+  EXPECT_TRUE(absl::StrContains(w,
+                                "test.yaml:3:33: NCCL_IB_HAC is unknown to NCCL (did you mean "
+                                "NCCL_IB_HCA?)"))
       << w;
   auto strict = FromText("tiers:\n  - name: a\n    nccl: {NCCL_IB_HAC: mlx5}\n", 0, 8, true);
   EXPECT_EQ(strict.status().code(), absl::StatusCode::kFailedPrecondition);

@@ -1,6 +1,5 @@
-#include "lib/config/units.h"
-
 #include "gtest/gtest.h"
+#include "lib/config/units.h"
 
 namespace adaptcomm::config {
 namespace {
@@ -9,11 +8,11 @@ TEST(ProfileUnits, ModelSizes) {
   struct Case {
     const char* text;
     uint64_t params;
-  } cases[] = {{"7B", 7000000000ULL},        {"235B", 235000000000ULL},
-               {"1.5T", 1500000000000ULL},   {"7000000000", 7000000000ULL},
-               {"70b", 70000000000ULL},      {"500M", 500000000ULL},
-               {" 3B ", 3000000000ULL},      {"0.5B", 500000000ULL},
-               {"1.25T", 1250000000000ULL},  {"13.7B", 13700000000ULL}};
+  } cases[] = {{"7B", 7000000000ULL},       {"235B", 235000000000ULL},
+               {"1.5T", 1500000000000ULL},  {"7000000000", 7000000000ULL},
+               {"70b", 70000000000ULL},     {"500M", 500000000ULL},
+               {" 3B ", 3000000000ULL},     {"0.5B", 500000000ULL},
+               {"1.25T", 1250000000000ULL}, {"13.7B", 13700000000ULL}};
   for (const Case& c : cases) {
     auto v = ParseModelSize(c.text);
     ASSERT_TRUE(v.ok()) << c.text << ": " << v.status();

@@ -48,8 +48,9 @@ std::function<int()> SetupProfile(CLI::App& sub) {
                       "Profile file; default: ADAPTCOMM_PROFILE, else profiles.yaml in the "
                       "configuration directory");
   explain->add_flag("--json", args->json, "Machine-readable output");
-  explain->add_flag("--strict", args->strict,
-                    "Refuse variables NCCL never reads or does not know (ADAPTCOMM_PROFILE_STRICT=1)");
+  explain->add_flag(
+      "--strict", args->strict,
+      "Refuse variables NCCL never reads or does not know (ADAPTCOMM_PROFILE_STRICT=1)");
   return [args, explain]() -> int {
     if (explain->parsed()) return RunExplain(*args);
     return 2;

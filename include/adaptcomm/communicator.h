@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "adaptcomm/backend.h"
+#include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
 #include "adaptcomm/types.h"
 #include "adaptcomm/work.h"
@@ -57,10 +58,18 @@ struct CommunicatorOptions {
   std::string name = "default";
   BackendChoice backend = BackendChoice::kAuto;
   Fallback fallback = Fallback::kAllow;
+  // Profile (see profile.h): a model size ("7B", "235B", "1.5T", a parameter count) or a tier
+  // name, and the YAML file. Empty: ADAPTCOMM_MODEL_SIZE / ADAPTCOMM_PROFILE, else the smallest
+  // tier of the default profiles.yaml. Options set here win over the profile (zero = unset).
+  std::string model_size;
+  std::string profile_file;
+  bool profile_strict = false;  // refuse dead or unknown NCCL_* names (also ADAPTCOMM_PROFILE_STRICT=1)
+
   // Default bound of each operation, counted from when it starts running (not when queued).
-  absl::Duration timeout = absl::Seconds(600);
-  // Bound of creation: store connection, rendezvous of every rank, backend init.
-  absl::Duration init_timeout = absl::Seconds(120);
+  // Zero: the profile's collective timeout (scaled by world size).
+  absl::Duration timeout = absl::ZeroDuration();
+  // Bound of creation: store connection, rendezvous of every rank, backend init. Zero: profile.
+  absl::Duration init_timeout = absl::ZeroDuration();
 
   // Rendezvous. If `store` is set it is used as is; otherwise rank 0 serves a TCP store at
   // master_addr:master_port and every rank connects to it.
@@ -73,7 +82,7 @@ struct CommunicatorOptions {
   // flight_recorder_dir/flight.rank<R>.json on a timeout or fatal error, or by DumpFlightRecord().
   // Empty dir: $ADAPTCOMM_FLIGHT_RECORDER_DIR, else $TMPDIR/adaptcomm-flight.
   std::string flight_recorder_dir;
-  size_t flight_recorder_entries = 2048;
+  size_t flight_recorder_entries = 0;  // zero: the profile's
   // After a failure, how long a rank waits for every other rank to report before naming the
   // silent ones as dead or stalled.
   absl::Duration failure_report_window = absl::Seconds(5);
@@ -138,6 +147,22 @@ class Communicator {
   const char* backend_name() const;
   // Why this backend was chosen ("backend=gloo requested", "auto: NCCL not built", ...).
   const std::string& selection_reason() const;
+  // The effective configuration: every setting, its value, where it came from, how it is applied.
+  std::string Explain() const;
+
+  // While a LongOperationScope lives, operations issued without an explicit timeout get the
+  // profile's long-operation bound instead of the collective one: wrap the collective that waits
+  // for a checkpoint save (on every rank) so the save does not trip the watchdog.
+  class LongOperationScope {
+   public:
+    explicit LongOperationScope(Communicator& comm);
+    ~LongOperationScope();
+    LongOperationScope(const LongOperationScope&) = delete;
+    LongOperationScope& operator=(const LongOperationScope&) = delete;
+
+   private:
+    Communicator& comm_;
+  };
   Capabilities capabilities() const;
 
   // In place: every rank's `data` ends as the reduction over all ranks.

@@ -73,20 +73,21 @@ struct ProfileRequest {
   // Profile file. Empty: ADAPTCOMM_PROFILE, else profiles.yaml in the configuration directory
   // (ADAPTCOMM_CONFIG_DIR, else the source tree's configs/, else <prefix>/share/adaptcomm/configs).
   std::string file;
-  // Refuse profiles naming variables NCCL never reads or does not know. Also ADAPTCOMM_PROFILE_STRICT=1.
+  // Refuse profiles naming variables NCCL never reads or does not know. Also
+  // ADAPTCOMM_PROFILE_STRICT=1.
   bool strict = false;
   ProfileOverrides overrides;
 };
 
 struct TimeoutConfig {
-  absl::Duration store_connect;      // a store client's connect bound
-  absl::Duration init;               // creation: rendezvous + backend init
-  absl::Duration collective_base;    // before world-size scaling
-  absl::Duration collective;         // per-operation bound, scaled by world size
-  double world_factor = 1.0;         // collective / collective_base (1 if set by the API)
-  absl::Duration heartbeat;          // watchdog silent this long: the process aborts (scaled too)
-  absl::Duration abort;              // how long an abort may take before a hard exit
-  absl::Duration long_operation;     // bound inside a long-operation scope (checkpoint save)
+  absl::Duration store_connect;    // a store client's connect bound
+  absl::Duration init;             // creation: rendezvous + backend init
+  absl::Duration collective_base;  // before world-size scaling
+  absl::Duration collective;       // per-operation bound, scaled by world size
+  double world_factor = 1.0;       // collective / collective_base (1 if set by the API)
+  absl::Duration heartbeat;        // watchdog silent this long: the process aborts (scaled too)
+  absl::Duration abort;            // how long an abort may take before a hard exit
+  absl::Duration long_operation;   // bound inside a long-operation scope (checkpoint save)
 };
 
 struct RetryPolicy {
@@ -99,23 +100,23 @@ struct RetryPolicy {
 };
 
 struct BackendPolicy {
-  BackendChoice choice{};  // value 0: kAuto
-  bool allow_fallback = true;        // NCCL -> Gloo when NCCL is unavailable or unstable
-  int degrade_after_failures = 3;    // K failed NCCL operations...
-  absl::Duration degrade_window;     // ...within this window: degrade to Gloo
+  BackendChoice choice{};          // value 0: kAuto
+  bool allow_fallback = true;      // NCCL -> Gloo when NCCL is unavailable or unstable
+  int degrade_after_failures = 3;  // K failed NCCL operations...
+  absl::Duration degrade_window;   // ...within this window: degrade to Gloo
 };
 
 // One NCCL setting after precedence. Where it goes is decided by PlanNccl() once the loaded NCCL
 // version is known.
 struct NcclSetting {
-  std::string name;          // canonical NCCL_* name (deprecated aliases already translated)
-  std::string value;         // as NCCL parses it (sizes in bytes)
-  std::string source;        // "profiles.yaml:42", "env NCCL_IB_HCA", "API", "default"
-  bool force = false;        // overwrite a value the user exported
+  std::string name;            // canonical NCCL_* name (deprecated aliases already translated)
+  std::string value;           // as NCCL parses it (sizes in bytes)
+  std::string source;          // "profiles.yaml:42", "env NCCL_IB_HCA", "API", "default"
+  bool force = false;          // overwrite a value the user exported
   bool user_exported = false;  // the value IS the user's exported one: nothing to set
-  bool per_process = true;   // NCCL reads it once per process and caches it
-  std::string config_field;  // ncclConfig_t field, empty if none
-  int config_since = 0;      // NCCL_VERSION_CODE that added config_field (2.17 -> 21700)
+  bool per_process = true;     // NCCL reads it once per process and caches it
+  std::string config_field;    // ncclConfig_t field, empty if none
+  int config_since = 0;        // NCCL_VERSION_CODE that added config_field (2.17 -> 21700)
   bool env_overrides_config = false;  // NCCL lets the env win over the ncclConfig_t field
 };
 
@@ -144,9 +145,9 @@ struct SettingRecord {
 };
 
 struct EffectiveConfig {
-  std::string file;          // the profile file, as found
-  std::string tier;          // selected tier name
-  std::string tier_range;    // e.g. ">=100B"
+  std::string file;           // the profile file, as found
+  std::string tier;           // selected tier name
+  std::string tier_range;     // e.g. ">=100B"
   uint64_t model_params = 0;  // 0: no size given (smallest tier)
   int world_size = 1;
   bool strict = false;
@@ -202,8 +203,8 @@ struct NcclEnvVar {
 };
 
 struct NcclPlan {
-  NcclConfigValues config;       // for ncclCommInitRankConfig
-  std::vector<NcclEnvVar> env;   // to set before the first NCCL init
+  NcclConfigValues config;         // for ncclCommInitRankConfig
+  std::vector<NcclEnvVar> env;     // to set before the first NCCL init
   std::vector<std::string> notes;  // e.g. "trafficClass needs NCCL 2.26; NCCL_IB_TC set instead"
 };
 
@@ -212,9 +213,9 @@ struct NcclPlan {
 NcclPlan PlanNccl(const EffectiveConfig& cfg, int nccl_version_code);
 
 struct NcclEnvReport {
-  std::vector<std::string> set;         // NAME=value set now
-  std::vector<std::string> kept_user;   // NAME: user's exported value kept
-  std::vector<std::string> conflicts;   // read-once variables a later call wanted different
+  std::vector<std::string> set;        // NAME=value set now
+  std::vector<std::string> kept_user;  // NAME: user's exported value kept
+  std::vector<std::string> conflicts;  // read-once variables a later call wanted different
 };
 
 // Sets the process environment for PlanNccl(cfg, version).env by precedence: a variable the user

@@ -75,9 +75,9 @@ void ResetAppliedEnvForTest() {
 
 NcclPlan PlanNccl(const EffectiveConfig& cfg, int nccl_version_code) {
   NcclPlan plan;
-  const std::string version = nccl_version_code > 0
-                                  ? absl::StrCat("NCCL ", config::NcclVersionText(nccl_version_code))
-                                  : std::string("an NCCL of unknown version");
+  const std::string version =
+      nccl_version_code > 0 ? absl::StrCat("NCCL ", config::NcclVersionText(nccl_version_code))
+                            : std::string("an NCCL of unknown version");
   for (const NcclSetting& s : cfg.nccl) {
     if (s.user_exported) continue;  // already in the environment, where NCCL reads it
     if (!s.config_field.empty()) {
@@ -87,10 +87,10 @@ NcclPlan PlanNccl(const EffectiveConfig& cfg, int nccl_version_code) {
         if (s.env_overrides_config && s.force) plan.env.push_back({s.name, s.value, true});
         continue;
       }
-      plan.notes.push_back(absl::StrCat(
-          version, " lacks ncclConfig_t.", s.config_field, " (added in ",
-          config::NcclVersionText(s.config_since), "): ", s.name, "=", s.value,
-          " goes to the process environment instead"));
+      plan.notes.push_back(absl::StrCat(version, " lacks ncclConfig_t.", s.config_field,
+                                        " (added in ", config::NcclVersionText(s.config_since),
+                                        "): ", s.name, "=", s.value,
+                                        " goes to the process environment instead"));
     }
     plan.env.push_back({s.name, s.value, s.force});
   }
@@ -114,7 +114,8 @@ NcclEnvReport ApplyNcclEnvironment(const EffectiveConfig& cfg, int nccl_version_
         std::string msg = absl::StrCat(
             var.name, ": this profile wants ", var.value, " but ", prev->second,
             " was already set for an earlier communicator and NCCL reads it once per process; "
-            "keeping ", prev->second);
+            "keeping ",
+            prev->second);
         ADAPTCOMM_LOG(kWarning, "profile: ", msg);
         report.conflicts.push_back(msg);
         continue;

@@ -83,15 +83,16 @@ absl::Status CheckSameConfigOnAllRanks(Store& store, int rank, int world_size,
       }
       diffs.push_back(absl::StrCat(key, " (", va, " vs ", vb, ")"));
     }
-    parts.push_back(absl::StrCat("rank ", r, " differs from rank 0 on ", absl::StrJoin(diffs, ", ")));
+    parts.push_back(
+        absl::StrCat("rank ", r, " differs from rank 0 on ", absl::StrJoin(diffs, ", ")));
   }
   if (static_cast<int>(differing.size()) > kMaxRanksDetailed) {
     parts.push_back(absl::StrCat(differing.size() - kMaxRanksDetailed, " more ranks differ"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "ranks use different profiles (", differing.size(), " of ", world_size,
-      " differ from rank 0; this is rank ", rank, "): ", absl::StrJoin(parts, "; "),
-      ". Give every rank the same profile file, model size and overrides."));
+  return absl::FailedPreconditionError(
+      absl::StrCat("ranks use different profiles (", differing.size(), " of ", world_size,
+                   " differ from rank 0; this is rank ", rank, "): ", absl::StrJoin(parts, "; "),
+                   ". Give every rank the same profile file, model size and overrides."));
 }
 
 }  // namespace adaptcomm

@@ -51,8 +51,9 @@ std::string EffectiveConfig::Explain() const {
   absl::StrAppend(&out, "  strict:       ", strict ? "yes" : "no", "\n");
   absl::StrAppend(&out, "  hash:         ", HashText(Hash()), "\n");
   for (const std::string& n : notes) absl::StrAppend(&out, "  * ", n, "\n");
-  absl::StrAppend(&out, "  precedence:   API > exported environment > tier > defaults/"
-                        "infrastructure > built-in default\n\n");
+  absl::StrAppend(&out,
+                  "  precedence:   API > exported environment > tier > defaults/"
+                  "infrastructure > built-in default\n\n");
   size_t wk = 7, wv = 5, ws = 6;
   for (const SettingRecord& s : settings) {
     wk = std::max(wk, s.key.size());
@@ -65,7 +66,8 @@ std::string EffectiveConfig::Explain() const {
                                           static_cast<int>(wv), v, static_cast<int>(ws), s, a));
   };
   row("SETTING", "VALUE", "SOURCE", "APPLIED AS");
-  for (const SettingRecord& s : settings) row(s.key, s.value.empty() ? "\"\"" : s.value, s.source, s.applied_as);
+  for (const SettingRecord& s : settings)
+    row(s.key, s.value.empty() ? "\"\"" : s.value, s.source, s.applied_as);
   absl::StrAppend(&out, "\nwarnings (", warnings.size(), ")", warnings.empty() ? "" : ":", "\n");
   for (const std::string& w : warnings) absl::StrAppend(&out, "  - ", w, "\n");
   return out;
@@ -85,8 +87,8 @@ std::string EffectiveConfig::ExplainJson() const {
   j["warnings"] = warnings;
   nlohmann::json rows = nlohmann::json::array();
   for (const SettingRecord& s : settings) {
-    rows.push_back({{"key", s.key}, {"value", s.value}, {"source", s.source},
-                    {"applied_as", s.applied_as}});
+    rows.push_back(
+        {{"key", s.key}, {"value", s.value}, {"source", s.source}, {"applied_as", s.applied_as}});
   }
   j["settings"] = rows;
   // Invalid UTF-8 from a profile must not throw here.

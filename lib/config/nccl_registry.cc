@@ -17,9 +17,11 @@ namespace adaptcomm::config {
 namespace {
 
 const std::set<std::string>& EntryKeys() {
-  static const auto* keys = new std::set<std::string>{
-      "status", "type",  "range",   "values", "default", "scope", "config",
-      "env_overrides_config", "alias_of", "since", "suggest", "plugin", "note"};
+  static const auto* keys =
+      new std::set<std::string>{"status",   "type",  "range",   "values",
+                                "default",  "scope", "config",  "env_overrides_config",
+                                "alias_of", "since", "suggest", "plugin",
+                                "note"};
   return *keys;
 }
 
@@ -34,9 +36,10 @@ absl::Status ParseEntry(const std::string& file, const YAML::Node& key, const YA
     const YAML::Node& v = kv.second;
     if (EntryKeys().count(k) == 0) {
       std::string hint = ClosestName(k, known);
-      return ErrorAt(file, kv.first,
-                     absl::StrCat("unknown registry field '", k, "'",
-                                  hint.empty() ? "" : absl::StrCat(" (did you mean '", hint, "'?)")));
+      return ErrorAt(
+          file, kv.first,
+          absl::StrCat("unknown registry field '", k, "'",
+                       hint.empty() ? "" : absl::StrCat(" (did you mean '", hint, "'?)")));
     }
     if (k == "range") {
       if (!v.IsSequence() || v.size() != 2) return ErrorAt(file, v, "range must be [min, max]");
@@ -160,7 +163,8 @@ int EditDistance(const std::string& a, const std::string& b) {
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = static_cast<int>(i);
     for (size_t j = 1; j <= b.size(); ++j) {
-      int sub = prev[j - 1] + (absl::ascii_toupper(a[i - 1]) == absl::ascii_toupper(b[j - 1]) ? 0 : 1);
+      int sub =
+          prev[j - 1] + (absl::ascii_toupper(a[i - 1]) == absl::ascii_toupper(b[j - 1]) ? 0 : 1);
       cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
     }
     std::swap(prev, cur);
@@ -269,27 +273,30 @@ absl::StatusOr<std::string> NcclRegistry::Normalize(const NcclParam& param,
                                                     const std::string& value) const {
   auto range_check = [&](int64_t v) -> absl::Status {
     if ((param.min && v < *param.min) || (param.max && v > *param.max)) {
-      return absl::OutOfRangeError(absl::StrCat(param.name, "=", value, " is outside ",
-                                                *param.min, "..", *param.max));
+      return absl::OutOfRangeError(
+          absl::StrCat(param.name, "=", value, " is outside ", *param.min, "..", *param.max));
     }
     return absl::OkStatus();
   };
   switch (param.type) {
     case ParamType::kInt: {
       auto v = ParseInt(value);
-      if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat(param.name, ": ", v.status().message()));
+      if (!v.ok())
+        return absl::InvalidArgumentError(absl::StrCat(param.name, ": ", v.status().message()));
       if (absl::Status s = range_check(*v); !s.ok()) return s;
       return absl::StrCat(*v);
     }
     case ParamType::kBytes: {
       auto v = ParseByteSize(value);
-      if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat(param.name, ": ", v.status().message()));
+      if (!v.ok())
+        return absl::InvalidArgumentError(absl::StrCat(param.name, ": ", v.status().message()));
       if (absl::Status s = range_check(static_cast<int64_t>(*v)); !s.ok()) return s;
       return absl::StrCat(*v);
     }
     case ParamType::kBool: {
       auto v = ParseBool(value);
-      if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat(param.name, ": ", v.status().message()));
+      if (!v.ok())
+        return absl::InvalidArgumentError(absl::StrCat(param.name, ": ", v.status().message()));
       return std::string(*v ? "1" : "0");
     }
     case ParamType::kString:
@@ -317,8 +324,9 @@ std::string NcclRegistry::Describe(const std::string& name) const {
       return absl::StrCat(name, ": deprecated alias of ", p->alias_of, " since NCCL ", p->since,
                           " (", p->note, ")");
     case ParamStatus::kNeverRead:
-      return absl::StrCat(name, ": never read by NCCL: ", p->note,
-                          p->suggest.empty() ? "" : absl::StrCat(" (did you mean ", p->suggest, "?)"));
+      return absl::StrCat(
+          name, ": never read by NCCL: ", p->note,
+          p->suggest.empty() ? "" : absl::StrCat(" (did you mean ", p->suggest, "?)"));
     case ParamStatus::kPluginOnly:
       return absl::StrCat(name, ": read only by ", p->plugin, ", not by NCCL");
   }

@@ -37,11 +37,11 @@ struct NcclParam {
   std::string config_field;         // ncclConfig_t member, empty if none
   int config_since = 0;             // NCCL_VERSION_CODE that added it (2.17 -> 21700)
   bool env_overrides_config = false;
-  std::string alias_of;             // kDeprecated: the current name
-  std::string since;                // kDeprecated: "2.17"
-  std::string suggest;              // kNeverRead: the name probably meant
-  std::string plugin;               // kPluginOnly: who reads it
-  std::string note;                 // one line for the user
+  std::string alias_of;  // kDeprecated: the current name
+  std::string since;     // kDeprecated: "2.17"
+  std::string suggest;   // kNeverRead: the name probably meant
+  std::string plugin;    // kPluginOnly: who reads it
+  std::string note;      // one line for the user
 };
 
 class NcclRegistry {

@@ -1,5 +1,7 @@
 // ResolveProfile(): finds the profile file, the registry and the environment, then hands the
 // text to the pure loader.
+#include "adaptcomm/profile.h"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -7,7 +9,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "adaptcomm/profile.h"
 #include "lib/config/profile_loader.h"
 #include "lib/config/resolve_internal.h"
 #include "lib/config/units.h"
@@ -18,7 +19,9 @@ extern char** environ;
 namespace adaptcomm {
 namespace {
 
-bool FileExists(const std::string& path) { return !path.empty() && access(path.c_str(), R_OK) == 0; }
+bool FileExists(const std::string& path) {
+  return !path.empty() && access(path.c_str(), R_OK) == 0;
+}
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);

@@ -24,7 +24,7 @@ constexpr uint64_t kNoUpperBound = std::numeric_limits<uint64_t>::max();
 
 // One section (infrastructure, defaults, or a tier) after validation.
 struct Layer {
-  std::map<std::string, Layered> values;  // schema key -> value
+  std::map<std::string, Layered> values;                  // schema key -> value
   std::vector<std::pair<std::string, NcclLayered>> nccl;  // canonical name -> value, in order
   std::vector<std::string> warnings;
   std::vector<std::string> refusals;  // what strict mode refuses
@@ -77,8 +77,10 @@ absl::Status ParseNcclEntry(const std::string& file, const YAML::Node& key, cons
 
   if (!absl::StartsWith(name, "NCCL_")) {
     if (!env_block) {
-      return ErrorAt(file, key, absl::StrCat("'", name, "' is not an NCCL_* variable; put other "
-                                             "variables under infrastructure.env"));
+      return ErrorAt(file, key,
+                     absl::StrCat("'", name,
+                                  "' is not an NCCL_* variable; put other "
+                                  "variables under infrastructure.env"));
     }
     entry.value = *value_or;
     layer->nccl.emplace_back(name, entry);
@@ -98,26 +100,28 @@ absl::Status ParseNcclEntry(const std::string& file, const YAML::Node& key, cons
   }
   if (param->status == ParamStatus::kNeverRead) {
     std::string hint = reg.DidYouMean(name);
-    std::string msg = absl::StrCat(at, ": ", name, " is never read by NCCL (", param->note,
-                                   "); dropped",
-                                   hint.empty() ? "" : absl::StrCat("; did you mean ", hint, "?"));
+    std::string msg =
+        absl::StrCat(at, ": ", name, " is never read by NCCL (", param->note, "); dropped",
+                     hint.empty() ? "" : absl::StrCat("; did you mean ", hint, "?"));
     layer->warnings.push_back(msg);
     layer->refusals.push_back(msg);
     return absl::OkStatus();
   }
   const NcclParam* canonical = reg.Canonical(name);
-  if (canonical == nullptr) return ErrorAt(file, key, absl::StrCat(name, ": broken registry alias"));
+  if (canonical == nullptr)
+    return ErrorAt(file, key, absl::StrCat(name, ": broken registry alias"));
   auto normalized = reg.Normalize(*canonical, *value_or);
   if (!normalized.ok()) {
     return ErrorAt(file, value_node, std::string(normalized.status().message()));
   }
   entry.value = *normalized;
   if (param->status == ParamStatus::kDeprecated) {
-    layer->warnings.push_back(absl::StrCat(
-        at, ": ", name, " is a deprecated alias of ", canonical->name, " since NCCL ", param->since,
-        ": using ", canonical->name, "=", entry.value,
-        canonical->config_field.empty() ? ""
-                                        : absl::StrCat(" (ncclConfig_t.", canonical->config_field, ")")));
+    layer->warnings.push_back(
+        absl::StrCat(at, ": ", name, " is a deprecated alias of ", canonical->name, " since NCCL ",
+                     param->since, ": using ", canonical->name, "=", entry.value,
+                     canonical->config_field.empty()
+                         ? ""
+                         : absl::StrCat(" (ncclConfig_t.", canonical->config_field, ")")));
   } else if (param->status == ParamStatus::kPluginOnly) {
     layer->warnings.push_back(absl::StrCat(at, ": ", name, " is read only by ", param->plugin,
                                            ", not by NCCL; set for the plugin"));
@@ -131,8 +135,9 @@ absl::Status ParseNcclEntry(const std::string& file, const YAML::Node& key, cons
   }
   for (const auto& [existing, unused] : layer->nccl) {
     if (existing == canonical->name) {
-      return ErrorAt(file, key, absl::StrCat(name, " sets ", canonical->name,
-                                             ", which this block already sets"));
+      return ErrorAt(
+          file, key,
+          absl::StrCat(name, " sets ", canonical->name, ", which this block already sets"));
     }
   }
   layer->nccl.emplace_back(canonical->name, entry);
@@ -171,10 +176,12 @@ absl::Status ParseSection(const std::string& file, const YAML::Node& node,
       continue;
     }
     if (std::find(allowed.begin(), allowed.end(), section) == allowed.end()) {
-      return ErrorAt(file, kv.first, absl::StrCat("unknown key '", section, "'",
-                                                  DidYouMeanSuffix(ClosestName(section, allowed))));
+      return ErrorAt(file, kv.first,
+                     absl::StrCat("unknown key '", section, "'",
+                                  DidYouMeanSuffix(ClosestName(section, allowed))));
     }
-    if (!kv.second.IsMap()) return ErrorAt(file, kv.second, absl::StrCat(section, " must be a map"));
+    if (!kv.second.IsMap())
+      return ErrorAt(file, kv.second, absl::StrCat(section, " must be a map"));
     std::vector<std::string> keys;
     for (const KeySpec& spec : Schema()) {
       if (absl::StartsWith(spec.key, section + ".")) keys.push_back(spec.key + section.size() + 1);
@@ -321,8 +328,9 @@ absl::StatusOr<EffectiveConfig> ResolveFromText(const ResolveInputs& in, const N
       auto key = ScalarAt(file, kv.first, "a key");
       if (!key.ok()) return key.status();
       if (std::find(top.begin(), top.end(), *key) == top.end()) {
-        return ErrorAt(file, kv.first, absl::StrCat("unknown top-level key '", *key, "'",
-                                                    DidYouMeanSuffix(ClosestName(*key, top))));
+        return ErrorAt(file, kv.first,
+                       absl::StrCat("unknown top-level key '", *key, "'",
+                                    DidYouMeanSuffix(ClosestName(*key, top))));
       }
     }
     if (const YAML::Node schema = root["schema"]) {
@@ -339,8 +347,9 @@ absl::StatusOr<EffectiveConfig> ResolveFromText(const ResolveInputs& in, const N
           absl::Status s = ParseNcclMap(file, kv.second, /*env_block=*/true, reg, &infra);
           if (!s.ok()) return s;
         } else if (k != "description") {
-          return ErrorAt(file, kv.first, absl::StrCat("unknown key 'infrastructure.", k, "'",
-                                                      DidYouMeanSuffix(ClosestName(k, {"env"}))));
+          return ErrorAt(file, kv.first,
+                         absl::StrCat("unknown key 'infrastructure.", k, "'",
+                                      DidYouMeanSuffix(ClosestName(k, {"env"}))));
         }
       }
     }
@@ -359,8 +368,10 @@ absl::StatusOr<EffectiveConfig> ResolveFromText(const ResolveInputs& in, const N
     if (tiers->size() > 1) {
       for (const TierDef& t : *tiers) {
         if (!t.params_node) {
-          return ErrorAt(file, t.node, absl::StrCat("tier '", t.name, "' needs params when the "
-                                                    "file has several tiers"));
+          return ErrorAt(file, t.node,
+                         absl::StrCat("tier '", t.name,
+                                      "' needs params when the "
+                                      "file has several tiers"));
         }
       }
     }
@@ -439,9 +450,9 @@ absl::StatusOr<EffectiveConfig> ResolveFromText(const ResolveInputs& in, const N
       merge.refusals.insert(merge.refusals.end(), layer->refusals.begin(), layer->refusals.end());
     }
     if (in.strict && !merge.refusals.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "strict profile mode (ADAPTCOMM_PROFILE_STRICT) refuses ", file, ":\n  ",
-          absl::StrJoin(merge.refusals, "\n  ")));
+      return absl::FailedPreconditionError(
+          absl::StrCat("strict profile mode (ADAPTCOMM_PROFILE_STRICT) refuses ", file, ":\n  ",
+                       absl::StrJoin(merge.refusals, "\n  ")));
     }
     return Finish(in, reg, sel, std::move(merge));
   } catch (const std::exception& e) {

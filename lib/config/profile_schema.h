@@ -13,7 +13,7 @@ namespace adaptcomm::config {
 enum class Kind { kDuration, kInt, kDouble, kBool, kEnum, kString, kBytes, kCodeList };
 
 struct KeySpec {
-  const char* key;      // "timeouts.collective"
+  const char* key;  // "timeouts.collective"
   Kind kind;
   double min = 0, max = 0;           // kInt, kDouble (inclusive)
   std::vector<std::string> choices;  // kEnum

@@ -75,10 +75,10 @@ std::string Describe(const std::string& key, const Layered& l) {
 absl::Status CheckLess(const std::string& a_key, absl::Duration a, const Layered& a_src,
                        const std::string& b_key, absl::Duration b, const Layered& b_src) {
   if (a < b) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "timeouts out of order: ", a_key, " ", DurationText(a), " (", a_src.where,
-      ") must be shorter than ", b_key, " ", DurationText(b), " (", b_src.where,
-      "); required: store_connect < collective < heartbeat"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("timeouts out of order: ", a_key, " ", DurationText(a), " (", a_src.where,
+                   ") must be shorter than ", b_key, " ", DurationText(b), " (", b_src.where,
+                   "); required: store_connect < collective < heartbeat"));
 }
 
 std::string AppliedAs(const NcclSetting& s) {
@@ -86,8 +86,8 @@ std::string AppliedAs(const NcclSetting& s) {
   std::string env = s.per_process ? "process env before the first NCCL init (read once)"
                                   : "process env (read at each communicator init)";
   if (s.config_field.empty()) return env;
-  return absl::StrCat("ncclConfig_t.", s.config_field, " (NCCL >= ", NcclVersionText(s.config_since),
-                      "), else ", env);
+  return absl::StrCat("ncclConfig_t.", s.config_field,
+                      " (NCCL >= ", NcclVersionText(s.config_since), "), else ", env);
 }
 
 }  // namespace
@@ -165,8 +165,8 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   std::string formula = absl::StrFormat(
       "collective = base x min(%g, 1 + %g x log2(world/%d)) when world > %d, else base; "
       "world %d: %s x %g = %s (heartbeat scaled alike)",
-      max_factor, per_doubling, reference, reference, in.world_size, DurationText(t.collective_base), factor,
-      DurationText(scale(t.collective_base)));
+      max_factor, per_doubling, reference, reference, in.world_size,
+      DurationText(t.collective_base), factor, DurationText(scale(t.collective_base)));
   cfg.notes.push_back(collective_from_api
                           ? absl::StrCat("world scaling not applied: collective timeout set by API")
                           : absl::StrCat("world scaling: ", formula));
@@ -175,40 +175,40 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   // collective bound, turns a slow step into a confusing failure.
   Layered coll = v.At("timeouts.collective");
   Layered hb = v.At("timeouts.heartbeat");
-  if (absl::Status s = CheckLess("timeouts.store_connect", t.store_connect,
-                                 v.At("timeouts.store_connect"), "timeouts.collective",
-                                 t.collective, coll);
+  if (absl::Status s =
+          CheckLess("timeouts.store_connect", t.store_connect, v.At("timeouts.store_connect"),
+                    "timeouts.collective", t.collective, coll);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s =
-          CheckLess("timeouts.collective", t.collective, coll, "timeouts.heartbeat", t.heartbeat, hb);
+  if (absl::Status s = CheckLess("timeouts.collective", t.collective, coll, "timeouts.heartbeat",
+                                 t.heartbeat, hb);
       !s.ok()) {
     return s;
   }
   if (t.init < t.store_connect) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeouts out of order: ", Describe("timeouts.init", v.At("timeouts.init")),
-        " must not be shorter than ",
-        Describe("timeouts.store_connect", v.At("timeouts.store_connect")),
-        ": creation includes connecting to the store"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeouts out of order: ", Describe("timeouts.init", v.At("timeouts.init")),
+                     " must not be shorter than ",
+                     Describe("timeouts.store_connect", v.At("timeouts.store_connect")),
+                     ": creation includes connecting to the store"));
   }
   if (t.abort >= t.heartbeat) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeouts out of order: ", Describe("timeouts.abort", v.At("timeouts.abort")),
-        " must be shorter than timeouts.heartbeat ", DurationText(t.heartbeat), " (",
-        hb.where, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeouts out of order: ", Describe("timeouts.abort", v.At("timeouts.abort")),
+                     " must be shorter than timeouts.heartbeat ", DurationText(t.heartbeat), " (",
+                     hb.where, ")"));
   }
   if (t.long_operation < t.collective) {
-    cfg.warnings.push_back(absl::StrCat(
-        "timeouts.long_operation ", DurationText(t.long_operation),
-        " is shorter than the scaled collective timeout ", DurationText(t.collective),
-        ": a long-operation scope would tighten the bound"));
+    cfg.warnings.push_back(absl::StrCat("timeouts.long_operation ", DurationText(t.long_operation),
+                                        " is shorter than the scaled collective timeout ",
+                                        DurationText(t.collective),
+                                        ": a long-operation scope would tighten the bound"));
   }
   v.Set("timeouts.collective", DurationText(t.collective),
-        collective_from_api ? "API"
-                            : (factor == 1.0 ? coll.source
-                                             : absl::StrCat(coll.source, " x world scaling")));
+        collective_from_api
+            ? "API"
+            : (factor == 1.0 ? coll.source : absl::StrCat(coll.source, " x world scaling")));
   merge.values["timeouts.collective_base"] = {DurationText(t.collective_base), coll.source,
                                               coll.where};
   v.Set("timeouts.heartbeat", DurationText(t.heartbeat),
@@ -221,14 +221,14 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   r.multiplier = v.Double("retry.multiplier");
   r.max_backoff = v.Duration("retry.max_backoff");
   r.jitter = v.Double("retry.jitter");
-  for (absl::string_view name : absl::StrSplit(v.At("retry.retryable").text, ',',
-                                               absl::SkipEmpty())) {
+  for (absl::string_view name :
+       absl::StrSplit(v.At("retry.retryable").text, ',', absl::SkipEmpty())) {
     r.retryable.push_back(CodeFromName(std::string(name)));
   }
   if (r.max_backoff < r.initial_backoff) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Describe("retry.max_backoff", v.At("retry.max_backoff")), " is shorter than ",
-        Describe("retry.initial_backoff", v.At("retry.initial_backoff"))));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe("retry.max_backoff", v.At("retry.max_backoff")), " is shorter than ",
+                     Describe("retry.initial_backoff", v.At("retry.initial_backoff"))));
   }
 
   const std::string choice = v.At("backend.choice").text;
@@ -288,9 +288,9 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
       nccl.emplace_back(name, l);
     } else {
       if (it->second.value != value) {
-        cfg.notes.push_back(absl::StrCat(name, ": the exported ", value, " wins over the profile's ",
-                                         it->second.value, " (", it->second.source,
-                                         "; mark it force: true to override)"));
+        cfg.notes.push_back(absl::StrCat(name, ": the exported ", value,
+                                         " wins over the profile's ", it->second.value, " (",
+                                         it->second.source, "; mark it force: true to override)"));
       }
       it->second = l;
     }
@@ -311,8 +311,8 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
       return absl::InvalidArgumentError(absl::StrCat("API ", normalized.status().message()));
     }
     if (p->status == ParamStatus::kDeprecated) {
-      cfg.warnings.push_back(absl::StrCat("API ", name, " is a deprecated alias of ", c->name,
-                                          ": using ", c->name));
+      cfg.warnings.push_back(
+          absl::StrCat("API ", name, " is a deprecated alias of ", c->name, ": using ", c->name));
     }
     // API beats an exported variable, so it must be written even over the user's value.
     NcclLayered l{*normalized, "API", "API", /*force=*/true};
@@ -324,7 +324,8 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
     }
     user_exported.erase(c->name);
   }
-  std::sort(nccl.begin(), nccl.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(nccl.begin(), nccl.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [name, l] : nccl) {
     NcclSetting s;
     s.name = name;

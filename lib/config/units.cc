@@ -82,8 +82,8 @@ absl::StatusOr<uint64_t> ParseModelSize(const std::string& text) {
   } else if (u == "T") {
     multiplier = 1000000000000ULL;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model size '", text, "': unknown suffix '", unit, "' (use K, M, B or T, e.g. 7B, 1.5T)"));
+    return absl::InvalidArgumentError(absl::StrCat("model size '", text, "': unknown suffix '",
+                                                   unit, "' (use K, M, B or T, e.g. 7B, 1.5T)"));
   }
   uint64_t params = 0;
   if (number.empty() || (u.empty() && number.find('.') != std::string::npos) ||
@@ -102,8 +102,8 @@ std::string FormatModelSize(uint64_t params) {
     uint64_t scale;
     const char* suffix;
   };
-  for (Unit unit : {Unit{1000000000000ULL, "T"}, Unit{1000000000ULL, "B"},
-                    Unit{1000000ULL, "M"}, Unit{1000ULL, "K"}}) {
+  for (Unit unit : {Unit{1000000000000ULL, "T"}, Unit{1000000000ULL, "B"}, Unit{1000000ULL, "M"},
+                    Unit{1000ULL, "K"}}) {
     if (params < unit.scale) continue;
     // One decimal at most ("1.5T"); otherwise print the count exactly.
     if (params % unit.scale == 0) return absl::StrCat(params / unit.scale, unit.suffix);
@@ -138,8 +138,8 @@ absl::StatusOr<absl::Duration> ParseDuration(const std::string& text) {
     return absl::InvalidArgumentError(
         absl::StrCat("duration '", text, "' has no unit: write e.g. ", number, "s"));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("duration '", text, "': unknown unit '", unit,
-                                                   "' (use ms, s, min or h)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("duration '", text, "': unknown unit '", unit, "' (use ms, s, min or h)"));
   }
   if (seconds > 366.0 * 24 * 3600) {
     return absl::InvalidArgumentError(absl::StrCat("duration '", text, "' exceeds a year"));
@@ -172,8 +172,8 @@ absl::StatusOr<uint64_t> ParseByteSize(const std::string& text) {
   } else if (unit == "GB") {
     multiplier = 1000000000ULL;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "size '", text, "': unknown unit '", unit, "' (use B, KiB, MiB, GiB, KB, MB or GB)"));
+    return absl::InvalidArgumentError(absl::StrCat("size '", text, "': unknown unit '", unit,
+                                                   "' (use B, KiB, MiB, GiB, KB, MB or GB)"));
   }
   uint64_t bytes = 0;
   if (number.empty() || !ScaleExact(number, multiplier, 1ULL << 50, &bytes)) {

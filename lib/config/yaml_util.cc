@@ -11,9 +11,9 @@ namespace adaptcomm::config {
 
 absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, const std::string& file) {
   if (text.size() > kMaxConfigBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file, ": ", text.size(), " bytes is larger than the ", kMaxConfigBytes,
-                     "-byte limit for configuration files"));
+    return absl::InvalidArgumentError(absl::StrCat(file, ": ", text.size(),
+                                                   " bytes is larger than the ", kMaxConfigBytes,
+                                                   "-byte limit for configuration files"));
   }
   try {
     return YAML::Load(text);
@@ -21,8 +21,8 @@ absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, const std::string&
     if (e.mark.is_null()) {
       return absl::InvalidArgumentError(absl::StrCat(file, ": YAML error: ", e.msg));
     }
-    return absl::InvalidArgumentError(absl::StrCat(file, ":", e.mark.line + 1, ":",
-                                                   e.mark.column + 1, ": YAML error: ", e.msg));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML error: ", e.msg));
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": YAML error: ", e.what()));
   }
@@ -87,7 +87,8 @@ std::string Excerpt(const YAML::Node& node) {
 
 absl::Status ErrorAt(const std::string& file, const YAML::Node& node, const std::string& message) {
   std::string excerpt = Excerpt(node);
-  if (excerpt.empty()) return absl::InvalidArgumentError(absl::StrCat(Where(file, node), ": ", message));
+  if (excerpt.empty())
+    return absl::InvalidArgumentError(absl::StrCat(Where(file, node), ": ", message));
   return absl::InvalidArgumentError(
       absl::StrCat(Where(file, node), ": ", message, " (at '", excerpt, "')"));
 }
@@ -95,8 +96,11 @@ absl::Status ErrorAt(const std::string& file, const YAML::Node& node, const std:
 absl::StatusOr<std::string> ScalarAt(const std::string& file, const YAML::Node& node,
                                      const std::string& what) {
   if (!node.IsScalar()) {
-    return ErrorAt(file, node, absl::StrCat(what, " must be a single value, not a ",
-                                            node.IsMap() ? "map" : node.IsSequence() ? "list" : "null"));
+    return ErrorAt(file, node,
+                   absl::StrCat(what, " must be a single value, not a ",
+                                node.IsMap()        ? "map"
+                                : node.IsSequence() ? "list"
+                                                    : "null"));
   }
   return node.Scalar();
 }

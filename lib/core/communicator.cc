@@ -1,5 +1,6 @@
 #include "adaptcomm/communicator.h"
 
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,9 +13,11 @@
 namespace adaptcomm {
 namespace internal {
 
-CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, Rendezvous rendezvous,
-                                   std::unique_ptr<Backend> backend, std::string selection_reason)
+CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig config,
+                                   Rendezvous rendezvous, std::unique_ptr<Backend> backend,
+                                   std::string selection_reason)
     : options_(std::move(options)),
+      config_(std::move(config)),
       rendezvous_(std::move(rendezvous)),
       selection_reason_(std::move(selection_reason)) {
   trace::FlightRecorderOptions fr;
@@ -26,7 +29,9 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, Rendezvous rende
   fr.dump_dir = options_.flight_recorder_dir.empty() ? trace::DefaultFlightRecorderDir()
                                                      : options_.flight_recorder_dir;
   recorder_ = std::make_shared<trace::FlightRecorder>(std::move(fr));
-  executor_ = std::make_shared<OpExecutor>(std::move(backend), ExecutorOptions{});
+  ExecutorOptions exec;
+  exec.abort_bound = config_.timeouts.abort;
+  executor_ = std::make_shared<OpExecutor>(std::move(backend), exec);
   executor_->AddObserver(recorder_);
   if (rendezvous_.store != nullptr) {
     FailureCoordinatorOptions fc;
@@ -52,7 +57,10 @@ CommunicatorImpl::~CommunicatorImpl() {
 }
 
 Work CommunicatorImpl::Submit(OpDesc desc) {
-  if (desc.timeout == absl::ZeroDuration()) desc.timeout = options_.timeout;
+  if (desc.timeout == absl::ZeroDuration()) {
+    desc.timeout =
+        long_operation_scopes_.load() > 0 ? config_.timeouts.long_operation : options_.timeout;
+  }
   absl::Status valid = ValidateOp(desc, options_.rank, options_.world_size);
   if (valid.ok()) valid = executor_->backend().Supports(desc);
   if (!valid.ok()) return Work(WorkImpl::Failed(std::move(desc), std::move(valid)));
@@ -81,12 +89,59 @@ absl::Status ResolveOptions(CommunicatorOptions& o, std::string& launch_source) 
         absl::StrCat("rank ", o.rank, " is out of range for world size ", o.world_size));
   }
   if (o.name.empty()) return absl::InvalidArgumentError("communicator name must not be empty");
-  if (o.timeout <= absl::ZeroDuration() || o.init_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeouts must be positive: timeout=", absl::FormatDuration(o.timeout),
-                     " init_timeout=", absl::FormatDuration(o.init_timeout)));
+  if (o.timeout < absl::ZeroDuration() || o.init_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeouts must be positive (or zero: from the profile): timeout=",
+        absl::FormatDuration(o.timeout), " init_timeout=", absl::FormatDuration(o.init_timeout)));
   }
   return absl::OkStatus();
+}
+
+// Loads the profile (options set by the caller win) and writes the effective values back into
+// the options the rest of creation reads: the one place where the profile becomes settings.
+absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o) {
+  ProfileRequest req;
+  req.model_size = o.model_size;
+  req.world_size = o.world_size;
+  req.file = o.profile_file;
+  req.strict = o.profile_strict;
+  if (o.backend != BackendChoice::kAuto) req.overrides.backend = o.backend;
+  if (o.timeout > absl::ZeroDuration() || o.init_timeout > absl::ZeroDuration()) {
+    // Timeouts given in code may be shorter than the profile's store bound (tests, small jobs).
+    // The ordering store < collective and store <= init must still hold, so the store bound
+    // follows them down (to half the op timeout, or the init timeout); Explain() shows it.
+    absl::StatusOr<EffectiveConfig> base = ResolveProfile(req);
+    if (!base.ok()) return base.status();
+    absl::Duration store = base->timeouts.store_connect;
+    if (o.timeout > absl::ZeroDuration()) {
+      req.overrides.collective_timeout = o.timeout;
+      if (store >= o.timeout) store = o.timeout / 2;
+    }
+    if (o.init_timeout > absl::ZeroDuration()) {
+      req.overrides.init_timeout = o.init_timeout;
+      store = std::min(store, o.init_timeout);
+    }
+    if (store < base->timeouts.store_connect) req.overrides.store_connect_timeout = store;
+  }
+  absl::StatusOr<EffectiveConfig> cfg = ResolveProfile(req);
+  if (!cfg.ok()) return cfg.status();
+  o.timeout = cfg->timeouts.collective;
+  o.init_timeout = cfg->timeouts.init;
+  o.backend = cfg->backend.choice;
+  if (o.flight_recorder_entries == 0) o.flight_recorder_entries = cfg->flight_recorder.entries;
+  if (o.flight_recorder_dir.empty()) {
+    const char* env = std::getenv("ADAPTCOMM_FLIGHT_RECORDER_DIR");
+    if (env != nullptr && *env != '\0') {
+      o.flight_recorder_dir = env;
+    } else if (!cfg->flight_recorder.dump_dir.empty()) {
+      o.flight_recorder_dir = cfg->flight_recorder.dump_dir;
+    } else {
+      o.flight_recorder_dir = trace::DefaultFlightRecorderDir();
+    }
+  }
+  for (const std::string& w : cfg->warnings) ADAPTCOMM_LOG(kWarning, "profile: ", w);
+  ADAPTCOMM_LOG(kDebug, cfg->Explain());
+  return cfg;
 }
 
 struct BackendSelection {
@@ -112,10 +167,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
   std::string launch_source;
   if (absl::Status s = internal::ResolveOptions(o, launch_source); !s.ok()) return s;
   log::SetProcessRank(o.rank);
+  absl::StatusOr<EffectiveConfig> config = internal::ApplyProfile(o);
+  if (!config.ok()) return config.status();
   const absl::Time deadline = absl::Now() + o.init_timeout;
 
   absl::StatusOr<internal::Rendezvous> rv = internal::JoinRendezvous(o, deadline);
   if (!rv.ok()) return rv.status();
+  if (absl::Status same =
+          CheckSameConfigOnAllRanks(*rv->store, o.rank, o.world_size, *config,
+                                    std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+      !same.ok()) {
+    internal::LeaveRendezvous(*rv, o, /*healthy=*/false);
+    return same;
+  }
   absl::StatusOr<internal::BackendSelection> selected = internal::SelectBackend(o, *rv, deadline);
   if (!selected.ok()) {
     internal::LeaveRendezvous(*rv, o, /*healthy=*/false);
@@ -123,12 +187,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
   }
   ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "' rank ", o.rank, " of ", o.world_size,
                 ": backend ", selected->backend->name(), " (", selected->reason, "), ",
-                rv->description, ", rank/world from ", launch_source, ", op timeout ",
-                absl::FormatDuration(o.timeout));
+                rv->description, ", rank/world from ", launch_source, ", profile tier '",
+                config->tier, "' (", config->file, "), op timeout ",
+                absl::FormatDuration(o.timeout), " (Communicator::Explain() lists every setting)");
   return std::unique_ptr<Communicator>(
-      new Communicator(std::make_unique<internal::CommunicatorImpl>(std::move(o), std::move(*rv),
-                                                                    std::move(selected->backend),
-                                                                    std::move(selected->reason))));
+      new Communicator(std::make_unique<internal::CommunicatorImpl>(
+          std::move(o), std::move(*config), std::move(*rv), std::move(selected->backend),
+          std::move(selected->reason))));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::CreateWithBackend(
@@ -139,10 +204,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::CreateWithBackend(
   o.world_size = backend->size();
   std::string unused;
   if (absl::Status s = internal::ResolveOptions(o, unused); !s.ok()) return s;
+  absl::StatusOr<EffectiveConfig> config = internal::ApplyProfile(o);
+  if (!config.ok()) return config.status();
   std::string reason = absl::StrCat("backend ", backend->name(), " given by the caller");
   return std::unique_ptr<Communicator>(
       new Communicator(std::make_unique<internal::CommunicatorImpl>(
-          std::move(o), internal::Rendezvous{}, std::move(backend), std::move(reason))));
+          std::move(o), std::move(*config), internal::Rendezvous{}, std::move(backend),
+          std::move(reason))));
 }
 
 Communicator::Communicator(std::unique_ptr<internal::CommunicatorImpl> impl)
@@ -158,6 +226,13 @@ Capabilities Communicator::capabilities() const {
 }
 absl::Status Communicator::health() const { return impl_->executor().backend().health(); }
 void Communicator::Abort(const absl::Status& reason) { impl_->executor().Abort(reason); }
+std::string Communicator::Explain() const { return impl_->config().Explain(); }
+
+Communicator::LongOperationScope::LongOperationScope(Communicator& comm) : comm_(comm) {
+  comm_.impl_->EnterLongOperation();
+}
+Communicator::LongOperationScope::~LongOperationScope() { comm_.impl_->LeaveLongOperation(); }
+
 absl::StatusOr<std::string> Communicator::DumpFlightRecord(const std::string& reason) {
   return impl_->recorder().Dump(reason);
 }

@@ -3,10 +3,12 @@
 #ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_IMPL_H_
 #define ADAPTCOMM_LIB_CORE_COMMUNICATOR_IMPL_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
 #include "adaptcomm/communicator.h"
+#include "adaptcomm/profile.h"
 #include "lib/core/failure_coordinator.h"
 #include "lib/core/op_executor.h"
 #include "lib/core/rendezvous.h"
@@ -18,7 +20,7 @@ class CommunicatorImpl {
  public:
   // Builds the executor (with its flight recorder and, when there is a store, the failure
   // coordinator) around `backend` and starts it.
-  CommunicatorImpl(CommunicatorOptions options, Rendezvous rendezvous,
+  CommunicatorImpl(CommunicatorOptions options, EffectiveConfig config, Rendezvous rendezvous,
                    std::unique_ptr<Backend> backend, std::string selection_reason);
   ~CommunicatorImpl();
 
@@ -30,9 +32,14 @@ class CommunicatorImpl {
   const OpExecutor& executor() const { return *executor_; }
   const std::string& selection_reason() const { return selection_reason_; }
   trace::FlightRecorder& recorder() { return *recorder_; }
+  const EffectiveConfig& config() const { return config_; }
+  void EnterLongOperation() { long_operation_scopes_.fetch_add(1); }
+  void LeaveLongOperation() { long_operation_scopes_.fetch_sub(1); }
 
  private:
   const CommunicatorOptions options_;
+  const EffectiveConfig config_;
+  std::atomic<int> long_operation_scopes_{0};
   Rendezvous rendezvous_;
   std::shared_ptr<trace::FlightRecorder> recorder_;
   std::shared_ptr<FailureCoordinator> coordinator_;  // null without a store

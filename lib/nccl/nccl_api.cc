@@ -1,6 +1,7 @@
 // Parts of the seam that need neither CUDA nor NCCL: names and version arithmetic.
-#include "absl/strings/str_cat.h"
 #include "lib/nccl/nccl_api.h"
+
+#include "absl/strings/str_cat.h"
 
 namespace adaptcomm::nccl {
 

@@ -90,7 +90,7 @@ class CudaApi {
   virtual ~CudaApi() = default;
   virtual int GetDeviceCount(int* count) = 0;
   virtual int SetDevice(int device) = 0;
-  virtual int DriverVersion(int* version) = 0;   // 12040 = 12.4; 0 = no driver
+  virtual int DriverVersion(int* version) = 0;  // 12040 = 12.4; 0 = no driver
   virtual int RuntimeVersion(int* version) = 0;
   virtual int PointerGetAttributes(const void* ptr, PointerInfo* info) = 0;
   virtual int StreamCreateNonBlocking(CudaStream* stream) = 0;
@@ -107,6 +107,9 @@ class CudaApi {
   // Pinned, portable host memory (usable by every device's copies).
   virtual int HostAlloc(void** ptr, size_t bytes) = 0;
   virtual int FreeHost(void* ptr) = 0;
+  // Queues fn(arg) on `stream` (work after it waits for it); bench/gpu_check stalls a stream with
+  // it to force a timeout.
+  virtual int LaunchHostFunc(CudaStream stream, void (*fn)(void*), void* arg) = 0;
   virtual std::string ErrorString(int error) = 0;
 };
 

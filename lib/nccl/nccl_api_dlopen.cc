@@ -94,6 +94,9 @@ class CudaRuntime : public Base {
     return cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
   }
   int FreeHost(void* ptr) override { return cudaFreeHost(ptr); }
+  int LaunchHostFunc(CudaStream stream, void (*fn)(void*), void* arg) override {
+    return cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), fn, arg);
+  }
   std::string ErrorString(int error) override {
     return absl::StrCat(cudaGetErrorName(static_cast<cudaError_t>(error)), ": ",
                         cudaGetErrorString(static_cast<cudaError_t>(error)));
@@ -120,8 +123,8 @@ struct NcclSymbols {
   ncclResult_t (*Reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
                          cudaStream_t);
   ncclResult_t (*AllGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
-  ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                ncclComm_t, cudaStream_t);
+  ncclResult_t (*ReduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                cudaStream_t);
   ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
 };
@@ -286,7 +289,8 @@ absl::StatusOr<std::shared_ptr<NcclApi>> Open(const std::string& name) {
 bool CudaBuiltIn() { return true; }
 
 absl::StatusOr<std::shared_ptr<CudaApi>> LoadCudaApi() {
-  static auto* const runtime = new std::shared_ptr<CudaApi>(std::make_shared<CudaRuntime<CudaApi>>());
+  static auto* const runtime =
+      new std::shared_ptr<CudaApi>(std::make_shared<CudaRuntime<CudaApi>>());
   return *runtime;
 }
 

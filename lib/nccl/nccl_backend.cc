@@ -188,9 +188,9 @@ absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
                      ", which does not exist (", device_count_, " CUDA device(s) visible)"));
   }
   if (v.device.index != options_.device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl backend: view ", which, " of ", kind, " is on cuda:", v.device.index,
-        " but this communicator's NCCL communicator runs on cuda:", options_.device));
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl backend: view ", which, " of ", kind, " is on cuda:", v.device.index,
+                     " but this communicator's NCCL communicator runs on cuda:", options_.device));
   }
   if (DTypeSize(v.dtype) == 0) {
     return absl::InvalidArgumentError(absl::StrCat("nccl backend: view ", which, " of ", kind,
@@ -207,9 +207,9 @@ absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
           e != kCudaSuccess ? absl::StrCat(" (", api_->ErrorString(e), ")") : std::string()));
     }
     if (info.device != v.device.index) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nccl backend: view ", which, " of ", kind, " is tagged cuda:",
-                       v.device.index, " but its memory is on cuda:", info.device));
+      return absl::InvalidArgumentError(absl::StrCat("nccl backend: view ", which, " of ", kind,
+                                                     " is tagged cuda:", v.device.index,
+                                                     " but its memory is on cuda:", info.device));
     }
   }
   return absl::OkStatus();
@@ -245,9 +245,9 @@ absl::Status NcclBackend::Supports(const OpDesc& op) const {
                      "one stream (order them on one)"));
   }
   if (IsReduction(op.kind) && op.reduce == ReduceOp::kAvg && !IsFloatingPoint(op.output.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "nccl backend: ", kind, " avg is defined for floating-point dtypes only, not ",
-        DTypeName(op.output.dtype), " (an integer average would truncate)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl backend: ", kind, " avg is defined for floating-point dtypes only, not ",
+                     DTypeName(op.output.dtype), " (an integer average would truncate)"));
   }
   if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) &&
       (op.peer < 0 || op.peer >= options_.size || op.peer == options_.rank)) {
@@ -278,11 +278,11 @@ NcclResult NcclBackend::Enqueue(const OpDesc& op, CudaStream stream) {
     case OpKind::kAllgather:
       return api_->AllGather(in.data, out.data, in.count, ToNccl(in.dtype), comm_, stream);
     case OpKind::kReduceScatter:
-      return api_->ReduceScatter(in.data, out.data, out.count, ToNccl(out.dtype),
-                                 ToNccl(op.reduce), comm_, stream);
+      return api_->ReduceScatter(in.data, out.data, out.count, ToNccl(out.dtype), ToNccl(op.reduce),
+                                 comm_, stream);
     case OpKind::kBarrier:
-      return api_->AllReduce(scratch_, scratch_, 1, NcclDataType::kFloat32, NcclRedOp::kSum,
-                             comm_, stream);
+      return api_->AllReduce(scratch_, scratch_, 1, NcclDataType::kFloat32, NcclRedOp::kSum, comm_,
+                             stream);
     case OpKind::kSend:
     case OpKind::kRecv:
     case OpKind::kAlltoall: {
@@ -303,8 +303,8 @@ NcclResult NcclBackend::Enqueue(const OpDesc& op, CudaStream stream) {
           const size_t off = block_bytes * static_cast<size_t>(peer);
           note(api_->Send(static_cast<const char*>(in.data) + off, block, ToNccl(in.dtype), peer,
                           comm_, stream));
-          note(api_->Recv(static_cast<char*>(out.data) + off, block, ToNccl(out.dtype), peer,
-                          comm_, stream));
+          note(api_->Recv(static_cast<char*>(out.data) + off, block, ToNccl(out.dtype), peer, comm_,
+                          stream));
         }
       }
       // The group must be closed even when a member was refused.
@@ -319,9 +319,9 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
   {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "nccl backend is broken; ", OpKindName(op.kind), " seq ", op.seq,
-          " not run: ", broken_.ToString()));
+      return absl::FailedPreconditionError(absl::StrCat("nccl backend is broken; ",
+                                                        OpKindName(op.kind), " seq ", op.seq,
+                                                        " not run: ", broken_.ToString()));
     }
     running_ = true;
   }
@@ -329,9 +329,8 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
     if (absl::Status s = Supports(op); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + op.timeout;
     if (int e = api_->SetDevice(options_.device); e != kCudaSuccess) {
-      return Break(absl::UnavailableError(absl::StrCat(What(op), ": cudaSetDevice(",
-                                                       options_.device, "): ",
-                                                       api_->ErrorString(e))));
+      return Break(absl::UnavailableError(absl::StrCat(
+          What(op), ": cudaSetDevice(", options_.device, "): ", api_->ErrorString(e))));
     }
     CudaStream stream = op.kind == OpKind::kBarrier ? stream_
                         : UsesOutput(op.kind)       ? op.output.stream
@@ -419,10 +418,10 @@ void NcclBackend::Abort(const absl::Status& reason) {
     absl::MutexLock lock(&mu_);
     if (abort_requested_.exchange(true)) return;
     const std::string why = reason.ok() ? std::string("no reason given") : reason.ToString();
-    broken_ = broken_.ok() ? absl::AbortedError(absl::StrCat("nccl backend aborted: ", why))
-                           : absl::AbortedError(absl::StrCat("nccl backend aborted: ", why,
-                                                             " (already broken: ",
-                                                             broken_.ToString(), ")"));
+    broken_ = broken_.ok()
+                  ? absl::AbortedError(absl::StrCat("nccl backend aborted: ", why))
+                  : absl::AbortedError(absl::StrCat("nccl backend aborted: ", why,
+                                                    " (already broken: ", broken_.ToString(), ")"));
     // A running op aborts the communicator from its own polling loop, so that no NCCL call on
     // the communicator races with its destruction by ncclCommAbort.
     abort_here = !running_;
@@ -517,7 +516,8 @@ NcclCommConfig TranslateNcclConfig(const NcclConfigValues& v, int version,
                                   "it on timeouts"));
   }
   c.blocking = 0;
-  if (v.cga_cluster_size) gate("cgaClusterSize", 21400, [&] { c.cga_cluster_size = *v.cga_cluster_size; });
+  if (v.cga_cluster_size)
+    gate("cgaClusterSize", 21400, [&] { c.cga_cluster_size = *v.cga_cluster_size; });
   if (v.min_ctas) gate("minCTAs", 21400, [&] { c.min_ctas = *v.min_ctas; });
   if (v.max_ctas) gate("maxCTAs", 21400, [&] { c.max_ctas = *v.max_ctas; });
   if (v.net_name) gate("netName", 21400, [&] { c.net_name = *v.net_name; });
@@ -538,8 +538,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
         absl::StrCat("CreateNcclBackend: rank ", options.rank, " of ", options.size));
   }
   const absl::Time deadline = absl::Now() + options.init_timeout;
-  const std::string who = absl::StrCat("NCCL init of rank ", options.rank, " on cuda:",
-                                       options.device);
+  const std::string who =
+      absl::StrCat("NCCL init of rank ", options.rank, " on cuda:", options.device);
   int device_count = 0;
   if (int e = api->GetDeviceCount(&device_count); e != kCudaSuccess) {
     return absl::FailedPreconditionError(
@@ -567,9 +567,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
     absl::StatusOr<std::string> hex =
         options.store->Get(kUidKey, std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (!hex.ok()) {
-      return absl::Status(hex.status().code(),
-                          absl::StrCat(who, ": waiting for rank 0's NCCL unique id: ",
-                                       hex.status().message()));
+      return absl::Status(
+          hex.status().code(),
+          absl::StrCat(who, ": waiting for rank 0's NCCL unique id: ", hex.status().message()));
     }
     const std::string bytes = absl::HexStringToBytes(*hex);
     if (bytes.size() != sizeof(uid.internal)) {
@@ -622,8 +622,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
   }
   int version = 0;
   (void)api->GetVersion(&version);
-  ADAPTCOMM_LOG(kDebug, who, ": NCCL ", NcclVersionString(version), " from ",
-                api->library_path(), " ready, ", o.size, " ranks");
+  ADAPTCOMM_LOG(kDebug, who, ": NCCL ", NcclVersionString(version), " from ", api->library_path(),
+                " ready, ", o.size, " ranks");
   return std::unique_ptr<Backend>(
       std::make_unique<NcclBackend>(std::move(api), o, comm, device_count, event, stream, scratch));
 }

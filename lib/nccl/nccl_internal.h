@@ -15,8 +15,7 @@ namespace adaptcomm::nccl::internal {
 void PollPause(int iteration);
 
 // ncclCommAbort(comm) on a helper thread, waited for at most `bound`.
-absl::Status AbortBounded(const std::shared_ptr<NcclApi>& api, NcclComm comm,
-                          absl::Duration bound);
+absl::Status AbortBounded(const std::shared_ptr<NcclApi>& api, NcclComm comm, absl::Duration bound);
 
 }  // namespace adaptcomm::nccl::internal
 

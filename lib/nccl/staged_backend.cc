@@ -123,8 +123,9 @@ class StagedBackend final : public Backend {
 
 StagedBackend::~StagedBackend() {
   if (copies_abandoned_) {
-    ADAPTCOMM_LOG(kWarning, name_, ": a device copy timed out; its pinned staging memory is "
-                            "leaked rather than freed under a possibly running copy");
+    ADAPTCOMM_LOG(kWarning, name_,
+                  ": a device copy timed out; its pinned staging memory is "
+                  "leaked rather than freed under a possibly running copy");
     return;
   }
   for (auto& [device, event] : events_) {
@@ -140,17 +141,16 @@ absl::Status StagedBackend::CheckDeviceView(const OpDesc& op, const TensorView& 
   const char* kind = OpKindName(op.kind);
   if (v.device.index < 0 || v.device.index >= device_count_) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name_, " backend: view ", which, " of ", kind, " is on cuda:",
-                     v.device.index, ", which does not exist (", device_count_,
-                     " CUDA device(s) visible)"));
+        absl::StrCat(name_, " backend: view ", which, " of ", kind, " is on cuda:", v.device.index,
+                     ", which does not exist (", device_count_, " CUDA device(s) visible)"));
   }
   if (v.data != nullptr && v.count > 0) {
     PointerInfo info;
     const int e = cuda_->PointerGetAttributes(v.data, &info);
     if (e != kCudaSuccess || !info.is_device) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name_, " backend: view ", which, " of ", kind, " is tagged cuda:",
-                       v.device.index, " but its pointer is host memory"));
+      return absl::InvalidArgumentError(absl::StrCat(name_, " backend: view ", which, " of ", kind,
+                                                     " is tagged cuda:", v.device.index,
+                                                     " but its pointer is host memory"));
     }
   }
   return absl::OkStatus();
@@ -176,9 +176,9 @@ absl::Status StagedBackend::Reserve(PinnedBuffer& buffer, size_t bytes) {
   buffer = PinnedBuffer{};
   void* p = nullptr;
   if (int e = cuda_->HostAlloc(&p, grown); e != kCudaSuccess || p == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        name_, ": cannot allocate ", grown, " bytes of pinned staging memory: ",
-        cuda_->ErrorString(e)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name_, ": cannot allocate ", grown,
+                     " bytes of pinned staging memory: ", cuda_->ErrorString(e)));
   }
   buffer = PinnedBuffer{p, grown};
   return absl::OkStatus();
@@ -196,15 +196,15 @@ absl::Status StagedBackend::Sync(int device, CudaStream stream, absl::Time deadl
     it = events_.emplace(device, ev).first;
   }
   if (int e = cuda_->EventRecord(it->second, stream); e != kCudaSuccess) {
-    return Break(absl::UnavailableError(
-        absl::StrCat(what, ": cudaEventRecord: ", cuda_->ErrorString(e))));
+    return Break(
+        absl::UnavailableError(absl::StrCat(what, ": cudaEventRecord: ", cuda_->ErrorString(e))));
   }
   for (int i = 0;; ++i) {
     const int q = cuda_->EventQuery(it->second);
     if (q == kCudaSuccess) return absl::OkStatus();
     if (q != kCudaErrorNotReady) {
-      return Break(absl::UnavailableError(
-          absl::StrCat(what, ": cudaEventQuery: ", cuda_->ErrorString(q))));
+      return Break(
+          absl::UnavailableError(absl::StrCat(what, ": cudaEventQuery: ", cuda_->ErrorString(q))));
     }
     bool aborted = false;
     {
@@ -225,12 +225,12 @@ absl::Status StagedBackend::Copy(void* dst, const void* src, size_t bytes, Memcp
                                  const TensorView& view, const std::string& what) {
   if (bytes == 0) return absl::OkStatus();
   if (int e = cuda_->SetDevice(view.device.index); e != kCudaSuccess) {
-    return Break(absl::UnavailableError(
-        absl::StrCat(what, ": cudaSetDevice: ", cuda_->ErrorString(e))));
+    return Break(
+        absl::UnavailableError(absl::StrCat(what, ": cudaSetDevice: ", cuda_->ErrorString(e))));
   }
   if (int e = cuda_->MemcpyAsync(dst, src, bytes, kind, view.stream); e != kCudaSuccess) {
-    return Break(absl::UnavailableError(
-        absl::StrCat(what, ": cudaMemcpyAsync: ", cuda_->ErrorString(e))));
+    return Break(
+        absl::UnavailableError(absl::StrCat(what, ": cudaMemcpyAsync: ", cuda_->ErrorString(e))));
   }
   return absl::OkStatus();
 }
@@ -255,8 +255,8 @@ absl::Status StagedBackend::Run(const OpDesc& op) {
     host.input.data = in_.data;
     host.input.device = Device::Cpu();
     host.input.stream = nullptr;
-    if (absl::Status s = Copy(in_.data, op.input.data, op.input.bytes(),
-                              MemcpyKind::kDeviceToHost, op.input, what);
+    if (absl::Status s = Copy(in_.data, op.input.data, op.input.bytes(), MemcpyKind::kDeviceToHost,
+                              op.input, what);
         !s.ok()) {
       return s;
     }

@@ -1,0 +1,514 @@
+// GPU check of the NCCL backend (run by bench/gpu_check.sh on a machine with NVIDIA GPUs):
+//   1. every collective x every dtype on the NCCL backend, values checked element by element:
+//      world = number of GPUs, one process per GPU (this program re-executes itself per rank);
+//      with one GPU: world 1, with two communicators interleaved in one process;
+//   2. a stalled stream makes an op time out: DeadlineExceeded, ncclCommAbort, bounded;
+//   3. allreduce f32 busbw 1 MiB .. 1 GiB (nccl-tests: busbw = algbw x 2(n-1)/n), NCCL and the
+//      Gloo-staged path (device buffers through pinned host memory) for comparison.
+// Without a GPU it prints "no GPU: <reason>" and exits 0. Uses only adaptcomm's CUDA seam (no CUDA
+// header here).
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "adaptcomm/communicator.h"
+#include "lib/nccl/nccl_api.h"
+
+extern char** environ;
+
+namespace adaptcomm {
+namespace {
+
+int failures = 0;
+#define CHECK_OK(expr, what)                                                            \
+  do {                                                                                  \
+    absl::Status _s = (expr);                                                           \
+    if (!_s.ok()) {                                                                     \
+      ++failures;                                                                       \
+      std::printf("  FAIL %s: %s\n", std::string(what).c_str(), _s.ToString().c_str()); \
+    }                                                                                   \
+  } while (0)
+
+std::shared_ptr<nccl::CudaApi> cuda;
+
+uint16_t FloatToHalf(float f) {  // exact for the small integers used here
+  if (f == 0) return 0;
+  int e = 0;
+  const float m = std::frexp(std::fabs(f), &e);
+  const auto mant = static_cast<uint32_t>(std::ldexp(m, 11));
+  return static_cast<uint16_t>((f < 0 ? 0x8000 : 0) | ((e + 14) << 10) | (mant - 1024));
+}
+float HalfToFloat(uint16_t h) {
+  const int exp = (h >> 10) & 0x1f;
+  const float v = exp == 0 ? std::ldexp(static_cast<float>(h & 0x3ff), -24)
+                           : std::ldexp(static_cast<float>((h & 0x3ff) | 0x400), exp - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+// Host <-> device copies of small test vectors, encoded in `t` from doubles.
+std::vector<char> Encode(DType t, const std::vector<double>& v) {
+  std::vector<char> out(v.size() * DTypeSize(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    char* p = out.data() + i * DTypeSize(t);
+    switch (t) {
+      case DType::kF32: {
+        float x = static_cast<float>(v[i]);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DType::kF64:
+        std::memcpy(p, &v[i], 8);
+        break;
+      case DType::kF16: {
+        uint16_t x = FloatToHalf(static_cast<float>(v[i]));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DType::kBF16: {
+        float f = static_cast<float>(v[i]);
+        uint32_t b;
+        std::memcpy(&b, &f, 4);
+        uint16_t x = static_cast<uint16_t>(b >> 16);
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DType::kI8: {
+        int8_t x = static_cast<int8_t>(v[i]);
+        std::memcpy(p, &x, 1);
+        break;
+      }
+      case DType::kU8: {
+        uint8_t x = static_cast<uint8_t>(v[i]);
+        std::memcpy(p, &x, 1);
+        break;
+      }
+      case DType::kI32: {
+        int32_t x = static_cast<int32_t>(v[i]);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DType::kI64: {
+        int64_t x = static_cast<int64_t>(v[i]);
+        std::memcpy(p, &x, 8);
+        break;
+      }
+    }
+  }
+  return out;
+}
+double DecodeAt(DType t, const std::vector<char>& b, size_t i) {
+  const char* p = b.data() + i * DTypeSize(t);
+  switch (t) {
+    case DType::kF32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case DType::kF64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
+    case DType::kF16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      return HalfToFloat(x);
+    }
+    case DType::kBF16: {
+      uint16_t x;
+      std::memcpy(&x, p, 2);
+      uint32_t bits = static_cast<uint32_t>(x) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    case DType::kI8:
+      return static_cast<int8_t>(*p);
+    case DType::kU8:
+      return static_cast<uint8_t>(*p);
+    case DType::kI32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case DType::kI64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<double>(x);
+    }
+  }
+  return 0;
+}
+
+void Sync(void* stream) {
+  void* ev = nullptr;
+  cuda->EventCreateDisableTiming(&ev);
+  cuda->EventRecord(ev, stream);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (cuda->EventQuery(ev) == nccl::kCudaErrorNotReady && absl::Now() < deadline) {
+  }
+  cuda->EventDestroy(ev);
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf(size_t n) : bytes(n) {
+    if (cuda->Malloc(&p, n == 0 ? 1 : n) != nccl::kCudaSuccess) p = nullptr;
+  }
+  ~DevBuf() {
+    if (p) cuda->Free(p);
+  }
+  TensorView View(DType t, int device, void* stream) const {
+    return TensorView{p, bytes / DTypeSize(t), t, Device::Cuda(device), stream};
+  }
+  void Put(const std::vector<char>& h, void* stream) {
+    cuda->MemcpyAsync(p, h.data(), h.size(), nccl::MemcpyKind::kHostToDevice, stream);
+    Sync(stream);
+  }
+  std::vector<char> Get(void* stream) const {
+    std::vector<char> h(bytes);
+    cuda->MemcpyAsync(h.data(), p, bytes, nccl::MemcpyKind::kDeviceToHost, stream);
+    Sync(stream);
+    return h;
+  }
+};
+
+void Expect(const std::string& what, DType t, const std::vector<char>& got,
+            const std::vector<double>& want) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = DecodeAt(t, got, i);
+    if (std::fabs(g - want[i]) > 1e-3 * std::max(1.0, std::fabs(want[i]))) {
+      ++failures;
+      std::printf("  FAIL %s %s: element %zu is %g, expected %g\n", what.c_str(), DTypeName(t), i,
+                  g, want[i]);
+      return;
+    }
+  }
+}
+
+// Every collective x dtype on `comm` (rank r of n on `device`); values checked.
+void Functional(Communicator& comm, int device, void* stream) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t k = 5;
+  for (DType t : kAllDTypes) {
+    const std::string tag = absl::StrCat(comm.backend_name(), " r", r, " ");
+    // allreduce sum: (r+1) + i
+    std::vector<double> in(k), want(k);
+    for (size_t i = 0; i < k; ++i) {
+      in[i] = r + 1 + static_cast<double>(i);
+      want[i] = n * (n + 1) / 2.0 + n * static_cast<double>(i);
+    }
+    DevBuf a(k * DTypeSize(t));
+    a.Put(Encode(t, in), stream);
+    CHECK_OK(comm.Allreduce(a.View(t, device, stream)).Wait(), tag + "allreduce");
+    Expect(tag + "allreduce sum", t, a.Get(stream), want);
+    if (IsFloatingPoint(t)) {
+      a.Put(Encode(t, in), stream);
+      CHECK_OK(comm.Allreduce(a.View(t, device, stream), {.op = ReduceOp::kAvg}).Wait(),
+               tag + "allreduce avg");
+      for (size_t i = 0; i < k; ++i) want[i] = (n + 1) / 2.0 + static_cast<double>(i);
+      Expect(tag + "allreduce avg", t, a.Get(stream), want);
+    }
+    a.Put(Encode(t, in), stream);
+    CHECK_OK(comm.Allreduce(a.View(t, device, stream), {.op = ReduceOp::kMax}).Wait(),
+             tag + "allreduce max");
+    for (size_t i = 0; i < k; ++i) want[i] = n + static_cast<double>(i);
+    Expect(tag + "allreduce max", t, a.Get(stream), want);
+    // broadcast from the last rank
+    a.Put(Encode(t, in), stream);
+    CHECK_OK(comm.Broadcast(a.View(t, device, stream), {.root = n - 1}).Wait(), tag + "broadcast");
+    for (size_t i = 0; i < k; ++i) want[i] = n + static_cast<double>(i);
+    Expect(tag + "broadcast", t, a.Get(stream), want);
+    // reduce sum to rank 0
+    a.Put(Encode(t, in), stream);
+    CHECK_OK(comm.Reduce(a.View(t, device, stream), {.root = 0}).Wait(), tag + "reduce");
+    if (r == 0) {
+      for (size_t i = 0; i < k; ++i) want[i] = n * (n + 1) / 2.0 + n * static_cast<double>(i);
+      Expect(tag + "reduce", t, a.Get(stream), want);
+    }
+    // allgather: block j = (j+1) + i
+    DevBuf g(k * n * DTypeSize(t));
+    a.Put(Encode(t, in), stream);
+    CHECK_OK(comm.Allgather(a.View(t, device, stream), g.View(t, device, stream)).Wait(),
+             tag + "allgather");
+    std::vector<double> gw(k * n);
+    for (int j = 0; j < n; ++j) {
+      for (size_t i = 0; i < k; ++i) gw[j * k + i] = j + 1 + static_cast<double>(i);
+    }
+    Expect(tag + "allgather", t, g.Get(stream), gw);
+    // reduce_scatter of the gathered blocks: block r summed n times
+    DevBuf rs(k * DTypeSize(t));
+    CHECK_OK(comm.ReduceScatter(g.View(t, device, stream), rs.View(t, device, stream)).Wait(),
+             tag + "reduce_scatter");
+    for (size_t i = 0; i < k; ++i) want[i] = n * (r + 1 + static_cast<double>(i));
+    Expect(tag + "reduce_scatter", t, rs.Get(stream), want);
+    // alltoall: block j of rank r = 10r + j; received block j = 10j + r
+    std::vector<double> ain(n), aw(n);
+    for (int j = 0; j < n; ++j) {
+      ain[j] = 10.0 * r + j;
+      aw[j] = 10.0 * j + r;
+    }
+    DevBuf ai(n * DTypeSize(t)), ao(n * DTypeSize(t));
+    ai.Put(Encode(t, ain), stream);
+    CHECK_OK(comm.Alltoall(ai.View(t, device, stream), ao.View(t, device, stream)).Wait(),
+             tag + "alltoall");
+    Expect(tag + "alltoall", t, ao.Get(stream), aw);
+    // send/recv around a ring (even ranks send first)
+    if (n > 1) {
+      DevBuf s(k * DTypeSize(t)), v(k * DTypeSize(t));
+      s.Put(Encode(t, in), stream);
+      const int next = (r + 1) % n, prev = (r + n - 1) % n;
+      if (r % 2 == 0) {
+        CHECK_OK(comm.Send(s.View(t, device, stream), next).Wait(), tag + "send");
+        CHECK_OK(comm.Recv(v.View(t, device, stream), prev).Wait(), tag + "recv");
+      } else {
+        CHECK_OK(comm.Recv(v.View(t, device, stream), prev).Wait(), tag + "recv");
+        CHECK_OK(comm.Send(s.View(t, device, stream), next).Wait(), tag + "send");
+      }
+      for (size_t i = 0; i < k; ++i) want[i] = prev + 1 + static_cast<double>(i);
+      Expect(tag + "send/recv", t, v.Get(stream), want);
+    }
+  }
+  CHECK_OK(comm.Barrier().Wait(), "barrier");
+  // A host view on NCCL is refused, naming the view.
+  std::vector<float> host(4);
+  absl::Status s = comm.Allreduce(HostView(host.data(), 4)).Wait();
+  if (std::string(comm.backend_name()) == "nccl" &&
+      (s.code() != absl::StatusCode::kInvalidArgument ||
+       s.message().find("host (cpu) buffer") == absl::string_view::npos)) {
+    ++failures;
+    std::printf("  FAIL host view on nccl: %s\n", s.ToString().c_str());
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Make(const std::string& name, BackendChoice b,
+                                                   int rank, int world, int port,
+                                                   std::shared_ptr<Store> store) {
+  CommunicatorOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.name = name;
+  o.backend = b;
+  o.fallback = Fallback::kDeny;
+  o.timeout = absl::Seconds(120);
+  o.init_timeout = absl::Seconds(120);
+  o.store = store;
+  o.master_addr = "127.0.0.1";
+  o.master_port = port;
+  return Communicator::Create(o);
+}
+
+void StallStream(void* arg) { absl::SleepFor(*static_cast<absl::Duration*>(arg)); }
+
+void TimeoutCheck(Communicator& comm, int device, void* stream) {
+  // The host function holds the stream for 4 s; the op's 500 ms bound fires first.
+  static absl::Duration stall = absl::Seconds(4);
+  DevBuf a(1 << 20);
+  if (comm.rank() == 0) cuda->LaunchHostFunc(stream, StallStream, &stall);
+  const absl::Time start = absl::Now();
+  absl::Status s =
+      comm.Allreduce(a.View(DType::kF32, device, stream), {.timeout = absl::Milliseconds(500)})
+          .Wait();
+  const absl::Duration took = absl::Now() - start;
+  std::printf("  timeout check r%d: %s after %s; health: %s\n", comm.rank(), s.ToString().c_str(),
+              absl::FormatDuration(took).c_str(), comm.health().ToString().c_str());
+  if (comm.rank() == 0 && s.code() != absl::StatusCode::kDeadlineExceeded &&
+      s.code() != absl::StatusCode::kAborted) {
+    ++failures;
+    std::printf("  FAIL timeout check: expected DeadlineExceeded\n");
+  }
+  if (took > absl::Seconds(12)) {
+    ++failures;
+    std::printf("  FAIL timeout check: took %s (op 500 ms + abort bound)\n",
+                absl::FormatDuration(took).c_str());
+  }
+  Sync(stream);  // let the stalled host function finish before the buffer is freed
+}
+
+void Busbw(Communicator& comm, int device, void* stream, size_t max_bytes) {
+  const int n = comm.size();
+  const double factor = n > 1 ? 2.0 * (n - 1) / n : 0.0;
+  DevBuf buf(max_bytes);
+  if (buf.p == nullptr) {
+    std::printf("  cannot allocate %zu bytes\n", max_bytes);
+    return;
+  }
+  if (comm.rank() == 0) {
+    std::printf("  %-8s %12s %12s %10s %10s\n", comm.backend_name(), "bytes", "time_us",
+                "algbw_GB/s", "busbw_GB/s");
+  }
+  for (size_t bytes = 1 << 20; bytes <= max_bytes; bytes *= 2) {
+    TensorView v{buf.p, bytes / 4, DType::kF32, Device::Cuda(device), stream};
+    const int iters = static_cast<int>(std::clamp<size_t>((size_t{4} << 30) / bytes, 5, 50));
+    for (int i = 0; i < 3; ++i) CHECK_OK(comm.Allreduce(v).Wait(), "busbw warmup");
+    CHECK_OK(comm.Barrier().Wait(), "busbw barrier");
+    const absl::Time start = absl::Now();
+    for (int i = 0; i < iters; ++i) CHECK_OK(comm.Allreduce(v).Wait(), "busbw");
+    const double us = absl::ToDoubleMicroseconds(absl::Now() - start) / iters;
+    const double algbw = static_cast<double>(bytes) / (us * 1e3);  // GB/s
+    if (comm.rank() == 0) {
+      std::printf("  %-8s %12zu %12.1f %10.2f %10.2f\n", comm.backend_name(), bytes, us, algbw,
+                  algbw * factor);
+    }
+  }
+}
+
+int RunRank(int rank, int world, int port) {
+  setenv("ADAPTCOMM_CUDA_DEVICE", std::to_string(rank).c_str(), 1);
+  const int device = rank;
+  cuda->SetDevice(device);
+  void* stream = nullptr;
+  cuda->StreamCreateNonBlocking(&stream);
+  // One job store for all the communicators below (each Create would otherwise serve its own).
+  std::unique_ptr<TcpStoreServer> server;
+  std::shared_ptr<Store> store = CreateHashStore();
+  if (world > 1) {
+    TcpStoreOptions so;
+    so.port = port;
+    if (rank == 0) {
+      auto srv = StartTcpStoreServer(so);
+      if (!srv.ok()) {
+        std::printf("FAIL store server: %s\n", srv.status().ToString().c_str());
+        return 1;
+      }
+      server = std::move(*srv);
+    }
+    auto client = ConnectTcpStore(so);
+    if (!client.ok()) {
+      std::printf("FAIL store client: %s\n", client.status().ToString().c_str());
+      return 1;
+    }
+    store = *client;
+  }
+  auto a = Make("check_a", BackendChoice::kNccl, rank, world, port, store);
+  if (!a.ok()) {
+    std::printf("rank %d: FAIL creating the NCCL communicator: %s\n", rank,
+                a.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("rank %d: %s (%s)\n", rank, (*a)->backend_name(), (*a)->selection_reason().c_str());
+  std::printf("[1] every collective x dtype, rank %d of %d\n", rank, world);
+  Functional(**a, device, stream);
+  if (world == 1) {
+    // Two communicators in one process, interleaved.
+    auto b = Make("check_b", BackendChoice::kNccl, rank, world, port, store);
+    if (!b.ok()) {
+      std::printf("FAIL second communicator: %s\n", b.status().ToString().c_str());
+      return 1;
+    }
+    Functional(**b, device, stream);
+    Functional(**a, device, stream);
+  }
+  std::printf("[3] allreduce f32 busbw, NCCL (world %d)\n", world);
+  Busbw(**a, device, stream, size_t{1} << 30);
+  std::printf("[3] allreduce f32 busbw, Gloo staged through pinned host memory (world %d)\n",
+              world);
+  {
+    auto g = Make("check_gloo", BackendChoice::kGloo, rank, world, port, store);
+    if (!g.ok()) {
+      std::printf("FAIL gloo communicator: %s\n", g.status().ToString().c_str());
+      ++failures;
+    } else {
+      std::printf("rank %d: %s (%s)\n", rank, (*g)->backend_name(),
+                  (*g)->selection_reason().c_str());
+      Functional(**g, device, stream);
+      Busbw(**g, device, stream, size_t{256} << 20);
+    }
+  }
+  std::printf("[2] a stalled stream times out and aborts\n");
+  {
+    auto t = Make("check_timeout", BackendChoice::kNccl, rank, world, port, store);
+    if (t.ok()) {
+      TimeoutCheck(**t, device, stream);
+    } else {
+      ++failures;
+      std::printf("FAIL timeout communicator: %s\n", t.status().ToString().c_str());
+    }
+  }
+  CHECK_OK((*a)->Barrier().Wait(), "final barrier");  // rank 0 serves the store: leave together
+  std::printf("rank %d: %s (%d failures)\n", rank, failures == 0 ? "PASS" : "FAIL", failures);
+  return failures == 0 ? 0 : 1;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace
+}  // namespace adaptcomm
+
+int main(int argc, char** argv) {
+  using namespace adaptcomm;
+  auto c = nccl::LoadCudaApi();
+  if (!c.ok()) {
+    std::printf("no GPU: %s\n", std::string(c.status().message()).c_str());
+    return 0;
+  }
+  cuda = *c;
+  if (argc == 4 && std::string(argv[1]) == "--rank") {
+    return RunRank(std::atoi(argv[2]), std::atoi(argv[3]),
+                   std::atoi(std::getenv("GPU_CHECK_PORT")));
+  }
+  int devices = 0;
+  if (int e = cuda->GetDeviceCount(&devices); e != nccl::kCudaSuccess || devices == 0) {
+    std::printf("no GPU: no CUDA device visible (%s); nothing to check\n",
+                e != nccl::kCudaSuccess ? cuda->ErrorString(e).c_str() : "0 devices");
+    return 0;
+  }
+  auto api = nccl::LoadNcclApi();
+  if (!api.ok()) {
+    std::printf("FAIL: %d GPU(s) but NCCL does not load: %s\n", devices,
+                std::string(api.status().message()).c_str());
+    return 1;
+  }
+  int version = 0, driver = 0, runtime = 0;
+  (*api)->GetVersion(&version);
+  cuda->DriverVersion(&driver);
+  cuda->RuntimeVersion(&runtime);
+  std::printf("%d GPU(s); NCCL %s from %s; CUDA driver %d, runtime %d\n", devices,
+              nccl::NcclVersionString(version).c_str(), (*api)->library_path().c_str(), driver,
+              runtime);
+  if (devices == 1) return RunRank(0, 1, 0);
+  // One process per GPU: re-execute this program per rank (a forked CUDA context is unusable).
+  const std::string port = std::to_string(FreePort());
+  setenv("GPU_CHECK_PORT", port.c_str(), 1);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < devices; ++r) {
+    std::string rs = std::to_string(r), ws = std::to_string(devices);
+    char* args[] = {argv[0], const_cast<char*>("--rank"), rs.data(), ws.data(), nullptr};
+    pid_t pid = 0;
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, args, environ) != 0) {
+      std::printf("FAIL: cannot spawn rank %d\n", r);
+      return 1;
+    }
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  std::printf("%s: %d of %d ranks failed\n", failed == 0 ? "PASS" : "FAIL", failed, devices);
+  return failed == 0 ? 0 : 1;
+}
