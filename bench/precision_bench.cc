@@ -4,7 +4,9 @@
 //   2. cast throughput, one thread, per instruction-set path, vs memcpy of the same input; and the
 //      multi-threaded public cast.
 //
-//   precision_bench [--ranks 2,4] [--mib 64] [--iters 9] [--skip-allreduce] [--skip-cast]
+//   precision_bench [--ranks 2,4] [--mib 64] [--iters 15] [--chunk-mib M] [--skip-allreduce]
+//                   [--skip-cast]
+// (--chunk-mib: MixedOptions::pipeline_chunk_bytes in MiB, default: the library's default.)
 //
 // Ranks are forked processes (forked before this process starts any thread) that rendezvous
 // through the TCP store rank 0 serves on a free loopback port; each rank reports its timings
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -39,7 +42,8 @@ using adaptcomm::DType;
 struct Config {
   std::vector<int> ranks = {2, 4};
   size_t mib = 64;
-  int iters = 9;
+  int iters = 15;
+  double chunk_mib = -1;  // MixedOptions::pipeline_chunk_bytes in MiB; < 0: the default
   bool allreduce = true;
   bool cast = true;
 };
@@ -81,6 +85,7 @@ int RankMain(int rank, int world, int port, const Config& cfg, int out_fd) {
   adaptcomm::MixedOptions mo;
   mo.wire = DType::kBF16;
   mo.context = &ctx;
+  if (cfg.chunk_mib >= 0) mo.pipeline_chunk_bytes = static_cast<size_t>(cfg.chunk_mib * (1 << 20));
   std::vector<uint16_t> wire_only(n);
   adaptcomm::CastF32ToBF16(pristine.data(), wire_only.data(), n);
   std::vector<double> t32, t16, twire, tcast, tcoll, tback;
@@ -303,6 +308,8 @@ bool ParseArgs(int argc, char** argv, Config& cfg) {
       if (!absl::SimpleAtoi(next(), &cfg.mib) || cfg.mib == 0) return false;
     } else if (a == "--iters") {
       if (!absl::SimpleAtoi(next(), &cfg.iters) || cfg.iters < 1) return false;
+    } else if (a == "--chunk-mib") {
+      if (!absl::SimpleAtod(next(), &cfg.chunk_mib)) return false;
     } else if (a == "--skip-allreduce") {
       cfg.allreduce = false;
     } else if (a == "--skip-cast") {
@@ -320,10 +327,14 @@ int main(int argc, char** argv) {
   Config cfg;
   if (!ParseArgs(argc, argv, cfg)) {
     std::fprintf(stderr,
-                 "usage: precision_bench [--ranks 2,4] [--mib 64] [--iters 9] "
+                 "usage: precision_bench [--ranks 2,4] [--mib 64] [--iters 15] [--chunk-mib M] "
                  "[--skip-allreduce] [--skip-cast]\n");
     return 2;
   }
+  // Timings on a shared machine mean little without its load: print it before and after.
+  double load[3] = {0, 0, 0};
+  if (getloadavg(load, 3) == 3)
+    std::printf("load average (1/5/15 min): %.2f %.2f %.2f\n", load[0], load[1], load[2]);
   std::printf("cast path: %s\n", adaptcomm::CastImplementationName());
   bool ok = true;
   // Allreduce first: the ranks are forked while this process has no threads yet.
@@ -331,5 +342,7 @@ int main(int argc, char** argv) {
     for (int world : cfg.ranks) ok = RunAllreduce(world, cfg) && ok;
   }
   if (cfg.cast) RunCasts(cfg);
+  if (getloadavg(load, 3) == 3)
+    std::printf("load average (1/5/15 min): %.2f %.2f %.2f\n", load[0], load[1], load[2]);
   return ok ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 // Cast kernels: the scalar reference against independent oracles, and every vector path this CPU
 // has against the scalar reference, bit for bit (all 65536 fp16/bf16 patterns, fp32 edge cases,
 // large random arrays), plus exact overflow/non-finite counts and the multi-threaded public path.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -8,6 +9,7 @@
 
 #include "adaptcomm/precision.h"
 #include "gtest/gtest.h"
+#include "lib/gloo/gloo_reduce.h"
 #include "lib/precision/cast_kernels.h"
 #include "lib/precision/cast_parallel.h"
 
@@ -424,6 +426,41 @@ TEST(CastJobTest, ChunksCoverTheBufferExactlyOnce) {
       ASSERT_EQ(got, ref) << n << " x " << threads;
       ExpectSameStats(job->stats(), ref_stats, "job");
     }
+  }
+}
+
+// The Gloo backend's bf16/f16 sum runs on these kernels (lib/gloo/gloo_reduce.cc): it must give
+// the bits of its own scalar definition, round(widen(a) + widen(b)), on every path, for every
+// pattern of a against shuffled patterns of b, in place (out == a, out == b) and not.
+TEST(GlooReduce, VectorizedHalfSumsMatchTheScalarDefinition) {
+  namespace gb = ::adaptcomm::gloo_backend;
+  const std::vector<uint16_t> a = AllPatterns();
+  std::vector<uint16_t> b = a;
+  std::shuffle(b.begin(), b.end(), std::mt19937(7));
+  for (CastPath path : SupportedCastPaths()) {
+    SetCastPathForTesting(path);
+    for (bool bf16 : {true, false}) {
+      const gb::ReduceFn fn = gb::GetReduceFn(bf16 ? DType::kBF16 : DType::kF16, ReduceOp::kSum);
+      ASSERT_EQ(fn, gb::GetReduceFn(bf16 ? DType::kBF16 : DType::kF16, ReduceOp::kAvg));
+      std::vector<uint16_t> out(a.size()), in_a = a, in_b = b;
+      fn(out.data(), a.data(), b.data(), a.size());
+      fn(in_a.data(), in_a.data(), b.data(), a.size());
+      fn(in_b.data(), a.data(), in_b.data(), a.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        const uint16_t want = bf16 ? gb::FloatToBf16(gb::Bf16ToFloat(a[i]) + gb::Bf16ToFloat(b[i]))
+                                   : gb::FloatToHalf(gb::HalfToFloat(a[i]) + gb::HalfToFloat(b[i]));
+        const bool nan = bf16 ? IsBF16NaN(want) : IsF16NaN(want);
+        for (uint16_t got : {out[i], in_a[i], in_b[i]}) {
+          if (nan) {  // which NaN payload survives NaN + NaN is the hardware's choice
+            ASSERT_TRUE(bf16 ? IsBF16NaN(got) : IsF16NaN(got)) << CastPathName(path) << " " << i;
+          } else {
+            ASSERT_EQ(got, want) << CastPathName(path) << (bf16 ? " bf16 " : " f16 ") << a[i]
+                                 << " + " << b[i];
+          }
+        }
+      }
+    }
+    ResetCastPathForTesting();
   }
 }
 

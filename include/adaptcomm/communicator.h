@@ -86,6 +86,10 @@ struct CommunicatorOptions {
   // After a failure, how long a rank waits for every other rank to report before naming the
   // silent ones as dead or stalled.
   absl::Duration failure_report_window = absl::Seconds(5);
+  // Coordinated retry: attempts per op including the first (1 = off; 0 = the profile's). When
+  // on, every op's input is copied before it runs (one memcpy per op) so that a retry re-runs it
+  // bit for bit; the retry happens only when every rank agrees (see README, "Resilience").
+  int max_retry_attempts = 0;
 
   // Network interface for the Gloo transport. Empty: GLOO_SOCKET_IFNAME; if unset too, the local
   // address that routes to master_addr (loopback when the master is local).

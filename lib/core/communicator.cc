@@ -24,6 +24,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   fr.rank = options_.rank;
   fr.world_size = options_.world_size;
   fr.communicator = options_.name;
+  fr.job = rendezvous_.job_id;
   fr.backend = backend->name();
   fr.capacity = options_.flight_recorder_entries;
   fr.dump_dir = options_.flight_recorder_dir.empty() ? trace::DefaultFlightRecorderDir()
@@ -33,26 +34,62 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   exec.abort_bound = config_.timeouts.abort;
   executor_ = std::make_shared<OpExecutor>(std::move(backend), exec);
   executor_->AddObserver(recorder_);
+  if (const trace::TraceRequest tr =
+          trace::ResolveTraceRequest(config_.trace.enabled, config_.trace.dir);
+      tr.enabled) {
+    trace::TimelineOptions to;
+    to.rank = options_.rank;
+    to.world_size = options_.world_size;
+    to.dir = tr.dir;
+    to.communicator = options_.name;
+    to.backend = executor_->backend().name();
+    auto timeline =
+        trace::StartTimeline(rendezvous_.store.get(), std::move(to),
+                             std::min(config_.timeouts.store_connect, absl::Seconds(30)));
+    if (timeline.ok()) {
+      timeline_ = *std::move(timeline);
+      executor_->AddObserver(timeline_);
+    } else {
+      ADAPTCOMM_LOG(kWarning, "timeline trace off: ", timeline.status().ToString());
+    }
+  }
   if (rendezvous_.store != nullptr) {
     FailureCoordinatorOptions fc;
     fc.rank = options_.rank;
     fc.world_size = options_.world_size;
     fc.name = options_.name;
     fc.report_window = options_.failure_report_window;
+    fc.max_attempts =
+        options_.max_retry_attempts > 0 ? options_.max_retry_attempts : config_.retry.max_attempts;
+    fc.initial_backoff = config_.retry.initial_backoff;
+    fc.backoff_multiplier = config_.retry.multiplier;
+    fc.max_backoff = config_.retry.max_backoff;
+    fc.jitter = config_.retry.jitter;
+    fc.retryable = config_.retry.retryable;
+    // A stalled rank gets its own op timeout to notice and vote, plus the report window.
+    fc.vote_timeout = options_.timeout + options_.failure_report_window;
     coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
     executor_->SetFailureHandler(coordinator_);
+    executor_->SetRecoveryHandler(coordinator_);
   }
   executor_->Start();
   if (coordinator_ != nullptr) {
-    coordinator_->Start([executor = std::weak_ptr<OpExecutor>(executor_)](const absl::Status& s) {
-      if (auto e = executor.lock()) e->Abort(s);
-    });
+    std::weak_ptr<OpExecutor> executor = executor_;
+    coordinator_->Start(
+        [executor](const absl::Status& s) {
+          if (auto e = executor.lock()) e->Abort(s);
+        },
+        [executor](int generation) {
+          if (auto e = executor.lock()) e->RequestRecovery(generation);
+        },
+        [this](int generation) { return RebuildBackend(generation); });
   }
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
   if (coordinator_ != nullptr) coordinator_->Stop();
   executor_->Shutdown();
+  if (timeline_ != nullptr) timeline_->Close().IgnoreError();  // the footer: a valid JSON file
   LeaveRendezvous(rendezvous_, options_, executor_->backend().health().ok());
 }
 
@@ -159,6 +196,20 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o, con
 }
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int generation) {
+  Rendezvous next;
+  next.store = CreatePrefixStore(absl::StrCat("gen", generation), rendezvous_.store);
+  next.transport_host = rendezvous_.transport_host;
+  next.transport_iface = rendezvous_.transport_iface;
+  absl::StatusOr<BackendSelection> selected =
+      SelectBackend(options_, next, absl::Now() + options_.init_timeout);
+  if (!selected.ok()) return selected.status();
+  ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' rebuilt its backend as generation ",
+                generation, ": ", selected->backend->name(), " (", selected->reason, ")");
+  return std::move(selected->backend);
+}
+
 }  // namespace internal
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(

@@ -13,6 +13,7 @@
 #include "lib/core/op_executor.h"
 #include "lib/core/rendezvous.h"
 #include "lib/trace/flight_recorder.h"
+#include "lib/trace/timeline_writer.h"
 
 namespace adaptcomm::internal {
 
@@ -33,6 +34,9 @@ class CommunicatorImpl {
   const std::string& selection_reason() const { return selection_reason_; }
   trace::FlightRecorder& recorder() { return *recorder_; }
   const EffectiveConfig& config() const { return config_; }
+  // A coordinated retry's new backend: the same selection as at creation, on a store scope of
+  // its own generation.
+  absl::StatusOr<std::unique_ptr<Backend>> RebuildBackend(int generation);
   void EnterLongOperation() { long_operation_scopes_.fetch_add(1); }
   void LeaveLongOperation() { long_operation_scopes_.fetch_sub(1); }
 
@@ -42,6 +46,7 @@ class CommunicatorImpl {
   std::atomic<int> long_operation_scopes_{0};
   Rendezvous rendezvous_;
   std::shared_ptr<trace::FlightRecorder> recorder_;
+  std::shared_ptr<trace::TimelineWriter> timeline_;  // null unless tracing is on
   std::shared_ptr<FailureCoordinator> coordinator_;  // null without a store
   std::shared_ptr<OpExecutor> executor_;
   const std::string selection_reason_;

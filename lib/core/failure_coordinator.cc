@@ -1,7 +1,11 @@
 #include "lib/core/failure_coordinator.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -18,7 +22,12 @@ constexpr absl::Duration kListenSlice = absl::Seconds(30);
 
 std::string FailureKey(int rank) { return absl::StrCat("failure/", rank); }
 std::string AckKey(int rank) { return absl::StrCat("ack/", rank); }
-std::string WakeKey(int rank) { return absl::StrCat("wake/", rank); }
+std::string WakeKey(int rank, int64_t n) { return absl::StrCat("wake/", rank, "/", n); }
+std::string VoteKey(int generation, int rank) {
+  return absl::StrCat("vote/", generation, "/", rank);
+}
+constexpr char kRetryPrefix[] = "retry:";
+constexpr char kFailPrefix[] = "fail:";
 
 }  // namespace
 
@@ -29,15 +38,45 @@ FailureCoordinator::FailureCoordinator(FailureCoordinatorOptions options,
 
 FailureCoordinator::~FailureCoordinator() { Stop(); }
 
-void FailureCoordinator::Start(std::function<void(const absl::Status&)> abort) {
+void FailureCoordinator::Start(std::function<void(const absl::Status&)> abort,
+                               std::function<void(int)> join_retry, BackendFactory factory) {
   abort_ = std::move(abort);
+  join_retry_ = std::move(join_retry);
+  factory_ = std::move(factory);
   listener_ = std::thread([this] { Listen(); });
 }
 
 void FailureCoordinator::Stop() {
   if (!listener_.joinable()) return;
-  Publish(WakeKey(options_.rank), kShutdown);
+  Wake(options_.rank, kShutdown);
   listener_.join();
+}
+
+void FailureCoordinator::Wake(int rank, const std::string& message) {
+  absl::StatusOr<int64_t> n = store_->Add(absl::StrCat("wakes/", rank), 1);
+  if (!n.ok()) {
+    ADAPTCOMM_LOG(kWarning, "cannot wake rank ", rank, ": ", n.status().ToString());
+    return;
+  }
+  Publish(WakeKey(rank, *n), message);
+}
+
+bool FailureCoordinator::Retryable(const absl::Status& status) const {
+  if (absl::IsInvalidArgument(status)) return false;
+  for (absl::StatusCode code : options_.retryable) {
+    if (status.code() == code) return true;
+  }
+  return false;
+}
+
+absl::Duration FailureCoordinator::Backoff(int attempt) const {
+  absl::Duration d = options_.initial_backoff;
+  for (int i = 1; i < attempt; ++i) d = d * options_.backoff_multiplier;
+  d = std::min(d, options_.max_backoff);
+  // Jitter spreads the reconnect storm of a large job; it need not agree across ranks, since
+  // the rebuild waits for everyone anyway.
+  const double u = static_cast<double>(std::rand()) / RAND_MAX;
+  return d * (1.0 + options_.jitter * (2.0 * u - 1.0));
 }
 
 void FailureCoordinator::Publish(const std::string& key, const std::string& value) {
@@ -47,9 +86,10 @@ void FailureCoordinator::Publish(const std::string& key, const std::string& valu
 }
 
 void FailureCoordinator::Listen() {
-  while (true) {
-    absl::StatusOr<std::string> wake = store_->Get(WakeKey(options_.rank), kListenSlice);
+  for (int64_t next = 1;; ++next) {
+    absl::StatusOr<std::string> wake = store_->Get(WakeKey(options_.rank, next), kListenSlice);
     if (!wake.ok()) {
+      --next;  // retry the same number
       if (absl::IsDeadlineExceeded(wake.status())) continue;
       absl::Status lost = absl::UnavailableError(
           absl::StrCat("communicator '", options_.name, "' lost its store (",
@@ -60,8 +100,15 @@ void FailureCoordinator::Listen() {
       return;
     }
     if (*wake == kShutdown) return;
+    if (absl::StartsWith(*wake, kRetryPrefix)) {
+      int generation = 0;
+      if (absl::SimpleAtoi(wake->substr(strlen(kRetryPrefix)), &generation)) {
+        join_retry_(generation);
+      }
+      continue;
+    }
     int failed_rank = -1;
-    (void)absl::SimpleAtoi(*wake, &failed_rank);
+    (void)absl::SimpleAtoi(wake->substr(strlen(kFailPrefix)), &failed_rank);
     std::string detail = store_->Get(FailureKey(failed_rank), absl::Seconds(5)).value_or("?");
     absl::Status reason =
         absl::AbortedError(absl::StrCat("rank ", failed_rank, " failed (", detail, "); rank ",
@@ -75,6 +122,95 @@ void FailureCoordinator::Listen() {
   }
 }
 
+absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_t position,
+                                                         const std::string& fingerprint,
+                                                         int attempt, const absl::Status& cause) {
+  ADAPTCOMM_LOG(kWarning, "coordinated retry: rank ", options_.rank, " votes to build generation ",
+                generation, " from op #", position, " (attempt ", attempt + 1, " of ",
+                options_.max_attempts, "; cause: ", cause.message(), ")");
+  Publish(VoteKey(generation, options_.rank), absl::StrCat(position, "|", fingerprint));
+  for (int r = 0; r < options_.world_size; ++r) {
+    if (r != options_.rank) Wake(r, absl::StrCat(kRetryPrefix, generation));
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < options_.world_size; ++r) keys.push_back(VoteKey(generation, r));
+  // Poll rather than Wait: a rank that already destroyed its communicator ("left/<r>") will never
+  // vote, and saying so at once beats waiting out the vote timeout.
+  const absl::Time deadline = absl::Now() + options_.vote_timeout;
+  std::vector<int> missing, departed;
+  while (true) {
+    missing.clear();
+    departed.clear();
+    for (int r = 0; r < options_.world_size; ++r) {
+      if (store_->Get(keys[r], absl::ZeroDuration()).ok()) continue;
+      (store_->Get(absl::StrCat("left/", r), absl::ZeroDuration()).ok() ? departed : missing)
+          .push_back(r);
+    }
+    if ((missing.empty() && departed.empty()) || !departed.empty() || absl::Now() >= deadline) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (!missing.empty() || !departed.empty()) {
+    std::string who;
+    if (!departed.empty()) {
+      absl::StrAppend(&who, "rank(s) ", absl::StrJoin(departed, ", "),
+                      " already destroyed the communicator");
+    }
+    if (!missing.empty()) {
+      absl::StrAppend(&who, who.empty() ? "" : "; ", "rank(s) ", absl::StrJoin(missing, ", "),
+                      " did not vote within ", absl::FormatDuration(options_.vote_timeout),
+                      " (dead or stalled)");
+    }
+    absl::Status failed = absl::UnavailableError(
+        absl::StrCat("coordinated retry of communicator '", options_.name, "' impossible: ", who,
+                     "; first error here: ", cause.message()));
+    if (recorder_ != nullptr) (void)recorder_->Dump(std::string(failed.message()));
+    return failed;
+  }
+  uint64_t restart = position;
+  // Ranks at the same position must be in the same op; if not, the collectives are mismatched
+  // and no retry can help.
+  std::map<uint64_t, std::map<std::string, std::vector<int>>> ops_at;
+  for (int r = 0; r < options_.world_size; ++r) {
+    absl::StatusOr<std::string> v = store_->Get(keys[r], absl::ZeroDuration());
+    if (!v.ok()) continue;
+    std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 1));
+    uint64_t p = 0;
+    if (!absl::SimpleAtoi(parts[0], &p)) continue;
+    restart = std::min(restart, p);
+    if (parts.size() > 1 && !parts[1].empty()) ops_at[p][parts[1]].push_back(r);
+  }
+  for (const auto& [seq, ops] : ops_at) {
+    if (ops.size() < 2) continue;
+    std::vector<std::string> who;
+    for (const auto& [op, ranks] : ops) {
+      who.push_back(absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","),
+                                 " called ", op));
+    }
+    absl::Status mismatch = absl::InvalidArgumentError(
+        absl::StrCat("mismatched collectives at #", seq, " of communicator '", options_.name,
+                     "': ", absl::StrJoin(who, "; "),
+                     " (not retried: every rank must issue the "
+                     "same collectives in the same order)"));
+    if (recorder_ != nullptr) (void)recorder_->Dump(std::string(mismatch.message()));
+    return mismatch;
+  }
+  absl::SleepFor(Backoff(attempt));
+  absl::StatusOr<std::unique_ptr<Backend>> backend = factory_(generation);
+  if (!backend.ok()) {
+    return absl::Status(backend.status().code(),
+                        absl::StrCat("coordinated retry: rebuilding the backend (generation ",
+                                     generation, ") failed: ", backend.status().message()));
+  }
+  if (recorder_ != nullptr) recorder_->SetGeneration(generation, (*backend)->name());
+  RecoveryPlan plan;
+  plan.restart_seq = restart;
+  plan.generation = generation;
+  plan.backend = std::move(*backend);
+  return plan;
+}
+
 absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status status) {
   // Later ops fail fast on the broken backend; the group already knows.
   if (reported_.exchange(true)) return status;
@@ -82,7 +218,7 @@ absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status stat
   if (recorder_ != nullptr) (void)recorder_->Dump(cause);
   Publish(FailureKey(options_.rank), cause);
   for (int r = 0; r < options_.world_size; ++r) {
-    if (r != options_.rank) Publish(WakeKey(r), absl::StrCat(options_.rank));
+    if (r != options_.rank) Wake(r, absl::StrCat(kFailPrefix, options_.rank));
   }
   // Every other rank either failed too (its own report) or was woken (its ack). Poll them all in
   // rounds until each answered or the window closed (one last round after it closes).

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -28,30 +29,58 @@ struct FailureCoordinatorOptions {
   int world_size = 1;
   std::string name;                                 // communicator name, for messages
   absl::Duration report_window = absl::Seconds(5);  // how long to wait for peers' reports
+  // Coordinated retry (see RecoveryHandler): attempts including the first (1 = off), backoff
+  // between attempts, and how long a vote waits for every rank.
+  int max_attempts = 1;
+  absl::Duration initial_backoff = absl::Seconds(1);
+  double backoff_multiplier = 2.0;
+  absl::Duration max_backoff = absl::Seconds(30);
+  double jitter = 0.2;
+  absl::Duration vote_timeout = absl::Seconds(60);
+  std::vector<absl::StatusCode> retryable = {absl::StatusCode::kUnavailable,
+                                             absl::StatusCode::kAborted,
+                                             absl::StatusCode::kDeadlineExceeded};
 };
 
-class FailureCoordinator final : public FailureHandler {
+// Builds the backend of a new generation (every rank calls it with the same number).
+using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(int generation)>;
+
+// Also the RecoveryHandler: the vote of a coordinated retry runs through the same store keys.
+//   vote/<g>/<rank> = the first op the rank has not completed; restart = the smallest.
+// Wake-ups are numbered (wake/<rank>/<n>, n from an Add on wakes/<rank>) so none is lost.
+class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
  public:
   // `store` is the communicator's scoped store; `recorder` may be null.
   FailureCoordinator(FailureCoordinatorOptions options, std::shared_ptr<Store> store,
                      trace::FlightRecorder* recorder);
   ~FailureCoordinator() override;
 
-  // Starts listening for other ranks' failures; on one, calls abort(reason).
-  void Start(std::function<void(const absl::Status&)> abort);
+  // Starts listening for other ranks: a failure calls abort(reason); a retry that builds
+  // generation g calls join_retry(g).
+  void Start(std::function<void(const absl::Status&)> abort, std::function<void(int)> join_retry,
+             BackendFactory factory);
   // Stops listening (bounded: wakes its own listener through the store).
   void Stop();
 
   absl::Status OnOpFailure(const OpDesc& op, absl::Status status) override;
+  absl::StatusOr<RecoveryPlan> Recover(int generation, uint64_t position,
+                                       const std::string& fingerprint, int attempt,
+                                       const absl::Status& cause) override;
+  int max_attempts() const override { return options_.max_attempts; }
+  bool Retryable(const absl::Status& status) const override;
 
  private:
   void Listen();
   void Publish(const std::string& key, const std::string& value);
+  void Wake(int rank, const std::string& message);
+  absl::Duration Backoff(int attempt) const;
 
   const FailureCoordinatorOptions options_;
   const std::shared_ptr<Store> store_;
   trace::FlightRecorder* const recorder_;
   std::function<void(const absl::Status&)> abort_;
+  std::function<void(int)> join_retry_;
+  BackendFactory factory_;
   std::atomic<bool> reported_{false};  // only the first failure is coordinated
   std::thread listener_;
 };

@@ -6,9 +6,28 @@
 #include "lib/core/log.h"
 
 namespace adaptcomm::internal {
+namespace {
+
+// What every rank must agree an op is: compared across ranks when they vote on a retry.
+std::string Fingerprint(const OpDesc& op) {
+  const TensorView& v = op.kind == OpKind::kRecv ? op.output : op.input;
+  return absl::StrCat(OpKindName(op.kind), " ", DTypeName(v.dtype), "[", v.count, "]",
+                      op.kind == OpKind::kAllreduce || op.kind == OpKind::kReduce ||
+                              op.kind == OpKind::kReduceScatter
+                          ? absl::StrCat(" ", ReduceOpName(op.reduce))
+                          : "",
+                      op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce
+                          ? absl::StrCat(" root=", op.root)
+                          : "");
+}
+
+}  // namespace
 
 OpExecutor::OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options)
-    : backend_(std::move(backend)), options_(options) {}
+    : backend_(backend.get()), options_(options) {
+  absl::MutexLock lock(&mu_);
+  owned_backends_.push_back(std::move(backend));
+}
 
 OpExecutor::~OpExecutor() {
   // Shutdown() ran (the worker holds a reference until it ends, so we only get here after it).
@@ -55,7 +74,7 @@ void OpExecutor::RunHeadLocked() {
   const OpDesc& desc = work->desc();
   mu_.Unlock();
   for (const auto& o : observers_) o->OnStart(desc, started);
-  absl::Status status = backend_->Run(desc);
+  absl::Status status = RunWithRetry(work);
   if (!status.ok()) {
     ADAPTCOMM_LOG(kDebug, OpKindName(desc.kind), " #", desc.seq, " failed: ", status.ToString());
     if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status)) {
@@ -69,14 +88,132 @@ void OpExecutor::RunHeadLocked() {
   }
   for (const auto& o : observers_) o->OnEnd(desc, status, absl::Now());
   mu_.Lock();
+  if (status.ok()) last_completed_seq_ = std::max(last_completed_seq_, desc.seq);
   work->Finish(std::move(status));
   running_ = nullptr;
   busy_ = false;
 }
 
+absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work) {
+  const OpDesc& desc = work->desc();
+  const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
+  const bool replayable = retries && replay_.Record(desc);
+  absl::Status status = backend().Run(desc);
+  for (int attempt = 1; !status.ok() && replayable && recovery_handler_->Retryable(status) &&
+                        attempt < recovery_handler_->max_attempts() && !Aborted();
+       ++attempt) {
+    {
+      // The vote and the rebuild bound themselves; the watchdog resumes for the re-run.
+      absl::MutexLock lock(&mu_);
+      running_ = nullptr;
+    }
+    status = RecoverFrom(desc.seq, Fingerprint(desc), attempt, status);
+    if (!status.ok()) break;  // no agreement: the error names who was missing
+    {
+      absl::MutexLock lock(&mu_);
+      running_ = work;
+      running_since_ = absl::Now();
+    }
+    replay_.RestoreInput(desc.seq);
+    status = backend().Run(desc);
+    if (status.ok()) {
+      ADAPTCOMM_LOG(kWarning, OpKindName(desc.kind), " #", desc.seq,
+                    " succeeded after a coordinated retry (attempt ", attempt + 1, ")");
+    }
+  }
+  return status;
+}
+
+absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
+                                     const absl::Status& cause) {
+  int next;
+  {
+    absl::MutexLock lock(&mu_);
+    next = std::max(generation_, requested_generation_ - 1) + 1;
+  }
+  absl::StatusOr<RecoveryPlan> plan =
+      recovery_handler_->Recover(next, position, fingerprint, attempt, cause);
+  if (!plan.ok()) {
+    // No agreement (a rank is gone): the communicator is finished; later ops fail fast with the
+    // reason, and the pending request is dropped so nobody votes again.
+    absl::MutexLock lock(&mu_);
+    requested_generation_ = generation_;
+    if (aborted_.ok()) aborted_ = plan.status();
+    return plan.status();
+  }
+  const uint64_t restart = plan->restart_seq;
+  InstallBackend(std::move(plan->backend), plan->generation);
+  if (restart < position && !replay_.Covers(restart, position - 1)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("coordinated retry must restart at #", restart, " but rank ", backend().rank(),
+                     " kept inputs only of its last ops before #", position, "; cannot re-run"));
+  }
+  for (uint64_t seq = restart; seq < position; ++seq) {
+    // Completed here already: re-run for the ranks that did not complete it, into scratch.
+    if (absl::Status s = backend().Run(replay_.DetachedCopy(seq)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void OpExecutor::InstallBackend(std::unique_ptr<Backend> backend, int generation) {
+  absl::MutexLock lock(&mu_);
+  backend_.store(backend.get());
+  owned_backends_.push_back(std::move(backend));
+  generation_ = generation;
+  requested_generation_ = std::max(requested_generation_, generation);
+}
+
+void OpExecutor::RequestRecovery(int generation) {
+  Backend* to_interrupt = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (generation <= generation_ || generation <= requested_generation_) return;
+    requested_generation_ = generation;
+    if (busy_) to_interrupt = backend_.load();
+  }
+  // A running op fails with Aborted and takes the retry path; an idle worker wakes up for it.
+  if (to_interrupt != nullptr) {
+    to_interrupt->Abort(absl::AbortedError(
+        absl::StrCat("another rank started coordinated retry generation ", generation)));
+  }
+}
+
+bool OpExecutor::Aborted() const {
+  absl::MutexLock lock(&mu_);
+  return !aborted_.ok();
+}
+
+int OpExecutor::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+void OpExecutor::RecoverIdleLocked() {
+  busy_ = true;
+  const uint64_t position = last_completed_seq_ + 1;
+  mu_.Unlock();
+  absl::Status status =
+      RecoverFrom(position, "", 1, absl::AbortedError("requested by another rank"));
+  mu_.Lock();
+  busy_ = false;
+  if (!status.ok()) {
+    ADAPTCOMM_LOG(kError, "coordinated retry failed: ", status.ToString());
+    requested_generation_ = generation_;
+    if (aborted_.ok()) aborted_ = status;
+    std::deque<std::shared_ptr<WorkImpl>> dropped;
+    dropped.swap(queue_);
+    for (auto& work : dropped) work->Finish(status);
+  }
+}
+
 void OpExecutor::HelpUntil(const WorkImpl* target) {
   absl::MutexLock lock(&mu_);
-  while (!IsTerminal(target->state()) && !queue_.empty() && !busy_) {
+  while (!IsTerminal(target->state()) && !busy_) {
+    if (requested_generation_ > generation_) {
+      RecoverIdleLocked();
+      continue;
+    }
+    if (queue_.empty()) break;
     RunHeadLocked();
   }
 }
@@ -85,9 +222,14 @@ void OpExecutor::WorkerLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return (!queue_.empty() && !busy_) || (stopping_ && queue_.empty());
+      return (!busy_ && (!queue_.empty() || requested_generation_ > generation_)) ||
+             (stopping_ && queue_.empty());
     };
     mu_.Await(absl::Condition(&ready));
+    if (!busy_ && requested_generation_ > generation_) {
+      RecoverIdleLocked();
+      continue;
+    }
     if (queue_.empty()) return;  // stopping and drained
     RunHeadLocked();
   }
@@ -109,12 +251,12 @@ void OpExecutor::WatchdogLoop() {
     if (mu_.AwaitWithDeadline(absl::Condition(&moved_on), deadline)) continue;
 
     absl::Status timeout = absl::DeadlineExceededError(
-        absl::StrCat(OpKindName(desc.kind), " #", desc.seq, " on rank ", backend_->rank(),
+        absl::StrCat(OpKindName(desc.kind), " #", desc.seq, " on rank ", backend().rank(),
                      " exceeded its timeout of ", absl::FormatDuration(desc.timeout),
-                     " (watchdog); aborting the ", backend_->name(), " backend"));
+                     " (watchdog); aborting the ", backend().name(), " backend"));
     ADAPTCOMM_LOG(kError, timeout.message());
     mu_.Unlock();
-    backend_->Abort(timeout);
+    backend().Abort(timeout);
     mu_.Lock();
     if (mu_.AwaitWithTimeout(absl::Condition(&moved_on), options_.abort_bound)) continue;
 
@@ -143,7 +285,7 @@ void OpExecutor::Abort(const absl::Status& reason) {
         absl::AbortedError(absl::StrCat(OpKindName(work->desc().kind), " #", work->desc().seq,
                                         " cancelled: communicator aborted: ", reason.message())));
   }
-  backend_->Abort(reason);
+  backend().Abort(reason);
 }
 
 void OpExecutor::Shutdown() {
@@ -163,7 +305,7 @@ void OpExecutor::Shutdown() {
       // The backend never returned from Run(): keep the process able to exit. The backend is
       // deliberately leaked, since the stuck thread still uses it.
       worker_.detach();
-      ADAPTCOMM_LOG(kError, "a ", backend_->name(),
+      ADAPTCOMM_LOG(kError, "a ", backend().name(),
                     " operation never returned; its thread and backend are abandoned");
     } else {
       worker_.join();

@@ -12,6 +12,7 @@
 #ifndef ADAPTCOMM_LIB_CORE_OP_EXECUTOR_H_
 #define ADAPTCOMM_LIB_CORE_OP_EXECUTOR_H_
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <thread>
@@ -19,9 +20,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "adaptcomm/backend.h"
+#include "lib/core/replay_log.h"
 #include "lib/core/work_impl.h"
 #include "lib/trace/op_observer.h"
 
@@ -44,6 +47,32 @@ class FailureHandler {
   virtual absl::Status OnOpFailure(const OpDesc& op, absl::Status status) = 0;
 };
 
+// A coordinated retry's agreement: where every rank restarts, and the rebuilt backend.
+struct RecoveryPlan {
+  uint64_t restart_seq = 0;  // the smallest position over all ranks
+  int generation = 0;        // of the new backend
+  std::unique_ptr<Backend> backend;
+};
+
+// Agrees with every rank on a restart point after a retryable failure and builds the next
+// generation's backend. Called on the executing thread, without the executor's lock; bounds itself.
+class RecoveryHandler {
+ public:
+  virtual ~RecoveryHandler() = default;
+  // `position`: the first op this rank has not completed; `fingerprint`: what that op is
+  // ("allreduce f32[4096] sum"), empty when the rank is idle there. `generation`: the one to
+  // build. Errors name the ranks that did not take part (dead or stalled), or, when ranks are in
+  // different ops at the same position (mismatched collectives), those ranks and ops
+  // (InvalidArgument: never retried).
+  virtual absl::StatusOr<RecoveryPlan> Recover(int generation, uint64_t position,
+                                               const std::string& fingerprint, int attempt,
+                                               const absl::Status& cause) = 0;
+  // Including the first try; 1 = no retries.
+  virtual int max_attempts() const = 0;
+  // Whether `status` is one the policy retries (never InvalidArgument).
+  virtual bool Retryable(const absl::Status& status) const = 0;
+};
+
 class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
  public:
   OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options);
@@ -59,6 +88,16 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void SetFailureHandler(std::shared_ptr<FailureHandler> handler) {
     failure_handler_ = std::move(handler);
   }
+  void SetRecoveryHandler(std::shared_ptr<RecoveryHandler> handler) {
+    recovery_handler_ = std::move(handler);
+  }
+  // Another rank started a coordinated retry that builds `generation`: join it. A running op is
+  // interrupted (it then recovers); an idle executor recovers on its worker. Stale requests (an
+  // older generation) are ignored.
+  void RequestRecovery(int generation);
+  int generation() const;
+  // Whether Abort() was called (by the caller or because another rank failed): never retried.
+  bool Aborted() const;
   // Starts the worker and watchdog threads. Call once, right after construction.
   void Start();
   // Queues `desc` (seq assigned here) and returns its work.
@@ -71,8 +110,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // Lets queued ops finish (each within its bound), then stops the threads.
   void Shutdown();
 
-  Backend& backend() { return *backend_; }
-  const Backend& backend() const { return *backend_; }
+  Backend& backend() { return *backend_.load(); }
+  const Backend& backend() const { return *backend_.load(); }
   uint64_t last_seq() const;
 
  private:
@@ -81,8 +120,26 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // Pops the head and runs it. REQUIRES: mu_ held, queue non-empty, !busy_. Releases mu_
   // around the backend call.
   void RunHeadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `op` (recording it for replay when retries are on) and, on a retryable failure, joins or
+  // starts a coordinated retry. Called while busy_, without mu_.
+  absl::Status RunWithRetry(const std::shared_ptr<WorkImpl>& work);
+  // One coordinated retry round from this rank's `position`; re-runs ops [restart, position) from
+  // the replay log. Called while busy_, without mu_.
+  absl::Status RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
+                           const absl::Status& cause);
+  // The worker's recovery when another rank asked for one while this rank was idle.
+  void RecoverIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void InstallBackend(std::unique_ptr<Backend> backend, int generation);
 
-  const std::unique_ptr<Backend> backend_;
+  // The current backend. Replaced only by the executing thread (busy_) during a retry; earlier
+  // ones stay alive in owned_backends_ because other threads may still call Abort()/health() on
+  // them.
+  std::atomic<Backend*> backend_;
+  std::vector<std::unique_ptr<Backend>> owned_backends_ ABSL_GUARDED_BY(mu_);
+  int generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int requested_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  ReplayLog replay_;  // used only by the executing thread (busy_)
   const ExecutorOptions options_;
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<WorkImpl>> queue_ ABSL_GUARDED_BY(mu_);
@@ -94,6 +151,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<trace::OpObserver>> observers_;  // fixed after Start()
   std::shared_ptr<FailureHandler> failure_handler_;            // fixed after Start()
+  std::shared_ptr<RecoveryHandler> recovery_handler_;          // fixed after Start()
   std::thread worker_;
   std::thread watchdog_;
 };

@@ -155,6 +155,9 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Ti
     return s;
   }
 
+  // Names this job in flight-recorder dumps, so an analysis never mixes in a stale run's files.
+  rv.job_id = absl::StrCat(o.name, "#", *incarnation, "@",
+                           rv.store->Get("join/0", absl::ZeroDuration()).value_or("?"));
   rv.transport_iface = o.iface;
   if (rv.transport_iface.empty() && Env("GLOO_SOCKET_IFNAME") != nullptr) {
     rv.transport_iface = Env("GLOO_SOCKET_IFNAME");
@@ -173,6 +176,7 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Ti
 void LeaveRendezvous(Rendezvous& rv, const CommunicatorOptions& o, bool healthy) {
   if (rv.root_store == nullptr) return;
   (void)rv.root_store->Delete(ClaimKey(o));
+  (void)rv.store->Set(absl::StrCat("left/", o.rank), "1");
   absl::StatusOr<int64_t> left = rv.store->Add("left", 1);
   if (rv.server != nullptr && left.ok()) {
     // Serve until the others have left too, within a bound: a dead peer must not hold us here.

@@ -20,6 +20,7 @@ struct Rendezvous {
   std::string transport_host;              // address Gloo binds to (when no interface is named)
   std::string transport_iface;             // interface Gloo binds to, if named
   std::string description;                 // for the creation log line
+  std::string job_id;                      // the same on every rank of this communicator
 };
 
 // REQUIRES: options.rank and options.world_size resolved and valid.

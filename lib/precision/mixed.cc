@@ -10,6 +10,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -17,143 +18,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/precision.h"
+#include "lib/precision/cast_kernels.h"
 #include "lib/precision/cast_parallel.h"
+#include "lib/precision/mixed_internal.h"
 
 namespace adaptcomm {
-
-// ---- names ----
-
-const char* BarrierLevelName(BarrierLevel level) {
-  switch (level) {
-    case BarrierLevel::kHost:
-      return "host";
-    case BarrierLevel::kGlobal:
-      return "global";
-    case BarrierLevel::kStream:
-      return "stream";
-  }
-  return "unknown-barrier";
-}
-
-const char* OverflowPolicyName(OverflowPolicy policy) {
-  switch (policy) {
-    case OverflowPolicy::kReport:
-      return "report";
-    case OverflowPolicy::kFail:
-      return "fail";
-    case OverflowPolicy::kResendBF16:
-      return "resend_bf16";
-    case OverflowPolicy::kResendF32:
-      return "resend_f32";
-  }
-  return "unknown-policy";
-}
-
-const char* HookPointName(HookPoint point) {
-  switch (point) {
-    case HookPoint::kBeforeCast:
-      return "before_cast";
-    case HookPoint::kAfterCast:
-      return "after_cast";
-    case HookPoint::kBeforeCollective:
-      return "before_collective";
-    case HookPoint::kAfterCollective:
-      return "after_collective";
-  }
-  return "unknown-hook-point";
-}
-
-// ---- hooks ----
-
-struct HookHandle::Registry {
-  struct Entry {
-    uint64_t id;
-    HookPoint point;
-    std::string name;
-    std::shared_ptr<const MixedHook> fn;
-  };
-  absl::Mutex mu;
-  std::vector<Entry> entries ABSL_GUARDED_BY(mu);
-  uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
-
-  std::vector<Entry> Snapshot(HookPoint point) {
-    absl::MutexLock lock(&mu);
-    std::vector<Entry> out;
-    for (const Entry& e : entries)
-      if (e.point == point) out.push_back(e);
-    return out;
-  }
-};
-
-HookHandle::HookHandle(std::weak_ptr<Registry> registry, uint64_t id)
-    : registry_(std::move(registry)), id_(id) {}
-HookHandle::HookHandle(HookHandle&& other) noexcept
-    : registry_(std::move(other.registry_)), id_(other.id_) {
-  other.id_ = 0;
-}
-HookHandle& HookHandle::operator=(HookHandle&& other) noexcept {
-  if (this != &other) {
-    Remove();
-    registry_ = std::move(other.registry_);
-    id_ = other.id_;
-    other.id_ = 0;
-  }
-  return *this;
-}
-HookHandle::~HookHandle() { Remove(); }
-
-void HookHandle::Remove() {
-  if (id_ == 0) return;
-  if (std::shared_ptr<Registry> reg = registry_.lock()) {
-    absl::MutexLock lock(&reg->mu);
-    reg->entries.erase(std::remove_if(reg->entries.begin(), reg->entries.end(),
-                                      [this](const Registry::Entry& e) { return e.id == id_; }),
-                       reg->entries.end());
-  }
-  id_ = 0;
-  registry_.reset();
-}
-
-bool HookHandle::active() const { return id_ != 0 && !registry_.expired(); }
-
-// ---- context ----
-
-struct MixedPrecisionContext::State {
-  Communicator* comm = nullptr;
-  std::shared_ptr<HookHandle::Registry> hooks = std::make_shared<HookHandle::Registry>();
-  absl::Mutex call_mu;  // one mixed op at a time per context
-  uint64_t seq ABSL_GUARDED_BY(call_mu) = 0;
-  // Scratch: the wire data this rank sends, and what it receives when that differs in size.
-  std::vector<uint16_t> wire_in ABSL_GUARDED_BY(call_mu);
-  std::vector<uint16_t> wire_out ABSL_GUARDED_BY(call_mu);
-  std::vector<float> acc ABSL_GUARDED_BY(call_mu);            // fp32 sums of this rank's block
-  std::vector<uint16_t> wire_block ABSL_GUARDED_BY(call_mu);  // the sums rounded to the wire
-  std::vector<int64_t> fp_local ABSL_GUARDED_BY(call_mu);
-  std::vector<int64_t> fp_all ABSL_GUARDED_BY(call_mu);
-};
-
-MixedPrecisionContext::MixedPrecisionContext(Communicator& comm)
-    : state_(std::make_unique<State>()) {
-  state_->comm = &comm;
-}
-MixedPrecisionContext::~MixedPrecisionContext() = default;
-
-Communicator& MixedPrecisionContext::communicator() const { return *state_->comm; }
-
-HookHandle MixedPrecisionContext::AddHook(HookPoint point, std::string name, MixedHook hook) {
-  HookHandle::Registry& reg = *state_->hooks;
-  absl::MutexLock lock(&reg.mu);
-  const uint64_t id = reg.next_id++;
-  reg.entries.push_back(
-      {id, point, std::move(name), std::make_shared<const MixedHook>(std::move(hook))});
-  return HookHandle(state_->hooks, id);
-}
-
-void MixedPrecisionContext::Reserve(size_t max_count) {
-  absl::MutexLock lock(&state_->call_mu);
-  // resize() value-initializes: the pages are touched now, not inside the first timed op.
-  if (state_->wire_in.size() < max_count) state_->wire_in.resize(max_count);
-}
 
 // ---- the runner ----
 
@@ -534,6 +403,282 @@ struct MixedOpRunner {
     return Outcome::kDone;
   }
 
+  // The chunk size of the split allreduce below (a multiple of size() * 256 elements; SIZE_MAX:
+  // one chunk), or 0 when this op takes RunNarrow. Only options decide (every rank passes the
+  // same), never hooks, which are per rank: the ranks must issue the same collectives.
+  size_t PipelineChunk(DType wire) const {
+    const size_t n = static_cast<size_t>(comm.size());
+    if (kind != OpKind::kAllreduce || !AccumulatesInF32() || n < 2) return 0;
+    if (opts.barrier == BarrierLevel::kGlobal) return 0;
+    if (wire == DType::kF16 && opts.overflow != OverflowPolicy::kReport) return 0;
+    if (opts.pipeline_chunk_bytes == 0) return SIZE_MAX;
+    const size_t align = n * 256;
+    return std::max<size_t>(1, opts.pipeline_chunk_bytes / sizeof(float) / align) * align;
+  }
+  bool Pipelines(DType wire) const { return PipelineChunk(wire) != 0; }
+
+  // The fp32-accumulating allreduce in chunks (one chunk for buffers up to pipeline_chunk_bytes).
+  // Chunk k (input elements [k*chunk, +len)) is split into size() blocks of B = ceil(len/n):
+  //   1. the blocks other ranks own are cast (host barrier: joined) and exchanged - an alltoall,
+  //      or for two ranks an in-place allgather (no local copy) in which each rank contributes
+  //      the block its peer owns; this rank's own block is cast meanwhile into separate scratch
+  //      (`own`) that no collective reads;
+  //   2. the blocks this rank owns are summed in fp32 in rank order, in L1-sized tiles, and the sum
+  //      rounded once straight into the own slot of wire_in, from which an in-place allgather
+  //      sends it; the own part of the output is cast back while that allgather runs (both read);
+  //   3. the other blocks of the output are cast back when the allgather is done.
+  // Same result bits as RunNarrow. With several chunks the caller works on neighbouring chunks
+  // while the communicator transfers; issue order (the same on every rank) is X0 X1 G0 X2 G1 ...
+  // A rank with hooks registered issues the same collectives but casts the whole buffer into
+  // wire_in (natural order) first and casts back at the end, so its hooks see whole-buffer stages
+  // exactly as in RunNarrow.
+  absl::StatusOr<Outcome> RunPipelined(DType wire) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.call_mu) {
+    namespace p = precision;
+    const size_t n = static_cast<size_t>(comm.size());
+    const size_t r = static_cast<size_t>(comm.rank());
+    const size_t count = input.count;
+    const size_t chunk = std::min(PipelineChunk(wire), (count + n - 1) / n * n);
+    const size_t chunks = (count + chunk - 1) / chunk;
+    auto len_of = [&](size_t k) { return std::min(chunk, count - k * chunk); };
+    auto block_of = [&](size_t k) { return (len_of(k) + n - 1) / n; };
+    // Elements of block j of chunk k that hold input (the rest is zero padding).
+    auto real_of = [&](size_t k, size_t j) {
+      const size_t b = block_of(k), len = len_of(k);
+      return std::min(b, len > j * b ? len - j * b : 0);
+    };
+    const size_t padded = (chunks - 1) * chunk + block_of(chunks - 1) * n;
+    if (st.wire_in.size() < padded) st.wire_in.resize(padded);
+    if (st.wire_out.size() < padded) st.wire_out.resize(padded);
+    if (st.wire_block.size() < padded / n) st.wire_block.resize(padded / n);  // own blocks
+    stats.wire_used = wire;
+    const bool f16 = wire == DType::kF16;
+    const bool pair = n == 2;
+    const bool hooked = !st.hooks->Empty();
+    const p::CastPath path = p::ActiveCastPath();
+    const float factor = Factor();
+    const float* in = static_cast<const float*>(input.data);
+    float* out = static_cast<float*>(output.data);
+    uint16_t* wire_in = st.wire_in.data();
+    uint16_t* wire_out = st.wire_out.data();
+    uint16_t* own = st.wire_block.data();
+    auto wire_view = [wire](uint16_t* q, size_t c) {
+      return TensorView{q, c, wire, Device::Cpu(), nullptr};
+    };
+    std::vector<Work> exchange(chunks), allgather(chunks);
+    std::vector<std::shared_ptr<p::CastJob>> late;
+    absl::Duration cast_time, back_time;
+    const absl::Time t0 = absl::Now();
+
+    // Every issued collective and cast is waited for before returning, also on failure: they read
+    // and write the context's scratch.
+    auto drain = [&](absl::Status s) -> absl::Status {
+      for (auto& job : late) (void)job->Wait();
+      for (size_t k = 0; k < chunks; ++k) {
+        for (Work* w : {&exchange[k], &allgather[k]}) {
+          if (w->valid()) (void)w->Wait();
+        }
+      }
+      return s;
+    };
+    // Ranks of a CPU collective usually share the host: splitting a cast over more threads than
+    // cores per rank only steals the cores that run the transfer (measured on 2 cores, 2 ranks:
+    // single-threaded casts made this op 10-15% faster).
+    const int cast_threads = std::max(
+        1, static_cast<int>(std::thread::hardware_concurrency() / static_cast<unsigned>(n)));
+    auto narrow_req = [&](const float* src, uint16_t* dst, size_t c) {
+      p::CastRequest q;
+      q.threads = cast_threads;
+      q.kind = f16 ? p::CastKind::kF32ToF16 : p::CastKind::kF32ToBF16;
+      q.src = src;
+      q.dst = dst;
+      q.count = c;
+      q.parallel_min_bytes = opts.parallel_cast_min_bytes;
+      q.debug_delay = opts.debug_cast_delay;
+      return q;
+    };
+    auto widen_req = [&](const uint16_t* src, float* dst, size_t c) {
+      p::CastRequest q;
+      q.threads = cast_threads;
+      q.kind = f16 ? p::CastKind::kF16ToF32 : p::CastKind::kBF16ToF32;
+      q.src = src;
+      q.dst = dst;
+      q.count = c;
+      q.scale = factor;
+      q.parallel_min_bytes = opts.parallel_cast_min_bytes;
+      return q;
+    };
+    auto add_stats = [&](const CastStats& cs) {
+      stats.cast_overflow += cs.overflow;
+      stats.nonfinite_inputs += cs.nonfinite_inputs;
+    };
+    // The host barrier: every cast thread done before the collective that reads its output is
+    // issued - unless the test knob defers the join until after the collective read.
+    auto barrier = [&](std::vector<std::shared_ptr<p::CastJob>>& jobs) -> absl::Status {
+      for (auto& job : jobs) {
+        if (opts.debug_skip_host_barrier) {
+          late.push_back(job);
+          continue;
+        }
+        if (absl::Status s = job->Join(); !s.ok()) return s;
+        add_stats(job->stats());
+      }
+      return absl::OkStatus();
+    };
+    auto join_late = [&]() -> absl::Status {
+      for (auto& job : late) {
+        if (absl::Status s = job->Wait(); !s.ok()) return s;
+        add_stats(job->stats());
+      }
+      late.clear();
+      return absl::OkStatus();
+    };
+    // Where the sum of chunk k reads this rank's own cast block.
+    auto own_of = [&](size_t k) -> uint16_t* {
+      return hooked ? wire_in + k * chunk + r * block_of(k) : own + k * chunk / n;
+    };
+
+    // 1.
+    auto prepare = [&](size_t k) -> absl::Status {
+      const absl::Time c0 = absl::Now();
+      const size_t b = block_of(k);
+      // Where this rank's contribution to the exchange sits: the blocks in destination order for
+      // the alltoall; for the pair, the peer's block at this rank's slot of wire_out (in place).
+      uint16_t* send = hooked || !pair ? wire_in + k * chunk : wire_out + k * chunk;
+      if (!hooked) {
+        std::vector<std::shared_ptr<p::CastJob>> jobs;
+        for (size_t j = 0; j < n; ++j) {
+          if (j == r) continue;
+          const size_t real = real_of(k, j);
+          uint16_t* dst = send + (pair ? r : j) * b;
+          std::fill(dst + real, dst + b, uint16_t{0});
+          if (real > 0) jobs.push_back(p::StartCast(narrow_req(in + k * chunk + j * b, dst, real)));
+        }
+        if (absl::Status s = barrier(jobs); !s.ok()) return s;
+      }
+      if (pair) {
+        AllgatherOptions go;
+        go.timeout = opts.timeout;
+        // Hooked: the peer's block is in natural order in wire_in; Gloo copies it into the slot.
+        uint16_t* contribution = hooked ? send + (1 - r) * b : send + r * b;
+        exchange[k] =
+            comm.Allgather(wire_view(contribution, b), wire_view(wire_out + k * chunk, b * n), go);
+      } else {
+        AlltoallOptions ao;
+        ao.timeout = opts.timeout;
+        exchange[k] =
+            comm.Alltoall(wire_view(send, b * n), wire_view(wire_out + k * chunk, b * n), ao);
+      }
+      if (!hooked) {  // the own block, while the exchange runs; zero padded like the rest
+        uint16_t* own_k = own_of(k);
+        const size_t real = real_of(k, r);
+        std::fill(own_k + real, own_k + b, uint16_t{0});
+        if (real > 0) {
+          p::CastRequest q = narrow_req(in + k * chunk + r * b, own_k, real);
+          q.threads = 1;  // leave the other core to the transfer
+          q.parallel_min_bytes = 0;
+          std::shared_ptr<p::CastJob> job = p::StartCast(q);
+          if (absl::Status s = job->Join(); !s.ok()) return s;
+          add_stats(job->stats());
+        }
+      }
+      cast_time += absl::Now() - c0;
+      return absl::OkStatus();
+    };
+    // 2.
+    auto reduce = [&](size_t k) -> absl::Status {
+      absl::Status s = exchange[k].Wait();
+      if (absl::Status js = join_late(); s.ok()) s = js;
+      if (!s.ok()) return s;
+      const size_t b = block_of(k);
+      const uint16_t* recv = wire_out + k * chunk;
+      const uint16_t* own_k = own_of(k);
+      uint16_t* sum = wire_in + k * chunk + r * b;  // may be own_k: each tile is read first
+      constexpr size_t kTile = 2048;
+      alignas(64) float tmp[kTile];
+      for (size_t i = 0; i < b; i += kTile) {
+        const size_t m = std::min(kTile, b - i);
+        for (size_t j = 0; j < n; ++j) {  // rank order, as RunNarrow's accumulate
+          const uint16_t* src = (j == r ? own_k : recv + j * b) + i;
+          if (j == 0) {
+            f16 ? (void)p::F16ToF32(path, src, tmp, m) : (void)p::BF16ToF32(path, src, tmp, m);
+          } else {
+            f16 ? p::AccumulateF16(path, src, tmp, m) : p::AccumulateBF16(path, src, tmp, m);
+          }
+        }
+        f16 ? (void)p::F32ToF16(path, tmp, sum + i, m) : (void)p::F32ToBF16(path, tmp, sum + i, m);
+      }
+      AllgatherOptions go;
+      go.timeout = opts.timeout;
+      allgather[k] = comm.Allgather(wire_view(sum, b), wire_view(wire_in + k * chunk, b * n), go);
+      const absl::Time b0 = absl::Now();
+      const size_t real = real_of(k, r);
+      if (!hooked && real > 0) {  // both this and the allgather only read `sum`
+        p::CastRequest q = widen_req(sum, out + k * chunk + r * b, real);
+        q.threads = 1;
+        q.parallel_min_bytes = 0;
+        stats.result_nonfinite += p::RunCast(q).nonfinite_inputs;
+      }
+      back_time += absl::Now() - b0;
+      return absl::OkStatus();
+    };
+    // 3.
+    auto cast_back = [&](size_t k) -> absl::Status {
+      if (absl::Status s = allgather[k].Wait(); !s.ok()) return s;
+      if (hooked) return absl::OkStatus();  // at the end, after the after_collective hooks
+      const absl::Time b0 = absl::Now();
+      const size_t b = block_of(k);
+      std::vector<std::shared_ptr<p::CastJob>> jobs;
+      for (size_t j = 0; j < n; ++j) {
+        const size_t real = real_of(k, j);
+        if (j == r || real == 0) continue;
+        jobs.push_back(
+            p::StartCast(widen_req(wire_in + k * chunk + j * b, out + k * chunk + j * b, real)));
+      }
+      for (auto& job : jobs) {
+        if (absl::Status s = job->Join(); !s.ok()) return s;
+        stats.result_nonfinite += job->stats().nonfinite_inputs;
+      }
+      back_time += absl::Now() - b0;
+      return absl::OkStatus();
+    };
+
+    if (hooked) {  // the whole cast first, in natural order, as RunNarrow
+      CallHooks(HookPoint::kBeforeCast, wire, wire_in, count);
+      std::fill(wire_in + count, wire_in + padded, uint16_t{0});
+      std::vector<std::shared_ptr<p::CastJob>> jobs = {
+          p::StartCast(narrow_req(in, wire_in, count))};
+      if (absl::Status s = barrier(jobs); !s.ok()) return drain(s);
+      CallHooks(HookPoint::kAfterCast, wire, wire_in, count);
+      cast_time = absl::Now() - t0;
+      CallHooks(HookPoint::kBeforeCollective, wire, wire_in, count);
+    }
+    if (absl::Status s = prepare(0); !s.ok()) return drain(s);
+    for (size_t k = 0; k < chunks; ++k) {
+      if (k + 1 < chunks) {
+        if (absl::Status s = prepare(k + 1); !s.ok()) return drain(s);
+      }
+      if (absl::Status s = reduce(k); !s.ok()) return drain(s);
+      if (k > 0) {
+        if (absl::Status s = cast_back(k - 1); !s.ok()) return drain(s);
+      }
+    }
+    if (absl::Status s = cast_back(chunks - 1); !s.ok()) return drain(s);
+    if (hooked) {
+      // wire_in now holds the reduced wire data in natural order (padding only after `count`).
+      CallHooks(HookPoint::kAfterCollective, wire, wire_in, count);
+      const absl::Time b0 = absl::Now();
+      std::shared_ptr<p::CastJob> job = p::StartCast(widen_req(wire_in, out, count));
+      if (absl::Status s = job->Join(); !s.ok()) return s;
+      stats.result_nonfinite = job->stats().nonfinite_inputs;
+      back_time = absl::Now() - b0;
+    }
+    stats.cast_time = cast_time;
+    stats.cast_back_time = back_time;
+    stats.collective_time = absl::Now() - t0 - cast_time - back_time;
+    if (!hook_failure.ok()) return hook_failure;
+    return Outcome::kDone;
+  }
+
   // Whether any rank had a NaN/Inf input: fingerprints hold every rank's count.
   bool AnyNonfiniteInput() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
     for (int r = 0; r < comm.size(); ++r) {
@@ -604,8 +749,9 @@ absl::StatusOr<MixedStats> MixedOpRunner::Run(Communicator& comm, OpKind kind, T
   DType wire = opts.wire;
   bool resent = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<Outcome> outcome =
-        wire == DType::kF32 ? runner.RunF32() : runner.RunNarrow(wire);
+    absl::StatusOr<Outcome> outcome = wire == DType::kF32      ? runner.RunF32()
+                                      : runner.Pipelines(wire) ? runner.RunPipelined(wire)
+                                                               : runner.RunNarrow(wire);
     if (!outcome.ok()) return outcome.status();
     if (*outcome == Outcome::kDone) break;
     // A resend: the user's fp32 input is untouched (the cast back never ran), so start over.

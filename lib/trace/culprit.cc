@@ -19,15 +19,25 @@ std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","));
 }
 
-absl::StatusOr<RankPosition> ReadDump(const std::string& path, int& world_size) {
+struct Dump {
+  RankPosition position;
+  std::string job;
+  int64_t dumped_at = 0;
+  int world_size = 0;
+};
+
+absl::StatusOr<Dump> ReadDump(const std::string& path) {
   std::ifstream in(path);
   nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("rank") || !doc.contains("entries")) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a flight-recorder dump"));
   }
-  RankPosition p;
+  Dump d;
+  d.job = doc.value("job", "");
+  d.dumped_at = doc.value("dumped_at_us", int64_t{0});
+  d.world_size = doc.value("world_size", 0);
+  RankPosition& p = d.position;
   p.rank = doc.value("rank", -1);
-  world_size = std::max(world_size, doc.value("world_size", 0));
   p.last_completed_seq = doc.value("last_completed_seq", uint64_t{0});
   p.last_enqueued_seq = doc.value("last_enqueued_seq", uint64_t{0});
   p.reason = doc.value("reason", "");
@@ -42,7 +52,7 @@ absl::StatusOr<RankPosition> ReadDump(const std::string& path, int& world_size) 
       break;
     }
   }
-  return p;
+  return d;
 }
 
 std::string Verdict(const CulpritReport& r) {
@@ -115,11 +125,25 @@ absl::StatusOr<CulpritReport> AnalyzeFlightDumps(const std::string& dir) {
   if (files.empty()) {
     return absl::NotFoundError(absl::StrCat("no flight.rank*.json dumps in ", dir));
   }
-  CulpritReport report;
+  std::vector<Dump> dumps;
   for (const auto& f : files) {
-    absl::StatusOr<RankPosition> p = ReadDump(f, report.world_size);
-    if (!p.ok()) return p.status();
-    report.ranks.push_back(*p);
+    absl::StatusOr<Dump> d = ReadDump(f);
+    if (!d.ok()) return d.status();
+    dumps.push_back(*std::move(d));
+  }
+  // A directory shared by several runs: analyse the run of the newest dump only.
+  const Dump& newest =
+      *std::max_element(dumps.begin(), dumps.end(),
+                        [](const Dump& a, const Dump& b) { return a.dumped_at < b.dumped_at; });
+  CulpritReport report;
+  report.job = newest.job;
+  for (const Dump& d : dumps) {
+    if (d.job != report.job) {
+      ++report.stale_dumps;
+      continue;
+    }
+    report.world_size = std::max(report.world_size, d.world_size);
+    report.ranks.push_back(d.position);
   }
   std::sort(report.ranks.begin(), report.ranks.end(),
             [](const RankPosition& a, const RankPosition& b) { return a.rank < b.rank; });
@@ -157,6 +181,8 @@ std::string CulpritReport::ToText() const {
 std::string CulpritReport::ToJson() const {
   nlohmann::json doc;
   doc["world_size"] = world_size;
+  doc["job"] = job;
+  doc["stale_dumps"] = stale_dumps;
   doc["missing"] = missing;
   doc["verdict"] = verdict;
   nlohmann::json g = nlohmann::json::array();

@@ -30,6 +30,8 @@ struct CulpritReport {
   std::vector<int> missing;         // ranks without a dump
   // Groups of ranks sharing a last completed seq, lowest seq first.
   std::vector<std::pair<uint64_t, std::vector<int>>> groups;
+  std::string job;      // the run analysed: the one with the newest dump
+  int stale_dumps = 0;  // dumps of other (older) runs in the same directory, ignored
   std::string verdict;
   std::string ToText() const;
   std::string ToJson() const;

@@ -101,6 +101,7 @@ std::string FlightRecorder::DumpJson(const std::string& reason) const {
   doc["rank"] = options_.rank;
   doc["world_size"] = options_.world_size;
   doc["communicator"] = options_.communicator;
+  doc["job"] = options_.job;
   doc["backend"] = backend_;
   doc["generation"] = generation_;
   doc["reason"] = reason;

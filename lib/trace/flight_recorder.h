@@ -21,6 +21,7 @@ struct FlightRecorderOptions {
   int rank = 0;
   int world_size = 1;
   std::string communicator;  // name
+  std::string job;           // same on every rank of one communicator; tells runs apart
   std::string backend;       // "gloo", "nccl", ...
   size_t capacity = 2048;    // entries kept
   std::string dump_dir;      // where Dump() writes
@@ -37,7 +38,7 @@ class FlightRecorder final : public OpObserver {
   // The backend generation (bumped when a retry or degrade rebuilds the backend).
   void SetGeneration(int generation, const std::string& backend);
 
-  // The JSON document: {"rank","world_size","communicator","backend","generation","reason",
+  // The JSON document: {"rank","world_size","communicator","job","backend","generation","reason",
   // "dumped_at_us","last_enqueued_seq","last_started_seq","last_completed_seq",
   // "entries":[{"seq","op","dtype","count","root","peer","backend","generation","state",
   // "enqueue_us","start_us","end_us","error"}...]} with entries in seq order; times are

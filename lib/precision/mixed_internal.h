@@ -1,0 +1,58 @@
+// Internal to lib/precision/mixed*.cc: the hook registry and the context state shared by the
+// hook and context functions (mixed_hooks.cc) and the mixed-collective runner (mixed.cc).
+#ifndef ADAPTCOMM_LIB_PRECISION_MIXED_INTERNAL_H_
+#define ADAPTCOMM_LIB_PRECISION_MIXED_INTERNAL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "adaptcomm/precision.h"
+
+namespace adaptcomm {
+
+struct HookHandle::Registry {
+  struct Entry {
+    uint64_t id;
+    HookPoint point;
+    std::string name;
+    std::shared_ptr<const MixedHook> fn;
+  };
+  absl::Mutex mu;
+  std::vector<Entry> entries ABSL_GUARDED_BY(mu);
+  uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
+
+  std::vector<Entry> Snapshot(HookPoint point) {
+    absl::MutexLock lock(&mu);
+    std::vector<Entry> out;
+    for (const Entry& e : entries)
+      if (e.point == point) out.push_back(e);
+    return out;
+  }
+  bool Empty() {
+    absl::MutexLock lock(&mu);
+    return entries.empty();
+  }
+};
+
+struct MixedPrecisionContext::State {
+  Communicator* comm = nullptr;
+  std::shared_ptr<HookHandle::Registry> hooks = std::make_shared<HookHandle::Registry>();
+  absl::Mutex call_mu;  // one mixed op at a time per context
+  uint64_t seq ABSL_GUARDED_BY(call_mu) = 0;
+  // Scratch: the wire data this rank sends, and what it receives when that differs in size.
+  std::vector<uint16_t> wire_in ABSL_GUARDED_BY(call_mu);
+  std::vector<uint16_t> wire_out ABSL_GUARDED_BY(call_mu);
+  std::vector<float> acc ABSL_GUARDED_BY(call_mu);  // fp32 sums of this rank's block
+  // RunNarrow: the sums rounded to the wire; the split path: this rank's own cast blocks.
+  std::vector<uint16_t> wire_block ABSL_GUARDED_BY(call_mu);
+  std::vector<int64_t> fp_local ABSL_GUARDED_BY(call_mu);
+  std::vector<int64_t> fp_all ABSL_GUARDED_BY(call_mu);
+};
+
+}  // namespace adaptcomm
+
+#endif  // ADAPTCOMM_LIB_PRECISION_MIXED_INTERNAL_H_
