@@ -2,6 +2,10 @@
 // input, asynchronous errors, timeouts, aborts (also hanging ones), config translation, shutdown.
 #include "lib/nccl/nccl_backend.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -9,6 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "adaptcomm/communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/fake_nccl_api.h"
@@ -388,6 +393,46 @@ TEST(NcclBackend, ResultMappingAndVersions) {
   EXPECT_EQ(nccl::NcclVersionString(22809), "2.28.9");
   EXPECT_EQ(nccl::NcclVersionString(2804), "2.8.4");  // the pre-2.9 scheme
   EXPECT_EQ(nccl::NormalizeNcclVersion(2804), 20804);
+}
+
+// Fault e: NCCL whose abort never returns. A communicator over it still fails the op within its
+// bounds and the process still exits, well before the abort would have returned.
+TEST(NcclBackend, HungAbortStillLetsTheProcessExit) {
+  const absl::Time start = absl::Now();
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    Ranks r = Create(1, [](int, FakeNcclFaults& f) {
+      f.hang_at_launch = 1;
+      f.abort_hangs_for = absl::Hours(1);
+    });
+    if (!r.init[0].ok()) _exit(3);
+    CommunicatorOptions o;
+    o.timeout = absl::Milliseconds(300);
+    o.max_retry_attempts = 1;
+    auto comm = Communicator::CreateWithBackend(std::move(r.backends[0]), o);
+    if (!comm.ok()) _exit(4);
+    std::vector<float> x = {1};
+    TensorView v{x.data(), 1, DType::kF32, Device::Cuda(0)};
+    absl::Status s = (*comm)->Allreduce(v).Wait();
+    if (!absl::IsDeadlineExceeded(s)) _exit(5);
+    comm->reset();  // shutdown with the hung abort still in flight
+    std::fflush(nullptr);
+    _exit(0);
+  }
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0 && absl::Now() - start < absl::Seconds(30)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "process did not exit within 30 s with a hung ncclCommAbort";
+  }
+  EXPECT_TRUE(WIFEXITED(status)) << "signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: init, 4: create, 5: op did not time out";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "lib/diag/heatmap.h"
 #include "lib/diag/trace_merge.h"
+#include "lib/trace/culprit.h"
 #include "nlohmann/json.hpp"
 #include "tools/subcommands.h"
 
@@ -99,6 +100,26 @@ std::function<int()> SetupHeatmap(CLI::App& sub) {
   };
 }
 
+std::function<int()> SetupCulprit(CLI::App& sub) {
+  struct Args {
+    std::string dir;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  sub.add_option("dir", a->dir, "Directory holding flight.rank<R>.json dumps")->required();
+  sub.add_flag("--json", a->json, "Print the report as JSON");
+  return [a] {
+    auto report = trace::AnalyzeFlightDumps(a->dir);
+    if (!report.ok()) {
+      std::fprintf(stderr, "trace culprit: %s\n", std::string(report.status().message()).c_str());
+      return 2;
+    }
+    std::printf("%s%s", a->json ? report->ToJson().c_str() : report->ToText().c_str(),
+                a->json ? "\n" : "");
+    return 0;
+  };
+}
+
 struct TraceVerb {
   const char* name;
   const char* description;
@@ -109,6 +130,7 @@ const std::vector<TraceVerb>& Verbs() {
   static const auto* verbs = new std::vector<TraceVerb>{
       {"merge", "Join per-rank traces onto one clock (one file for Perfetto)", SetupMerge},
       {"heatmap", "SVG/HTML heatmap of arrival lateness with a straggler ranking", SetupHeatmap},
+      {"culprit", "Read flight-recorder dumps and say which rank is behind", SetupCulprit},
   };
   return *verbs;
 }
@@ -130,7 +152,8 @@ std::function<int()> SetupTrace(CLI::App& sub) {
 
 }  // namespace
 
-ADAPTCOMM_SUBCOMMAND(trace, "Merge per-rank collective traces and draw the straggler heatmap",
-                     SetupTrace);
+ADAPTCOMM_SUBCOMMAND(
+    trace, "Merge per-rank traces, draw the straggler heatmap, name the culprit of a hang",
+    SetupTrace);
 
 }  // namespace adaptcomm::tools

@@ -217,7 +217,9 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     int version = 0;
     (void)apis.nccl->GetVersion(&version);
     std::vector<std::string> notes;
-    no.config = nccl::TranslateNcclConfig(deps.nccl_config, version, &notes);
+    const NcclConfigValues wanted =
+        deps.configure_nccl ? deps.configure_nccl(version) : deps.nccl_config;
+    no.config = nccl::TranslateNcclConfig(wanted, version, &notes);
     for (const std::string& note : notes) ADAPTCOMM_LOG(kInfo, "nccl config: ", note);
     absl::StatusOr<std::unique_ptr<Backend>> created = nccl::CreateNcclBackend(apis.nccl, no);
     absl::Status init = created.status();

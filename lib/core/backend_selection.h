@@ -14,6 +14,7 @@
 #ifndef ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_
 #define ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -46,6 +47,10 @@ struct SelectionDeps {
   int min_nccl_version = nccl::kMinNcclVersion;
   // The profile's ncclConfig_t values (translated for the loaded version at init).
   NcclConfigValues nccl_config;
+  // If set, called with the loaded NCCL's version right before the first init: applies the
+  // profile's process environment for that version and returns its ncclConfig_t values (which
+  // then replace nccl_config).
+  std::function<NcclConfigValues(int nccl_version)> configure_nccl;
   // CUDA device of this rank; -1: $ADAPTCOMM_CUDA_DEVICE, else the launcher's local rank
   // (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else 0.
   int device = -1;

@@ -143,6 +143,7 @@ absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o) {
   req.file = o.profile_file;
   req.strict = o.profile_strict;
   if (o.backend != BackendChoice::kAuto) req.overrides.backend = o.backend;
+  if (o.fallback == Fallback::kDeny) req.overrides.allow_fallback = false;
   if (o.timeout > absl::ZeroDuration() || o.init_timeout > absl::ZeroDuration()) {
     // Timeouts given in code may be shorter than the profile's store bound (tests, small jobs).
     // The ordering store < collective and store <= init must still hold, so the store bound
@@ -165,6 +166,7 @@ absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o) {
   o.timeout = cfg->timeouts.collective;
   o.init_timeout = cfg->timeouts.init;
   o.backend = cfg->backend.choice;
+  o.fallback = cfg->backend.allow_fallback ? Fallback::kAllow : Fallback::kDeny;
   if (o.flight_recorder_entries == 0) o.flight_recorder_entries = cfg->flight_recorder.entries;
   if (o.flight_recorder_dir.empty()) {
     const char* env = std::getenv("ADAPTCOMM_FLIGHT_RECORDER_DIR");
@@ -186,11 +188,19 @@ struct BackendSelection {
   std::string reason;
 };
 
-absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o, const Rendezvous& rv,
+absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
+                                               const EffectiveConfig& config, const Rendezvous& rv,
                                                absl::Time deadline) {
   // NCCL where every rank can use it, else Gloo on every rank (lib/core/backend_selection.h).
+  selection::SelectionDeps deps;
+  deps.configure_nccl = [&config](int version) {
+    // Read-once variables must be in the environment before the first NCCL init.
+    NcclEnvReport env = ApplyNcclEnvironment(config, version);
+    for (const std::string& c : env.conflicts) ADAPTCOMM_LOG(kWarning, "nccl env: ", c);
+    return PlanNccl(config, version).config;
+  };
   absl::StatusOr<selection::SelectedBackend> selected =
-      selection::SelectBackend(o, rv, deadline, /*api=*/nullptr);
+      selection::SelectBackendWith(o, rv, deadline, deps);
   if (!selected.ok()) return selected.status();
   return BackendSelection{std::move(selected->backend), std::move(selected->reason)};
 }
@@ -202,8 +212,24 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int ge
   next.store = CreatePrefixStore(absl::StrCat("gen", generation), rendezvous_.store);
   next.transport_host = rendezvous_.transport_host;
   next.transport_iface = rendezvous_.transport_iface;
+  CommunicatorOptions o = options_;
+  // Degrade: after K NCCL failures within the window, rebuild on Gloo. Every rank counts the same
+  // recoveries (each is agreed by all), so every rank reaches the same decision.
+  const absl::Time now = absl::Now();
+  recoveries_.push_back(now);
+  while (!recoveries_.empty() && now - recoveries_.front() > config_.backend.degrade_window) {
+    recoveries_.pop_front();
+  }
+  if (std::string(executor_->backend().name()) == "nccl" && config_.backend.allow_fallback &&
+      static_cast<int>(recoveries_.size()) >= config_.backend.degrade_after_failures) {
+    o.backend = BackendChoice::kGloo;
+    ADAPTCOMM_LOG(kError, "DEGRADING communicator '", options_.name,
+                  "' from NCCL to Gloo: ", recoveries_.size(), " NCCL failures within ",
+                  absl::FormatDuration(config_.backend.degrade_window),
+                  " (profile backend.degrade_after_failures / degrade_window)");
+  }
   absl::StatusOr<BackendSelection> selected =
-      SelectBackend(options_, next, absl::Now() + options_.init_timeout);
+      SelectBackend(o, config_, next, absl::Now() + options_.init_timeout);
   if (!selected.ok()) return selected.status();
   ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' rebuilt its backend as generation ",
                 generation, ": ", selected->backend->name(), " (", selected->reason, ")");
@@ -231,7 +257,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     internal::LeaveRendezvous(*rv, o, /*healthy=*/false);
     return same;
   }
-  absl::StatusOr<internal::BackendSelection> selected = internal::SelectBackend(o, *rv, deadline);
+  absl::StatusOr<internal::BackendSelection> selected =
+      internal::SelectBackend(o, *config, *rv, deadline);
   if (!selected.ok()) {
     internal::LeaveRendezvous(*rv, o, /*healthy=*/false);
     return selected.status();

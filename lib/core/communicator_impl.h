@@ -4,6 +4,7 @@
 #define ADAPTCOMM_LIB_CORE_COMMUNICATOR_IMPL_H_
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,7 @@ class CommunicatorImpl {
   const CommunicatorOptions options_;
   const EffectiveConfig config_;
   std::atomic<int> long_operation_scopes_{0};
+  std::deque<absl::Time> recoveries_;  // times of coordinated retries (rebuilds), for degrade
   Rendezvous rendezvous_;
   std::shared_ptr<trace::FlightRecorder> recorder_;
   std::shared_ptr<trace::TimelineWriter> timeline_;  // null unless tracing is on
