@@ -4,8 +4,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "adaptcomm/status.h"
 #include "lib/core/backend_selection.h"
 #include "lib/core/communicator_impl.h"
+#include "lib/core/heartbeat.h"
 #include "lib/core/log.h"
 #include "lib/core/validate.h"
 #include "lib/gloo/gloo_backend.h"
@@ -72,6 +74,21 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     executor_->SetFailureHandler(coordinator_);
     executor_->SetRecoveryHandler(coordinator_);
   }
+  HeartbeatMonitor::Watch watch;
+  watch.name = absl::StrCat("communicator '", options_.name, "' rank ", options_.rank);
+  watch.timeout = config_.timeouts.heartbeat;
+  watch.on_dump = [recorder = recorder_](const std::string& why) { (void)recorder->Dump(why); };
+  watch.on_stall = [recorder = recorder_](const std::string& why) {
+    // Nothing bounds this communicator's operations any more: end the process, loudly, with the
+    // communication-failure exit code, after writing what there is to know.
+    ADAPTCOMM_LOG(kError, why, "; dumping the flight record and exiting with code ",
+                  kExitCommunicationFailure);
+    (void)recorder->Dump(why);
+    log::Flush();
+    std::_Exit(kExitCommunicationFailure);
+  };
+  heartbeat_id_ = HeartbeatMonitor::Instance().Register(std::move(watch));
+  executor_->SetHeartbeat([id = heartbeat_id_] { HeartbeatMonitor::Instance().Beat(id); });
   executor_->Start();
   if (coordinator_ != nullptr) {
     std::weak_ptr<OpExecutor> executor = executor_;
@@ -87,6 +104,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
+  HeartbeatMonitor::Instance().Unregister(heartbeat_id_);
   if (coordinator_ != nullptr) coordinator_->Stop();
   executor_->Shutdown();
   if (timeline_ != nullptr) timeline_->Close().IgnoreError();  // the footer: a valid JSON file

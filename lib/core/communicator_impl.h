@@ -45,6 +45,7 @@ class CommunicatorImpl {
   const CommunicatorOptions options_;
   const EffectiveConfig config_;
   std::atomic<int> long_operation_scopes_{0};
+  int heartbeat_id_ = 0;
   std::deque<absl::Time> recoveries_;  // times of coordinated retries (rebuilds), for degrade
   Rendezvous rendezvous_;
   std::shared_ptr<trace::FlightRecorder> recorder_;

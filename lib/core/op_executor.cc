@@ -8,6 +8,9 @@
 namespace adaptcomm::internal {
 namespace {
 
+// How often the watchdog proves it is alive to the HeartbeatMonitor.
+constexpr absl::Duration kBeat = absl::Seconds(1);
+
 // What every rank must agree an op is: compared across ranks when they vote on a retry.
 std::string Fingerprint(const OpDesc& op) {
   const TensorView& v = op.kind == OpKind::kRecv ? op.output : op.input;
@@ -235,20 +238,30 @@ void OpExecutor::WorkerLoop() {
   }
 }
 
+void OpExecutor::Beat() {
+  if (heartbeat_) heartbeat_();
+}
+
 void OpExecutor::WatchdogLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     auto idle_or_stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return running_ != nullptr || (stopping_ && queue_.empty() && !busy_);
     };
-    mu_.Await(absl::Condition(&idle_or_stop));
+    while (!mu_.AwaitWithTimeout(absl::Condition(&idle_or_stop), kBeat)) Beat();
     if (running_ == nullptr) return;  // stopping, nothing left
     std::shared_ptr<WorkImpl> watched = running_;
     auto moved_on = [this, &watched]()
                         ABSL_SHARED_LOCKS_REQUIRED(mu_) { return running_ != watched; };
     const OpDesc& desc = watched->desc();
     const absl::Time deadline = running_since_ + desc.timeout + options_.watchdog_grace;
-    if (mu_.AwaitWithDeadline(absl::Condition(&moved_on), deadline)) continue;
+    bool moved = false;
+    while (!(moved = mu_.AwaitWithDeadline(absl::Condition(&moved_on),
+                                           std::min(deadline, absl::Now() + kBeat))) &&
+           absl::Now() < deadline) {
+      Beat();
+    }
+    if (moved) continue;
 
     absl::Status timeout = absl::DeadlineExceededError(
         absl::StrCat(OpKindName(desc.kind), " #", desc.seq, " on rank ", backend().rank(),

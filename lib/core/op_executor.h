@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -88,6 +89,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void SetFailureHandler(std::shared_ptr<FailureHandler> handler) {
     failure_handler_ = std::move(handler);
   }
+  // Called by the watchdog at least once a second while it is alive (see HeartbeatMonitor).
+  void SetHeartbeat(std::function<void()> beat) { heartbeat_ = std::move(beat); }
   void SetRecoveryHandler(std::shared_ptr<RecoveryHandler> handler) {
     recovery_handler_ = std::move(handler);
   }
@@ -117,6 +120,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
  private:
   void WorkerLoop();
   void WatchdogLoop();
+  void Beat();
   // Pops the head and runs it. REQUIRES: mu_ held, queue non-empty, !busy_. Releases mu_
   // around the backend call.
   void RunHeadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -152,6 +156,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   std::vector<std::shared_ptr<trace::OpObserver>> observers_;  // fixed after Start()
   std::shared_ptr<FailureHandler> failure_handler_;            // fixed after Start()
   std::shared_ptr<RecoveryHandler> recovery_handler_;          // fixed after Start()
+  std::function<void()> heartbeat_;                            // fixed after Start()
   std::thread worker_;
   std::thread watchdog_;
 };
