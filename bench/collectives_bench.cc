@@ -2,6 +2,7 @@
 //
 //   collectives_bench [--ranks 2,4] [--ops allreduce,allgather,reduce_scatter,broadcast]
 //                     [--min-bytes 4096] [--max-bytes 67108864] [--csv FILE] [--quick]
+//                     [--retries N]   (attempts per op; 1 = off, the default: raw Gloo has none)
 //
 // Ranks are forked processes on loopback. Every size runs in rounds that alternate adaptcomm and
 // raw Gloo (so drift of the machine hits both alike); the median time of each is reported with
@@ -42,6 +43,8 @@ struct Config {
   size_t max_bytes = 64u << 20;
   std::string csv;
   bool quick = false;
+  // Coordinated retries copy each op's input first (see README); 1 = off, as raw Gloo has none.
+  int retries = 1;
 };
 
 double BusFactor(const std::string& op, int n) {
@@ -142,6 +145,7 @@ void RankMain(const Config& cfg, int rank, int world, int port, FILE* report) {
   o.master_addr = "127.0.0.1";
   o.master_port = port;
   o.backend = adaptcomm::BackendChoice::kGloo;
+  o.max_retry_attempts = cfg.retries;
   auto comm = adaptcomm::Communicator::Create(o);
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
@@ -222,6 +226,9 @@ bool ParseArgs(int argc, char** argv, Config& cfg) {
     } else if (a == "--csv") {
       cfg.csv = v;
       ++i;
+    } else if (a == "--retries") {
+      if (!absl::SimpleAtoi(v, &cfg.retries) || cfg.retries < 1) return false;
+      ++i;
     } else if (a == "--quick") {
       cfg.quick = true;
     } else {
@@ -239,7 +246,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: collectives_bench [--ranks 2,4] [--ops allreduce,allgather,"
                  "reduce_scatter,broadcast] [--min-bytes N] [--max-bytes N] [--csv FILE] "
-                 "[--quick]\n");
+                 "[--quick] [--retries N]\n");
     return 2;
   }
   char tmpl[] = "/tmp/adaptcomm-bench-XXXXXX";
