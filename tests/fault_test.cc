@@ -184,8 +184,11 @@ TEST(Fault, StoppedRankRecoversWithCoordinatedRetryBitExact) {
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
   }
+  // The dumps taken when the retry started: rank 1 (stopped) is the one behind.
   absl::StatusOr<trace::CulpritReport> report = trace::AnalyzeFlightDumps(dir);
-  if (report.ok()) std::printf("%s", report->ToText().c_str());
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::printf("%s", report->ToText().c_str());
+  EXPECT_NE(report->verdict.find("rank 1"), std::string::npos) << report->verdict;
 }
 
 }  // namespace

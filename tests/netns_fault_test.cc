@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/adaptcomm.h"
 #include "gtest/gtest.h"
+#include "lib/trace/culprit.h"
 #include "tests/harness.h"
 
 namespace adaptcomm {
@@ -139,6 +140,11 @@ TEST(NetnsFault, LinkDownPastTheTimeoutThenUpRecoversBitExact) {
         << "rank " << r << " exit " << WEXITSTATUS(st)
         << " (10 setns, 11 create, 12 op failed, 13 wrong result)";
   }
+  // The dumps taken when the retry started say who was behind.
+  absl::StatusOr<trace::CulpritReport> report =
+      trace::AnalyzeFlightDumps(absl::StrCat(::testing::TempDir(), "/netns_", getpid()));
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::printf("%s", report->ToText().c_str());
 }
 
 }  // namespace

@@ -162,7 +162,8 @@ std::string DescribeFailures(const std::vector<std::pair<int, std::string>>& fai
 
 absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
                                                    const Rendezvous& rv, absl::Time deadline,
-                                                   const Apis& apis, std::string* staging_note) {
+                                                   const Apis& apis, const SelectionDeps& deps,
+                                                   std::string* staging_note) {
   GlooBackendOptions gloo;
   gloo.rank = o.rank;
   gloo.size = o.world_size;
@@ -172,6 +173,8 @@ absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
   if (gloo.iface.empty() && gloo.hostname.empty()) gloo.hostname = "127.0.0.1";
   gloo.init_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
   gloo.default_timeout = o.timeout;
+  gloo.algorithm = deps.gloo_algorithm;
+  gloo.max_segment_bytes = deps.gloo_max_segment_bytes;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(gloo);
   if (!backend.ok()) return backend.status();
   if (VisibleDevices(apis.cuda.get()) == 0) return backend;
@@ -191,7 +194,8 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   std::string staging;
   if (o.backend == BackendChoice::kGloo) {
     Apis apis = LoadApis(deps, /*want_nccl=*/false);
-    absl::StatusOr<std::unique_ptr<Backend>> gloo = BuildGloo(o, rv, deadline, apis, &staging);
+    absl::StatusOr<std::unique_ptr<Backend>> gloo =
+        BuildGloo(o, rv, deadline, apis, deps, &staging);
     if (!gloo.ok()) return gloo.status();
     return SelectedBackend{std::move(*gloo), absl::StrCat("backend=gloo requested", staging)};
   }
@@ -244,7 +248,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   }
   ADAPTCOMM_LOG(kWarning, asked, ": NCCL is not usable on every rank, every rank falls back to ",
                 "gloo: ", why);
-  absl::StatusOr<std::unique_ptr<Backend>> gloo = BuildGloo(o, rv, deadline, apis, &staging);
+  absl::StatusOr<std::unique_ptr<Backend>> gloo = BuildGloo(o, rv, deadline, apis, deps, &staging);
   if (!gloo.ok()) return gloo.status();
   return SelectedBackend{
       std::move(*gloo),

@@ -51,6 +51,9 @@ struct SelectionDeps {
   // profile's process environment for that version and returns its ncclConfig_t values (which
   // then replace nccl_config).
   std::function<NcclConfigValues(int nccl_version)> configure_nccl;
+  // The profile's Gloo allreduce algorithm ("ring", "bcube") and segment size (0: default).
+  std::string gloo_algorithm = "ring";
+  size_t gloo_max_segment_bytes = 0;
   // CUDA device of this rank; -1: $ADAPTCOMM_CUDA_DEVICE, else the launcher's local rank
   // (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else 0.
   int device = -1;

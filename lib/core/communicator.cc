@@ -211,6 +211,8 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
                                                absl::Time deadline) {
   // NCCL where every rank can use it, else Gloo on every rank (lib/core/backend_selection.h).
   selection::SelectionDeps deps;
+  deps.gloo_algorithm = config.gloo.algorithm;
+  deps.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
   deps.configure_nccl = [&config](int version) {
     // Read-once variables must be in the environment before the first NCCL init.
     NcclEnvReport env = ApplyNcclEnvironment(config, version);
@@ -266,7 +268,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
   if (!config.ok()) return config.status();
   const absl::Time deadline = absl::Now() + o.init_timeout;
 
-  absl::StatusOr<internal::Rendezvous> rv = internal::JoinRendezvous(o, deadline);
+  absl::StatusOr<internal::Rendezvous> rv =
+      internal::JoinRendezvous(o, config->timeouts.store_connect, deadline);
   if (!rv.ok()) return rv.status();
   if (absl::Status same =
           CheckSameConfigOnAllRanks(*rv->store, o.rank, o.world_size, *config,

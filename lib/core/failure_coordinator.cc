@@ -128,6 +128,11 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   ADAPTCOMM_LOG(kWarning, "coordinated retry: rank ", options_.rank, " votes to build generation ",
                 generation, " from op #", position, " (attempt ", attempt + 1, " of ",
                 options_.max_attempts, "; cause: ", cause.message(), ")");
+  // The record at the moment of the fault says who was behind (`adaptcomm trace culprit`).
+  if (recorder_ != nullptr) {
+    (void)recorder_->Dump(
+        absl::StrCat("coordinated retry to generation ", generation, ": ", cause.message()));
+  }
   Publish(VoteKey(generation, options_.rank), absl::StrCat(position, "|", fingerprint));
   for (int r = 0; r < options_.world_size; ++r) {
     if (r != options_.rank) Wake(r, absl::StrCat(kRetryPrefix, generation));

@@ -73,7 +73,8 @@ absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::T
 
 }  // namespace
 
-absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Time deadline) {
+absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
+                                          absl::Duration store_connect, absl::Time deadline) {
   Rendezvous rv;
   std::string master = o.master_addr;
   if (master.empty()) {
@@ -107,7 +108,8 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o, absl::Ti
     if (tcp.token.empty() && Env("ADAPTCOMM_STORE_TOKEN") != nullptr) {
       tcp.token = Env("ADAPTCOMM_STORE_TOKEN");
     }
-    tcp.connect_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    tcp.connect_timeout =
+        std::max(std::min(store_connect, deadline - absl::Now()), absl::Milliseconds(1));
     if (o.rank == 0) {
       TcpStoreOptions serve = tcp;
       serve.host = "0.0.0.0";

@@ -24,7 +24,10 @@ struct Rendezvous {
 };
 
 // REQUIRES: options.rank and options.world_size resolved and valid.
-absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& options, absl::Time deadline);
+// `store_connect`: how long a client keeps trying to reach the store (profile
+// timeouts.store_connect), within the overall `deadline`.
+absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& options,
+                                          absl::Duration store_connect, absl::Time deadline);
 
 // Gives the name back and, on rank 0, keeps serving the store until every rank has left (bounded),
 // so that peers still finishing their own departure do not lose the store under them.

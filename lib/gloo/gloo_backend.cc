@@ -151,11 +151,13 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 class GlooBackend final : public Backend {
  public:
-  GlooBackend(std::shared_ptr<AbortableContext> context)
+  GlooBackend(std::shared_ptr<AbortableContext> context, bool bcube, size_t max_segment_bytes)
       : context_(std::move(context)),
         gloo_context_(context_),
         rank_(context_->rank),
-        size_(context_->size) {}
+        size_(context_->size),
+        bcube_(bcube),
+        max_segment_bytes_(max_segment_bytes) {}
 
   ~GlooBackend() override = default;
 
@@ -204,6 +206,8 @@ class GlooBackend final : public Backend {
       gloo_context_;  // the same object, as Gloo's options take it
   const int rank_;
   const int size_;
+  const bool bcube_;                // profile gloo.algorithm: bcube instead of ring
+  const size_t max_segment_bytes_;  // profile gloo.max_segment_bytes (0: Gloo default)
 
   mutable absl::Mutex mu_;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
@@ -433,6 +437,8 @@ void GlooBackend::Allreduce(const OpDesc& op) {
     opts.setReduceFunction(fn);
     opts.setTag(static_cast<uint32_t>(op.seq));
     opts.setTimeout(ToMs(op.timeout));
+    if (bcube_) opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
+    if (max_segment_bytes_ > 0) opts.setMaxSegmentSize(max_segment_bytes_);
     ::gloo::allreduce(opts);
   });
   if (op.reduce == ReduceOp::kAvg) gloo_backend::DivideInPlace(v.dtype, v.data, v.count, size_);
@@ -687,7 +693,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const GlooBackendOpti
   context->setTimeout(ToMs(options.default_timeout));
   ADAPTCOMM_LOG(kDebug, "gloo backend rank ", options.rank, " of ", options.size, " connected on ",
                 where);
-  return std::unique_ptr<Backend>(new GlooBackend(std::move(context)));
+  return std::unique_ptr<Backend>(
+      new GlooBackend(std::move(context), options.algorithm == "bcube", options.max_segment_bytes));
 }
 
 }  // namespace adaptcomm

@@ -33,6 +33,10 @@ struct GlooBackendOptions {
   absl::Duration init_timeout = absl::Seconds(300);
   // Context default; every op passes its own OpDesc::timeout anyway.
   absl::Duration default_timeout = absl::Seconds(600);
+  // Allreduce algorithm ("ring" or "bcube") and segment size (0: Gloo's default), from the
+  // profile's gloo block.
+  std::string algorithm = "ring";
+  size_t max_segment_bytes = 0;
 };
 
 // Connects a full mesh of TCP pairs among options.size ranks. Errors: InvalidArgument (bad
