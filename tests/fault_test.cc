@@ -150,7 +150,7 @@ TEST(Fault, StoppedRankRecoversWithCoordinatedRetryBitExact) {
       [&](const RankEnv& env) {
         CommunicatorOptions o = env.options;
         o.timeout = absl::Seconds(2);
-        o.failure_report_window = absl::Seconds(2);
+        o.failure_report_window = absl::Seconds(4);  // the vote waits timeout + this
         o.max_retry_attempts = 3;
         o.flight_recorder_dir = dir;
         auto comm = Communicator::Create(o);

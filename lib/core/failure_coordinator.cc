@@ -52,13 +52,19 @@ void FailureCoordinator::Stop() {
   listener_.join();
 }
 
-void FailureCoordinator::Wake(int rank, const std::string& message) {
-  absl::StatusOr<int64_t> n = store_->Add(absl::StrCat("wakes/", rank), 1);
+void FailureCoordinator::Wake(int rank, const std::string& message, absl::Time until) {
+  absl::StatusOr<int64_t> n;
+  for (absl::Duration pause = absl::Milliseconds(50);;
+       pause = std::min(pause * 2, absl::Seconds(1))) {
+    n = store_->Add(absl::StrCat("wakes/", rank), 1);
+    if (n.ok() || absl::Now() + pause >= until) break;
+    absl::SleepFor(pause);
+  }
   if (!n.ok()) {
     ADAPTCOMM_LOG(kWarning, "cannot wake rank ", rank, ": ", n.status().ToString());
     return;
   }
-  Publish(WakeKey(rank, *n), message);
+  Publish(WakeKey(rank, *n), message, until);
 }
 
 bool FailureCoordinator::Retryable(const absl::Status& status) const {
@@ -79,10 +85,18 @@ absl::Duration FailureCoordinator::Backoff(int attempt) const {
   return d * (1.0 + options_.jitter * (2.0 * u - 1.0));
 }
 
-void FailureCoordinator::Publish(const std::string& key, const std::string& value) {
-  if (absl::Status s = store_->Set(key, value); !s.ok()) {
-    ADAPTCOMM_LOG(kWarning, "cannot publish ", key, " to the store: ", s.ToString());
+void FailureCoordinator::Publish(const std::string& key, const std::string& value,
+                                 absl::Time until) {
+  // Retried until `until`: after a link flap the store connection may need several attempts
+  // (TCP backs off), and a vote that is never published fails the whole retry.
+  absl::Status s;
+  for (absl::Duration pause = absl::Milliseconds(50);;
+       pause = std::min(pause * 2, absl::Seconds(1))) {
+    s = store_->Set(key, value);
+    if (s.ok() || absl::Now() + pause >= until) break;
+    absl::SleepFor(pause);
   }
+  if (!s.ok()) ADAPTCOMM_LOG(kWarning, "cannot publish ", key, " to the store: ", s.ToString());
 }
 
 void FailureCoordinator::Listen() {
@@ -133,15 +147,17 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
     (void)recorder_->Dump(
         absl::StrCat("coordinated retry to generation ", generation, ": ", cause.message()));
   }
-  Publish(VoteKey(generation, options_.rank), absl::StrCat(position, "|", fingerprint));
+  const absl::Time vote_deadline = absl::Now() + options_.vote_timeout;
+  Publish(VoteKey(generation, options_.rank), absl::StrCat(position, "|", fingerprint),
+          vote_deadline);
   for (int r = 0; r < options_.world_size; ++r) {
-    if (r != options_.rank) Wake(r, absl::StrCat(kRetryPrefix, generation));
+    if (r != options_.rank) Wake(r, absl::StrCat(kRetryPrefix, generation), vote_deadline);
   }
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) keys.push_back(VoteKey(generation, r));
   // Poll rather than Wait: a rank that already destroyed its communicator ("left/<r>") will never
   // vote, and saying so at once beats waiting out the vote timeout.
-  const absl::Time deadline = absl::Now() + options_.vote_timeout;
+  const absl::Time deadline = vote_deadline;
   std::vector<int> missing, departed;
   while (true) {
     missing.clear();

@@ -71,8 +71,10 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
 
  private:
   void Listen();
-  void Publish(const std::string& key, const std::string& value);
-  void Wake(int rank, const std::string& message);
+  // Best effort, retried until `until` (default: one attempt).
+  void Publish(const std::string& key, const std::string& value,
+               absl::Time until = absl::InfinitePast());
+  void Wake(int rank, const std::string& message, absl::Time until = absl::InfinitePast());
   absl::Duration Backoff(int attempt) const;
 
   const FailureCoordinatorOptions options_;

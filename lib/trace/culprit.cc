@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
@@ -49,6 +50,7 @@ absl::StatusOr<Dump> ReadDump(const std::string& path) {
       p.stuck_op = e.value("op", "");
       p.stuck_state = state;
       p.stuck_error = e.value("error", "");
+      p.stuck_start_us = e.value("start_us", int64_t{0});
       break;
     }
   }
@@ -91,6 +93,22 @@ std::string Verdict(const CulpritReport& r) {
   std::vector<int> behind, waiting;
   for (const auto& p : r.ranks) (p.stuck_seq == frontier ? waiting : behind).push_back(p.rank);
   if (behind.empty()) {
+    // Everyone got there; the one that got there last (by a clear margin) is still the suspect.
+    const RankPosition* first = nullptr;
+    const RankPosition* last = nullptr;
+    for (const auto& p : r.ranks) {
+      if (p.stuck_start_us == 0) continue;
+      if (first == nullptr || p.stuck_start_us < first->stuck_start_us) first = &p;
+      if (last == nullptr || p.stuck_start_us > last->stuck_start_us) last = &p;
+    }
+    constexpr int64_t kClearMarginUs = 500000;  // clocks of one host agree far better than this
+    if (first != nullptr && last->stuck_start_us - first->stuck_start_us > kClearMarginUs) {
+      return absl::StrFormat(
+          "all ranks reached %s #%d, but rank %d entered it %.1f s after rank %d: rank %d was "
+          "late (stalled or slow), the others timed out waiting",
+          frontier_op, frontier, last->rank, (last->stuck_start_us - first->stuck_start_us) / 1e6,
+          first->rank, last->rank);
+    }
     return absl::StrCat("all ranks are in ", frontier_op, " #", frontier,
                         ": none is behind (a transport or peer failure, see the errors)");
   }

@@ -21,7 +21,8 @@ struct RankPosition {
   std::string stuck_op;     // "allreduce"
   std::string stuck_state;  // "running", "queued", "failed", "timed_out"
   std::string stuck_error;
-  std::string reason;  // why the rank dumped
+  int64_t stuck_start_us = 0;  // when the rank entered that op (0: not started)
+  std::string reason;          // why the rank dumped
 };
 
 struct CulpritReport {
