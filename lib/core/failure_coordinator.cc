@@ -183,6 +183,7 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
                       " did not vote within ", absl::FormatDuration(options_.vote_timeout),
                       " (dead or stalled)");
     }
+    vote_failed_.store(true);
     absl::Status failed = absl::UnavailableError(
         absl::StrCat("coordinated retry of communicator '", options_.name, "' impossible: ", who,
                      "; first error here: ", cause.message()));
@@ -240,6 +241,13 @@ absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status stat
   Publish(FailureKey(options_.rank), cause);
   for (int r = 0; r < options_.world_size; ++r) {
     if (r != options_.rank) Wake(r, absl::StrCat(kFailPrefix, options_.rank));
+  }
+  // A failed retry vote already waited for everyone and named who was missing: tell the others,
+  // but do not wait a second time.
+  if (vote_failed_.load()) {
+    ADAPTCOMM_LOG(kError, cause);
+    return absl::Status(status.code(), absl::StrCat(cause, " [rank ", options_.rank,
+                                                    " of communicator '", options_.name, "']"));
   }
   // Every other rank either failed too (its own report) or was woken (its ack). Poll them all in
   // rounds until each answered or the window closed (one last round after it closes).

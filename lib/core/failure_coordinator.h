@@ -83,7 +83,8 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   std::function<void(const absl::Status&)> abort_;
   std::function<void(int)> join_retry_;
   BackendFactory factory_;
-  std::atomic<bool> reported_{false};  // only the first failure is coordinated
+  std::atomic<bool> reported_{false};     // only the first failure is coordinated
+  std::atomic<bool> vote_failed_{false};  // a retry vote ran out: the missing ranks are known
   std::thread listener_;
 };
 
