@@ -2,8 +2,9 @@
 # Presets: `cmake --preset asan|tsan`, `cmake --build --preset asan|tsan`, `ctest --preset asan|tsan`
 # (CMakePresets.json; the test presets set the runtime options and the suppression files
 # tests/tsan.supp and tests/lsan.supp, and exclude the labels soak|fuzz_long). The tsan test preset
-# also excludes TimelineEndToEndTest.SlowedRankIsRankedFirstInTheHeatmap: it asserts that a 30 ms
-# delay dominates per-rank lateness, which TSan's slowdown of 4 threaded ranks on 2 cores swamps.
+# also excludes TimelineEndToEndTest.SlowedRankIsRankedFirstInTheHeatmap and
+# .CommunicatorTracesWhenEnabledByEnv: they assert that a 30 ms delay dominates per-rank lateness,
+# which TSan's slowdown of 4 threaded ranks on 2 cores swamps.
 if(ADAPTCOMM_SANITIZE STREQUAL "address")
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer
                       -fno-sanitize-recover=undefined)

@@ -39,19 +39,14 @@ HeartbeatMonitor& HeartbeatMonitor::Instance() {
 
 int HeartbeatMonitor::Register(Watch watch) {
   InstallDumpSignalOnce();
-  std::thread finished;
-  int id;
-  {
-    absl::MutexLock lock(&mu_);
-    id = next_id_++;
-    entries_[id] = Entry{std::move(watch), absl::Now(), false};
-    if (!running_) {
-      running_ = true;
-      finished = std::move(thread_);  // a thread that saw an empty registry and ended
-      thread_ = std::thread([this] { Run(); });
-    }
+  absl::MutexLock lock(&mu_);
+  const int id = next_id_++;
+  entries_[id] = Entry{std::move(watch), absl::Now(), false};
+  if (!running_) {
+    running_ = true;
+    // Detached: it ends by itself once the registry is empty (the monitor is never destroyed).
+    std::thread([this] { Run(); }).detach();
   }
-  if (finished.joinable()) finished.join();
   return id;
 }
 
@@ -64,7 +59,7 @@ void HeartbeatMonitor::Beat(int id) {
 void HeartbeatMonitor::Unregister(int id) {
   absl::MutexLock lock(&mu_);
   entries_.erase(id);
-  // The thread notices the empty registry and ends; Register() reaps it next time.
+  // The thread notices the empty registry and ends.
 }
 
 void HeartbeatMonitor::RequestDump() { g_dump_requested.store(true); }

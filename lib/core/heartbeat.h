@@ -50,8 +50,7 @@ class HeartbeatMonitor {
   absl::Mutex mu_;
   std::map<int, Entry> entries_ ABSL_GUARDED_BY(mu_);
   int next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  bool running_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;  // a monitor thread is alive
 };
 
 }  // namespace adaptcomm::internal
