@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "adaptcomm/communicator.h"
 #include "lib/nccl/nccl_api.h"
+#include "tests/dtype_values.h"
 
 extern char** environ;
 
@@ -42,113 +43,15 @@ int failures = 0;
 
 std::shared_ptr<nccl::CudaApi> cuda;
 
-uint16_t FloatToHalf(float f) {  // exact for the small integers used here
-  if (f == 0) return 0;
-  int e = 0;
-  const float m = std::frexp(std::fabs(f), &e);
-  const auto mant = static_cast<uint32_t>(std::ldexp(m, 11));
-  return static_cast<uint16_t>((f < 0 ? 0x8000 : 0) | ((e + 14) << 10) | (mant - 1024));
-}
-float HalfToFloat(uint16_t h) {
-  const int exp = (h >> 10) & 0x1f;
-  const float v = exp == 0 ? std::ldexp(static_cast<float>(h & 0x3ff), -24)
-                           : std::ldexp(static_cast<float>((h & 0x3ff) | 0x400), exp - 25);
-  return (h & 0x8000) ? -v : v;
-}
-
 // Host <-> device copies of small test vectors, encoded in `t` from doubles.
 std::vector<char> Encode(DType t, const std::vector<double>& v) {
   std::vector<char> out(v.size() * DTypeSize(t));
-  for (size_t i = 0; i < v.size(); ++i) {
-    char* p = out.data() + i * DTypeSize(t);
-    switch (t) {
-      case DType::kF32: {
-        float x = static_cast<float>(v[i]);
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DType::kF64:
-        std::memcpy(p, &v[i], 8);
-        break;
-      case DType::kF16: {
-        uint16_t x = FloatToHalf(static_cast<float>(v[i]));
-        std::memcpy(p, &x, 2);
-        break;
-      }
-      case DType::kBF16: {
-        float f = static_cast<float>(v[i]);
-        uint32_t b;
-        std::memcpy(&b, &f, 4);
-        uint16_t x = static_cast<uint16_t>(b >> 16);
-        std::memcpy(p, &x, 2);
-        break;
-      }
-      case DType::kI8: {
-        int8_t x = static_cast<int8_t>(v[i]);
-        std::memcpy(p, &x, 1);
-        break;
-      }
-      case DType::kU8: {
-        uint8_t x = static_cast<uint8_t>(v[i]);
-        std::memcpy(p, &x, 1);
-        break;
-      }
-      case DType::kI32: {
-        int32_t x = static_cast<int32_t>(v[i]);
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DType::kI64: {
-        int64_t x = static_cast<int64_t>(v[i]);
-        std::memcpy(p, &x, 8);
-        break;
-      }
-    }
-  }
+  for (size_t i = 0; i < v.size(); ++i)
+    adaptcomm::testing::StoreAs(t, v[i], out.data() + i * DTypeSize(t));
   return out;
 }
 double DecodeAt(DType t, const std::vector<char>& b, size_t i) {
-  const char* p = b.data() + i * DTypeSize(t);
-  switch (t) {
-    case DType::kF32: {
-      float x;
-      std::memcpy(&x, p, 4);
-      return x;
-    }
-    case DType::kF64: {
-      double x;
-      std::memcpy(&x, p, 8);
-      return x;
-    }
-    case DType::kF16: {
-      uint16_t x;
-      std::memcpy(&x, p, 2);
-      return HalfToFloat(x);
-    }
-    case DType::kBF16: {
-      uint16_t x;
-      std::memcpy(&x, p, 2);
-      uint32_t bits = static_cast<uint32_t>(x) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    }
-    case DType::kI8:
-      return static_cast<int8_t>(*p);
-    case DType::kU8:
-      return static_cast<uint8_t>(*p);
-    case DType::kI32: {
-      int32_t x;
-      std::memcpy(&x, p, 4);
-      return x;
-    }
-    case DType::kI64: {
-      int64_t x;
-      std::memcpy(&x, p, 8);
-      return static_cast<double>(x);
-    }
-  }
-  return 0;
+  return adaptcomm::testing::LoadAs(t, b.data() + i * DTypeSize(t));
 }
 
 void Sync(void* stream) {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/adaptcomm.h"
 #include "gtest/gtest.h"
-#include "lib/gloo/gloo_reduce.h"
+#include "tests/dtype_values.h"
 #include "tests/harness.h"
 
 namespace adaptcomm {
@@ -24,111 +24,17 @@ double InputValue(ReduceOp op, int rank, size_t i) {
   return static_cast<double>((rank + 1) * 3 + static_cast<int>(i % 5));
 }
 
-double ToDType(DType t, double v) {
-  switch (t) {
-    case DType::kF16:
-      return gloo_backend::HalfToFloat(gloo_backend::FloatToHalf(float(v)));
-    case DType::kBF16:
-      return gloo_backend::Bf16ToFloat(gloo_backend::FloatToBf16(float(v)));
-    case DType::kF32:
-      return float(v);
-    default:
-      return v;
-  }
-}
+double ToDType(DType t, double v) { return testing::RoundTo(t, v); }
 
 class Buffer {
  public:
   Buffer(DType t, size_t n) : dtype_(t), count_(n), bytes_(std::max<size_t>(1, n * DTypeSize(t))) {}
   TensorView view() { return TensorView{bytes_.data(), count_, dtype_}; }
   void Set(size_t i, double v) {
-    void* p = bytes_.data() + i * DTypeSize(dtype_);
-    switch (dtype_) {
-      case DType::kF32: {
-        float x = float(v);
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DType::kF64:
-        std::memcpy(p, &v, 8);
-        break;
-      case DType::kF16: {
-        uint16_t x = gloo_backend::FloatToHalf(float(v));
-        std::memcpy(p, &x, 2);
-        break;
-      }
-      case DType::kBF16: {
-        uint16_t x = gloo_backend::FloatToBf16(float(v));
-        std::memcpy(p, &x, 2);
-        break;
-      }
-      case DType::kI8: {
-        int8_t x = int8_t(v);
-        std::memcpy(p, &x, 1);
-        break;
-      }
-      case DType::kU8: {
-        uint8_t x = uint8_t(v);
-        std::memcpy(p, &x, 1);
-        break;
-      }
-      case DType::kI32: {
-        int32_t x = int32_t(v);
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DType::kI64: {
-        int64_t x = int64_t(v);
-        std::memcpy(p, &x, 8);
-        break;
-      }
-    }
+    testing::StoreAs(dtype_, v, bytes_.data() + i * DTypeSize(dtype_));
   }
   double Get(size_t i) const {
-    const void* p = bytes_.data() + i * DTypeSize(dtype_);
-    switch (dtype_) {
-      case DType::kF32: {
-        float x;
-        std::memcpy(&x, p, 4);
-        return x;
-      }
-      case DType::kF64: {
-        double x;
-        std::memcpy(&x, p, 8);
-        return x;
-      }
-      case DType::kF16: {
-        uint16_t x;
-        std::memcpy(&x, p, 2);
-        return gloo_backend::HalfToFloat(x);
-      }
-      case DType::kBF16: {
-        uint16_t x;
-        std::memcpy(&x, p, 2);
-        return gloo_backend::Bf16ToFloat(x);
-      }
-      case DType::kI8: {
-        int8_t x;
-        std::memcpy(&x, p, 1);
-        return x;
-      }
-      case DType::kU8: {
-        uint8_t x;
-        std::memcpy(&x, p, 1);
-        return x;
-      }
-      case DType::kI32: {
-        int32_t x;
-        std::memcpy(&x, p, 4);
-        return x;
-      }
-      case DType::kI64: {
-        int64_t x;
-        std::memcpy(&x, p, 8);
-        return double(x);
-      }
-    }
-    return 0;
+    return testing::LoadAs(dtype_, bytes_.data() + i * DTypeSize(dtype_));
   }
 
  private:
