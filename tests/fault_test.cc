@@ -62,7 +62,8 @@ TEST(Fault, KilledRankIsNamedBySurvivorsWithinBound) {
             std::ofstream(absl::StrCat(dir, "/survivor.", env.rank)) << seconds << "\n"
                                                                      << s.ToString() << "\n";
             EXPECT_TRUE(IsRetryable(s)) << s;
-            EXPECT_THAT(std::string(s.message()), HasSubstr("rank(s) 2 did not"));  // vote or respond
+            EXPECT_THAT(std::string(s.message()),
+                        HasSubstr("rank(s) 2 did not"));  // vote or respond
             EXPECT_LT(seconds, absl::ToDoubleSeconds(kTimeout) + 5);
             return;
           }

@@ -63,7 +63,8 @@ struct CommunicatorOptions {
   // tier of the default profiles.yaml. Options set here win over the profile (zero = unset).
   std::string model_size;
   std::string profile_file;
-  bool profile_strict = false;  // refuse dead or unknown NCCL_* names (also ADAPTCOMM_PROFILE_STRICT=1)
+  bool profile_strict =
+      false;  // refuse dead or unknown NCCL_* names (also ADAPTCOMM_PROFILE_STRICT=1)
 
   // Default bound of each operation, counted from when it starts running (not when queued).
   // Zero: the profile's collective timeout (scaled by world size).
