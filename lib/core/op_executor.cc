@@ -102,8 +102,11 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work) {
   const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
   const bool replayable = retries && replay_.Record(desc);
   absl::Status status = backend().Run(desc);
-  for (int attempt = 1; !status.ok() && replayable && recovery_handler_->Retryable(status) &&
-                        attempt < recovery_handler_->max_attempts() && !Aborted();
+  // A failure while another rank's retry is pending (the backend was interrupted or already
+  // broken for it) joins that retry whatever its code; otherwise the policy decides.
+  for (int attempt = 1; !status.ok() && replayable && attempt < recovery_handler_->max_attempts() &&
+                        !Aborted() && !absl::IsInvalidArgument(status) &&
+                        (recovery_handler_->Retryable(status) || RecoveryRequested());
        ++attempt) {
     {
       // The vote and the rebuild bound themselves; the watchdog resumes for the re-run.
@@ -179,6 +182,11 @@ void OpExecutor::RequestRecovery(int generation) {
     to_interrupt->Abort(absl::AbortedError(
         absl::StrCat("another rank started coordinated retry generation ", generation)));
   }
+}
+
+bool OpExecutor::RecoveryRequested() const {
+  absl::MutexLock lock(&mu_);
+  return requested_generation_ > generation_;
 }
 
 bool OpExecutor::Aborted() const {

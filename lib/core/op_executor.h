@@ -101,6 +101,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   int generation() const;
   // Whether Abort() was called (by the caller or because another rank failed): never retried.
   bool Aborted() const;
+  // Whether another rank asked for a retry this executor has not joined yet.
+  bool RecoveryRequested() const;
   // Starts the worker and watchdog threads. Call once, right after construction.
   void Start();
   // Queues `desc` (seq assigned here) and returns its work.
