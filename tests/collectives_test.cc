@@ -45,24 +45,7 @@ class Buffer {
 
 double Reduced(ReduceOp op, DType t, size_t i, int world) {
   double acc = InputValue(op, 0, i);
-  for (int r = 1; r < world; ++r) {
-    double v = InputValue(op, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        acc += v;
-        break;
-      case ReduceOp::kProd:
-        acc *= v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-    }
-  }
+  for (int r = 1; r < world; ++r) acc = testing::Combine(op, acc, InputValue(op, r, i));
   if (op == ReduceOp::kAvg) acc /= world;
   return ToDType(t, acc);
 }

@@ -74,6 +74,22 @@ inline double RoundTo(DType t, double v) {
   return LoadAs(t, bytes);
 }
 
+// One step of a reference reduction (avg accumulates as a sum; the caller divides).
+inline double Combine(ReduceOp op, double acc, double v) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return acc + v;
+    case ReduceOp::kProd:
+      return acc * v;
+    case ReduceOp::kMin:
+      return acc < v ? acc : v;
+    case ReduceOp::kMax:
+      return acc > v ? acc : v;
+  }
+  return acc;
+}
+
 }  // namespace adaptcomm::testing
 
 #endif  // ADAPTCOMM_TESTS_DTYPE_VALUES_H_

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "adaptcomm/store.h"
 #include "lib/gloo/gloo_reduce.h"
+#include "tests/dtype_values.h"
 
 namespace adaptcomm {
 namespace {
@@ -129,24 +130,7 @@ double Value(DType t, ReduceOp op, int r, size_t i) {
 
 double Reduced(DType t, ReduceOp op, int n, size_t i) {
   double acc = Value(t, op, 0, i);
-  for (int r = 1; r < n; ++r) {
-    const double v = Value(t, op, r, i);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        acc += v;
-        break;
-      case ReduceOp::kProd:
-        acc *= v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-    }
-  }
+  for (int r = 1; r < n; ++r) acc = adaptcomm::testing::Combine(op, acc, Value(t, op, r, i));
   if (op != ReduceOp::kAvg) return acc;
   // The backend divides the exact sum once, in the element type.
   const auto fn = static_cast<float>(n);

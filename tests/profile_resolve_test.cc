@@ -146,6 +146,26 @@ TEST_F(ProfileResolve, WorldScalingIsMonotoneAndCapped) {
   EXPECT_EQ(last, absl::Seconds(3 * 3600));
 }
 
+TEST_F(ProfileResolve, ShortApiTimeoutsPullTheStoreBoundDownVisibly) {
+  ProfileRequest req;
+  req.model_size = "7B";
+  req.world_size = 2;
+  req.file = ConfigPath("profiles.yaml");
+  req.overrides.collective_timeout = absl::Seconds(2);
+  auto cfg = ResolveProfile(req);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->timeouts.store_connect, absl::Seconds(1));
+  EXPECT_EQ(Find(*cfg, "timeouts.store_connect")->source, "API (follows the API timeouts)");
+  req.overrides.collective_timeout.reset();
+  req.overrides.init_timeout = absl::Seconds(7);
+  cfg = ResolveProfile(req);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->timeouts.store_connect, absl::Seconds(7));
+  // A store bound the API set itself is still checked, not adjusted.
+  req.overrides.store_connect_timeout = absl::Seconds(30);
+  EXPECT_EQ(ResolveProfile(req).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ProfileResolve, ApiBeatsProfileAndIsNotScaled) {
   ProfileRequest req;
   req.model_size = "235B";

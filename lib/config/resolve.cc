@@ -171,6 +171,21 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
                           ? absl::StrCat("world scaling not applied: collective timeout set by API")
                           : absl::StrCat("world scaling: ", formula));
 
+  // Timeouts set in code may be shorter than the profile's store bound (tests, small jobs). The
+  // ordering store < collective and store <= init must still hold, so a store bound that the API
+  // did not set follows them down (to half the op timeout, or the init timeout), visibly.
+  if (v.At("timeouts.store_connect").source != "API") {
+    absl::Duration store = t.store_connect;
+    if (collective_from_api && store >= t.collective) store = t.collective / 2;
+    if (v.At("timeouts.init").source == "API") store = std::min(store, t.init);
+    if (store < t.store_connect) {
+      t.store_connect = store;
+      v.Set("timeouts.store_connect", DurationText(store), "API (follows the API timeouts)");
+      cfg.notes.push_back(absl::StrCat("timeouts.store_connect lowered to ", DurationText(store),
+                                       " to stay below the timeouts set by the API"));
+    }
+  }
+
   // Ordering: a store that outlives the collective bound, or a heartbeat that fires before the
   // collective bound, turns a slow step into a confusing failure.
   Layered coll = v.At("timeouts.collective");

@@ -29,8 +29,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   fr.job = rendezvous_.job_id;
   fr.backend = backend->name();
   fr.capacity = options_.flight_recorder_entries;
-  fr.dump_dir = options_.flight_recorder_dir.empty() ? trace::DefaultFlightRecorderDir()
-                                                     : options_.flight_recorder_dir;
+  fr.dump_dir = options_.flight_recorder_dir;  // resolved by ApplyProfile
   recorder_ = std::make_shared<trace::FlightRecorder>(std::move(fr));
   ExecutorOptions exec;
   exec.abort_bound = config_.timeouts.abort;
@@ -162,23 +161,8 @@ absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o) {
   req.strict = o.profile_strict;
   if (o.backend != BackendChoice::kAuto) req.overrides.backend = o.backend;
   if (o.fallback == Fallback::kDeny) req.overrides.allow_fallback = false;
-  if (o.timeout > absl::ZeroDuration() || o.init_timeout > absl::ZeroDuration()) {
-    // Timeouts given in code may be shorter than the profile's store bound (tests, small jobs).
-    // The ordering store < collective and store <= init must still hold, so the store bound
-    // follows them down (to half the op timeout, or the init timeout); Explain() shows it.
-    absl::StatusOr<EffectiveConfig> base = ResolveProfile(req);
-    if (!base.ok()) return base.status();
-    absl::Duration store = base->timeouts.store_connect;
-    if (o.timeout > absl::ZeroDuration()) {
-      req.overrides.collective_timeout = o.timeout;
-      if (store >= o.timeout) store = o.timeout / 2;
-    }
-    if (o.init_timeout > absl::ZeroDuration()) {
-      req.overrides.init_timeout = o.init_timeout;
-      store = std::min(store, o.init_timeout);
-    }
-    if (store < base->timeouts.store_connect) req.overrides.store_connect_timeout = store;
-  }
+  if (o.timeout > absl::ZeroDuration()) req.overrides.collective_timeout = o.timeout;
+  if (o.init_timeout > absl::ZeroDuration()) req.overrides.init_timeout = o.init_timeout;
   absl::StatusOr<EffectiveConfig> cfg = ResolveProfile(req);
   if (!cfg.ok()) return cfg.status();
   o.timeout = cfg->timeouts.collective;
