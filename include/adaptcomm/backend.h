@@ -8,11 +8,14 @@
 #ifndef ADAPTCOMM_BACKEND_H_
 #define ADAPTCOMM_BACKEND_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "adaptcomm/types.h"
 
@@ -59,6 +62,23 @@ struct Capabilities {
   bool abortable = true;  // Abort() interrupts an op in flight
 };
 
+// Device memory services of a backend that takes CUDA views: what the coordinated retry needs to
+// keep a copy of a device op's input (include/adaptcomm/communicator.h, max_retry_attempts).
+// Ownership: shared; it must stay usable after the backend that returned it is destroyed (a
+// replay record outlives the backend generation that recorded it).
+// Thread safety: every method may be called from any thread.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // Queues a copy of `bytes` from `src` to `dst`, both in the memory of `device`, on `stream` (a
+  // cudaStream_t; nullptr = the legacy default stream), after the work already queued there.
+  [[nodiscard]] virtual absl::Status CopyAsync(void* dst, const void* src, size_t bytes,
+                                               Device device, void* stream) = 0;
+  [[nodiscard]] virtual absl::StatusOr<void*> Allocate(Device device, size_t bytes) = 0;
+  // REQUIRES: `ptr` came from Allocate(device, ...) and no queued work uses it any more.
+  virtual void Free(Device device, void* ptr) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -82,6 +102,10 @@ class Backend {
 
   // OK, or the error that broke the backend.
   virtual absl::Status health() const = 0;
+
+  // A capability: device memory services when this backend takes CUDA views, else null (then ops
+  // on CUDA views cannot be replayed by a coordinated retry and fail instead).
+  virtual std::shared_ptr<DeviceMemory> device_memory() const { return nullptr; }
 };
 
 }  // namespace adaptcomm

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "lib/core/log.h"
 #include "lib/gloo/gloo_backend.h"
 #include "lib/nccl/nccl_backend.h"
@@ -265,6 +266,28 @@ absl::StatusOr<SelectedBackend> SelectBackend(const CommunicatorOptions& options
     deps.nccl = std::shared_ptr<nccl::NcclApi>(api, [](nccl::NcclApi*) {});
   }
   return SelectBackendWith(options, rendezvous, deadline, deps);
+}
+
+namespace {
+absl::Mutex provider_mu;
+std::function<std::shared_ptr<nccl::NcclApi>(int)>& Provider()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(provider_mu) {
+  static auto* provider = new std::function<std::shared_ptr<nccl::NcclApi>(int)>();
+  return *provider;
+}
+}  // namespace
+
+void SetNcclProviderForTesting(std::function<std::shared_ptr<nccl::NcclApi>(int rank)> provider) {
+  absl::MutexLock lock(&provider_mu);
+  Provider() = std::move(provider);
+}
+
+void ApplyNcclProviderForTesting(int rank, SelectionDeps& deps) {
+  absl::MutexLock lock(&provider_mu);
+  if (!Provider()) return;
+  deps.use_given_apis = true;
+  deps.nccl = Provider()(rank);
+  deps.cuda = nullptr;
 }
 
 }  // namespace adaptcomm::internal::selection

@@ -71,6 +71,13 @@ struct SelectionDeps {
                                                                 absl::Time deadline,
                                                                 const SelectionDeps& deps);
 
+// TEST ONLY (the NCCL/CUDA seam, where no GPU exists): every later Communicator::Create in this
+// process, and every backend rebuild of a retry, selects with provider(rank)'s NCCL and CUDA instead
+// of loading the real ones. An empty function restores the loaders. Thread-safe.
+void SetNcclProviderForTesting(std::function<std::shared_ptr<nccl::NcclApi>(int rank)> provider);
+// Applies the provider set above, if any, to `deps` for `rank`.
+void ApplyNcclProviderForTesting(int rank, SelectionDeps& deps);
+
 }  // namespace adaptcomm::internal::selection
 
 #endif  // ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_

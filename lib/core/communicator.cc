@@ -98,7 +98,9 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
         [executor](int generation) {
           if (auto e = executor.lock()) e->RequestRecovery(generation);
         },
-        [this](int generation) { return RebuildBackend(generation); });
+        BackendRebuilder{
+            [this] { return WantsDegrade(); },
+            [this](int generation, bool degrade) { return RebuildBackend(generation, degrade); }});
   }
 }
 
@@ -203,6 +205,7 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
     for (const std::string& c : env.conflicts) ADAPTCOMM_LOG(kWarning, "nccl env: ", c);
     return PlanNccl(config, version).config;
   };
+  selection::ApplyNcclProviderForTesting(o.rank, deps);
   absl::StatusOr<selection::SelectedBackend> selected =
       selection::SelectBackendWith(o, rv, deadline, deps);
   if (!selected.ok()) return selected.status();
@@ -211,24 +214,30 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int generation) {
-  Rendezvous next;
-  next.store = CreatePrefixStore(absl::StrCat("gen", generation), rendezvous_.store);
-  next.transport_host = rendezvous_.transport_host;
-  next.transport_iface = rendezvous_.transport_iface;
-  CommunicatorOptions o = options_;
-  // Degrade: after K NCCL failures within the window, rebuild on Gloo. Every rank counts the same
-  // recoveries (each is agreed by all), so every rank reaches the same decision.
+bool CommunicatorImpl::WantsDegrade() {
+  // After K NCCL failures within the window, rebuild on Gloo. Every retry is agreed, so every rank
+  // counts the same ones; the vote settles the window's edge (FailureCoordinator).
   const absl::Time now = absl::Now();
   recoveries_.push_back(now);
   while (!recoveries_.empty() && now - recoveries_.front() > config_.backend.degrade_window) {
     recoveries_.pop_front();
   }
-  if (std::string(executor_->backend().name()) == "nccl" && config_.backend.allow_fallback &&
-      static_cast<int>(recoveries_.size()) >= config_.backend.degrade_after_failures) {
+  return std::string(executor_->backend().name()) == "nccl" && config_.backend.allow_fallback &&
+         static_cast<int>(recoveries_.size()) >= config_.backend.degrade_after_failures;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int generation,
+                                                                          bool degrade) {
+  Rendezvous next;
+  next.store = CreatePrefixStore(absl::StrCat("gen", generation), rendezvous_.store);
+  next.transport_host = rendezvous_.transport_host;
+  next.transport_iface = rendezvous_.transport_iface;
+  CommunicatorOptions o = options_;
+  if (degrade) {
     o.backend = BackendChoice::kGloo;
     ADAPTCOMM_LOG(kError, "DEGRADING communicator '", options_.name,
-                  "' from NCCL to Gloo: ", recoveries_.size(), " NCCL failures within ",
+                  "' from NCCL to Gloo (agreed by all ranks): ", recoveries_.size(),
+                  " NCCL failures here within ",
                   absl::FormatDuration(config_.backend.degrade_window),
                   " (profile backend.degrade_after_failures / degrade_window)");
   }

@@ -37,7 +37,9 @@ class CommunicatorImpl {
   const EffectiveConfig& config() const { return config_; }
   // A coordinated retry's new backend: the same selection as at creation, on a store scope of
   // its own generation.
-  absl::StatusOr<std::unique_ptr<Backend>> RebuildBackend(int generation);
+  // This rank's view of the degrade rule, counting one more retry (see BackendRebuilder).
+  bool WantsDegrade();
+  absl::StatusOr<std::unique_ptr<Backend>> RebuildBackend(int generation, bool degrade);
   void EnterLongOperation() { long_operation_scopes_.fetch_add(1); }
   void LeaveLongOperation() { long_operation_scopes_.fetch_sub(1); }
 

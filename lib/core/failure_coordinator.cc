@@ -39,10 +39,10 @@ FailureCoordinator::FailureCoordinator(FailureCoordinatorOptions options,
 FailureCoordinator::~FailureCoordinator() { Stop(); }
 
 void FailureCoordinator::Start(std::function<void(const absl::Status&)> abort,
-                               std::function<void(int)> join_retry, BackendFactory factory) {
+                               std::function<void(int)> join_retry, BackendRebuilder rebuilder) {
   abort_ = std::move(abort);
   join_retry_ = std::move(join_retry);
-  factory_ = std::move(factory);
+  rebuilder_ = std::move(rebuilder);
   listener_ = std::thread([this] { Listen(); });
 }
 
@@ -148,8 +148,9 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
         absl::StrCat("coordinated retry to generation ", generation, ": ", cause.message()));
   }
   const absl::Time vote_deadline = absl::Now() + options_.vote_timeout;
-  Publish(VoteKey(generation, options_.rank), absl::StrCat(position, "|", fingerprint),
-          vote_deadline);
+  const bool wants_degrade = rebuilder_.wants_degrade && rebuilder_.wants_degrade();
+  Publish(VoteKey(generation, options_.rank),
+          absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", fingerprint), vote_deadline);
   for (int r = 0; r < options_.world_size; ++r) {
     if (r != options_.rank) Wake(r, absl::StrCat(kRetryPrefix, generation), vote_deadline);
   }
@@ -191,17 +192,19 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
     return failed;
   }
   uint64_t restart = position;
+  bool degrade = false;
   // Ranks at the same position must be in the same op; if not, the collectives are mismatched
   // and no retry can help.
   std::map<uint64_t, std::map<std::string, std::vector<int>>> ops_at;
   for (int r = 0; r < options_.world_size; ++r) {
     absl::StatusOr<std::string> v = store_->Get(keys[r], absl::ZeroDuration());
     if (!v.ok()) continue;
-    std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 1));
+    std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 2));
     uint64_t p = 0;
-    if (!absl::SimpleAtoi(parts[0], &p)) continue;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &p)) continue;
     restart = std::min(restart, p);
-    if (parts.size() > 1 && !parts[1].empty()) ops_at[p][parts[1]].push_back(r);
+    degrade = degrade || parts[1] == "1";
+    if (!parts[2].empty()) ops_at[p][parts[2]].push_back(r);
   }
   for (const auto& [seq, ops] : ops_at) {
     if (ops.size() < 2) continue;
@@ -219,7 +222,7 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
     return mismatch;
   }
   absl::SleepFor(Backoff(attempt));
-  absl::StatusOr<std::unique_ptr<Backend>> backend = factory_(generation);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = rebuilder_.build(generation, degrade);
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("coordinated retry: rebuilding the backend (generation ",

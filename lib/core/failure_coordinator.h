@@ -42,11 +42,18 @@ struct FailureCoordinatorOptions {
                                              absl::StatusCode::kDeadlineExceeded};
 };
 
-// Builds the backend of a new generation (every rank calls it with the same number).
-using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(int generation)>;
+// How a retry rebuilds the backend. `wants_degrade` is asked once per vote: this rank's own view
+// of "K failures within the window" (its clock). The vote carries every rank's answer and all
+// build with their OR, so two clocks that see the window's edge differently cannot split the job
+// across two backends. `build` makes generation g (every rank calls it with the same arguments).
+struct BackendRebuilder {
+  std::function<bool()> wants_degrade;
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(int generation, bool degrade)> build;
+};
 
 // Also the RecoveryHandler: the vote of a coordinated retry runs through the same store keys.
-//   vote/<g>/<rank> = the first op the rank has not completed; restart = the smallest.
+//   vote/<g>/<rank> = "<first op the rank has not completed>|<degrade 0/1>|<op fingerprint>";
+//   restart = the smallest position; degrade = any rank's wish.
 // Wake-ups are numbered (wake/<rank>/<n>, n from an Add on wakes/<rank>) so none is lost.
 class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
  public:
@@ -58,7 +65,7 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   // Starts listening for other ranks: a failure calls abort(reason); a retry that builds
   // generation g calls join_retry(g).
   void Start(std::function<void(const absl::Status&)> abort, std::function<void(int)> join_retry,
-             BackendFactory factory);
+             BackendRebuilder rebuilder);
   // Stops listening (bounded: wakes its own listener through the store).
   void Stop();
 
@@ -82,7 +89,7 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   trace::FlightRecorder* const recorder_;
   std::function<void(const absl::Status&)> abort_;
   std::function<void(int)> join_retry_;
-  BackendFactory factory_;
+  BackendRebuilder rebuilder_;
   std::atomic<bool> reported_{false};     // only the first failure is coordinated
   std::atomic<bool> vote_failed_{false};  // a retry vote ran out: the missing ranks are known
   std::thread listener_;

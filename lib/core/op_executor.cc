@@ -100,7 +100,16 @@ void OpExecutor::RunHeadLocked() {
 absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work) {
   const OpDesc& desc = work->desc();
   const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
-  const bool replayable = retries && replay_.Record(desc);
+  bool replayable = false;
+  if (retries) {
+    absl::Status recorded = replay_.Record(desc, backend().device_memory());
+    replayable = recorded.ok();
+    if (!replayable && !replay_warned_) {
+      replay_warned_ = true;
+      ADAPTCOMM_LOG(kWarning, OpKindName(desc.kind), " #", desc.seq,
+                    " runs without coordinated retry (said once): ", recorded.message());
+    }
+  }
   absl::Status status = backend().Run(desc);
   // A failure while another rank's retry is pending (the backend was interrupted or already
   // broken for it) joins that retry whatever its code; otherwise the policy decides.
@@ -120,8 +129,8 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work) {
       running_ = work;
       running_since_ = absl::Now();
     }
-    replay_.RestoreInput(desc.seq);
-    status = backend().Run(desc);
+    status = replay_.RestoreInput(desc.seq);
+    if (status.ok()) status = backend().Run(desc);
     if (status.ok()) {
       ADAPTCOMM_LOG(kWarning, OpKindName(desc.kind), " #", desc.seq,
                     " succeeded after a coordinated retry (attempt ", attempt + 1, ")");
@@ -156,7 +165,9 @@ absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& finge
   }
   for (uint64_t seq = restart; seq < position; ++seq) {
     // Completed here already: re-run for the ranks that did not complete it, into scratch.
-    if (absl::Status s = backend().Run(replay_.DetachedCopy(seq)); !s.ok()) return s;
+    absl::StatusOr<OpDesc> copy = replay_.DetachedCopy(seq);
+    if (!copy.ok()) return copy.status();
+    if (absl::Status s = backend().Run(*copy); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -145,7 +145,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
   int requested_generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  ReplayLog replay_;  // used only by the executing thread (busy_)
+  ReplayLog replay_;            // used only by the executing thread (busy_)
+  bool replay_warned_ = false;  // likewise
   const ExecutorOptions options_;
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<WorkImpl>> queue_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,9 @@
 #include "lib/core/replay_log.h"
 
 #include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace adaptcomm::internal {
 namespace {
@@ -9,7 +12,40 @@ bool InPlace(OpKind kind) {
   return kind == OpKind::kAllreduce || kind == OpKind::kBroadcast || kind == OpKind::kReduce;
 }
 
+// The view whose memory and stream the op's copies use: its input, or its output if it has none.
+const TensorView& PrimaryView(const OpDesc& op) {
+  return op.input.bytes() > 0 || op.output.bytes() == 0 ? op.input : op.output;
+}
+
+bool OnCuda(const OpDesc& op) { return op.input.device.is_cuda() || op.output.device.is_cuda(); }
+
 }  // namespace
+
+absl::StatusOr<void*> ReplayBuffer::Reserve(size_t bytes, Device device,
+                                            const std::shared_ptr<DeviceMemory>& memory) {
+  if (!device.is_cuda()) {
+    if (host_.size() < bytes) host_.resize(bytes);
+    return host_.data();
+  }
+  if (device_data_ != nullptr && device_.index == device.index && device_bytes_ >= bytes) {
+    return device_data_;
+  }
+  ReleaseDevice();
+  absl::StatusOr<void*> data = memory->Allocate(device, bytes);
+  if (!data.ok()) return data.status();
+  device_data_ = *data;
+  device_bytes_ = bytes;
+  device_ = device;
+  memory_ = memory;
+  return device_data_;
+}
+
+void ReplayBuffer::ReleaseDevice() {
+  if (device_data_ != nullptr) memory_->Free(device_, device_data_);
+  device_data_ = nullptr;
+  device_bytes_ = 0;
+  memory_ = nullptr;
+}
 
 ReplayLog::Entry* ReplayLog::Find(uint64_t seq) {
   Entry& e = entries_[seq % entries_.size()];
@@ -21,16 +57,43 @@ const ReplayLog::Entry* ReplayLog::Find(uint64_t seq) const {
   return e.seq == seq ? &e : nullptr;
 }
 
-bool ReplayLog::Record(const OpDesc& op) {
+absl::Status ReplayLog::Copy(const Entry& e, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (e.memory == nullptr) {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  const TensorView& v = PrimaryView(e.op);
+  return e.memory->CopyAsync(dst, src, bytes, v.device, v.stream);
+}
+
+absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> memory) {
   Entry& e = entries_[op.seq % entries_.size()];
   e.seq = op.seq;
   e.op = op;
-  e.replayable = !op.input.device.is_cuda() && !op.output.device.is_cuda();
-  if (!e.replayable) return false;
+  e.replayable = false;
+  e.memory = nullptr;
+  if (OnCuda(op)) {
+    if (memory == nullptr) {
+      return absl::UnimplementedError(
+          "the backend offers no device memory services: ops on CUDA memory are not replayable");
+    }
+    const bool one_device =
+        (op.input.bytes() == 0 || op.input.device.is_cuda()) &&
+        (op.output.bytes() == 0 ||
+         (op.output.device.is_cuda() && op.output.device.index == PrimaryView(op).device.index));
+    if (!one_device) {
+      return absl::UnimplementedError("an op on host and CUDA memory at once is not replayable");
+    }
+    e.memory = std::move(memory);
+  }
   const size_t bytes = op.input.bytes();
-  if (e.input.size() < bytes) e.input.resize(bytes);
-  if (bytes > 0) std::memcpy(e.input.data(), op.input.data, bytes);
-  return true;
+  absl::StatusOr<void*> copy = e.input.Reserve(bytes, PrimaryView(op).device, e.memory);
+  if (!copy.ok()) return copy.status();
+  e.input_copy = *copy;
+  if (absl::Status s = Copy(e, e.input_copy, op.input.data, bytes); !s.ok()) return s;
+  e.replayable = true;
+  return absl::OkStatus();
 }
 
 bool ReplayLog::Covers(uint64_t from, uint64_t to) const {
@@ -42,27 +105,35 @@ bool ReplayLog::Covers(uint64_t from, uint64_t to) const {
   return true;
 }
 
-void ReplayLog::RestoreInput(uint64_t seq) {
+absl::Status ReplayLog::RestoreInput(uint64_t seq) {
   Entry* e = Find(seq);
-  if (e == nullptr || !InPlace(e->op.kind) || e->op.input.bytes() == 0) return;
-  std::memcpy(e->op.input.data, e->input.data(), e->op.input.bytes());
+  if (e == nullptr || !e->replayable || !InPlace(e->op.kind)) return absl::OkStatus();
+  return Copy(*e, e->op.input.data, e->input_copy, e->op.input.bytes());
 }
 
-OpDesc ReplayLog::DetachedCopy(uint64_t seq) {
+absl::StatusOr<OpDesc> ReplayLog::DetachedCopy(uint64_t seq) {
   Entry* e = Find(seq);
+  if (e == nullptr || !e->replayable) {
+    return absl::FailedPreconditionError(absl::StrCat("op #", seq, " was not recorded"));
+  }
   OpDesc op = e->op;
-  op.input.data = op.input.bytes() > 0 ? e->input.data() : nullptr;
+  const Device device = PrimaryView(op).device;
   if (InPlace(op.kind)) {
     // In place on a scratch copy of the record: the caller's buffer already holds the result, and
     // the record must survive for a further attempt.
     const size_t bytes = op.input.bytes();
-    if (e->output_scratch.size() < bytes) e->output_scratch.resize(bytes);
-    if (bytes > 0) std::memcpy(e->output_scratch.data(), e->input.data(), bytes);
-    op.input.data = bytes > 0 ? e->output_scratch.data() : nullptr;
+    absl::StatusOr<void*> scratch = scratch_.Reserve(bytes, device, e->memory);
+    if (!scratch.ok()) return scratch.status();
+    if (absl::Status s = Copy(*e, *scratch, e->input_copy, bytes); !s.ok()) return s;
+    op.input.data = bytes > 0 ? *scratch : nullptr;
     op.output = op.input;
-  } else if (op.output.bytes() > 0) {
-    if (e->output_scratch.size() < op.output.bytes()) e->output_scratch.resize(op.output.bytes());
-    op.output.data = e->output_scratch.data();
+    return op;
+  }
+  op.input.data = op.input.bytes() > 0 ? e->input_copy : nullptr;
+  if (op.output.bytes() > 0) {
+    absl::StatusOr<void*> scratch = scratch_.Reserve(op.output.bytes(), device, e->memory);
+    if (!scratch.ok()) return scratch.status();
+    op.output.data = *scratch;
   }
   return op;
 }

@@ -2,19 +2,45 @@
 // re-run them bit for bit after the backend was rebuilt.
 //
 // Why copies: an in-place op (allreduce, broadcast, reduce) overwrites its input, and the caller
-// may reuse any buffer as soon as its Work completed. Cost: one memcpy of each op's input while
-// retries are on (host memory only; ops on device memory are not replayable and fail instead).
-// Buffers are kept and reused, so steady state allocates nothing.
+// may reuse any buffer as soon as its Work completed. Cost while retries are on: one copy of each
+// op's input before it runs - a memcpy for host memory; for CUDA memory a device-to-device copy
+// queued on the op's own stream (through the backend's DeviceMemory), so it is ordered before the
+// op without any host synchronization. Device records live in device memory: up to `depth` times
+// the largest input plus one output scratch, allocated on first use and reused (no allocation in
+// steady state). Ops on CUDA memory under a backend without DeviceMemory are not replayable.
 #ifndef ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
 #define ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "adaptcomm/backend.h"
 
 namespace adaptcomm::internal {
+
+// Host bytes or device bytes, grown on demand and kept.
+class ReplayBuffer {
+ public:
+  ReplayBuffer() = default;
+  ReplayBuffer(const ReplayBuffer&) = delete;
+  ReplayBuffer& operator=(const ReplayBuffer&) = delete;
+  ~ReplayBuffer() { ReleaseDevice(); }
+
+  // At least `bytes` in the memory of `device` (through `memory` when it is a CUDA device).
+  absl::StatusOr<void*> Reserve(size_t bytes, Device device,
+                                const std::shared_ptr<DeviceMemory>& memory);
+
+ private:
+  void ReleaseDevice();
+  std::vector<unsigned char> host_;
+  void* device_data_ = nullptr;
+  size_t device_bytes_ = 0;
+  Device device_;
+  std::shared_ptr<DeviceMemory> memory_;
+};
 
 class ReplayLog {
  public:
@@ -22,28 +48,34 @@ class ReplayLog {
   // so a small depth covers every restart point a vote can produce.
   explicit ReplayLog(size_t depth = 4) : entries_(depth) {}
 
-  // Copies op's input (before it runs). Returns false if the op cannot be replayed.
-  bool Record(const OpDesc& op);
+  // Copies op's input (before it runs). `memory`: the running backend's device services (null if
+  // it has none). OK if the op can be replayed, else why not (the op then runs without a retry).
+  absl::Status Record(const OpDesc& op, std::shared_ptr<DeviceMemory> memory);
   // Whether ops [from, to] are all recorded.
   bool Covers(uint64_t from, uint64_t to) const;
   // Restores the recorded input of `seq` into the op's own buffers (in-place ops, before a re-run
   // of the op that failed).
-  void RestoreInput(uint64_t seq);
+  absl::Status RestoreInput(uint64_t seq);
   // The op `seq` rewritten to read the recorded input and write into scratch: for re-running an op
   // that already completed here, whose buffers belong to the caller again.
-  OpDesc DetachedCopy(uint64_t seq);
+  // REQUIRES: Covers(seq, seq).
+  absl::StatusOr<OpDesc> DetachedCopy(uint64_t seq);
 
  private:
   struct Entry {
     uint64_t seq = 0;
     bool replayable = false;
     OpDesc op;
-    std::vector<unsigned char> input;
-    std::vector<unsigned char> output_scratch;
+    std::shared_ptr<DeviceMemory> memory;  // set for ops on CUDA memory
+    ReplayBuffer input;
+    void* input_copy = nullptr;  // in `input`: the recorded bytes
   };
   Entry* Find(uint64_t seq);
   const Entry* Find(uint64_t seq) const;
+  // A copy in the memory of the op's views: memcpy, or queued on the op's stream.
+  static absl::Status Copy(const Entry& e, void* dst, const void* src, size_t bytes);
   std::vector<Entry> entries_;
+  ReplayBuffer scratch_;  // detached re-runs run one at a time: one scratch serves them all
 };
 
 }  // namespace adaptcomm::internal

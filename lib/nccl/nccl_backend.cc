@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "lib/core/log.h"
+#include "lib/nccl/device_memory.h"
 #include "lib/nccl/nccl_internal.h"
 
 namespace adaptcomm::nccl {
@@ -76,7 +77,8 @@ class NcclBackend final : public Backend {
         device_count_(device_count),
         event_(event),
         stream_(stream),
-        scratch_(scratch) {}
+        scratch_(scratch),
+        device_memory_(MakeCudaDeviceMemory(api_)) {}
   ~NcclBackend() override;
 
   const char* name() const override { return "nccl"; }
@@ -99,6 +101,7 @@ class NcclBackend final : public Backend {
     absl::MutexLock lock(&mu_);
     return broken_;
   }
+  std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
 
  private:
   absl::Status CheckView(const OpDesc& op, const TensorView& v, const char* which) const;
@@ -122,6 +125,7 @@ class NcclBackend final : public Backend {
   const CudaEvent event_;
   const CudaStream stream_;  // barrier's own stream
   void* const scratch_;      // barrier's one-element device buffer
+  const std::shared_ptr<DeviceMemory> device_memory_;
 
   std::atomic<bool> abort_requested_{false};
   mutable absl::Mutex mu_;
@@ -384,7 +388,10 @@ absl::Status NcclBackend::WaitDone(const OpDesc& op, absl::Time deadline) {
     }
     if (recorded) {
       const int q = api_->EventQuery(event_);
-      if (q == kCudaSuccess) return absl::OkStatus();
+      // An abort that raced the check above also completes the event (ncclCommAbort ends the
+      // kernels): the op must then fail, not pass as done.
+      if (q == kCudaSuccess && !abort_requested_.load()) return absl::OkStatus();
+      if (q == kCudaSuccess) continue;
       if (q != kCudaErrorNotReady) {
         return Break(absl::UnavailableError(
             absl::StrCat(What(op), ": cudaEventQuery: ", api_->ErrorString(q))));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/core/log.h"
+#include "lib/nccl/device_memory.h"
 #include "lib/nccl/nccl_internal.h"
 
 namespace adaptcomm::nccl {
@@ -55,7 +56,8 @@ class StagedBackend final : public Backend {
       : inner_(std::move(inner)),
         cuda_(std::move(cuda)),
         device_count_(device_count),
-        name_(absl::StrCat(inner_->name(), "+staged")) {}
+        name_(absl::StrCat(inner_->name(), "+staged")),
+        device_memory_(MakeCudaDeviceMemory(cuda_)) {}
   ~StagedBackend() override;
 
   absl::Status Init(size_t initial_bytes) {
@@ -91,6 +93,7 @@ class StagedBackend final : public Backend {
     }
     return inner_->health();
   }
+  std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
 
  private:
   absl::Status CheckDeviceView(const OpDesc& op, const TensorView& v, const char* which) const;
@@ -110,6 +113,7 @@ class StagedBackend final : public Backend {
   const std::shared_ptr<CudaApi> cuda_;
   const int device_count_;
   const std::string name_;
+  const std::shared_ptr<DeviceMemory> device_memory_;
   // Used by Run() only, which the communicator calls from one thread at a time.
   PinnedBuffer in_;
   PinnedBuffer out_;

@@ -1,0 +1,63 @@
+#include "lib/nccl/device_memory.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace adaptcomm::nccl {
+namespace {
+
+class CudaDeviceMemory final : public DeviceMemory {
+ public:
+  explicit CudaDeviceMemory(std::shared_ptr<CudaApi> cuda) : cuda_(std::move(cuda)) {}
+
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Device device,
+                         void* stream) override {
+    if (bytes == 0) return absl::OkStatus();
+    if (absl::Status s = Select(device); !s.ok()) return s;
+    const int e = cuda_->MemcpyAsync(dst, src, bytes, MemcpyKind::kDeviceToDevice, stream);
+    return Check(e, absl::StrCat("cudaMemcpyAsync of ", bytes, " bytes on cuda:", device.index));
+  }
+
+  absl::StatusOr<void*> Allocate(Device device, size_t bytes) override {
+    if (absl::Status s = Select(device); !s.ok()) return s;
+    void* ptr = nullptr;
+    const int e = cuda_->Malloc(&ptr, bytes);
+    if (absl::Status s =
+            Check(e, absl::StrCat("cudaMalloc of ", bytes, " bytes on cuda:", device.index));
+        !s.ok()) {
+      return s;
+    }
+    return ptr;
+  }
+
+  void Free(Device device, void* ptr) override {
+    if (ptr == nullptr || !Select(device).ok()) return;
+    (void)cuda_->Free(ptr);
+  }
+
+ private:
+  absl::Status Select(Device device) {
+    if (!device.is_cuda()) {
+      return absl::InvalidArgumentError("device memory: the view is not on a CUDA device");
+    }
+    return Check(cuda_->SetDevice(device.index), absl::StrCat("cudaSetDevice(", device.index, ")"));
+  }
+
+  absl::Status Check(int error, const std::string& what) {
+    if (error == kCudaSuccess) return absl::OkStatus();
+    // A failing copy or allocation (out of memory, a sticky CUDA error) is not transient here.
+    return absl::InternalError(absl::StrCat(what, ": ", cuda_->ErrorString(error)));
+  }
+
+  const std::shared_ptr<CudaApi> cuda_;
+};
+
+}  // namespace
+
+std::shared_ptr<DeviceMemory> MakeCudaDeviceMemory(std::shared_ptr<CudaApi> cuda) {
+  return std::make_shared<CudaDeviceMemory>(std::move(cuda));
+}
+
+}  // namespace adaptcomm::nccl

@@ -1,0 +1,114 @@
+// The retry vote of FailureCoordinator, rank by rank on one in-process store: the restart point is
+// the smallest position, the degrade decision is the OR of every rank's wish (so ranks whose
+// clocks see the degrade window differently still build the same backend), and a rank that never
+// votes is named.
+#include "lib/core/failure_coordinator.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace adaptcomm::internal {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A backend that is never run: the vote only needs something to hand back.
+class IdleBackend final : public Backend {
+ public:
+  explicit IdleBackend(int rank) : rank_(rank) {}
+  const char* name() const override { return "idle"; }
+  int rank() const override { return rank_; }
+  int size() const override { return 2; }
+  Capabilities capabilities() const override { return {}; }
+  absl::Status Supports(const OpDesc&) const override { return absl::OkStatus(); }
+  absl::Status Run(const OpDesc&) override { return absl::OkStatus(); }
+  void Abort(const absl::Status&) override {}
+  absl::Status health() const override { return absl::OkStatus(); }
+
+ private:
+  int rank_;
+};
+
+struct VoteResult {
+  absl::StatusOr<RecoveryPlan> plan = absl::UnknownError("not run");
+  int built_generation = -1;
+  bool built_degraded = false;
+};
+
+// Ranks vote for generation 1 at `positions[r]` with degrade wish `wishes[r]`; a rank whose
+// position is 0 does not vote at all.
+std::vector<VoteResult> Vote(const std::vector<uint64_t>& positions,
+                             const std::vector<bool>& wishes) {
+  const int n = static_cast<int>(positions.size());
+  auto store = CreateHashStore();
+  std::vector<std::unique_ptr<FailureCoordinator>> coordinators;
+  std::vector<VoteResult> results(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    FailureCoordinatorOptions o;
+    o.rank = r;
+    o.world_size = n;
+    o.name = "vote";
+    o.max_attempts = 3;
+    o.initial_backoff = absl::Milliseconds(1);
+    o.vote_timeout = absl::Milliseconds(500);
+    coordinators.push_back(std::make_unique<FailureCoordinator>(o, store, nullptr));
+    VoteResult* result = &results[static_cast<size_t>(r)];
+    coordinators.back()->Start(
+        [](const absl::Status&) {}, [](int) {},
+        BackendRebuilder{[wish = wishes[static_cast<size_t>(r)]] { return wish; },
+                         [result, r](int generation, bool degrade) {
+                           result->built_generation = generation;
+                           result->built_degraded = degrade;
+                           return absl::StatusOr<std::unique_ptr<Backend>>(
+                               std::make_unique<IdleBackend>(r));
+                         }});
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    if (positions[static_cast<size_t>(r)] == 0) continue;
+    threads.emplace_back([&, r] {
+      results[static_cast<size_t>(r)].plan = coordinators[static_cast<size_t>(r)]->Recover(
+          1, positions[static_cast<size_t>(r)], "allreduce f32[8] sum", 1,
+          absl::UnavailableError("injected"));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (auto& c : coordinators) c->Stop();
+  return results;
+}
+
+TEST(FailureCoordinatorVote, OneRanksDegradeWishDegradesEveryRank) {
+  std::vector<VoteResult> results = Vote({5, 5, 5}, {false, true, false});
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_TRUE(results[r].plan.ok()) << results[r].plan.status();
+    EXPECT_EQ(results[r].plan->restart_seq, 5u);
+    EXPECT_EQ(results[r].built_generation, 1);
+    EXPECT_TRUE(results[r].built_degraded) << "rank " << r;
+  }
+}
+
+TEST(FailureCoordinatorVote, NoWishNoDegradeAndTheSmallestPositionWins) {
+  std::vector<VoteResult> results = Vote({7, 6}, {false, false});
+  for (size_t r = 0; r < results.size(); ++r) {
+    ASSERT_TRUE(results[r].plan.ok()) << results[r].plan.status();
+    EXPECT_EQ(results[r].plan->restart_seq, 6u);
+    EXPECT_FALSE(results[r].built_degraded) << "rank " << r;
+  }
+}
+
+TEST(FailureCoordinatorVote, ARankThatNeverVotesIsNamedAndNothingIsBuilt) {
+  const absl::Time start = absl::Now();
+  std::vector<VoteResult> results = Vote({4, 0}, {true, false});
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_FALSE(results[0].plan.ok());
+  EXPECT_TRUE(absl::IsUnavailable(results[0].plan.status()));
+  EXPECT_THAT(std::string(results[0].plan.status().message()), HasSubstr("rank(s) 1 did not vote"));
+  EXPECT_EQ(results[0].built_generation, -1);
+}
+
+}  // namespace
+}  // namespace adaptcomm::internal

@@ -1,0 +1,168 @@
+// ReplayLog: inputs of host and device ops are recorded, restored and re-run into scratch; device
+// copies go through the backend's DeviceMemory on the op's own stream and reuse their buffers.
+#include "lib/core/replay_log.h"
+
+#include <cstring>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace adaptcomm::internal {
+namespace {
+
+using ::testing::HasSubstr;
+
+// "Device" memory that is host memory, recording every call.
+class RecordingDeviceMemory final : public DeviceMemory {
+ public:
+  absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Device device,
+                         void* stream) override {
+    copies.push_back({dst, src, bytes, device.index, stream});
+    if (!copy_error.ok()) return copy_error;
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<void*> Allocate(Device device, size_t bytes) override {
+    if (!alloc_error.ok()) return alloc_error;
+    ++allocations;
+    last_alloc_device = device.index;
+    return static_cast<void*>(new unsigned char[bytes]);
+  }
+  void Free(Device, void* ptr) override {
+    ++frees;
+    delete[] static_cast<unsigned char*>(ptr);
+  }
+
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    int device;
+    void* stream;
+  };
+  std::vector<Copy> copies;
+  int allocations = 0;
+  int frees = 0;
+  int last_alloc_device = -1;
+  absl::Status copy_error;
+  absl::Status alloc_error;
+};
+
+void* const kStream = reinterpret_cast<void*>(0x5);
+
+OpDesc DeviceAllreduce(std::vector<float>& buf, uint64_t seq) {
+  OpDesc op;
+  op.kind = OpKind::kAllreduce;
+  op.input = TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(1), kStream};
+  op.output = op.input;
+  op.seq = seq;
+  return op;
+}
+
+TEST(ReplayLog, DeviceInPlaceOpIsRecordedOnItsStreamAndRestored) {
+  auto mem = std::make_shared<RecordingDeviceMemory>();
+  ReplayLog log;
+  std::vector<float> buf = {1, 2, 3, 4};
+  const OpDesc op = DeviceAllreduce(buf, 7);
+  ASSERT_TRUE(log.Record(op, mem).ok());
+  ASSERT_EQ(mem->copies.size(), 1u);
+  EXPECT_EQ(mem->copies[0].src, buf.data());
+  EXPECT_EQ(mem->copies[0].bytes, 16u);
+  EXPECT_EQ(mem->copies[0].device, 1);
+  EXPECT_EQ(mem->copies[0].stream, kStream);
+  EXPECT_EQ(mem->last_alloc_device, 1);
+  EXPECT_TRUE(log.Covers(7, 7));
+
+  buf = {9, 9, 9, 9};  // the failed attempt scribbled over the buffer
+  ASSERT_TRUE(log.RestoreInput(7).ok());
+  EXPECT_EQ(buf, (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(mem->copies.back().dst, buf.data());
+  EXPECT_EQ(mem->copies.back().stream, kStream);
+}
+
+TEST(ReplayLog, DetachedDeviceCopyRunsOnScratchNotTheCallersBuffer) {
+  auto mem = std::make_shared<RecordingDeviceMemory>();
+  ReplayLog log;
+  std::vector<float> buf = {1, 2, 3};
+  ASSERT_TRUE(log.Record(DeviceAllreduce(buf, 3), mem).ok());
+  buf = {6, 6, 6};  // completed: the caller owns its buffer again
+  absl::StatusOr<OpDesc> copy = log.DetachedCopy(3);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_NE(copy->input.data, buf.data());
+  EXPECT_EQ(copy->output.data, copy->input.data);
+  EXPECT_EQ(copy->input.stream, kStream);
+  EXPECT_TRUE(copy->input.device.is_cuda());
+  const float* scratch = static_cast<const float*>(copy->input.data);
+  EXPECT_EQ(std::vector<float>(scratch, scratch + 3), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(buf, (std::vector<float>{6, 6, 6}));
+}
+
+TEST(ReplayLog, DeviceBuffersAreReusedAndFreed) {
+  auto mem = std::make_shared<RecordingDeviceMemory>();
+  {
+    ReplayLog log(/*depth=*/2);
+    std::vector<float> buf(256, 1.0f);
+    for (uint64_t seq = 1; seq <= 20; ++seq)
+      ASSERT_TRUE(log.Record(DeviceAllreduce(buf, seq), mem).ok());
+    EXPECT_EQ(mem->allocations, 2);  // one per entry, reused from then on
+    ASSERT_TRUE(log.DetachedCopy(20).ok());
+    ASSERT_TRUE(log.DetachedCopy(19).ok());
+    EXPECT_EQ(mem->allocations, 3);  // plus one scratch shared by the re-runs
+  }
+  EXPECT_EQ(mem->frees, 3);
+}
+
+TEST(ReplayLog, HostOpsNeedNoDeviceMemory) {
+  ReplayLog log;
+  std::vector<int32_t> in = {1, 2}, out(4);
+  OpDesc op;
+  op.kind = OpKind::kAllgather;
+  op.input = TensorView{in.data(), 2, DType::kI32};
+  op.output = TensorView{out.data(), 4, DType::kI32};
+  op.seq = 1;
+  ASSERT_TRUE(log.Record(op, nullptr).ok());
+  in = {5, 5};
+  absl::StatusOr<OpDesc> copy = log.DetachedCopy(1);
+  ASSERT_TRUE(copy.ok());
+  EXPECT_EQ(static_cast<const int32_t*>(copy->input.data)[0], 1);
+  EXPECT_EQ(static_cast<const int32_t*>(copy->input.data)[1], 2);
+  EXPECT_NE(copy->output.data, out.data());
+}
+
+TEST(ReplayLog, DeviceOpsAreNotReplayableWithoutDeviceMemoryOrWhenACopyFails) {
+  ReplayLog log;
+  std::vector<float> buf(8);
+  absl::Status none = log.Record(DeviceAllreduce(buf, 1), nullptr);
+  EXPECT_TRUE(absl::IsUnimplemented(none)) << none;
+  EXPECT_THAT(std::string(none.message()), HasSubstr("no device memory"));
+  EXPECT_FALSE(log.Covers(1, 1));
+
+  auto mem = std::make_shared<RecordingDeviceMemory>();
+  mem->alloc_error = absl::InternalError("cudaMalloc of 32 bytes on cuda:1: out of memory");
+  absl::Status oom = log.Record(DeviceAllreduce(buf, 2), mem);
+  EXPECT_THAT(std::string(oom.message()), HasSubstr("out of memory"));
+  EXPECT_FALSE(log.Covers(2, 2));
+  EXPECT_TRUE(absl::IsFailedPrecondition(log.DetachedCopy(2).status()));
+
+  mem->alloc_error = absl::OkStatus();
+  mem->copy_error = absl::InternalError("cudaMemcpyAsync: an illegal memory access");
+  EXPECT_FALSE(log.Record(DeviceAllreduce(buf, 3), mem).ok());
+  EXPECT_FALSE(log.Covers(3, 3));
+}
+
+TEST(ReplayLog, MixedHostAndDeviceViewsAreRefused) {
+  auto mem = std::make_shared<RecordingDeviceMemory>();
+  ReplayLog log;
+  std::vector<float> in(2), out(4);
+  OpDesc op;
+  op.kind = OpKind::kAllgather;
+  op.input = TensorView{in.data(), 2, DType::kF32, Device::Cuda(0)};
+  op.output = TensorView{out.data(), 4, DType::kF32};
+  op.seq = 1;
+  absl::Status s = log.Record(op, mem);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("host and CUDA memory"));
+}
+
+}  // namespace
+}  // namespace adaptcomm::internal
