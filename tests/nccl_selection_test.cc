@@ -186,6 +186,8 @@ TEST(NcclSelection, InitTimeoutAbortsThenFallsBackOrFailsPerPolicy) {
                     HasSubstr("rank 2: NCCL init of rank 2 on cuda:0 did not finish within"));
       } else {
         ASSERT_FALSE(out.result[i].ok());
+        // A failed init may pass next time: Unavailable, which creation retries on every rank.
+        EXPECT_EQ(out.result[i].status().code(), absl::StatusCode::kUnavailable);
         EXPECT_THAT(out.result[i].status().message(),
                     HasSubstr("fallback deny: NCCL is not usable on every rank: "));
         EXPECT_THAT(out.result[i].status().message(), HasSubstr("rank 2: NCCL init of rank 2"));

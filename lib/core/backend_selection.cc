@@ -211,7 +211,10 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   if (!failed.ok()) return failed.status();
 
   std::unique_ptr<Backend> nccl_backend;
+  bool init_phase = false;  // every rank was capable; then NCCL init itself failed somewhere
+  absl::Status init;        // this rank's NCCL init outcome
   if (failed->empty()) {
+    init_phase = true;
     nccl::NcclBackendOptions no;
     no.rank = o.rank;
     no.size = o.world_size;
@@ -227,7 +230,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     no.config = nccl::TranslateNcclConfig(wanted, version, &notes);
     for (const std::string& note : notes) ADAPTCOMM_LOG(kInfo, "nccl config: ", note);
     absl::StatusOr<std::unique_ptr<Backend>> created = nccl::CreateNcclBackend(apis.nccl, no);
-    absl::Status init = created.status();
+    init = created.status();
     if (created.ok()) nccl_backend = std::move(*created);
     failed = Exchange(*rv.store, "init", o.rank, o.world_size, init, deadline);
     if (!failed.ok()) return failed.status();
@@ -244,7 +247,12 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
 
   const std::string why = DescribeFailures(*failed);
   if (o.fallback == Fallback::kDeny) {
-    return absl::FailedPreconditionError(
+    // A missing capability stays missing; a failed init (a lost connection) may pass next time,
+    // so it is Unavailable, which Communicator::Create retries on every rank (init_agreement.h).
+    const bool transient =
+        init_phase && (init.ok() || absl::IsUnavailable(init) || absl::IsDeadlineExceeded(init));
+    return absl::Status(
+        transient ? absl::StatusCode::kUnavailable : absl::StatusCode::kFailedPrecondition,
         absl::StrCat(asked, " with fallback deny: NCCL is not usable on every rank: ", why));
   }
   ADAPTCOMM_LOG(kWarning, asked, ": NCCL is not usable on every rank, every rank falls back to ",

@@ -1,5 +1,6 @@
 #include "adaptcomm/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "lib/core/backend_selection.h"
 #include "lib/core/communicator_impl.h"
 #include "lib/core/heartbeat.h"
+#include "lib/core/init_agreement.h"
 #include "lib/core/log.h"
 #include "lib/core/validate.h"
 #include "lib/gloo/gloo_backend.h"
@@ -212,6 +214,39 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
   return BackendSelection{std::move(selected->backend), std::move(selected->reason)};
 }
 
+// Backend selection, retried on every rank when any rank's attempt failed with a retryable code
+// (profile retry.*): each attempt rendezvouses under its own prefix, and the outcome is agreed
+// (lib/core/init_agreement.h). With retries off there is no extra store round.
+absl::StatusOr<BackendSelection> CreateBackendAgreed(const CommunicatorOptions& o,
+                                                     const EffectiveConfig& config,
+                                                     const Rendezvous& rv, absl::Time deadline) {
+  const int attempts = o.max_retry_attempts > 0 ? o.max_retry_attempts : config.retry.max_attempts;
+  absl::Duration backoff = config.retry.initial_backoff;
+  for (int attempt = 1;; ++attempt) {
+    Rendezvous retry;
+    if (attempt > 1) {
+      retry.store = CreatePrefixStore(absl::StrCat("init", attempt), rv.store);
+      retry.transport_host = rv.transport_host;
+      retry.transport_iface = rv.transport_iface;
+    }
+    absl::StatusOr<BackendSelection> selected =
+        SelectBackend(o, config, attempt > 1 ? retry : rv, deadline);
+    if (attempts <= 1) return selected;
+    absl::Status agreed = AgreeOnInit(*rv.store, o.rank, o.world_size, attempt, selected.status(),
+                                      config.retry.retryable, deadline);
+    if (agreed.ok()) return selected;
+    // A backend that works here is useless when a peer's failed: drop it and go again together.
+    if (!absl::IsUnavailable(agreed) || attempt >= attempts || absl::Now() + backoff >= deadline) {
+      return absl::Status(agreed.code(), absl::StrCat(agreed.message(), " (", attempt, " of ",
+                                                      attempts, " attempts)"));
+    }
+    ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "': ", agreed.message(), "; every rank ",
+                  "retries in ", absl::FormatDuration(backoff));
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * config.retry.multiplier, config.retry.max_backoff);
+  }
+}
+
 }  // namespace
 
 bool CommunicatorImpl::WantsDegrade() {
@@ -272,7 +307,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
     return same;
   }
   absl::StatusOr<internal::BackendSelection> selected =
-      internal::SelectBackend(o, *config, *rv, deadline);
+      internal::CreateBackendAgreed(o, *config, *rv, deadline);
   if (!selected.ok()) {
     internal::LeaveRendezvous(*rv, o, /*healthy=*/false);
     return selected.status();
