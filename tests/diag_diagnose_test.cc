@@ -6,10 +6,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "adaptcomm/diagnose.h"
+#include "adaptcomm/profile.h"
 #include "gtest/gtest.h"
 #include "lib/config/nccl_registry.h"
 #include "lib/diag/check_report.h"
@@ -334,6 +337,84 @@ TEST(RankChecksTest, NamesTheStalledRank) {
       ASSERT_NE(Find(results[r], "ranks.busbw"), nullptr);
       EXPECT_NE(Find(results[r], "ranks.busbw")->detail.find("GB/s bus bandwidth"),
                 std::string::npos);
+    }
+  }
+}
+
+// The --ranks bandwidth threshold: the flag wins; else the profile tier's
+// diagnose.min_busbw_gbps with its file:line; else the built-in default, saying why.
+TEST(BusbwThresholdTest, FlagProfileTierAndDefault) {
+  ProfileRequest req;
+  req.file = SourceDir() + "/configs/profiles.yaml";
+  req.world_size = 2;
+  req.model_size = "7B";
+  BusbwThreshold flag = ResolveBusbwThreshold(5.0, req);
+  EXPECT_EQ(flag.gbps, 5.0);
+  EXPECT_EQ(flag.source, "--min-busbw");
+
+  BusbwThreshold small = ResolveBusbwThreshold(std::nullopt, req);
+  EXPECT_DOUBLE_EQ(small.gbps, 0.1);
+  EXPECT_EQ(small.source, "profile tier small (profiles.yaml:63)");
+  req.model_size = "70B";
+  BusbwThreshold medium = ResolveBusbwThreshold(std::nullopt, req);
+  EXPECT_DOUBLE_EQ(medium.gbps, 0.5);
+  EXPECT_EQ(medium.source, "profile tier medium (profiles.yaml:72)");
+  req.model_size = "235B";
+  BusbwThreshold large = ResolveBusbwThreshold(std::nullopt, req);
+  EXPECT_DOUBLE_EQ(large.gbps, 1.0);
+  EXPECT_EQ(large.source, "profile tier large (profiles.yaml:84)");
+
+  // A profile without the key: the built-in default, named as such.
+  const std::string dir = ::testing::TempDir();
+  const std::string bare = dir + "/diag_busbw_bare.yaml";
+  std::ofstream(bare) << "schema: 1\ntiers:\n  - name: only\n    params: any\n";
+  req.file = bare;
+  BusbwThreshold builtin = ResolveBusbwThreshold(std::nullopt, req);
+  EXPECT_DOUBLE_EQ(builtin.gbps, 0.1);
+  EXPECT_EQ(builtin.source, "built-in default (profile tier only sets none)");
+  // A profile that sets it in defaults, and an invalid value refused with its line.
+  const std::string custom = dir + "/diag_busbw_custom.yaml";
+  std::ofstream(custom) << "schema: 1\ndefaults:\n  diagnose:\n    min_busbw_gbps: 12.5\n"
+                           "tiers:\n  - name: only\n    params: any\n";
+  req.file = custom;
+  BusbwThreshold set = ResolveBusbwThreshold(std::nullopt, req);
+  EXPECT_DOUBLE_EQ(set.gbps, 12.5);
+  EXPECT_EQ(set.source, "profile tier only (diag_busbw_custom.yaml:4)");
+  const std::string bad = dir + "/diag_busbw_bad.yaml";
+  std::ofstream(bad) << "schema: 1\ndefaults:\n  diagnose:\n    min_busbw_gbps: -1\n"
+                        "tiers:\n  - name: only\n    params: any\n";
+  req.file = bad;
+  BusbwThreshold refused = ResolveBusbwThreshold(std::nullopt, req);
+  EXPECT_DOUBLE_EQ(refused.gbps, 0.1);
+  EXPECT_NE(refused.source.find("built-in default (profile not loaded: "), std::string::npos)
+      << refused.source;
+  EXPECT_NE(refused.source.find("diag_busbw_bad.yaml:4"), std::string::npos) << refused.source;
+  EXPECT_NE(refused.source.find("min_busbw_gbps"), std::string::npos) << refused.source;
+}
+
+// The threshold and its source reach the ranks.busbw row: an unreachable threshold warns.
+TEST(RankChecksTest, BusbwRowNamesItsThresholdSource) {
+  for (double threshold : {1e6, 1e-6}) {
+    std::vector<std::vector<CheckResult>> results(2);
+    testing::RunRanks(
+        testing::RankMode::kThreads, 2,
+        [&](const testing::RankEnv& env) {
+          RankCheckOptions o;
+          o.comm = env.options;
+          o.small_iters = 2;
+          o.large_bytes = 256 << 10;
+          o.large_iters = 2;
+          o.min_busbw_gbps = threshold;
+          o.min_busbw_source = "profile tier small (profiles.yaml:63)";
+          results[env.rank] = RunRankChecks(o);
+        },
+        absl::Seconds(60));
+    for (int r = 0; r < 2; ++r) {
+      const CheckResult* bw = Find(results[r], "ranks.busbw");
+      ASSERT_NE(bw, nullptr);
+      EXPECT_EQ(bw->status, threshold > 1 ? CheckStatus::kWarn : CheckStatus::kPass) << bw->detail;
+      EXPECT_NE(bw->detail.find("from profile tier small (profiles.yaml:63))"), std::string::npos)
+          << bw->detail;
     }
   }
 }

@@ -2,7 +2,10 @@
 // regenerate with ADAPTCOMM_UPDATE_GOLDEN=1 and review the diff.
 #include <cstdlib>
 #include <fstream>
+#include <ostream>
+#include <string>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "adaptcomm/profile.h"
@@ -23,6 +26,11 @@ struct Golden {
   int world;
   const char* file;
 };
+
+// Printed in failure messages (and by ctest's listing) instead of the struct's bytes.
+void PrintTo(const Golden& g, std::ostream* os) {
+  *os << g.model << " on " << g.world << " ranks vs " << g.file;
+}
 
 class ProfileGolden : public ::testing::TestWithParam<Golden> {};
 
@@ -56,11 +64,19 @@ TEST_P(ProfileGolden, ExplainMatches) {
   EXPECT_EQ(j["world_size"], g.world);
 }
 
+// Readable test names ("Tiers/ProfileGolden.ExplainMatches/model_70b_64ranks"): without a
+// generator gtest names a struct parameter by its bytes.
+std::string GoldenName(const ::testing::TestParamInfo<Golden>& info) {
+  return absl::StrCat("model_", absl::AsciiStrToLower(info.param.model), "_", info.param.world,
+                      "ranks");
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiers, ProfileGolden,
                          ::testing::Values(Golden{"7B", 8, "explain_7b_w8.txt"},
                                            Golden{"20B", 8, "explain_20b_w8.txt"},
                                            Golden{"70B", 64, "explain_70b_w64.txt"},
-                                           Golden{"235B", 512, "explain_235b_w512.txt"}));
+                                           Golden{"235B", 512, "explain_235b_w512.txt"}),
+                         GoldenName);
 
 }  // namespace
 }  // namespace adaptcomm

@@ -3,16 +3,19 @@
 // so a CI/CD pipeline can gate on it; 0 otherwise (warnings included).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/diagnose.h"
+#include "adaptcomm/profile.h"
 #include "lib/diag/check_report.h"
 #include "lib/diag/gpu_probe.h"
 #include "lib/diag/rank_checks.h"
@@ -29,8 +32,11 @@ struct DiagnoseArgs {
   bool ranks = false;
   bool topology = false;
   std::string multi_host = "auto";
-  std::string inject_delay;  // "RANK:MS"
-  double min_busbw = 0.1;
+  std::string inject_delay;         // "RANK:MS"
+  std::optional<double> min_busbw;  // unset: the profile's diagnose.min_busbw_gbps
+  double min_busbw_flag = 0;
+  std::string model;  // profile selection, as for the communicator
+  std::string profile;
 };
 
 int RunDiagnose(const DiagnoseArgs& a) {
@@ -51,7 +57,18 @@ int RunDiagnose(const DiagnoseArgs& a) {
     o.progress("checking ranks: store, versions, allreduce latency and bandwidth");
     diag::RankCheckOptions ro;
     ro.versions = diag::LocalVersionFingerprint();
-    ro.min_busbw_gbps = a.min_busbw;
+    ro.comm.model_size = a.model;
+    ro.comm.profile_file = a.profile;
+    ProfileRequest req;
+    req.model_size = a.model;
+    req.file = a.profile;
+    if (const char* world = std::getenv("WORLD_SIZE"); world != nullptr) {
+      (void)absl::SimpleAtoi(world, &req.world_size);
+      req.world_size = std::max(1, req.world_size);
+    }
+    const diag::BusbwThreshold threshold = diag::ResolveBusbwThreshold(a.min_busbw, req);
+    ro.min_busbw_gbps = threshold.gbps;
+    ro.min_busbw_source = threshold.source;
     if (!a.inject_delay.empty()) {
       const size_t colon = a.inject_delay.find(':');
       int rank = -1, ms = 0;
@@ -101,7 +118,15 @@ std::function<int()> SetupDiagnose(CLI::App& sub) {
       ->check(CLI::PositiveNumber);
   sub.add_flag("--ranks", a->ranks,
                "Also check the network between ranks (run under `adaptcomm launch -n N --`)");
-  sub.add_option("--min-busbw", a->min_busbw, "Bus bandwidth threshold of --ranks, GB/s");
+  CLI::Option* min_busbw = sub.add_option(
+      "--min-busbw", a->min_busbw_flag,
+      "Bus bandwidth threshold of --ranks, GB/s (default: the profile's diagnose.min_busbw_gbps)");
+  sub.add_option(
+      "--model", a->model,
+      "Model size or tier selecting the profile (default: ADAPTCOMM_MODEL_SIZE, else the "
+      "smallest tier)");
+  sub.add_option("--profile", a->profile,
+                 "Profile YAML file (default: ADAPTCOMM_PROFILE, else configs/profiles.yaml)");
   sub.add_option("--inject-delay", a->inject_delay,
                  "RANK:MS - that rank arrives MS late to each timed collective (tests the "
                  "slow-rank check)");
@@ -111,7 +136,10 @@ std::function<int()> SetupDiagnose(CLI::App& sub) {
   sub.add_flag("--topology", a->topology,
                "Print the GPU topology matrix (like nvidia-smi topo -m)");
   sub.footer("Exit code: 1 if any check failed, 0 otherwise (warnings included).");
-  return [a] { return RunDiagnose(*a); };
+  return [a, min_busbw] {
+    if (min_busbw->count() > 0) a->min_busbw = a->min_busbw_flag;
+    return RunDiagnose(*a);
+  };
 }
 
 }  // namespace

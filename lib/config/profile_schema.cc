@@ -134,6 +134,13 @@ const std::vector<KeySpec>& Schema() {
        "where flight-recorder dumps go"},
       {"trace.enabled", Kind::kBool, 0, 0, {}, "false", "collective timeline trace"},
       {"trace.dir", Kind::kString, 0, 0, {}, "", "where timeline traces go (empty: cwd)"},
+      {"diagnose.min_busbw_gbps",
+       Kind::kDouble,
+       0,
+       1e6,
+       {},
+       "0.1",
+       "diagnose --ranks: warn below this allreduce bus bandwidth (GB/s)"},
   };
   return *schema;
 }
@@ -146,8 +153,9 @@ const KeySpec* FindKey(const std::string& key) {
 }
 
 const std::vector<std::string>& SectionNames() {
-  static const auto* names = new std::vector<std::string>{
-      "timeouts", "world_scaling", "retry", "backend", "gloo", "flight_recorder", "trace"};
+  static const auto* names =
+      new std::vector<std::string>{"timeouts", "world_scaling",   "retry", "backend",
+                                   "gloo",     "flight_recorder", "trace", "diagnose"};
   return *names;
 }
 

@@ -10,10 +10,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "lib/diag/collective_timing.h"
 #include "lib/diag/gpu_probe.h"
 #include "lib/diag/library_probe.h"
 
@@ -22,12 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kFingerprintBytes = 256;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Times `iters` allreduces of `count` floats after one warm-up; returns this rank's durations
 // in ms (the injected delay, if any, comes before the clock starts: a late arrival).
@@ -71,6 +67,30 @@ std::string LocalVersionFingerprint() {
   return absl::StrCat(host, "|driver ", gpus.driver_version.empty() ? "none" : gpus.driver_version,
                       "|cudart ", runtime.found ? runtime.version : "none", "|nccl ",
                       nccl.found ? nccl.version : "none");
+}
+
+BusbwThreshold ResolveBusbwThreshold(std::optional<double> flag, const ProfileRequest& request) {
+  BusbwThreshold t;
+  if (flag.has_value()) {
+    t.gbps = *flag;
+    t.source = "--min-busbw";
+    return t;
+  }
+  auto cfg = ResolveProfile(request);
+  if (!cfg.ok()) {
+    t.source = absl::StrCat("built-in default (profile not loaded: ", cfg.status().message(), ")");
+    return t;
+  }
+  for (const SettingRecord& s : cfg->settings) {
+    if (s.key != "diagnose.min_busbw_gbps") continue;
+    if (!absl::SimpleAtod(s.value, &t.gbps)) break;
+    t.source = s.source == "default"
+                   ? absl::StrCat("built-in default (profile tier ", cfg->tier, " sets none)")
+                   : absl::StrCat("profile tier ", cfg->tier, " (", s.source, ")");
+    return t;
+  }
+  t.source = "built-in default";
+  return t;
 }
 
 std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
@@ -205,14 +225,16 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
     large_min.push_back(lo);
   }
   const double t_s = Median(large_min) / 1e3;
-  const double algbw = t_s > 0 ? o.large_bytes / t_s / 1e9 : 0;
-  const double busbw = n > 1 ? algbw * 2.0 * (n - 1) / n : algbw;
+  const double algbw = BandwidthGBps(static_cast<double>(o.large_bytes), t_s);
+  const double busbw = n > 1 ? algbw * BusBandwidthFactor(OpKind::kAllreduce, n) : algbw;
   add("ranks.busbw", busbw < o.min_busbw_gbps ? CheckStatus::kWarn : CheckStatus::kPass,
       absl::StrFormat("%.0f MiB allreduce: %.2f GB/s bus bandwidth (algbw %.2f GB/s, %.1f ms; "
-                      "threshold %.2f GB/s)",
-                      o.large_bytes / 1048576.0, busbw, algbw, t_s * 1e3, o.min_busbw_gbps),
+                      "threshold %.2f GB/s from %s)",
+                      o.large_bytes / 1048576.0, busbw, algbw, t_s * 1e3, o.min_busbw_gbps,
+                      o.min_busbw_source),
       busbw < o.min_busbw_gbps ? "check link speed and the transport in use (NCCL_DEBUG=INFO "
-                                 "shows NET/IB vs NET/Socket)"
+                                 "shows NET/IB vs NET/Socket); the threshold is the profile's "
+                                 "diagnose.min_busbw_gbps (or --min-busbw)"
                                : "");
   return out;
 }
