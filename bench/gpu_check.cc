@@ -4,7 +4,13 @@
 //      with one GPU: world 1, with two communicators interleaved in one process;
 //   2. a stalled stream makes an op time out: DeadlineExceeded, ncclCommAbort, bounded;
 //   3. allreduce f32 busbw 1 MiB .. 1 GiB (nccl-tests: busbw = algbw x 2(n-1)/n), NCCL and the
-//      Gloo-staged path (device buffers through pinned host memory) for comparison.
+//      Gloo-staged path (device buffers through pinned host memory) for comparison;
+//   4. the CUDA cast kernels (lib/nccl/cast_kernels.cu) bit for bit against lib/precision's CPU
+//      reference: all 65536 bf16 and fp16 patterns widened (scale 1 and not), ~4.6M fp32 patterns
+//      (every bf16 neighbourhood, fp16 rounding ties and limits, NaN payloads, random) narrowed,
+//      the overflow/NaN counters, aligned and unaligned buffers;
+//   5. the device AllreduceMixed (bf16 wire, stream and host barrier) checked and timed against
+//      the plain fp32 allreduce.
 // Without a GPU it prints "no GPU: <reason>" and exits 0. Uses only adaptcomm's CUDA seam (no CUDA
 // header here).
 #include <netinet/in.h>
@@ -23,7 +29,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "adaptcomm/communicator.h"
+#include "adaptcomm/precision.h"
 #include "lib/nccl/nccl_api.h"
+#include "lib/precision/cast_kernels.h"
 #include "tests/dtype_values.h"
 
 extern char** environ;
@@ -268,6 +276,213 @@ void Busbw(Communicator& comm, int device, void* stream, size_t max_bytes) {
   }
 }
 
+// ---- [4] cast kernels vs the CPU reference ----
+
+// Runs one device cast of host `src` (`in_bytes`) into `out_bytes`, `offset` bytes into both
+// device buffers (offset 0: the vectorized path; 2 or 4: the scalar one). Returns the output and
+// the two counters.
+std::vector<char> DeviceCast(nccl::CastDirection dir, const void* src, size_t in_bytes,
+                             size_t out_bytes, size_t count, float scale, size_t offset,
+                             void* stream, nccl::DeviceCastCounters* counts) {
+  DevBuf in(in_bytes + offset), out(out_bytes + offset), ctr(sizeof(nccl::DeviceCastCounters));
+  std::vector<char> h(static_cast<const char*>(src), static_cast<const char*>(src) + in_bytes);
+  cuda->MemcpyAsync(static_cast<char*>(in.p) + offset, h.data(), in_bytes,
+                    nccl::MemcpyKind::kHostToDevice, stream);
+  cuda->MemsetAsync(ctr.p, 0, sizeof(nccl::DeviceCastCounters), stream);
+  void* dst = static_cast<char*>(out.p) + offset;
+  const int e = cuda->LaunchCast(dir, static_cast<char*>(in.p) + offset, dst, count, scale, stream,
+                                 static_cast<nccl::DeviceCastCounters*>(ctr.p));
+  if (e != nccl::kCudaSuccess) {
+    ++failures;
+    std::printf("  FAIL LaunchCast: %s\n", cuda->ErrorString(e).c_str());
+  }
+  std::vector<char> got(out_bytes);
+  cuda->MemcpyAsync(got.data(), dst, out_bytes, nccl::MemcpyKind::kDeviceToHost, stream);
+  cuda->MemcpyAsync(counts, ctr.p, sizeof(*counts), nccl::MemcpyKind::kDeviceToHost, stream);
+  Sync(stream);
+  return got;
+}
+
+template <typename T>
+void CompareBits(const std::string& what, const std::vector<char>& got, const T* want, size_t n,
+                 const void* input, size_t in_size) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    T g;
+    std::memcpy(&g, got.data() + i * sizeof(T), sizeof(T));
+    if (g != want[i]) {
+      if (bad++ < 3) {
+        uint32_t x = 0;
+        std::memcpy(&x, static_cast<const char*>(input) + i * in_size, in_size);
+        std::printf("  FAIL %s: input 0x%x -> gpu 0x%x, cpu 0x%x\n", what.c_str(), x,
+                    static_cast<unsigned>(g), static_cast<unsigned>(want[i]));
+      }
+    }
+  }
+  if (bad > 0) {
+    ++failures;
+    std::printf("  FAIL %s: %zu of %zu elements differ\n", what.c_str(), bad, n);
+  }
+}
+
+void CheckCounts(const std::string& what, const nccl::DeviceCastCounters& got,
+                 const CastStats& want) {
+  if (got.overflow != want.overflow || got.nonfinite != want.nonfinite_inputs) {
+    ++failures;
+    std::printf("  FAIL %s counters: gpu overflow %llu nonfinite %llu, cpu %zu %zu\n", what.c_str(),
+                got.overflow, got.nonfinite, want.overflow, want.nonfinite_inputs);
+  }
+}
+
+void CastKernelCheck(void* stream) {
+  namespace p = precision;
+  if (!nccl::CastKernelsBuiltIn()) {
+    ++failures;
+    std::printf("  FAIL: this build has no CUDA cast kernels (nvcc did not work at build time)\n");
+    return;
+  }
+  // Widening: every 16-bit pattern, scale 1 (exact, NaN payloads kept) and two others.
+  std::vector<uint16_t> halves(65536);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i);
+  for (bool f16 : {false, true}) {
+    for (float scale : {1.0f, 0.5f, 3.0f}) {
+      for (size_t offset : {size_t{0}, size_t{4}}) {
+        std::vector<float> want(halves.size());
+        const CastStats cs =
+            f16 ? p::F16ToF32Scalar(halves.data(), want.data(), halves.size(), scale)
+                : p::BF16ToF32Scalar(halves.data(), want.data(), halves.size(), scale);
+        nccl::DeviceCastCounters counts{};
+        const std::vector<char> got = DeviceCast(
+            f16 ? nccl::CastDirection::kF16ToF32 : nccl::CastDirection::kBF16ToF32, halves.data(),
+            halves.size() * 2, halves.size() * 4, halves.size(), scale, offset, stream, &counts);
+        std::vector<uint32_t> want_bits(want.size());
+        std::memcpy(want_bits.data(), want.data(), want.size() * 4);
+        const std::string what =
+            absl::StrCat(f16 ? "f16" : "bf16", "->f32 x", scale, offset ? " unaligned" : "");
+        CompareBits(what, got, want_bits.data(), want.size(), halves.data(), 2);
+        CheckCounts(what, counts, cs);
+      }
+    }
+  }
+  // Narrowing: each bf16 pattern with low halves at and around the rounding tie, the fp16 ties
+  // and limits, NaN payloads in the low bits, and random patterns.
+  std::vector<uint32_t> bits;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+      bits.push_back(h << 16 | low);
+    }
+  }
+  for (uint32_t a = 0x33000000u; a <= 0x47800000u; a += 0x1000u) {  // 2^-25 .. 65536
+    for (uint32_t d : {0x0u, 0x1u, 0xfffu}) {
+      bits.push_back(a + d);
+      bits.push_back((a + d) | 0x80000000u);
+    }
+  }
+  for (uint32_t x :
+       {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x7f7f7fffu, 0x7f7f8000u, 0x7f800001u, 0x7fbfffffu,
+        0xff800001u, 0x00000001u, 0x80000001u, 0x33000000u, 0x33000001u}) {
+    bits.push_back(x);
+  }
+  uint64_t rng = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < (1 << 22); ++i) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    bits.push_back(static_cast<uint32_t>(rng));
+  }
+  std::vector<float> f32(bits.size());
+  std::memcpy(f32.data(), bits.data(), bits.size() * 4);
+  for (bool f16 : {false, true}) {
+    for (size_t offset : {size_t{0}, size_t{2}}) {
+      std::vector<uint16_t> want(f32.size());
+      const CastStats cs = f16 ? p::F32ToF16Scalar(f32.data(), want.data(), f32.size())
+                               : p::F32ToBF16Scalar(f32.data(), want.data(), f32.size());
+      nccl::DeviceCastCounters counts{};
+      const std::vector<char> got = DeviceCast(
+          f16 ? nccl::CastDirection::kF32ToF16 : nccl::CastDirection::kF32ToBF16, f32.data(),
+          f32.size() * 4, f32.size() * 2, f32.size(), 1.0f, offset * 2, stream, &counts);
+      const std::string what =
+          absl::StrCat("f32->", f16 ? "f16" : "bf16", offset ? " unaligned" : "");
+      CompareBits(what, got, want.data(), want.size(), f32.data(), 4);
+      CheckCounts(what, counts, cs);
+    }
+  }
+  // The fp32 scale (plain fp32 wire): x86's NaN results.
+  {
+    const float scale = 0.37f;
+    std::vector<uint32_t> want(f32.size());
+    for (size_t i = 0; i < f32.size(); ++i) {
+      const float r = f32[i] * scale;
+      std::memcpy(&want[i], &r, 4);
+    }
+    nccl::DeviceCastCounters counts{};
+    const std::vector<char> got =
+        DeviceCast(nccl::CastDirection::kF32ToF32, f32.data(), f32.size() * 4, f32.size() * 4,
+                   f32.size(), scale, 0, stream, &counts);
+    CompareBits("f32 x 0.37", got, want.data(), want.size(), f32.data(), 4);
+  }
+  std::printf("  %zu fp32 and 2 x 65536 half patterns checked: %s\n", f32.size(),
+              failures == 0 ? "bit-identical" : "see failures");
+}
+
+// ---- [5] the device AllreduceMixed ----
+
+void MixedCheck(Communicator& comm, int device, void* stream) {
+  const size_t n = size_t{16} << 20;  // 64 MiB of fp32
+  const int world = comm.size();
+  std::vector<float> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>((i % 1999) - 999) / 256.0f;
+  DevBuf data(n * 4);
+  const std::vector<char> bytes(reinterpret_cast<const char*>(host.data()),
+                                reinterpret_cast<const char*>(host.data()) + n * 4);
+  MixedPrecisionContext ctx(comm);
+  for (BarrierLevel level : {BarrierLevel::kStream, BarrierLevel::kHost}) {
+    MixedOptions mo;
+    mo.wire = DType::kBF16;
+    mo.barrier = level;
+    mo.context = &ctx;
+    data.Put(bytes, stream);
+    auto st = AllreduceMixed(comm, data.View(DType::kF32, device, stream), mo);
+    if (!st.ok()) {
+      ++failures;
+      std::printf("  FAIL mixed allreduce (%s): %s\n", BarrierLevelName(level),
+                  st.status().ToString().c_str());
+      continue;
+    }
+    // Every rank holds the same data: the result is world x bf16(x), rounded to bf16 (exact for
+    // 1, 2 and 4 ranks: these inputs have few significant bits).
+    const std::vector<char> got = data.Get(stream);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+      float g;
+      std::memcpy(&g, got.data() + i * 4, 4);
+      const float w = host[i] * static_cast<float>(world);
+      if (std::fabs(g - w) > std::ldexp(std::fabs(w), -7) * world) ++bad;
+    }
+    if (bad > 0) {
+      ++failures;
+      std::printf("  FAIL mixed allreduce (%s): %zu of %zu elements off\n", BarrierLevelName(level),
+                  bad, n);
+    }
+    // Timing: 20 calls after the warm-up above.
+    const absl::Time t0 = absl::Now();
+    for (int k = 0; k < 20; ++k) {
+      if (!AllreduceMixed(comm, data.View(DType::kF32, device, stream), mo).ok()) ++failures;
+    }
+    const double us = absl::ToDoubleMicroseconds(absl::Now() - t0) / 20;
+    std::printf(
+        "  mixed bf16 (%s barrier) 64 MiB: %.1f us/call (cast %.1f us, collective %.1f us, "
+        "cast back %.1f us in the first call)\n",
+        BarrierLevelName(level), us, absl::ToDoubleMicroseconds(st->cast_time),
+        absl::ToDoubleMicroseconds(st->collective_time),
+        absl::ToDoubleMicroseconds(st->cast_back_time));
+  }
+  data.Put(bytes, stream);
+  const absl::Time t0 = absl::Now();
+  for (int k = 0; k < 20; ++k)
+    CHECK_OK(comm.Allreduce(data.View(DType::kF32, device, stream)).Wait(), "f32 allreduce");
+  std::printf("  plain f32 allreduce 64 MiB: %.1f us/call\n",
+              absl::ToDoubleMicroseconds(absl::Now() - t0) / 20);
+}
+
 int RunRank(int rank, int world, int port) {
   setenv("ADAPTCOMM_CUDA_DEVICE", std::to_string(rank).c_str(), 1);
   const int device = rank;
@@ -314,6 +529,10 @@ int RunRank(int rank, int world, int port) {
     Functional(**b, device, stream);
     Functional(**a, device, stream);
   }
+  std::printf("[4] CUDA cast kernels vs the CPU reference\n");
+  CastKernelCheck(stream);
+  std::printf("[5] device mixed-precision allreduce (world %d)\n", world);
+  MixedCheck(**a, device, stream);
   std::printf("[3] allreduce f32 busbw, NCCL (world %d)\n", world);
   Busbw(**a, device, stream, size_t{1} << 30);
   std::printf("[3] allreduce f32 busbw, Gloo staged through pinned host memory (world %d)\n",

@@ -35,3 +35,37 @@ if(NOT _adaptcomm_with_cuda STREQUAL "OFF")
     message(STATUS "adaptcomm: NCCL backend not built (CUDA toolkit or nccl.h not found)")
   endif()
 endif()
+
+# The CUDA cast kernels of the device mixed-precision path (lib/nccl/cast_kernels.cu) need nvcc
+# working with the host compiler: the CUDA language is enabled only when check_language(CUDA)
+# succeeds. Without it (or with ADAPTCOMM_CUDA_KERNELS=OFF) the NCCL backend is still built, and
+# the device mixed-precision ops return FailedPrecondition. ADAPTCOMM_CUDA_KERNELS_FOUND says
+# which. Architectures: CMAKE_CUDA_ARCHITECTURES (default 80-real;90: A100 and H100/H200 code,
+# plus compute_90 PTX that newer GPUs JIT-compile).
+option(ADAPTCOMM_CUDA_KERNELS "Build the CUDA cast kernels when nvcc works" ON)
+set(ADAPTCOMM_CUDA_KERNELS_FOUND FALSE)
+if(ADAPTCOMM_CUDA_FOUND AND ADAPTCOMM_CUDA_KERNELS)
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND CUDAToolkit_NVCC_EXECUTABLE)
+    set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+  endif()
+  if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX})
+    set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}")
+  endif()
+  # A cache entry: targets created in other directories see it too.
+  set(CMAKE_CUDA_ARCHITECTURES "80-real;90" CACHE STRING "CUDA architectures of the cast kernels")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    set(ADAPTCOMM_CUDA_KERNELS_FOUND TRUE)
+    if(ADAPTCOMM_CCACHE AND NOT CMAKE_CUDA_COMPILER_LAUNCHER)
+      set(CMAKE_CUDA_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env CCACHE_NOHASHDIR=1
+                                       ${ADAPTCOMM_CCACHE})
+    endif()
+    message(STATUS "adaptcomm: CUDA cast kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+                   "architectures ${CMAKE_CUDA_ARCHITECTURES})")
+  else()
+    message(STATUS "adaptcomm: CUDA cast kernels not built (nvcc does not work with "
+                   "${CMAKE_CXX_COMPILER}): device mixed precision is unavailable")
+  endif()
+endif()

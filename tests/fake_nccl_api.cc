@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "lib/precision/cast_kernels.h"
 
 namespace adaptcomm::testing {
 
@@ -24,8 +25,82 @@ namespace {
 
 struct FakeOp {
   int pending = 0;
-  bool done() const { return pending == 0; }
+  void* marker_stream = nullptr;  // an event recorded behind deferred work of this stream
+  // ncclCommAbort ends the communicator's kernels: its ops stop holding their streams.
+  bool aborted = false;
+  bool done() const { return pending == 0 || aborted; }
 };
+
+// Deferred work of one stream (see the header): a cast, a wait for another op, or the point an
+// event was recorded at.
+struct Deferred {
+  enum class Kind { kCast, kWait, kMarker } kind = Kind::kCast;
+  nccl::CastDirection direction = nccl::CastDirection::kF32ToBF16;
+  const void* src = nullptr;
+  void* dst = nullptr;
+  size_t count = 0;
+  float scale = 1.0f;
+  nccl::DeviceCastCounters* counters = nullptr;
+  std::shared_ptr<FakeOp> op;  // kWait: what it waits for; kMarker: the event's op
+};
+
+// How long a forced stream waits for a collective of its queue (peers must launch theirs).
+constexpr absl::Duration kFlushBound = absl::Seconds(30);
+
+// Runs one deferred cast on lib/precision's scalar reference kernels.
+void RunCast(const Deferred& d) {
+  namespace p = precision;
+  CastStats st;
+  switch (d.direction) {
+    case nccl::CastDirection::kF32ToBF16:
+      st = p::F32ToBF16Scalar(static_cast<const float*>(d.src), static_cast<uint16_t*>(d.dst),
+                              d.count);
+      break;
+    case nccl::CastDirection::kF32ToF16:
+      st = p::F32ToF16Scalar(static_cast<const float*>(d.src), static_cast<uint16_t*>(d.dst),
+                             d.count);
+      break;
+    case nccl::CastDirection::kBF16ToF32:
+    case nccl::CastDirection::kF16ToF32: {
+      std::vector<float> sink(d.dst == nullptr ? d.count : 0);  // null dst: count only
+      float* dst = d.dst == nullptr ? sink.data() : static_cast<float*>(d.dst);
+      const auto* src = static_cast<const uint16_t*>(d.src);
+      st = d.direction == nccl::CastDirection::kBF16ToF32
+               ? p::BF16ToF32Scalar(src, dst, d.count, d.scale)
+               : p::F16ToF32Scalar(src, dst, d.count, d.scale);
+      break;
+    }
+    case nccl::CastDirection::kF32ToF32: {
+      const auto* src = static_cast<const float*>(d.src);
+      auto* dst = static_cast<float*>(d.dst);
+      for (size_t i = 0; i < d.count; ++i) {
+        st.nonfinite_inputs += !std::isfinite(src[i]);
+        dst[i] = d.scale == 1.0f ? src[i] : src[i] * d.scale;
+      }
+      break;
+    }
+  }
+  if (d.counters != nullptr) {
+    d.counters->overflow += st.overflow;
+    d.counters->nonfinite += st.nonfinite_inputs;
+  }
+}
+
+const char* DirectionName(nccl::CastDirection d) {
+  switch (d) {
+    case nccl::CastDirection::kF32ToBF16:
+      return "f32->bf16";
+    case nccl::CastDirection::kF32ToF16:
+      return "f32->f16";
+    case nccl::CastDirection::kBF16ToF32:
+      return "bf16->f32";
+    case nccl::CastDirection::kF16ToF32:
+      return "f16->f32";
+    case nccl::CastDirection::kF32ToF32:
+      return "f32*scale";
+  }
+  return "?";
+}
 
 enum class Kind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter };
 
@@ -249,6 +324,7 @@ struct FakeComm {
   uint64_t collective_index = 0;
   int launches = 0;
   std::string last_error;
+  std::vector<std::weak_ptr<FakeOp>> ops;  // launched here, for CommAbort
 };
 
 }  // namespace
@@ -277,6 +353,46 @@ struct FakeNcclApi::State {
   std::vector<NcclDataType> dtypes;
   std::vector<NcclRedOp> ops;
   std::vector<std::pair<uintptr_t, size_t>> host_ranges;
+  std::map<void*, std::deque<Deferred>> deferred;  // per stream
+  std::vector<FakeCall> calls;
+
+  void Log(const char* name, void* stream, void* event = nullptr, std::string detail = "") {
+    calls.push_back(FakeCall{name, stream, event, std::move(detail)});
+  }
+
+  // Runs the deferred work of `stream` in order. A wait for an op that is not done yet first
+  // forces the stream the op's event was recorded on, then (blocking) waits up to kFlushBound for
+  // it, or (not blocking) stops there. Returns whether the queue is empty. `depth` bounds the
+  // recursion of streams waiting on each other (a real deadlock on a GPU too).
+  bool Flush(absl::Mutex& mu, void* stream, bool blocking, int depth = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = deferred.find(stream);
+    if (it == deferred.end()) return true;
+    while (!it->second.empty()) {
+      Deferred d = it->second.front();
+      if (d.kind == Deferred::Kind::kCast) {
+        RunCast(d);
+      } else if (d.kind == Deferred::Kind::kMarker) {
+        d.op->pending = 0;
+      } else if (!d.op->done()) {
+        if (d.op->marker_stream != nullptr && depth < 8) {
+          Flush(mu, d.op->marker_stream, blocking, depth + 1);
+        }
+        if (!d.op->done() &&
+            (!blocking ||
+             !mu.AwaitWithTimeout(absl::Condition(d.op.get(), &FakeOp::done), kFlushBound))) {
+          return false;
+        }
+        // The lock was released while waiting: look at the queue again (now the op is done).
+        it = deferred.find(stream);
+        if (it == deferred.end()) return true;
+        continue;
+      }
+      it->second.pop_front();
+    }
+    deferred.erase(it);
+    return true;
+  }
 };
 
 namespace {
@@ -339,6 +455,8 @@ int FakeNcclApi::StreamCreateNonBlocking(nccl::CudaStream* stream) {
 }
 int FakeNcclApi::StreamDestroy(nccl::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
+  state_->Flush(world_->mu, stream, /*blocking=*/false);
+  state_->deferred.erase(stream);
   state_->stream_last.erase(stream);
   return nccl::kCudaSuccess;
 }
@@ -350,14 +468,37 @@ int FakeNcclApi::EventCreateDisableTiming(nccl::CudaEvent* event) {
 }
 int FakeNcclApi::EventRecord(nccl::CudaEvent event, nccl::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
-  auto it = state_->stream_last.find(stream);
-  state_->events[event] = it == state_->stream_last.end() ? nullptr : it->second;
+  State& st = *state_;
+  st.Log("EventRecord", stream, event);
+  auto it = st.stream_last.find(stream);
+  std::shared_ptr<FakeOp> last = it == st.stream_last.end() ? nullptr : it->second;
+  auto q = st.deferred.find(stream);
+  if (q == st.deferred.end() || q->second.empty()) {
+    st.events[event] = last;
+    return nccl::kCudaSuccess;
+  }
+  // Behind deferred work: the event completes when the stream is forced up to here.
+  if (last != nullptr && !last->done()) {
+    q->second.push_back(
+        Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, last});
+  }
+  auto marker = std::make_shared<FakeOp>();
+  marker->pending = 1;
+  marker->marker_stream = stream;
+  q->second.push_back(
+      Deferred{Deferred::Kind::kMarker, {}, nullptr, nullptr, 0, 1.0f, nullptr, marker});
+  st.events[event] = marker;
   return nccl::kCudaSuccess;
 }
 int FakeNcclApi::EventQuery(nccl::CudaEvent event) {
   absl::MutexLock lock(&world_->mu);
   auto it = state_->events.find(event);
   if (it == state_->events.end()) return 400;  // cudaErrorInvalidResourceHandle
+  if (it->second != nullptr && !it->second->done() && it->second->marker_stream != nullptr) {
+    std::shared_ptr<FakeOp> op = it->second;
+    state_->Flush(world_->mu, op->marker_stream, /*blocking=*/false);
+    return op->done() ? nccl::kCudaSuccess : nccl::kCudaErrorNotReady;
+  }
   return it->second == nullptr || it->second->done() ? nccl::kCudaSuccess
                                                      : nccl::kCudaErrorNotReady;
 }
@@ -367,12 +508,18 @@ int FakeNcclApi::EventDestroy(nccl::CudaEvent event) {
   return nccl::kCudaSuccess;
 }
 int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, nccl::MemcpyKind,
-                             nccl::CudaStream) {
+                             nccl::CudaStream stream) {
   memcpy_calls_.fetch_add(1);
+  {
+    absl::MutexLock lock(&world_->mu);
+    state_->Log("MemcpyAsync", stream);
+    if (!state_->Flush(world_->mu, stream, /*blocking=*/true)) return 999;  // cudaErrorUnknown
+  }
   std::memmove(dst, src, bytes);
   return nccl::kCudaSuccess;
 }
 int FakeNcclApi::Malloc(void** ptr, size_t bytes) {
+  malloc_calls_.fetch_add(1);
   *ptr = std::calloc(1, bytes);
   return *ptr != nullptr ? nccl::kCudaSuccess : 2;
 }
@@ -395,13 +542,77 @@ int FakeNcclApi::FreeHost(void* ptr) {
   std::free(ptr);
   return nccl::kCudaSuccess;
 }
-int FakeNcclApi::LaunchHostFunc(nccl::CudaStream, void (*fn)(void*), void* arg) {
-  fn(arg);  // the fake's streams have nothing to wait for
+int FakeNcclApi::LaunchHostFunc(nccl::CudaStream stream, void (*fn)(void*), void* arg) {
+  {
+    absl::MutexLock lock(&world_->mu);
+    if (!state_->Flush(world_->mu, stream, /*blocking=*/true)) return 999;
+  }
+  fn(arg);  // the fake's streams have nothing else to wait for
   return nccl::kCudaSuccess;
 }
 std::string FakeNcclApi::ErrorString(int error) {
   if (error == nccl::kCudaErrorNoDevice) return "cudaErrorNoDevice: no CUDA-capable device";
   return absl::StrCat("fake cuda error ", error);
+}
+int FakeNcclApi::StreamWaitEvent(nccl::CudaStream stream, nccl::CudaEvent event) {
+  absl::MutexLock lock(&world_->mu);
+  State& st = *state_;
+  st.Log("StreamWaitEvent", stream, event);
+  auto it = st.events.find(event);
+  if (it == st.events.end()) return 400;
+  std::shared_ptr<FakeOp> op = it->second;
+  if (op == nullptr || op->done()) return nccl::kCudaSuccess;
+  // The waiting stream's later work needs the event's work: force that stream (casts run now).
+  if (op->marker_stream != nullptr) st.Flush(world_->mu, op->marker_stream, /*blocking=*/false);
+  if (!op->done()) {
+    st.deferred[stream].push_back(
+        Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, op});
+  }
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::StreamSynchronize(nccl::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  State& st = *state_;
+  st.Log("StreamSynchronize", stream);
+  if (!st.Flush(world_->mu, stream, /*blocking=*/true)) return 999;
+  auto it = st.stream_last.find(stream);
+  if (it == st.stream_last.end() || it->second == nullptr) return nccl::kCudaSuccess;
+  std::shared_ptr<FakeOp> op = it->second;
+  return world_->mu.AwaitWithTimeout(absl::Condition(op.get(), &FakeOp::done), kFlushBound)
+             ? nccl::kCudaSuccess
+             : 999;
+}
+int FakeNcclApi::MemsetAsync(void* ptr, int value, size_t bytes, nccl::CudaStream stream) {
+  {
+    absl::MutexLock lock(&world_->mu);
+    state_->Log("MemsetAsync", stream);
+    if (!state_->Flush(world_->mu, stream, /*blocking=*/true)) return 999;
+  }
+  std::memset(ptr, value, bytes);
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::LaunchCast(nccl::CastDirection direction, const void* src, void* dst, size_t count,
+                            float scale, nccl::CudaStream stream,
+                            nccl::DeviceCastCounters* counters) {
+  cast_calls_.fetch_add(1);
+  absl::MutexLock lock(&world_->mu);
+  State& st = *state_;
+  st.Log("LaunchCast", stream, nullptr, DirectionName(direction));
+  if (faults_.launch_cast_error != nccl::kCudaSuccess) return faults_.launch_cast_error;
+  const bool widen =
+      direction == nccl::CastDirection::kBF16ToF32 || direction == nccl::CastDirection::kF16ToF32;
+  if (count > 0 && (src == nullptr || (dst == nullptr && !widen))) return 1;  // InvalidValue
+  st.deferred[stream].push_back(
+      Deferred{Deferred::Kind::kCast, direction, src, dst, count, scale, counters, nullptr});
+  return nccl::kCudaSuccess;
+}
+std::vector<FakeCall> FakeNcclApi::calls() const {
+  absl::MutexLock lock(&world_->mu);
+  return state_->calls;
+}
+void FakeNcclApi::ClearCalls() {
+  absl::MutexLock lock(&world_->mu);
+  state_->calls.clear();
 }
 
 NcclResult FakeNcclApi::GetVersion(int* version) {
@@ -464,7 +675,12 @@ NcclResult FakeNcclApi::CommAbort(NcclComm comm) {
   abort_calls_.fetch_add(1);
   if (faults_.abort_hangs_for > absl::ZeroDuration()) absl::SleepFor(faults_.abort_hangs_for);
   absl::MutexLock lock(&world_->mu);
-  if (comm != nullptr) Comm(comm)->aborted = true;
+  if (comm == nullptr) return NcclResult::kSuccess;
+  FakeComm* c = Comm(comm);
+  c->aborted = true;
+  for (const std::weak_ptr<FakeOp>& op : c->ops) {
+    if (auto live = op.lock()) live->aborted = true;
+  }
   return NcclResult::kSuccess;
 }
 std::string FakeNcclApi::GetErrorString(NcclResult result) { return nccl::NcclResultName(result); }
@@ -486,6 +702,7 @@ namespace {
 std::shared_ptr<FakeOp> Launch(FakeComm* c, const FakeNcclFaults& faults, std::vector<Part> parts,
                                std::vector<std::pair<Message, std::pair<int, int>>> p2p) {
   auto fop = std::make_shared<FakeOp>();
+  c->ops.push_back(fop);
   ++c->launches;
   if (c->launches == faults.async_error_at_launch) {
     c->async = faults.async_error;
@@ -537,6 +754,7 @@ NcclResult FakeNcclApi::GroupEnd() {
   State& st = *state_;
   st.in_group = false;
   if (st.group_comm != nullptr) {
+    st.Flush(world_->mu, st.group_stream, /*blocking=*/true);
     st.stream_last[st.group_stream] =
         Launch(st.group_comm, faults_, std::move(st.group_collectives), std::move(st.group_p2p));
   }
@@ -547,8 +765,9 @@ NcclResult FakeNcclApi::GroupEnd() {
 }
 
 namespace {
-NcclResult Post(FakeNcclApi::State& st, const FakeNcclFaults& faults, FakeComm* c, void* stream,
-                Part part) {
+NcclResult Post(absl::Mutex& mu, FakeNcclApi::State& st, const FakeNcclFaults& faults, FakeComm* c,
+                void* stream, const char* name, Part part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  st.Log(name, stream, nullptr, absl::StrCat(static_cast<int>(part.dtype)));
   if (c->aborted) return NcclResult::kInvalidUsage;
   if (st.in_group) {
     st.group_comm = c;
@@ -556,6 +775,7 @@ NcclResult Post(FakeNcclApi::State& st, const FakeNcclFaults& faults, FakeComm* 
     st.group_collectives.push_back(std::move(part));
     return NcclResult::kSuccess;
   }
+  st.Flush(mu, stream, /*blocking=*/true);  // in order after the stream's deferred work
   st.stream_last[stream] = Launch(c, faults, {std::move(part)}, {});
   return NcclResult::kInProgress;
 }
@@ -566,14 +786,14 @@ NcclResult FakeNcclApi::AllReduce(const void* send, void* recv, size_t count, Nc
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
   state_->ops.push_back(op);
-  return Post(*state_, faults_, Comm(comm), stream,
+  return Post(world_->mu, *state_, faults_, Comm(comm), stream, "AllReduce",
               Part{Kind::kAllReduce, send, recv, count, dtype, op, 0, nullptr});
 }
 NcclResult FakeNcclApi::Broadcast(const void* send, void* recv, size_t count, NcclDataType dtype,
                                   int root, NcclComm comm, nccl::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
-  return Post(*state_, faults_, Comm(comm), stream,
+  return Post(world_->mu, *state_, faults_, Comm(comm), stream, "Broadcast",
               Part{Kind::kBroadcast, send, recv, count, dtype, NcclRedOp::kSum, root, nullptr});
 }
 NcclResult FakeNcclApi::Reduce(const void* send, void* recv, size_t count, NcclDataType dtype,
@@ -581,14 +801,14 @@ NcclResult FakeNcclApi::Reduce(const void* send, void* recv, size_t count, NcclD
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
   state_->ops.push_back(op);
-  return Post(*state_, faults_, Comm(comm), stream,
+  return Post(world_->mu, *state_, faults_, Comm(comm), stream, "Reduce",
               Part{Kind::kReduce, send, recv, count, dtype, op, root, nullptr});
 }
 NcclResult FakeNcclApi::AllGather(const void* send, void* recv, size_t send_count,
                                   NcclDataType dtype, NcclComm comm, nccl::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
-  return Post(*state_, faults_, Comm(comm), stream,
+  return Post(world_->mu, *state_, faults_, Comm(comm), stream, "AllGather",
               Part{Kind::kAllGather, send, recv, send_count, dtype, NcclRedOp::kSum, 0, nullptr});
 }
 NcclResult FakeNcclApi::ReduceScatter(const void* send, void* recv, size_t recv_count,
@@ -597,7 +817,7 @@ NcclResult FakeNcclApi::ReduceScatter(const void* send, void* recv, size_t recv_
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
   state_->ops.push_back(op);
-  return Post(*state_, faults_, Comm(comm), stream,
+  return Post(world_->mu, *state_, faults_, Comm(comm), stream, "ReduceScatter",
               Part{Kind::kReduceScatter, send, recv, recv_count, dtype, op, 0, nullptr});
 }
 NcclResult FakeNcclApi::Send(const void* send, size_t count, NcclDataType dtype, int peer,

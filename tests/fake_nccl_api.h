@@ -2,6 +2,14 @@
 // cuda:N by the test); copies are memcpy; collectives are computed across the ranks of one
 // FakeNcclWorld (ranks are threads) once every rank has launched its part, so an op launched by
 // one rank completes only when its peers launch theirs, as on a GPU.
+//
+// Streams are modelled only as far as the device mixed-precision path needs to show that its
+// barriers matter: LaunchCast is DEFERRED, queued on its stream, and runs (on the CPU reference
+// kernels of lib/precision) only when something forces that stream: any later call on the same
+// stream (in order), StreamSynchronize, an EventQuery of an event recorded on it after the cast,
+// or a StreamWaitEvent on such an event (the waiting stream's later work needs it). A collective
+// on another stream that did not wait reads whatever the buffer held before: the article's race.
+// Every other call behaves as before (immediately), after flushing its stream's deferred work.
 #ifndef ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
 #define ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
 
@@ -31,6 +39,15 @@ struct FakeNcclFaults {
   int hang_at_launch = 0;  // 1-based launch that never completes, without any error
   absl::Duration abort_hangs_for = absl::ZeroDuration();  // ncclCommAbort blocks this long
   bool host_alloc_fails = false;
+  int launch_cast_error = nccl::kCudaSuccess;  // LaunchCast returns this (nothing is queued)
+};
+
+// One call on the seam, in the order this rank made them (FakeNcclApi::calls()).
+struct FakeCall {
+  std::string name;  // "LaunchCast", "EventRecord", "StreamWaitEvent", "AllReduce", ...
+  void* stream = nullptr;
+  void* event = nullptr;  // EventRecord / StreamWaitEvent
+  std::string detail;     // LaunchCast: "f32->bf16" etc.; collectives: the dtype code
 };
 
 class FakeNcclApi final : public nccl::NcclApi {
@@ -44,6 +61,11 @@ class FakeNcclApi final : public nccl::NcclApi {
   int destroy_calls() const { return destroy_calls_.load(); }
   int init_calls() const { return init_calls_.load(); }
   int memcpy_calls() const { return memcpy_calls_.load(); }
+  int malloc_calls() const { return malloc_calls_.load(); }
+  int cast_calls() const { return cast_calls_.load(); }
+  // Every call on the seam that touches a stream or an event, in order.
+  std::vector<FakeCall> calls() const;
+  void ClearCalls();
   nccl::NcclCommConfig last_config() const;
   std::vector<nccl::NcclDataType> dtypes_seen() const;
   std::vector<nccl::NcclRedOp> ops_seen() const;
@@ -70,6 +92,11 @@ class FakeNcclApi final : public nccl::NcclApi {
   int FreeHost(void* ptr) override;
   int LaunchHostFunc(nccl::CudaStream stream, void (*fn)(void*), void* arg) override;
   std::string ErrorString(int error) override;
+  int StreamWaitEvent(nccl::CudaStream stream, nccl::CudaEvent event) override;
+  int StreamSynchronize(nccl::CudaStream stream) override;
+  int MemsetAsync(void* ptr, int value, size_t bytes, nccl::CudaStream stream) override;
+  int LaunchCast(nccl::CastDirection direction, const void* src, void* dst, size_t count,
+                 float scale, nccl::CudaStream stream, nccl::DeviceCastCounters* counters) override;
 
   // NcclApi
   std::string library_path() const override { return faults_.library_path; }
@@ -116,6 +143,8 @@ class FakeNcclApi final : public nccl::NcclApi {
   std::atomic<int> destroy_calls_{0};
   std::atomic<int> init_calls_{0};
   std::atomic<int> memcpy_calls_{0};
+  std::atomic<int> malloc_calls_{0};
+  std::atomic<int> cast_calls_{0};
 };
 
 }  // namespace adaptcomm::testing

@@ -78,6 +78,28 @@ inline constexpr int kCudaErrorNotReady = 600;
 
 enum class MemcpyKind : int { kHostToDevice = 1, kDeviceToHost = 2, kDeviceToDevice = 3 };
 
+// What CudaApi::LaunchCast converts. Same semantics, bit for bit, as lib/precision's CPU casts
+// (adaptcomm/precision.h): round to nearest even, NaN kept (quiet, sign and top payload bits),
+// fp32 -> fp16 overflow to +-Inf counted.
+// kF32ToF32 is a multiply by `scale` (dst may equal src), for the plain fp32 wire.
+enum class CastDirection : int {
+  kF32ToBF16 = 0,
+  kF32ToF16 = 1,
+  kBF16ToF32 = 2,
+  kF16ToF32 = 3,
+  kF32ToF32 = 4,
+};
+
+// Device counters a cast adds to (atomically: several casts may share one set). Zero them
+// (MemsetAsync) before the first cast that should be counted alone.
+struct DeviceCastCounters {
+  unsigned long long overflow;   // finite inputs that became +-Inf (narrowing only)
+  unsigned long long nonfinite;  // NaN/Inf inputs
+};
+
+// Returned by the CudaApi calls that an implementation does not provide.
+inline constexpr int kCudaErrorNotSupported = 801;
+
 struct PointerInfo {
   bool is_device = false;  // device or managed memory (what NCCL can use)
   int device = -1;
@@ -111,6 +133,29 @@ class CudaApi {
   // it to force a timeout.
   virtual int LaunchHostFunc(CudaStream stream, void (*fn)(void*), void* arg) = 0;
   virtual std::string ErrorString(int error) = 0;
+
+  // Stream ordering for the device mixed-precision path (lib/precision/mixed_device.cc). The
+  // defaults return kCudaErrorNotSupported, so implementations that predate them still build.
+  // Work queued on `stream` after this call waits until `event`'s recorded work is done.
+  virtual int StreamWaitEvent(CudaStream /*stream*/, CudaEvent /*event*/) {
+    return kCudaErrorNotSupported;
+  }
+  // Blocks until everything queued on `stream` is done (unbounded: prefer an event and a bounded
+  // EventQuery poll where a wait must have a bound).
+  virtual int StreamSynchronize(CudaStream /*stream*/) { return kCudaErrorNotSupported; }
+  virtual int MemsetAsync(void* /*ptr*/, int /*value*/, size_t /*bytes*/, CudaStream /*stream*/) {
+    return kCudaErrorNotSupported;
+  }
+  // Queues the conversion of `count` elements src -> dst on `stream` (lib/nccl/cast_kernels.cu;
+  // the current device must be the memory's). Widening multiplies by `scale` in fp32 (scale 1:
+  // exact). `counters`: null, or device memory the cast adds its counts to. src and dst must not
+  // overlap (except kF32ToF32 in place); any alignment works (unaligned buffers take the scalar
+  // loop). A widening cast with dst == nullptr only counts (the NaN/Inf of a wire result).
+  virtual int LaunchCast(CastDirection /*direction*/, const void* /*src*/, void* /*dst*/,
+                         size_t /*count*/, float /*scale*/, CudaStream /*stream*/,
+                         DeviceCastCounters* /*counters*/) {
+    return kCudaErrorNotSupported;
+  }
 };
 
 // NCCL's calls (plus the CUDA runtime it runs on). Methods mirror nccl.h one to one.
@@ -158,6 +203,10 @@ int NormalizeNcclVersion(int code);
 
 // True when this adaptcomm was built with the CUDA toolkit (lib/nccl has its real loader).
 bool CudaBuiltIn();
+// True when the CUDA cast kernels (lib/nccl/cast_kernels.cu) were compiled in: CudaBuiltIn() and
+// nvcc worked at build time. Without them the real CudaApi::LaunchCast returns
+// kCudaErrorNotSupported.
+bool CastKernelsBuiltIn();
 
 // The process's CUDA runtime (statically linked). FailedPrecondition when not built with CUDA.
 absl::StatusOr<std::shared_ptr<CudaApi>> LoadCudaApi();
@@ -168,6 +217,15 @@ absl::StatusOr<std::shared_ptr<CudaApi>> LoadCudaApi();
 // open shared object file: ..."), or Unavailable naming the first missing symbol. A successful load
 // is cached per path; a failed one is retried on the next call.
 absl::StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string& path = "");
+
+// The CudaApi the device mixed-precision path uses: LoadCudaApi() (loaded once), unless a test
+// installed its own. Thread-safe.
+absl::StatusOr<std::shared_ptr<CudaApi>> ProcessCudaApi();
+// Tests: makes ProcessCudaApi() return `api` (nullptr restores the real one).
+void SetProcessCudaApiForTesting(std::shared_ptr<CudaApi> api);
+// Tests running ranks as threads: ProcessCudaApi() on the calling thread returns `api` (each rank
+// its own fake, as each process has its own CUDA runtime); nullptr clears it. Wins over the above.
+void SetThreadCudaApiForTesting(std::shared_ptr<CudaApi> api);
 
 }  // namespace adaptcomm::nccl
 

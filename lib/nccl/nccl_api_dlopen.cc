@@ -14,6 +14,9 @@
 #include "absl/synchronization/mutex.h"
 #include "lib/core/log.h"
 #include "lib/nccl/nccl_api.h"
+#ifdef ADAPTCOMM_HAVE_CAST_KERNELS
+#include "lib/nccl/cast_kernels_cuda.h"
+#endif
 
 namespace adaptcomm::nccl {
 namespace {
@@ -28,6 +31,15 @@ static_assert(kCudaErrorNoDevice == cudaErrorNoDevice);
 static_assert(kCudaErrorInsufficientDriver == cudaErrorInsufficientDriver);
 static_assert(kUndefInt == NCCL_CONFIG_UNDEF_INT);
 static_assert(sizeof(NcclUniqueId) == sizeof(ncclUniqueId));
+static_assert(kCudaErrorNotSupported == cudaErrorNotSupported);
+#ifdef ADAPTCOMM_HAVE_CAST_KERNELS
+static_assert(static_cast<int>(CastDirection::kF32ToBF16) == cuda::kCastF32ToBF16);
+static_assert(static_cast<int>(CastDirection::kF32ToF16) == cuda::kCastF32ToF16);
+static_assert(static_cast<int>(CastDirection::kBF16ToF32) == cuda::kCastBF16ToF32);
+static_assert(static_cast<int>(CastDirection::kF16ToF32) == cuda::kCastF16ToF32);
+static_assert(static_cast<int>(CastDirection::kF32ToF32) == cuda::kCastF32ToF32);
+static_assert(sizeof(DeviceCastCounters) == 2 * sizeof(unsigned long long));
+#endif
 
 // The CUDA half, shared by the plain CUDA runtime object and the NCCL one.
 template <typename Base>
@@ -96,6 +108,26 @@ class CudaRuntime : public Base {
   int FreeHost(void* ptr) override { return cudaFreeHost(ptr); }
   int LaunchHostFunc(CudaStream stream, void (*fn)(void*), void* arg) override {
     return cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), fn, arg);
+  }
+  int StreamWaitEvent(CudaStream stream, CudaEvent event) override {
+    return cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event),
+                               0);
+  }
+  int StreamSynchronize(CudaStream stream) override {
+    return cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  }
+  int MemsetAsync(void* ptr, int value, size_t bytes, CudaStream stream) override {
+    return cudaMemsetAsync(ptr, value, bytes, static_cast<cudaStream_t>(stream));
+  }
+  int LaunchCast(CastDirection direction, const void* src, void* dst, size_t count, float scale,
+                 CudaStream stream, DeviceCastCounters* counters) override {
+#ifdef ADAPTCOMM_HAVE_CAST_KERNELS
+    return cuda::LaunchCastKernel(static_cast<int>(direction), src, dst, count, scale, stream,
+                                  reinterpret_cast<unsigned long long*>(counters));
+#else
+    (void)direction, (void)src, (void)dst, (void)count, (void)scale, (void)stream, (void)counters;
+    return cudaErrorNotSupported;
+#endif
   }
   std::string ErrorString(int error) override {
     return absl::StrCat(cudaGetErrorName(static_cast<cudaError_t>(error)), ": ",
@@ -287,6 +319,14 @@ absl::StatusOr<std::shared_ptr<NcclApi>> Open(const std::string& name) {
 }  // namespace
 
 bool CudaBuiltIn() { return true; }
+
+bool CastKernelsBuiltIn() {
+#ifdef ADAPTCOMM_HAVE_CAST_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
 
 absl::StatusOr<std::shared_ptr<CudaApi>> LoadCudaApi() {
   static auto* const runtime =

@@ -8,6 +8,7 @@ constexpr char kNotBuilt[] = "NCCL backend not built: CUDA toolkit not found at 
 }  // namespace
 
 bool CudaBuiltIn() { return false; }
+bool CastKernelsBuiltIn() { return false; }
 
 absl::StatusOr<std::shared_ptr<CudaApi>> LoadCudaApi() {
   return absl::FailedPreconditionError(kNotBuilt);
