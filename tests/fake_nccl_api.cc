@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/precision/cast_kernels.h"
+#include "tests/dtype_values.h"
 
 namespace adaptcomm::testing {
 
@@ -130,134 +131,56 @@ struct Group {
   std::map<std::pair<int, int>, std::deque<Message>> recvs;
 };
 
-size_t Size(NcclDataType t) {
+// The library sends only the eight dtypes of DType (lib/nccl maps them one to one); the fake
+// computes with the tests' shared element codec.
+DType AsDType(NcclDataType t) {
   switch (t) {
     case NcclDataType::kInt8:
+      return DType::kI8;
     case NcclDataType::kUint8:
-      return 1;
-    case NcclDataType::kFloat16:
-    case NcclDataType::kBfloat16:
-      return 2;
+      return DType::kU8;
     case NcclDataType::kInt32:
     case NcclDataType::kUint32:
+      return DType::kI32;
+    case NcclDataType::kInt64:
+    case NcclDataType::kUint64:
+      return DType::kI64;
+    case NcclDataType::kFloat16:
+      return DType::kF16;
     case NcclDataType::kFloat32:
-      return 4;
-    default:
-      return 8;
+      return DType::kF32;
+    case NcclDataType::kFloat64:
+      return DType::kF64;
+    case NcclDataType::kBfloat16:
+      return DType::kBF16;
   }
+  return DType::kF64;
 }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  float v;
-  if (exp == 0) {
-    v = std::ldexp(static_cast<float>(mant), -24);
-  } else if (exp == 31) {
-    v = mant ? NAN : INFINITY;
-  } else {
-    v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+ReduceOp AsReduceOp(NcclRedOp op) {
+  switch (op) {
+    case NcclRedOp::kSum:
+      return ReduceOp::kSum;
+    case NcclRedOp::kProd:
+      return ReduceOp::kProd;
+    case NcclRedOp::kMax:
+      return ReduceOp::kMax;
+    case NcclRedOp::kMin:
+      return ReduceOp::kMin;
+    case NcclRedOp::kAvg:
+      return ReduceOp::kAvg;
   }
-  return sign ? -v : v;
+  return ReduceOp::kSum;
 }
 
-uint16_t FloatToHalf(float f) {
-  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
-  f = std::fabs(f);
-  if (std::isnan(f)) return sign | 0x7e00;
-  if (f >= 65520.0f) return sign | 0x7c00;
-  if (f < std::ldexp(1.0f, -14)) {
-    return sign | static_cast<uint16_t>(std::nearbyint(std::ldexp(f, 24)));
-  }
-  int e = 0;
-  const float m = std::frexp(f, &e);  // f = m * 2^e, m in [0.5, 1)
-  const auto mant = static_cast<uint32_t>(std::nearbyint(std::ldexp(m, 11)));  // 1024..2048
-  uint32_t bits = (static_cast<uint32_t>(e + 14) << 10) + (mant - 1024);
-  return sign | static_cast<uint16_t>(bits);
-}
+size_t Size(NcclDataType t) { return DTypeSize(AsDType(t)); }
 
 double Load(NcclDataType t, const void* p, size_t i) {
-  switch (t) {
-    case NcclDataType::kInt8:
-      return static_cast<const int8_t*>(p)[i];
-    case NcclDataType::kUint8:
-      return static_cast<const uint8_t*>(p)[i];
-    case NcclDataType::kInt32:
-      return static_cast<const int32_t*>(p)[i];
-    case NcclDataType::kUint32:
-      return static_cast<const uint32_t*>(p)[i];
-    case NcclDataType::kInt64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-    case NcclDataType::kUint64:
-      return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
-    case NcclDataType::kFloat16:
-      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case NcclDataType::kFloat32:
-      return static_cast<const float*>(p)[i];
-    case NcclDataType::kFloat64:
-      return static_cast<const double*>(p)[i];
-    case NcclDataType::kBfloat16: {
-      uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    }
-  }
-  return 0;
+  return LoadAs(AsDType(t), static_cast<const char*>(p) + i * Size(t));
 }
 
 void Store(NcclDataType t, void* p, size_t i, double v) {
-  switch (t) {
-    case NcclDataType::kInt8:
-      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
-      return;
-    case NcclDataType::kUint8:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      return;
-    case NcclDataType::kInt32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      return;
-    case NcclDataType::kUint32:
-      static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(v);
-      return;
-    case NcclDataType::kInt64:
-      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
-      return;
-    case NcclDataType::kUint64:
-      static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v);
-      return;
-    case NcclDataType::kFloat16:
-      static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v));
-      return;
-    case NcclDataType::kFloat32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      return;
-    case NcclDataType::kFloat64:
-      static_cast<double*>(p)[i] = v;
-      return;
-    case NcclDataType::kBfloat16: {
-      const float f = static_cast<float>(v);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      bits += 0x7fff + ((bits >> 16) & 1);
-      static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(bits >> 16);
-      return;
-    }
-  }
-}
-
-double Combine(NcclRedOp op, double a, double b) {
-  switch (op) {
-    case NcclRedOp::kSum:
-    case NcclRedOp::kAvg:
-      return a + b;
-    case NcclRedOp::kProd:
-      return a * b;
-    case NcclRedOp::kMax:
-      return std::max(a, b);
-    case NcclRedOp::kMin:
-      return std::min(a, b);
-  }
-  return a;
+  StoreAs(AsDType(t), v, static_cast<char*>(p) + i * Size(t));
 }
 
 // Reduction of element `i` (offset `base` elements into each send buffer) over all ranks.
@@ -265,7 +188,7 @@ double ReduceAt(const std::vector<std::optional<Part>>& parts, size_t base, size
   const Part& p0 = *parts[0];
   double acc = Load(p0.dtype, p0.send, base + i);
   for (size_t r = 1; r < parts.size(); ++r) {
-    acc = Combine(p0.op, acc, Load(p0.dtype, parts[r]->send, base + i));
+    acc = Combine(AsReduceOp(p0.op), acc, Load(p0.dtype, parts[r]->send, base + i));
   }
   if (p0.op == NcclRedOp::kAvg) acc /= static_cast<double>(parts.size());
   return acc;
