@@ -1,7 +1,6 @@
 // CUDA fp32 <-> bf16/fp16 casts for the device mixed-precision path. Bit for bit the CPU casts of
-// lib/precision (cast_scalar.cc is the reference; bench/gpu_check compares all 65536 half patterns
-// and the fp32 edge cases on a GPU): integer arithmetic only, so neither the rounding mode nor
-// flush-to-zero changes a bit. Vectorized: 4 elements per thread and step (a 16-byte fp32 access
+// lib/precision: both compile the same conversions (lib/precision/cast_bits.h); bench/gpu_check
+// compares all 65536 half patterns and the fp32 edge cases on a GPU. Vectorized: 4 elements per thread and step (a 16-byte fp32 access
 // and an 8-byte half access) when both buffers are aligned, else one; grid-stride loops; counts
 // summed per block and added to the device counters with one atomic per block.
 #include <cuda_runtime.h>
@@ -9,15 +8,14 @@
 #include <cstdint>
 
 #include "lib/nccl/cast_kernels_cuda.h"
+#include "lib/precision/cast_bits.h"
 
 namespace adaptcomm::nccl::cuda {
 namespace {
 
-constexpr uint32_t kF32AbsMask = 0x7fffffffu;
-constexpr uint32_t kF32Inf = 0x7f800000u;
-constexpr uint32_t kF32QuietBit = 0x00400000u;
-constexpr uint32_t kF16OverflowBits = 0x477ff000u;   // 65520.0f
-constexpr uint32_t kBF16OverflowBits = 0x7f7f8000u;  // 0x1.ffp127
+using precision::bits::kF32AbsMask;
+using precision::bits::kF32Inf;
+using precision::bits::kF32QuietBit;
 constexpr uint32_t kX86DefaultNaN = 0xffc00000u;     // what an x86 invalid multiply returns
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 4096;
@@ -27,56 +25,27 @@ struct Counts {
   unsigned long long nonfinite = 0;
 };
 
+// The shared bit conversions (lib/precision/cast_bits.h), plus the counts.
 __device__ __forceinline__ uint16_t F32BitsToBF16(uint32_t x, Counts& c) {
-  const uint32_t a = x & kF32AbsMask;
-  c.nonfinite += a >= kF32Inf;
-  c.overflow += (a >= kBF16OverflowBits) & (a < kF32Inf);
-  if (a > kF32Inf) return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  const uint32_t lsb = (x >> 16) & 1u;
-  return static_cast<uint16_t>((x + 0x7fffu + lsb) >> 16);
+  c.nonfinite += precision::bits::F32Nonfinite(x);
+  c.overflow += precision::bits::F32OverflowsBF16(x);
+  return precision::bits::F32ToBF16(x);
 }
 
 __device__ __forceinline__ uint16_t F32BitsToF16(uint32_t x, Counts& c) {
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t a = x & kF32AbsMask;
-  c.nonfinite += a >= kF32Inf;
-  c.overflow += (a >= kF16OverflowBits) & (a < kF32Inf);
-  if (a > kF32Inf) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-  if (a >= kF16OverflowBits) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (a >= 0x38800000u) {  // an fp16 normal
-    uint32_t h = (a >> 13) - (112u << 10);
-    const uint32_t rem = a & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  const uint32_t e = a >> 23;
-  if (e < 102) return sign;
-  const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126 - e;  // 14..24
-  uint32_t h = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (h & 1u))) ++h;
-  return static_cast<uint16_t>(sign | h);
+  c.nonfinite += precision::bits::F32Nonfinite(x);
+  c.overflow += precision::bits::F32OverflowsF16(x);
+  return precision::bits::F32ToF16(x);
 }
 
 __device__ __forceinline__ uint32_t BF16ToF32Bits(uint16_t h, Counts& c) {
-  c.nonfinite += (h & 0x7f80u) == 0x7f80u;
-  uint32_t x = static_cast<uint32_t>(h) << 16;
-  if ((x & kF32AbsMask) > kF32Inf) x |= kF32QuietBit;
-  return x;
+  c.nonfinite += precision::bits::BF16Nonfinite(h);
+  return precision::bits::BF16ToF32(h);
 }
 
 __device__ __forceinline__ uint32_t F16ToF32Bits(uint16_t h, Counts& c) {
-  c.nonfinite += (h & 0x7c00u) == 0x7c00u;
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1fu;
-  const uint32_t m = h & 0x3ffu;
-  if (e == 0x1f) return sign | (m != 0 ? (0x7fc00000u | (m << 13)) : kF32Inf);
-  if (e != 0) return sign | ((e + 112u) << 23) | (m << 13);
-  if (m == 0) return sign;
-  const uint32_t shift = static_cast<uint32_t>(__clz(m)) - 21u;  // moves the top bit to bit 10
-  return sign | ((113u - shift) << 23) | (((m << shift) & 0x3ffu) << 13);
+  c.nonfinite += precision::bits::F16Nonfinite(h);
+  return precision::bits::F16ToF32(h);
 }
 
 // fp32 multiply with x86 SSE's NaN results, which the CPU path produces: a NaN operand is
