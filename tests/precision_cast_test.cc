@@ -12,6 +12,7 @@
 #include "lib/gloo/gloo_reduce.h"
 #include "lib/precision/cast_kernels.h"
 #include "lib/precision/cast_parallel.h"
+#include "lib/precision/fused_kernels.h"
 
 namespace adaptcomm::precision {
 namespace {
@@ -336,6 +337,291 @@ TEST_P(PathTest, EveryLengthUpTo70) {
     F32ToF16Scalar(src.data(), ref.data(), n);
     F32ToF16(path, src.data(), got.data(), n);
     ASSERT_EQ(ref, got) << "n=" << n;
+  }
+}
+
+// ---- the fused reduce-and-round kernels of the split allreduce ----
+
+struct FusedResult {
+  std::vector<uint16_t> sum;
+  std::vector<float> out;
+  ReduceRoundStats stats;
+};
+
+// The oracle: the separate scalar kernels, one pass each, as the unfused split path ran them.
+FusedResult ComposedReference(bool f16, const std::vector<std::vector<uint16_t>>& blocks, int self,
+                              const float* own, size_t count, float scale) {
+  FusedResult r;
+  std::vector<uint16_t> own_wire(count);
+  if (own != nullptr) {
+    r.stats.own = f16 ? F32ToF16Scalar(own, own_wire.data(), count)
+                      : F32ToBF16Scalar(own, own_wire.data(), count);
+  }
+  std::vector<float> acc(count);
+  for (size_t j = 0; j < blocks.size(); ++j) {
+    const uint16_t* src =
+        own != nullptr && static_cast<int>(j) == self ? own_wire.data() : blocks[j].data();
+    if (j == 0) {
+      f16 ? F16ToF32Scalar(src, acc.data(), count, 1.0f)
+          : BF16ToF32Scalar(src, acc.data(), count, 1.0f);
+    } else {
+      f16 ? AccumulateF16Scalar(src, acc.data(), count)
+          : AccumulateBF16Scalar(src, acc.data(), count);
+    }
+  }
+  r.sum.resize(count);
+  f16 ? F32ToF16Scalar(acc.data(), r.sum.data(), count)
+      : F32ToBF16Scalar(acc.data(), r.sum.data(), count);
+  r.out.resize(count);
+  r.stats.result_nonfinite = (f16 ? F16ToF32Scalar(r.sum.data(), r.out.data(), count, scale)
+                                  : BF16ToF32Scalar(r.sum.data(), r.out.data(), count, scale))
+                                 .nonfinite_inputs;
+  return r;
+}
+
+// Runs the fused kernel on `path`; `in_place`: out is the own buffer and sum the own wire block.
+// `stream`: stream_sum, with `sum` `sum_offset` elements into its buffer (every alignment of the
+// non-temporal body); the element before it is a guard too.
+FusedResult RunFused(CastPath path, bool f16, std::vector<std::vector<uint16_t>> blocks, int self,
+                     const float* own, size_t count, float scale, bool with_out, bool in_place,
+                     bool stream = false, size_t sum_offset = 0) {
+  FusedResult r;
+  std::vector<const uint16_t*> ptrs;
+  for (auto& b : blocks) {
+    b.push_back(0xdead);  // a guard element: must stay unread and unwritten
+    ptrs.push_back(b.data());
+  }
+  std::vector<float> own_copy;
+  if (own != nullptr) own_copy.assign(own, own + count);
+  own_copy.push_back(-7.0f);
+  std::vector<uint16_t> sum_buffer(sum_offset + count + 1, 0xabcd);
+  r.out.assign(count + 1, 123.0f);
+  ReduceRoundArgs a;
+  a.blocks = ptrs.data();
+  a.n = static_cast<int>(blocks.size());
+  a.self = self;
+  a.own = own != nullptr ? own_copy.data() : nullptr;
+  a.sum = in_place && own == nullptr ? blocks[self].data() : sum_buffer.data() + sum_offset;
+  a.out = !with_out ? nullptr : in_place && own != nullptr ? own_copy.data() : r.out.data();
+  a.count = count;
+  a.scale = scale;
+  a.stream_sum = stream;
+  r.stats = f16 ? ReduceRoundF16(path, a) : ReduceRoundBF16(path, a);
+  r.sum.assign(a.sum, a.sum + count + 1);
+  for (size_t i = 0; i < sum_offset; ++i) {
+    EXPECT_EQ(sum_buffer[i], 0xabcd) << "wrote before sum";
+  }
+  if (a.out == own_copy.data()) r.out = own_copy;
+  return r;
+}
+
+void ExpectFusedEq(const FusedResult& want, const FusedResult& got, size_t count, bool with_out,
+                   const std::string& what) {
+  ASSERT_EQ(got.sum.size(), count + 1) << what;
+  ASSERT_EQ(std::memcmp(want.sum.data(), got.sum.data(), count * 2), 0) << what;
+  EXPECT_TRUE(got.sum[count] == 0xabcd || got.sum[count] == 0xdead) << what << ": wrote past end";
+  ASSERT_EQ(got.out.size(), count + 1) << what;
+  if (with_out) {
+    ASSERT_EQ(std::memcmp(want.out.data(), got.out.data(), count * 4), 0) << what;
+    EXPECT_TRUE(got.out[count] == 123.0f || got.out[count] == -7.0f) << what << ": wrote past end";
+  } else {
+    for (float f : got.out) ASSERT_EQ(f, 123.0f) << what << ": out written although null";
+  }
+  ExpectSameStats(got.stats.own, want.stats.own, what.c_str());
+  EXPECT_EQ(got.stats.result_nonfinite, want.stats.result_nonfinite) << what;
+}
+
+// Every wire pattern in every rank position, each against a shuffled partner set, with and
+// without an fp32 own contribution, in place and not, 2-4 blocks, on every path.
+TEST_P(PathTest, FusedReduceRoundMatchesTheSeparateKernelsOnEveryPattern) {
+  const CastPath path = GetParam();
+  const size_t count = 65536;
+  const std::vector<float> own = RandomFloats(count, 42);
+  for (int n : {2, 3, 4}) {
+    std::vector<std::vector<uint16_t>> blocks;
+    for (int j = 0; j < n; ++j) {
+      std::vector<uint16_t> b = AllPatterns();
+      if (j > 0) std::shuffle(b.begin(), b.end(), std::mt19937(j));
+      blocks.push_back(std::move(b));
+    }
+    for (bool f16 : {false, true}) {
+      for (int self : {0, n - 1}) {
+        for (bool with_own : {false, true}) {
+          const float* o = with_own ? own.data() : nullptr;
+          const float scale = n == 3 ? 1.0f / 3.0f : 1.0f;
+          const FusedResult want = ComposedReference(f16, blocks, self, o, count, scale);
+          for (bool in_place : {false, true}) {
+            const std::string what = std::string(CastPathName(path)) + (f16 ? " f16" : " bf16") +
+                                     " n=" + std::to_string(n) + " self=" + std::to_string(self) +
+                                     (with_own ? " own" : "") + (in_place ? " in place" : "");
+            ExpectFusedEq(want, RunFused(path, f16, blocks, self, o, count, scale, true, in_place),
+                          count, true, what);
+            if (::testing::Test::HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Lengths 0..70 (vector bodies, masked/scalar tails, guard elements), with and without the
+// output, on fp32 edge cases (NaN payloads, overflow boundaries, denormals) as own contribution.
+TEST_P(PathTest, FusedReduceRoundEveryLengthAndEdges) {
+  const CastPath path = GetParam();
+  std::vector<float> own = RandomFloats(70, 6);
+  for (size_t i = 0; i < Edges().size() && i < own.size(); ++i)
+    own[i * 2 % 70] = Float(Edges()[i].f32);
+  std::mt19937 rng(11);
+  std::vector<std::vector<uint16_t>> blocks(2, std::vector<uint16_t>(70));
+  for (auto& b : blocks)
+    for (auto& h : b) h = static_cast<uint16_t>(rng());
+  for (size_t count = 0; count <= 70; ++count) {
+    std::vector<std::vector<uint16_t>> cut;
+    for (const auto& b : blocks) cut.emplace_back(b.begin(), b.begin() + count);
+    for (bool f16 : {false, true}) {
+      for (float scale : {1.0f, 0.5f}) {
+        const FusedResult want = ComposedReference(f16, cut, 1, own.data(), count, scale);
+        for (bool with_out : {false, true}) {
+          const std::string what = std::string(CastPathName(path)) + (f16 ? " f16" : " bf16") +
+                                   " count=" + std::to_string(count);
+          ExpectFusedEq(want,
+                        RunFused(path, f16, cut, 1, own.data(), count, scale, with_out, false),
+                        count, with_out, what);
+          ExpectFusedEq(want,
+                        RunFused(path, f16, cut, 1, own.data(), count, scale, with_out, false,
+                                 /*stream=*/true, count % 17),
+                        count, with_out, what + " streamed");
+          if (::testing::Test::HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// Gradient-like finite data (the kernels' fast path) with specials planted in some vectors at
+// every lane position: NaN payloads (one whose rounding would carry into the sign), Inf, owner
+// values at the overflow boundaries, finite pairs whose sum overflows, denormals. Vectors with and
+// without specials alternate, so the fast and the exact path both run and must agree.
+TEST_P(PathTest, FusedReduceRoundFastAndExactPathsAgree) {
+  const CastPath path = GetParam();
+  const size_t count = 4096 + 5;
+  std::mt19937 rng(5);
+  std::vector<float> own(count);
+  for (auto& x : own) x = std::ldexp(float(int(rng() % 2001) - 1000), -int(rng() % 24));
+  for (bool f16 : {false, true}) {
+    std::vector<std::vector<uint16_t>> blocks(3, std::vector<uint16_t>(count));
+    for (auto& b : blocks) {
+      for (size_t i = 0; i < count; ++i) {
+        const float x = std::ldexp(float(int(rng() % 2001) - 1000), -int(rng() % 20));
+        b[i] = f16 ? F32BitsToF16(Bits(x)) : F32BitsToBF16(Bits(x));
+      }
+    }
+    std::vector<float> o = own;
+    const uint32_t big_finite = f16 ? 0x477fe000u : 0x7f7f0000u;  // max finite of the wire
+    const uint32_t own_specials[] = {0x7fffffffu, 0xffffffffu, 0x7f800001u, 0x7f800000u,
+                                     0xff800000u, 0x7f7f8000u, 0x7f7f7fffu, 0x477ff000u,
+                                     0x477fefffu, 0x00000001u, 0x80400000u, big_finite};
+    size_t k = 0;
+    for (size_t v = 1; v * 16 < count; v += 3) {  // every third vector gets one special
+      const size_t i = v * 16 + (v / 3) % 16;
+      switch (v % 4) {
+        case 0:
+          o[i] = Float(own_specials[k++ % std::size(own_specials)]);
+          break;
+        case 1:  // a peer NaN or Inf
+          blocks[1][i] = f16 ? ((v & 1) ? 0x7c00 : 0xfe01) : ((v & 1) ? 0x7f80 : 0xff81);
+          break;
+        default:  // finite + finite overflowing in the sum
+          o[i] = Float(big_finite);
+          blocks[1][i] = f16 ? 0x7bff : 0x7f7f;
+          break;
+      }
+    }
+    for (int n : {2, 3}) {
+      std::vector<std::vector<uint16_t>> cut(blocks.begin(), blocks.begin() + n);
+      for (int self = 0; self < n; ++self) {
+        for (float scale : {1.0f, 0.5f}) {
+          const FusedResult want = ComposedReference(f16, cut, self, o.data(), count, scale);
+          ASSERT_GT(want.stats.result_nonfinite, 10u);
+          const std::string what = std::string(CastPathName(path)) + (f16 ? " f16" : " bf16") +
+                                   " n=" + std::to_string(n) + " self=" + std::to_string(self);
+          for (bool in_place : {false, true}) {
+            ExpectFusedEq(want,
+                          RunFused(path, f16, cut, self, o.data(), count, scale, true, in_place),
+                          count, true, what);
+          }
+          for (size_t offset : {0, 1, 5, 16}) {  // every head length of the streamed body
+            ExpectFusedEq(want,
+                          RunFused(path, f16, cut, self, o.data(), count, scale, true, false,
+                                   /*stream=*/true, offset),
+                          count, true, what + " streamed at +" + std::to_string(offset));
+          }
+          const FusedResult wire_only = ComposedReference(f16, cut, self, nullptr, count, scale);
+          ExpectFusedEq(wire_only,
+                        RunFused(path, f16, cut, self, nullptr, count, scale, false, true), count,
+                        false, what + " wire only");
+          if (::testing::Test::HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// Non-temporal narrowing: the bits and counts of the plain kernels at every destination alignment,
+// and no write outside [0, n).
+TEST_P(PathTest, StreamingNarrowingMatchesThePlainKernels) {
+  const CastPath path = GetParam();
+  const std::vector<float> src = RandomFloats(100000 + 3, 31);
+  for (bool f16 : {false, true}) {
+    auto plain = f16 ? F32ToF16 : F32ToBF16;
+    auto stream = f16 ? F32ToF16Stream : F32ToBF16Stream;
+    for (size_t offset = 0; offset < 17; ++offset) {
+      for (size_t n :
+           {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{33}, size_t{70}, src.size()}) {
+        std::vector<uint16_t> want(n), got(n + 40, 0x5a5a);
+        const CastStats ws = plain(path, src.data(), want.data(), n);
+        const CastStats gs = stream(path, src.data(), got.data() + offset, n);
+        ASSERT_EQ(std::memcmp(got.data() + offset, want.data(), n * 2), 0)
+            << CastPathName(path) << " offset " << offset << " n " << n;
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (i < offset || i >= offset + n) {
+            ASSERT_EQ(got[i], 0x5a5a) << "wrote at " << i;
+          }
+        }
+        ExpectSameStats(gs, ws, f16 ? "f16 stream" : "bf16 stream");
+      }
+    }
+  }
+}
+
+// Non-temporal widening: the bits and counts of the plain kernels, at every destination alignment
+// (head, aligned body, tail), for every pattern and scale, and no write outside [0, n).
+TEST_P(PathTest, StreamingWideningMatchesThePlainKernels) {
+  const CastPath path = GetParam();
+  const std::vector<uint16_t> all = AllPatterns();
+  for (bool f16 : {false, true}) {
+    auto plain = f16 ? F16ToF32 : BF16ToF32;
+    auto stream = f16 ? F16ToF32Stream : BF16ToF32Stream;
+    for (float scale : {1.0f, 0.25f}) {
+      std::vector<float> want(all.size());
+      const CastStats ws = plain(path, all.data(), want.data(), all.size(), scale);
+      for (size_t offset = 0; offset < 17; ++offset) {
+        for (size_t n :
+             {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{33}, size_t{70}, all.size()}) {
+          std::vector<float> got(n + 40, -3.0f);
+          const CastStats gs = stream(path, all.data(), got.data() + offset, n, scale);
+          ASSERT_EQ(std::memcmp(got.data() + offset, want.data(), n * 4), 0)
+              << CastPathName(path) << " offset " << offset << " n " << n;
+          for (size_t i = 0; i < got.size(); ++i) {
+            if (i < offset || i >= offset + n) {
+              ASSERT_EQ(got[i], -3.0f) << "wrote at " << i;
+            }
+          }
+          if (n == all.size()) ExpectSameStats(gs, ws, f16 ? "f16 stream" : "bf16 stream");
+          EXPECT_EQ(gs.count, n);
+        }
+      }
+    }
   }
 }
 

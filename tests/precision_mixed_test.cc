@@ -2,9 +2,12 @@
 // fp64 reference, the cast/collective ordering (with the host barrier and, as a proof that the
 // test can fail, without it), fingerprint mismatch detection, hooks, and the fp16 overflow
 // policies.
+#include <stdlib.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -25,8 +28,9 @@ using testing::RankEnv;
 using testing::RankMode;
 using testing::RunRanks;
 
-std::unique_ptr<Communicator> MakeComm(const RankEnv& env) {
+std::unique_ptr<Communicator> MakeComm(const RankEnv& env, const std::string& profile = "") {
   CommunicatorOptions o = env.options;
+  o.profile_file = profile;
   o.backend = BackendChoice::kGloo;
   o.timeout = absl::Seconds(30);
   auto comm = Communicator::Create(o);
@@ -319,6 +323,54 @@ INSTANTIATE_TEST_SUITE_P(Worlds, MixedSplitPath,
                                                ReduceOpName(info.param.op));
                          });
 
+// A buffer large enough for the streaming cast back (>= 16 MiB of fp32), one chunk and two: every
+// element on every rank is the documented result round(widen(round(x0)) + widen(round(x1))),
+// widened and scaled in fp32, computed here from the public casts.
+TEST(MixedSplitPath, LargeBufferGivesTheExactWireSumOnEveryRank) {
+  const int world = 2;
+  const size_t n = (size_t{16} << 20) / sizeof(float) + 5;
+  std::vector<std::vector<float>> inputs = {RankData(0, n), RankData(1, n, 4.0f)};
+  for (DType wire : {DType::kBF16, DType::kF16}) {
+    const bool bf16 = wire == DType::kBF16;
+    auto narrow = bf16 ? CastF32ToBF16 : CastF32ToF16;
+    auto widen = bf16 ? CastBF16ToF32 : CastF16ToF32;
+    std::vector<float> expected(n), other(n);
+    std::vector<uint16_t> h(n);
+    narrow(inputs[0].data(), h.data(), n);
+    widen(h.data(), expected.data(), n);
+    narrow(inputs[1].data(), h.data(), n);
+    widen(h.data(), other.data(), n);
+    for (size_t i = 0; i < n; ++i) expected[i] += other[i];
+    narrow(expected.data(), h.data(), n);
+    widen(h.data(), expected.data(), n);
+    for (float& x : expected) x *= 0.5f;  // avg over two ranks
+    std::vector<std::vector<float>> results(2 * world);
+    RunRanks(RankMode::kThreads, world, [&](const RankEnv& env) {
+      auto comm = MakeComm(env);
+      if (!comm) return;
+      MixedPrecisionContext ctx(*comm);
+      for (int chunked = 0; chunked < 2; ++chunked) {
+        std::vector<float> data = inputs[env.rank];
+        MixedOptions o;
+        o.wire = wire;
+        o.op = ReduceOp::kAvg;
+        o.context = &ctx;
+        o.pipeline_chunk_bytes = chunked ? (size_t{10} << 20) : 0;
+        auto st = AllreduceMixed(*comm, HostView(data.data(), n), o);
+        ASSERT_TRUE(st.ok()) << st.status();
+        EXPECT_EQ(st->cast_overflow, 0u);
+        EXPECT_EQ(st->result_nonfinite, 0u);
+        results[2 * env.rank + chunked] = std::move(data);
+      }
+    });
+    for (size_t k = 0; k < results.size(); ++k) {
+      ASSERT_EQ(results[k].size(), n);
+      ASSERT_EQ(std::memcmp(results[k].data(), expected.data(), n * 4), 0)
+          << DTypeName(wire) << " rank " << k / 2 << (k % 2 ? " chunked" : "");
+    }
+  }
+}
+
 // The split path without hooks keeps the host barrier per chunk: with every cast thread sleeping
 // first, the result is right with the barrier and wrong without it (the exchange read unwritten
 // wire data).
@@ -525,6 +577,32 @@ TEST(MixedOverflow, ReportCountsAndCarriesOn) {
   runs = RunOverflow(OverflowPolicy::kReport, BarrierLevel::kGlobal);
   ASSERT_TRUE(runs[1].st.ok());
   EXPECT_EQ(runs[1].st->global_cast_overflow, 3);
+}
+
+TEST(MixedOverflow, PolicyComesFromTheProfileUnlessTheCallSetsOne) {
+  char dir[] = "/tmp/adaptcomm_overflow_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string profile = std::string(dir) + "/profile.yaml";
+  std::ofstream(profile) << "schema: 1\ndefaults:\n  precision:\n    fp16_overflow: fail\n"
+                         << "tiers:\n  - name: test\n    params: any\n";
+  std::vector<absl::StatusOr<MixedStats>> by_profile(2), by_call(2);
+  RunRanks(RankMode::kThreads, 2, [&](const RankEnv& env) {
+    auto comm = MakeComm(env, profile);
+    if (!comm) return;
+    EXPECT_EQ(comm->config().precision.fp16_overflow, "fail");
+    std::vector<float> data(64, 1.0f);
+    if (env.rank == 0) data[5] = 70000.0f;
+    MixedOptions o;  // overflow: kFromProfile
+    o.wire = DType::kF16;
+    by_profile[env.rank] = AllreduceMixed(*comm, HostView(data.data(), data.size()), o);
+    o.overflow = OverflowPolicy::kReport;
+    by_call[env.rank] = AllreduceMixed(*comm, HostView(data.data(), data.size()), o);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(by_profile[r].status().code(), absl::StatusCode::kInvalidArgument) << "rank " << r;
+    EXPECT_THAT(std::string(by_profile[r].status().message()), HasSubstr("policy=fail"));
+    EXPECT_TRUE(by_call[r].ok()) << by_call[r].status();
+  }
 }
 
 TEST(MixedOverflow, FailReturnsInvalidArgumentOnEveryRankAndLeavesDataUntouched) {

@@ -164,5 +164,55 @@ TEST(ReplayLog, MixedHostAndDeviceViewsAreRefused) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("host and CUDA memory"));
 }
 
+OpDesc StableAllgather(std::vector<int32_t>& in, std::vector<int32_t>& out, uint64_t seq) {
+  OpDesc op;
+  op.kind = OpKind::kAllgather;
+  op.input = TensorView{in.data(), in.size(), DType::kI32};
+  op.output = TensorView{out.data(), out.size(), DType::kI32};
+  op.seq = seq;
+  op.stable_input = true;
+  return op;
+}
+
+TEST(ReplayLog, StableInputIsReferencedNotCopied) {
+  ReplayLog log;
+  std::vector<int32_t> in = {1, 2}, out(4);
+  ASSERT_TRUE(log.Record(StableAllgather(in, out, 1), nullptr).ok());
+  // The record is the caller's buffer itself: what it holds when the op is re-run.
+  in = {7, 8};
+  absl::StatusOr<OpDesc> copy = log.DetachedCopy(1);
+  ASSERT_TRUE(copy.ok());
+  EXPECT_EQ(copy->input.data, in.data());
+  EXPECT_NE(copy->output.data, out.data());
+}
+
+TEST(ReplayLog, StableInputIsCopiedBeforeAnOpThatDoesNotProveEntry) {
+  ReplayLog log;
+  std::vector<int32_t> in = {1, 2}, out(4);
+  ASSERT_TRUE(log.Record(StableAllgather(in, out, 1), nullptr).ok());
+  // A broadcast next: its completion here does not show that every rank left the allgather, so
+  // the allgather's input is copied while the caller's promise still holds.
+  OpDesc bcast;
+  bcast.kind = OpKind::kBroadcast;
+  bcast.seq = 2;
+  log.BeforeOp(bcast);
+  in = {7, 8};
+  absl::StatusOr<OpDesc> copy = log.DetachedCopy(1);
+  ASSERT_TRUE(copy.ok());
+  EXPECT_NE(copy->input.data, in.data());
+  EXPECT_EQ(static_cast<const int32_t*>(copy->input.data)[0], 1);
+  EXPECT_EQ(static_cast<const int32_t*>(copy->input.data)[1], 2);
+}
+
+TEST(ReplayLog, StableInputOfAnInPlaceOpIsCopiedAnyway) {
+  auto mem = std::make_shared<RecordingDeviceMemory>();
+  ReplayLog log;
+  std::vector<float> buf = {1, 2};
+  OpDesc op = DeviceAllreduce(buf, 1);
+  op.stable_input = true;  // the op itself overwrites it: no promise can keep it
+  ASSERT_TRUE(log.Record(op, mem).ok());
+  EXPECT_EQ(mem->copies.size(), 1u);
+}
+
 }  // namespace
 }  // namespace adaptcomm::internal

@@ -51,6 +51,9 @@ struct OpDesc {
   uint32_t tag = 0;  // send, recv: matches a send to a recv between the same pair
   uint64_t seq = 0;  // per-communicator sequence number (1-based)
   absl::Duration timeout = absl::Seconds(600);  // bound of this op, counted from its start
+  // The caller keeps the input unchanged until the next op completed (the *Options' stable_input):
+  // the communicator's retry record may refer to it instead of copying it. Backends ignore it.
+  bool stable_input = false;
 };
 
 struct Capabilities {

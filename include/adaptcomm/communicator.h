@@ -112,13 +112,21 @@ struct ReduceOptions {
 };
 struct AllgatherOptions {
   absl::Duration timeout = absl::ZeroDuration();
+  // A promise that saves the retry's copy of the input (one memcpy per op while retries are on):
+  // the caller leaves the input unchanged until this op and the next op on this communicator have
+  // both completed. A coordinated retry can re-run an op only until every rank has entered the
+  // next one, so the input itself serves as the retry's record. If the next op does not prove that
+  // (broadcast, reduce, send, recv) the copy is taken when it starts, so the promise stays enough.
+  bool stable_input = false;
 };
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
   absl::Duration timeout = absl::ZeroDuration();
+  bool stable_input = false;  // as AllgatherOptions::stable_input
 };
 struct AlltoallOptions {
   absl::Duration timeout = absl::ZeroDuration();
+  bool stable_input = false;  // as AllgatherOptions::stable_input
 };
 struct BarrierOptions {
   absl::Duration timeout = absl::ZeroDuration();
@@ -154,6 +162,8 @@ class Communicator {
   const std::string& selection_reason() const;
   // The effective configuration: every setting, its value, where it came from, how it is applied.
   std::string Explain() const;
+  // The effective configuration Explain() prints, as values.
+  const EffectiveConfig& config() const;
 
   // While a LongOperationScope lives, operations issued without an explicit timeout get the
   // profile's long-operation bound instead of the collective one: wrap the collective that waits

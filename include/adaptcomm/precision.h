@@ -91,6 +91,8 @@ enum class OverflowPolicy : uint8_t {
   kFail,        // every rank returns InvalidArgument naming the ranks and counts
   kResendBF16,  // run the op again with a bf16 wire (same range as fp32)
   kResendF32,   // run the op again in plain fp32
+  // The communicator's profile decides (precision.fp16_overflow; built-in default: report).
+  kFromProfile,
 };
 const char* OverflowPolicyName(OverflowPolicy policy);
 
@@ -121,7 +123,7 @@ struct MixedOptions {
   ReduceOp op = ReduceOp::kSum;
   float scale = 1.0f;  // multiplied in fp32 after the reduction (allreduce, reduce_scatter)
   BarrierLevel barrier = BarrierLevel::kHost;
-  OverflowPolicy overflow = OverflowPolicy::kReport;
+  OverflowPolicy overflow = OverflowPolicy::kFromProfile;
   absl::Duration timeout = absl::ZeroDuration();  // per collective; zero: the communicator's
   // Scratch, hooks and sequence numbers. Null: a temporary context is made for this call (its
   // scratch is allocated and first-touched every time: pass a context in a training loop).
@@ -138,8 +140,8 @@ struct MixedOptions {
   size_t parallel_cast_min_bytes = size_t{4} << 20;
   // Allreduce with accumulate_fp32 over 2+ ranks, a host/stream barrier and no fp16 overflow
   // exchange takes a split path: each rank casts only the blocks it sends before the exchange
-  // (its own block is cast into other scratch while the exchange runs, and cast back while the
-  // final allgather runs); two ranks exchange with in-place allgathers (no local copies). With
+  // (its own block is rounded to the wire inside the one pass that sums the block it owns, rounds
+  // the sum and writes that part of the output); two ranks exchange with in-place allgathers. With
   // this > 0 the buffer goes in chunks of this many fp32 bytes, the casts and sums of one chunk
   // overlapping the transfers of its neighbours. The host barrier then holds per chunk: a chunk's
   // collective is issued only after the cast of what it sends has finished. Same result bits

@@ -136,6 +136,12 @@ struct TraceSettings {
   std::string dir;
 };
 
+struct PrecisionSettings {
+  // The default OverflowPolicy of mixed-precision collectives (adaptcomm/precision.h) with an fp16
+  // wire: "report", "fail", "resend_bf16" or "resend_f32".
+  std::string fp16_overflow = "report";
+};
+
 // One row of the effective-configuration report.
 struct SettingRecord {
   std::string key;         // "timeouts.collective", "nccl.NCCL_MIN_CTAS"
@@ -159,6 +165,7 @@ struct EffectiveConfig {
   GlooSettings gloo;
   FlightRecorderSettings flight_recorder;
   TraceSettings trace;
+  PrecisionSettings precision;
 
   std::vector<SettingRecord> settings;  // every setting, sorted by key
   std::vector<std::string> warnings;    // dead/deprecated variables, non-power-of-two buffers...

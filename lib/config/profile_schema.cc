@@ -134,6 +134,13 @@ const std::vector<KeySpec>& Schema() {
        "where flight-recorder dumps go"},
       {"trace.enabled", Kind::kBool, 0, 0, {}, "false", "collective timeline trace"},
       {"trace.dir", Kind::kString, 0, 0, {}, "", "where timeline traces go (empty: cwd)"},
+      {"precision.fp16_overflow",
+       Kind::kEnum,
+       0,
+       0,
+       {"report", "fail", "resend_bf16", "resend_f32"},
+       "report",
+       "mixed-precision fp16 wire overflow: report, fail the op, or resend it in bf16/fp32"},
       {"diagnose.min_busbw_gbps",
        Kind::kDouble,
        0,
@@ -153,9 +160,9 @@ const KeySpec* FindKey(const std::string& key) {
 }
 
 const std::vector<std::string>& SectionNames() {
-  static const auto* names =
-      new std::vector<std::string>{"timeouts", "world_scaling",   "retry", "backend",
-                                   "gloo",     "flight_recorder", "trace", "diagnose"};
+  static const auto* names = new std::vector<std::string>{
+      "timeouts",        "world_scaling", "retry",    "backend",  "gloo",
+      "flight_recorder", "trace",         "diagnose", "precision"};
   return *names;
 }
 

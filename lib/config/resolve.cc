@@ -267,6 +267,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   cfg.flight_recorder.dump_dir = v.At("flight_recorder.dump_dir").text;
   cfg.trace.enabled = v.At("trace.enabled").text == "true";
   cfg.trace.dir = v.At("trace.dir").text;
+  cfg.precision.fp16_overflow = v.At("precision.fp16_overflow").text;
 
   for (const auto& [key, l] : merge.values) {
     const KeySpec* spec = FindKey(key);

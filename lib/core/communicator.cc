@@ -346,6 +346,7 @@ Communicator::~Communicator() = default;
 
 int Communicator::rank() const { return impl_->options().rank; }
 int Communicator::size() const { return impl_->options().world_size; }
+const EffectiveConfig& Communicator::config() const { return impl_->config(); }
 const char* Communicator::backend_name() const { return impl_->executor().backend().name(); }
 const std::string& Communicator::selection_reason() const { return impl_->selection_reason(); }
 Capabilities Communicator::capabilities() const {
@@ -403,18 +404,23 @@ Work Communicator::Reduce(TensorView data, const ReduceOptions& options) {
 }
 
 Work Communicator::Allgather(TensorView input, TensorView output, const AllgatherOptions& options) {
-  return impl_->Submit(InOut(OpKind::kAllgather, input, output, options.timeout));
+  OpDesc d = InOut(OpKind::kAllgather, input, output, options.timeout);
+  d.stable_input = options.stable_input;
+  return impl_->Submit(std::move(d));
 }
 
 Work Communicator::ReduceScatter(TensorView input, TensorView output,
                                  const ReduceScatterOptions& options) {
   OpDesc d = InOut(OpKind::kReduceScatter, input, output, options.timeout);
   d.reduce = options.op;
+  d.stable_input = options.stable_input;
   return impl_->Submit(std::move(d));
 }
 
 Work Communicator::Alltoall(TensorView input, TensorView output, const AlltoallOptions& options) {
-  return impl_->Submit(InOut(OpKind::kAlltoall, input, output, options.timeout));
+  OpDesc d = InOut(OpKind::kAlltoall, input, output, options.timeout);
+  d.stable_input = options.stable_input;
+  return impl_->Submit(std::move(d));
 }
 
 Work Communicator::Barrier(const BarrierOptions& options) {

@@ -102,6 +102,7 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work) {
   const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
   bool replayable = false;
   if (retries) {
+    replay_.BeforeOp(desc);
     absl::Status recorded = replay_.Record(desc, backend().device_memory());
     replayable = recorded.ok();
     if (!replayable && !replay_warned_) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "lib/core/stream_copy.h"
 
 namespace adaptcomm::internal {
 namespace {
@@ -60,7 +61,7 @@ const ReplayLog::Entry* ReplayLog::Find(uint64_t seq) const {
 absl::Status ReplayLog::Copy(const Entry& e, void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   if (e.memory == nullptr) {
-    std::memcpy(dst, src, bytes);
+    StreamCopy(dst, src, bytes);
     return absl::OkStatus();
   }
   const TensorView& v = PrimaryView(e.op);
@@ -87,13 +88,35 @@ absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> m
     }
     e.memory = std::move(memory);
   }
-  const size_t bytes = op.input.bytes();
-  absl::StatusOr<void*> copy = e.input.Reserve(bytes, PrimaryView(op).device, e.memory);
-  if (!copy.ok()) return copy.status();
-  e.input_copy = *copy;
-  if (absl::Status s = Copy(e, e.input_copy, op.input.data, bytes); !s.ok()) return s;
+  e.borrowed = op.stable_input && !InPlace(op.kind);
+  if (e.borrowed) {
+    e.input_copy = op.input.data;
+  } else if (absl::Status s = CopyInput(e, op.input.data); !s.ok()) {
+    return s;
+  }
   e.replayable = true;
   return absl::OkStatus();
+}
+
+absl::Status ReplayLog::CopyInput(Entry& e, const void* src) {
+  const size_t bytes = e.op.input.bytes();
+  absl::StatusOr<void*> copy = e.input.Reserve(bytes, PrimaryView(e.op).device, e.memory);
+  if (!copy.ok()) return copy.status();
+  if (absl::Status s = Copy(e, *copy, src, bytes); !s.ok()) return s;
+  e.input_copy = *copy;
+  e.borrowed = false;
+  return absl::OkStatus();
+}
+
+void ReplayLog::BeforeOp(const OpDesc& next) {
+  const OpKind k = next.kind;
+  const bool proves_entry = k == OpKind::kAllreduce || k == OpKind::kAllgather ||
+                            k == OpKind::kReduceScatter || k == OpKind::kAlltoall ||
+                            k == OpKind::kBarrier;
+  if (proves_entry || next.seq < 2) return;
+  Entry* e = Find(next.seq - 1);
+  if (e == nullptr || !e->borrowed) return;
+  if (!CopyInput(*e, e->input_copy).ok()) e->replayable = false;
 }
 
 bool ReplayLog::Covers(uint64_t from, uint64_t to) const {
@@ -129,7 +152,7 @@ absl::StatusOr<OpDesc> ReplayLog::DetachedCopy(uint64_t seq) {
     op.output = op.input;
     return op;
   }
-  op.input.data = op.input.bytes() > 0 ? e->input_copy : nullptr;
+  op.input.data = op.input.bytes() > 0 ? const_cast<void*>(e->input_copy) : nullptr;
   if (op.output.bytes() > 0) {
     absl::StatusOr<void*> scratch = scratch_.Reserve(op.output.bytes(), device, e->memory);
     if (!scratch.ok()) return scratch.status();

@@ -51,6 +51,11 @@ class ReplayLog {
   // Copies op's input (before it runs). `memory`: the running backend's device services (null if
   // it has none). OK if the op can be replayed, else why not (the op then runs without a retry).
   absl::Status Record(const OpDesc& op, std::shared_ptr<DeviceMemory> memory);
+  // Before op `next` runs: an op whose completion does not prove that every rank entered it
+  // (broadcast, reduce, send, recv) cannot retire the op before it, so a record of that op that
+  // refers to the caller's stable input (OpDesc::stable_input) is copied now, while the promise
+  // still holds. A failed copy makes that op not replayable.
+  void BeforeOp(const OpDesc& next);
   // Whether ops [from, to] are all recorded.
   bool Covers(uint64_t from, uint64_t to) const;
   // Restores the recorded input of `seq` into the op's own buffers (in-place ops, before a re-run
@@ -68,10 +73,13 @@ class ReplayLog {
     OpDesc op;
     std::shared_ptr<DeviceMemory> memory;  // set for ops on CUDA memory
     ReplayBuffer input;
-    void* input_copy = nullptr;  // in `input`: the recorded bytes
+    const void* input_copy = nullptr;  // the recorded bytes: in `input`, or the caller's own
+    bool borrowed = false;             // input_copy is the caller's stable input
   };
   Entry* Find(uint64_t seq);
   const Entry* Find(uint64_t seq) const;
+  // Copies the input into the entry's own buffer.
+  static absl::Status CopyInput(Entry& e, const void* src);
   // A copy in the memory of the op's views: memcpy, or queued on the op's stream.
   static absl::Status Copy(const Entry& e, void* dst, const void* src, size_t bytes);
   std::vector<Entry> entries_;

@@ -30,6 +30,14 @@ CastStats F32ToBF16(CastPath path, const float* src, uint16_t* dst, size_t n);
 CastStats F32ToF16(CastPath path, const float* src, uint16_t* dst, size_t n);
 CastStats BF16ToF32(CastPath path, const uint16_t* src, float* dst, size_t n, float scale = 1.0f);
 CastStats F16ToF32(CastPath path, const uint16_t* src, float* dst, size_t n, float scale = 1.0f);
+// The same bits with non-temporal stores where the path has them (AVX-512), for large outputs
+// that are not read back soon: a store then needs no read of the cold destination line first.
+CastStats F32ToBF16Stream(CastPath path, const float* src, uint16_t* dst, size_t n);
+CastStats F32ToF16Stream(CastPath path, const float* src, uint16_t* dst, size_t n);
+CastStats BF16ToF32Stream(CastPath path, const uint16_t* src, float* dst, size_t n,
+                          float scale = 1.0f);
+CastStats F16ToF32Stream(CastPath path, const uint16_t* src, float* dst, size_t n,
+                         float scale = 1.0f);
 
 // acc[i] += widen(src[i]) in fp32 (the local reduction of the fp32-accumulating mixed
 // collectives). Same add, same operand order on every path: identical bits.
@@ -56,6 +64,11 @@ CastStats F32ToBF16Avx512Bf16(const float* src, uint16_t* dst, size_t n);
 CastStats F32ToF16Avx512(const float* src, uint16_t* dst, size_t n);
 CastStats BF16ToF32Avx512(const uint16_t* src, float* dst, size_t n, float scale);
 CastStats F16ToF32Avx512(const uint16_t* src, float* dst, size_t n, float scale);
+CastStats F32ToBF16StreamAvx512(const float* src, uint16_t* dst, size_t n);
+CastStats F32ToBF16StreamAvx512Bf16(const float* src, uint16_t* dst, size_t n);
+CastStats F32ToF16StreamAvx512(const float* src, uint16_t* dst, size_t n);
+CastStats BF16ToF32StreamAvx512(const uint16_t* src, float* dst, size_t n, float scale);
+CastStats F16ToF32StreamAvx512(const uint16_t* src, float* dst, size_t n, float scale);
 void AccumulateBF16Avx512(const uint16_t* src, float* acc, size_t n);
 void AccumulateF16Avx512(const uint16_t* src, float* acc, size_t n);
 void AccumulateBF16Avx2(const uint16_t* src, float* acc, size_t n);

@@ -79,17 +79,19 @@ CastStats RunKernel(CastPath path, const CastRequest& r, size_t begin, size_t en
   const size_t n = end - begin;
   switch (r.kind) {
     case CastKind::kF32ToBF16:
-      return F32ToBF16(path, static_cast<const float*>(r.src) + begin,
-                       static_cast<uint16_t*>(r.dst) + begin, n);
+      return (r.stream_stores ? F32ToBF16Stream : F32ToBF16)(
+          path, static_cast<const float*>(r.src) + begin, static_cast<uint16_t*>(r.dst) + begin, n);
     case CastKind::kF32ToF16:
-      return F32ToF16(path, static_cast<const float*>(r.src) + begin,
-                      static_cast<uint16_t*>(r.dst) + begin, n);
+      return (r.stream_stores ? F32ToF16Stream : F32ToF16)(
+          path, static_cast<const float*>(r.src) + begin, static_cast<uint16_t*>(r.dst) + begin, n);
     case CastKind::kBF16ToF32:
-      return BF16ToF32(path, static_cast<const uint16_t*>(r.src) + begin,
-                       static_cast<float*>(r.dst) + begin, n, r.scale);
+      return (r.stream_stores ? BF16ToF32Stream : BF16ToF32)(
+          path, static_cast<const uint16_t*>(r.src) + begin, static_cast<float*>(r.dst) + begin, n,
+          r.scale);
     case CastKind::kF16ToF32:
-      return F16ToF32(path, static_cast<const uint16_t*>(r.src) + begin,
-                      static_cast<float*>(r.dst) + begin, n, r.scale);
+      return (r.stream_stores ? F16ToF32Stream : F16ToF32)(
+          path, static_cast<const uint16_t*>(r.src) + begin, static_cast<float*>(r.dst) + begin, n,
+          r.scale);
     case CastKind::kAccumulateBF16:
     case CastKind::kAccumulateF16: {
       const bool f16 = r.kind == CastKind::kAccumulateF16;
@@ -226,6 +228,55 @@ CastStats F16ToF32(CastPath path, const uint16_t* src, float* dst, size_t n, flo
   return F16ToF32Scalar(src, dst, n, scale);
 }
 
+CastStats F32ToBF16Stream(CastPath path, const float* src, uint16_t* dst, size_t n) {
+  switch (path) {
+    case CastPath::kAvx512Bf16:
+      return x86::F32ToBF16StreamAvx512Bf16(src, dst, n);
+    case CastPath::kAvx512:
+      return x86::F32ToBF16StreamAvx512(src, dst, n);
+    case CastPath::kAvx2:
+    case CastPath::kScalar:
+      break;
+  }
+  return F32ToBF16(path, src, dst, n);
+}
+
+CastStats F32ToF16Stream(CastPath path, const float* src, uint16_t* dst, size_t n) {
+  switch (path) {
+    case CastPath::kAvx512Bf16:
+    case CastPath::kAvx512:
+      return x86::F32ToF16StreamAvx512(src, dst, n);
+    case CastPath::kAvx2:
+    case CastPath::kScalar:
+      break;
+  }
+  return F32ToF16(path, src, dst, n);
+}
+
+CastStats BF16ToF32Stream(CastPath path, const uint16_t* src, float* dst, size_t n, float scale) {
+  switch (path) {
+    case CastPath::kAvx512Bf16:
+    case CastPath::kAvx512:
+      return x86::BF16ToF32StreamAvx512(src, dst, n, scale);
+    case CastPath::kAvx2:
+    case CastPath::kScalar:
+      break;
+  }
+  return BF16ToF32(path, src, dst, n, scale);
+}
+
+CastStats F16ToF32Stream(CastPath path, const uint16_t* src, float* dst, size_t n, float scale) {
+  switch (path) {
+    case CastPath::kAvx512Bf16:
+    case CastPath::kAvx512:
+      return x86::F16ToF32StreamAvx512(src, dst, n, scale);
+    case CastPath::kAvx2:
+    case CastPath::kScalar:
+      break;
+  }
+  return F16ToF32(path, src, dst, n, scale);
+}
+
 void AccumulateBF16(CastPath path, const uint16_t* src, float* acc, size_t n) {
   switch (path) {
     case CastPath::kAvx512Bf16:
@@ -309,6 +360,12 @@ std::shared_ptr<CastJob> StartCast(const CastRequest& request) {
   }
   auto job = std::make_shared<CastJob>(request, std::max(chunks, 1));
   pool.Post(job, std::min(job->chunks(), pool.workers()));
+  return job;
+}
+
+std::shared_ptr<CastJob> RunOnCaller(const CastRequest& request) {
+  auto job = std::make_shared<CastJob>(request, 1);
+  job->RunOne();
   return job;
 }
 

@@ -33,9 +33,10 @@ struct CastRequest {
   const void* src = nullptr;
   void* dst = nullptr;
   size_t count = 0;
-  float scale = 1.0f;       // widening only
-  int blocks = 1;           // accumulate only
-  size_t block_stride = 0;  // accumulate only, in elements
+  float scale = 1.0f;          // widening only
+  bool stream_stores = false;  // casts: non-temporal stores (F32ToBF16Stream, BF16ToF32Stream...)
+  int blocks = 1;              // accumulate only
+  size_t block_stride = 0;     // accumulate only, in elements
   // Inputs of at least this many bytes are split into up to `threads` chunks (0: one per core).
   size_t parallel_min_bytes = size_t{4} << 20;
   int threads = 0;
@@ -73,6 +74,9 @@ class CastJob {
 
 // Splits `request` into chunks and hands them to the pool; returns at once.
 std::shared_ptr<CastJob> StartCast(const CastRequest& request);
+// Converts `request` in one chunk on the calling thread (no pool round trip, no wake-ups) and
+// returns the finished job: for a caller that would only wait for a single-threaded cast anyway.
+std::shared_ptr<CastJob> RunOnCaller(const CastRequest& request);
 // StartCast + Join. The public Cast* functions are this with the default threshold.
 CastStats RunCast(const CastRequest& request);
 // Worker threads of the process-wide pool (created on first use; again after a fork).

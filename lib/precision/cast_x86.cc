@@ -9,18 +9,13 @@
 //     the scalar formula. vcvtneps2bf16 (AVX512-BF16) treats fp32 denormal inputs as zero, so its
 //     lanes with a denormal input are replaced by the integer result.
 // Tails shorter than a vector go to the scalar kernels (AVX2) or use masked loads/stores (AVX-512).
+#include <algorithm>
+
 #include "lib/precision/cast_kernels.h"
+#include "lib/precision/cast_x86_simd.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-// GCC 12's AVX-512 shift intrinsics start from _mm512_undefined_epi32(), which
-// -Wmaybe-uninitialized reports as a use of an uninitialized value (a known false positive).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#ifdef ADAPTCOMM_X86
 #include <cpuid.h>
-#include <immintrin.h>
-
-#define ADAPTCOMM_X86 1
 #endif
 
 namespace adaptcomm::precision::x86 {
@@ -44,51 +39,6 @@ bool HasAvx512Bf16() {
   if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
   return HasAvx512() && ((eax >> 5) & 1u);
 }
-
-namespace {
-
-constexpr int kAbsMask = 0x7fffffff;
-constexpr int kInf = 0x7f800000;
-constexpr int kMaxFinite = 0x7f7fffff;
-constexpr int kF16OverflowMinus1 = 0x477fefff;   // |x| > this (and finite) overflows fp16
-constexpr int kBF16OverflowMinus1 = 0x7f7f7fff;  // |x| > this (and finite) overflows bf16
-
-__attribute__((target("avx2"))) size_t HorizontalSum(__m256i v) {
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
-  size_t total = 0;
-  for (int32_t lane : lanes) total += static_cast<uint32_t>(lane);
-  return total;
-}
-
-// Counts, per lane, finite inputs above `overflow_minus1` and non-finite inputs: a compare gives
-// -1 per true lane, subtracted from the counters.
-struct Avx2Counts {
-  __m256i overflow;
-  __m256i nonfinite;
-};
-
-__attribute__((target("avx2"))) inline void CountNarrow(Avx2Counts& c, __m256i abs,
-                                                        __m256i overflow_minus1) {
-  const __m256i max_finite = _mm256_set1_epi32(kMaxFinite);
-  const __m256i nonfinite = _mm256_cmpgt_epi32(abs, max_finite);
-  const __m256i over = _mm256_andnot_si256(nonfinite, _mm256_cmpgt_epi32(abs, overflow_minus1));
-  c.overflow = _mm256_sub_epi32(c.overflow, over);
-  c.nonfinite = _mm256_sub_epi32(c.nonfinite, nonfinite);
-}
-
-__attribute__((target("avx2"))) inline __m256i BF16Round8(__m256i x) {
-  const __m256i abs = _mm256_and_si256(x, _mm256_set1_epi32(kAbsMask));
-  const __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(kInf));
-  const __m256i hi = _mm256_srli_epi32(x, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  const __m256i nan = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-  return _mm256_blendv_epi8(rounded, nan, is_nan);
-}
-
-}  // namespace
 
 __attribute__((target("avx2,f16c"))) CastStats F32ToBF16Avx2(const float* src, uint16_t* dst,
                                                              size_t n) {
@@ -181,26 +131,22 @@ __attribute__((target("avx2,f16c"))) CastStats F16ToF32Avx2(const uint16_t* src,
 
 // ---- AVX-512 ----
 
-#define ADAPTCOMM_AVX512 "avx512f,avx512bw,avx512vl,avx2,f16c"
-
 namespace {
 
-__attribute__((target(ADAPTCOMM_AVX512))) inline __mmask16 TailMask(size_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+// kStream: a non-temporal store of a whole vector at a 32-byte-aligned dst (see NarrowStreamed).
+template <bool kStream>
+__attribute__((target(ADAPTCOMM_AVX512))) inline void StoreHalves(uint16_t* dst, __mmask16 m,
+                                                                  __m256i h) {
+  if (kStream) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), h);
+  } else {
+    _mm256_mask_storeu_epi16(dst, m, h);
+  }
 }
 
-__attribute__((target(ADAPTCOMM_AVX512))) inline __m512i BF16Round16(__m512i x, __mmask16 is_nan) {
-  const __m512i hi = _mm512_srli_epi32(x, 16);
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  return _mm512_mask_or_epi32(rounded, is_nan, hi, _mm512_set1_epi32(0x40));
-}
-
-}  // namespace
-
-__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToBF16Avx512(const float* src, uint16_t* dst,
-                                                                    size_t n) {
+template <bool kStream>
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToBF16Avx512T(const float* src,
+                                                                     uint16_t* dst, size_t n) {
   CastStats s;
   s.count = n;
   const __m512i abs_mask = _mm512_set1_epi32(kAbsMask);
@@ -216,12 +162,13 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToBF16Avx512(const float*
     s.nonfinite_inputs += __builtin_popcount(nonfinite);
     s.overflow += __builtin_popcount(overflow);
     const __m512i r = BF16Round16(x, _mm512_cmpgt_epi32_mask(abs, inf));
-    _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(r));
+    StoreHalves<kStream>(dst + i, m, _mm512_cvtepi32_epi16(r));
   }
   return s;
 }
 
-__attribute__((target(ADAPTCOMM_AVX512 ",avx512bf16"))) CastStats F32ToBF16Avx512Bf16(
+template <bool kStream>
+__attribute__((target(ADAPTCOMM_AVX512 ",avx512bf16"))) CastStats F32ToBF16Avx512Bf16T(
     const float* src, uint16_t* dst, size_t n) {
   CastStats s;
   s.count = n;
@@ -246,13 +193,14 @@ __attribute__((target(ADAPTCOMM_AVX512 ",avx512bf16"))) CastStats F32ToBF16Avx51
           _mm512_cvtepi32_epi16(BF16Round16(x, _mm512_cmpgt_epi32_mask(abs, inf)));
       r = _mm256_mask_blend_epi16(denormal, r, fixed);
     }
-    _mm256_mask_storeu_epi16(dst + i, m, r);
+    StoreHalves<kStream>(dst + i, m, r);
   }
   return s;
 }
 
-__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToF16Avx512(const float* src, uint16_t* dst,
-                                                                   size_t n) {
+template <bool kStream>
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToF16Avx512T(const float* src, uint16_t* dst,
+                                                                    size_t n) {
   CastStats s;
   s.count = n;
   const __m512i abs_mask = _mm512_set1_epi32(kAbsMask);
@@ -266,66 +214,164 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToF16Avx512(const float* 
     s.nonfinite_inputs += __builtin_popcount(nonfinite);
     s.overflow += __builtin_popcount(_mm512_mask_cmpgt_epi32_mask(~nonfinite, abs, over));
     const __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_mask_storeu_epi16(dst + i, m, h);
+    StoreHalves<kStream>(dst + i, m, h);
   }
   return s;
 }
 
-__attribute__((target(ADAPTCOMM_AVX512))) CastStats BF16ToF32Avx512(const uint16_t* src, float* dst,
-                                                                    size_t n, float scale) {
+using NarrowFn = CastStats (*)(const float*, uint16_t*, size_t);
+
+// `plain` on the head up to the first 32-byte boundary of dst and on the tail, `stream` on the
+// whole vectors between them (non-temporal stores); the sfence orders them before whatever the
+// caller publishes next.
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats NarrowStreamed(NarrowFn plain, NarrowFn stream,
+                                                                   const float* src, uint16_t* dst,
+                                                                   size_t n) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(dst);
+  if (address % sizeof(uint16_t) != 0) return plain(src, dst, n);
+  const size_t head = std::min(n, (32 - address % 32) % 32 / sizeof(uint16_t));
+  const size_t body = (n - head) / 16 * 16;
+  CastStats s = plain(src, dst, head);
+  Accumulate(s, stream(src + head, dst + head, body));
+  Accumulate(s, plain(src + head + body, dst + head + body, n - head - body));
+  _mm_sfence();
+  return s;
+}
+
+}  // namespace
+
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToBF16Avx512(const float* src, uint16_t* dst,
+                                                                    size_t n) {
+  return F32ToBF16Avx512T<false>(src, dst, n);
+}
+__attribute__((target(ADAPTCOMM_AVX512 ",avx512bf16"))) CastStats F32ToBF16Avx512Bf16(
+    const float* src, uint16_t* dst, size_t n) {
+  return F32ToBF16Avx512Bf16T<false>(src, dst, n);
+}
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToF16Avx512(const float* src, uint16_t* dst,
+                                                                   size_t n) {
+  return F32ToF16Avx512T<false>(src, dst, n);
+}
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToBF16StreamAvx512(const float* src,
+                                                                          uint16_t* dst, size_t n) {
+  return NarrowStreamed(F32ToBF16Avx512T<false>, F32ToBF16Avx512T<true>, src, dst, n);
+}
+__attribute__((target(ADAPTCOMM_AVX512 ",avx512bf16"))) CastStats F32ToBF16StreamAvx512Bf16(
+    const float* src, uint16_t* dst, size_t n) {
+  return NarrowStreamed(F32ToBF16Avx512Bf16T<false>, F32ToBF16Avx512Bf16T<true>, src, dst, n);
+}
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToF16StreamAvx512(const float* src,
+                                                                         uint16_t* dst, size_t n) {
+  return NarrowStreamed(F32ToF16Avx512T<false>, F32ToF16Avx512T<true>, src, dst, n);
+}
+
+namespace {
+
+// One vector of a widening: the (masked: m) 16 elements at src, exact, NaN quieted, times scale
+// unless `scaled` is false; adds the non-finite lanes of m to `nonfinite`.
+__attribute__((target(ADAPTCOMM_AVX512))) inline __m512 WidenVectorBF16(const uint16_t* src,
+                                                                        __mmask16 m, __m512 scale,
+                                                                        bool scaled,
+                                                                        size_t& nonfinite) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, src);
+  __m512i x = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+  const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi32(kAbsMask));
+  x = _mm512_mask_or_epi32(x, _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(kInf)), x,
+                           _mm512_set1_epi32(0x00400000));
+  nonfinite +=
+      __builtin_popcount(_mm512_mask_cmpgt_epi32_mask(m, abs, _mm512_set1_epi32(kMaxFinite)));
+  const __m512 f = _mm512_castsi512_ps(x);
+  return scaled ? _mm512_mul_ps(f, scale) : f;
+}
+
+__attribute__((target(ADAPTCOMM_AVX512))) inline __m512 WidenVectorF16(const uint16_t* src,
+                                                                       __mmask16 m, __m512 scale,
+                                                                       bool scaled,
+                                                                       size_t& nonfinite) {
+  const __m512 f = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src));
+  const __m512i abs = _mm512_and_si512(_mm512_castps_si512(f), _mm512_set1_epi32(kAbsMask));
+  nonfinite +=
+      __builtin_popcount(_mm512_mask_cmpgt_epi32_mask(m, abs, _mm512_set1_epi32(kMaxFinite)));
+  return scaled ? _mm512_mul_ps(f, scale) : f;
+}
+
+template <bool kBF16>
+__attribute__((target(ADAPTCOMM_AVX512))) inline __m512 WidenVector(const uint16_t* src,
+                                                                    __mmask16 m, __m512 scale,
+                                                                    bool scaled,
+                                                                    size_t& nonfinite) {
+  return kBF16 ? WidenVectorBF16(src, m, scale, scaled, nonfinite)
+               : WidenVectorF16(src, m, scale, scaled, nonfinite);
+}
+
+template <bool kBF16>
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats WidenAvx512(const uint16_t* src, float* dst,
+                                                                size_t n, float scale) {
   CastStats s;
   s.count = n;
-  const __m512i abs_mask = _mm512_set1_epi32(kAbsMask);
-  const __m512i inf = _mm512_set1_epi32(kInf);
-  const __m512i max_finite = _mm512_set1_epi32(kMaxFinite);
-  const __m512i quiet = _mm512_set1_epi32(0x00400000);
   const __m512 vscale = _mm512_set1_ps(scale);
   const bool scaled = scale != 1.0f;
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    const __m256i h = _mm256_maskz_loadu_epi16(m, src + i);
-    __m512i x = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
-    const __m512i abs = _mm512_and_si512(x, abs_mask);
-    x = _mm512_mask_or_epi32(x, _mm512_cmpgt_epi32_mask(abs, inf), x, quiet);
-    s.nonfinite_inputs += __builtin_popcount(_mm512_mask_cmpgt_epi32_mask(m, abs, max_finite));
-    __m512 f = _mm512_castsi512_ps(x);
-    if (scaled) f = _mm512_mul_ps(f, vscale);
-    _mm512_mask_storeu_ps(dst + i, m, f);
+    _mm512_mask_storeu_ps(dst + i, m,
+                          WidenVector<kBF16>(src + i, m, vscale, scaled, s.nonfinite_inputs));
   }
   return s;
+}
+
+// Non-temporal stores for the 64-byte-aligned whole vectors (masked ordinary stores before and
+// after them); the sfence orders them before whatever the caller publishes next.
+template <bool kBF16>
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats WidenStreamAvx512(const uint16_t* src,
+                                                                      float* dst, size_t n,
+                                                                      float scale) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(dst);
+  if (address % sizeof(float) != 0) return WidenAvx512<kBF16>(src, dst, n, scale);
+  CastStats s;
+  s.count = n;
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const bool scaled = scale != 1.0f;
+  const size_t head = std::min(n, ((64 - address % 64) % 64) / sizeof(float));
+  if (head > 0) {
+    const __mmask16 m = TailMask(head);
+    _mm512_mask_storeu_ps(dst, m, WidenVector<kBF16>(src, m, vscale, scaled, s.nonfinite_inputs));
+  }
+  size_t i = head;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_stream_ps(dst + i, WidenVector<kBF16>(src + i, static_cast<__mmask16>(0xffff), vscale,
+                                                 scaled, s.nonfinite_inputs));
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(dst + i, m,
+                          WidenVector<kBF16>(src + i, m, vscale, scaled, s.nonfinite_inputs));
+  }
+  _mm_sfence();
+  return s;
+}
+
+}  // namespace
+
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats BF16ToF32Avx512(const uint16_t* src, float* dst,
+                                                                    size_t n, float scale) {
+  return WidenAvx512<true>(src, dst, n, scale);
 }
 
 __attribute__((target(ADAPTCOMM_AVX512))) CastStats F16ToF32Avx512(const uint16_t* src, float* dst,
                                                                    size_t n, float scale) {
-  CastStats s;
-  s.count = n;
-  const __m512i abs_mask = _mm512_set1_epi32(kAbsMask);
-  const __m512i max_finite = _mm512_set1_epi32(kMaxFinite);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  const bool scaled = scale != 1.0f;
-  for (size_t i = 0; i < n; i += 16) {
-    const __mmask16 m = TailMask(n - i);
-    __m512 f = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i));
-    const __m512i abs = _mm512_and_si512(_mm512_castps_si512(f), abs_mask);
-    s.nonfinite_inputs += __builtin_popcount(_mm512_mask_cmpgt_epi32_mask(m, abs, max_finite));
-    if (scaled) f = _mm512_mul_ps(f, vscale);
-    _mm512_mask_storeu_ps(dst + i, m, f);
-  }
-  return s;
+  return WidenAvx512<false>(src, dst, n, scale);
 }
 
-// A NaN accumulator stays itself (quieted) whatever operand order the compiler picks for the add;
-// see AddKeepingAccNaN in cast_scalar.cc.
-__attribute__((target(ADAPTCOMM_AVX512))) inline __m512 AddKeepingAccNaN512(__m512 acc, __m512 w) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(acc, acc, _CMP_UNORD_Q);
-  const __m512i quieted = _mm512_or_si512(_mm512_castps_si512(acc), _mm512_set1_epi32(0x00400000));
-  return _mm512_mask_blend_ps(nan, _mm512_add_ps(acc, w), _mm512_castsi512_ps(quieted));
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats BF16ToF32StreamAvx512(const uint16_t* src,
+                                                                          float* dst, size_t n,
+                                                                          float scale) {
+  return WidenStreamAvx512<true>(src, dst, n, scale);
 }
 
-__attribute__((target("avx2"))) inline __m256 AddKeepingAccNaN256(__m256 acc, __m256 w) {
-  const __m256 nan = _mm256_cmp_ps(acc, acc, _CMP_UNORD_Q);
-  const __m256 quieted = _mm256_or_ps(acc, _mm256_castsi256_ps(_mm256_set1_epi32(0x00400000)));
-  return _mm256_blendv_ps(_mm256_add_ps(acc, w), quieted, nan);
+__attribute__((target(ADAPTCOMM_AVX512))) CastStats F16ToF32StreamAvx512(const uint16_t* src,
+                                                                         float* dst, size_t n,
+                                                                         float scale) {
+  return WidenStreamAvx512<false>(src, dst, n, scale);
 }
 
 __attribute__((target(ADAPTCOMM_AVX512))) void AccumulateBF16Avx512(const uint16_t* src, float* acc,
@@ -399,10 +445,25 @@ CastStats F32ToBF16Avx512Bf16(const float* s, uint16_t* d, size_t n) {
   return F32ToBF16Scalar(s, d, n);
 }
 CastStats F32ToF16Avx512(const float* s, uint16_t* d, size_t n) { return F32ToF16Scalar(s, d, n); }
+CastStats F32ToBF16StreamAvx512(const float* s, uint16_t* d, size_t n) {
+  return F32ToBF16Scalar(s, d, n);
+}
+CastStats F32ToBF16StreamAvx512Bf16(const float* s, uint16_t* d, size_t n) {
+  return F32ToBF16Scalar(s, d, n);
+}
+CastStats F32ToF16StreamAvx512(const float* s, uint16_t* d, size_t n) {
+  return F32ToF16Scalar(s, d, n);
+}
 CastStats BF16ToF32Avx512(const uint16_t* s, float* d, size_t n, float k) {
   return BF16ToF32Scalar(s, d, n, k);
 }
 CastStats F16ToF32Avx512(const uint16_t* s, float* d, size_t n, float k) {
+  return F16ToF32Scalar(s, d, n, k);
+}
+CastStats BF16ToF32StreamAvx512(const uint16_t* s, float* d, size_t n, float k) {
+  return BF16ToF32Scalar(s, d, n, k);
+}
+CastStats F16ToF32StreamAvx512(const uint16_t* s, float* d, size_t n, float k) {
   return F16ToF32Scalar(s, d, n, k);
 }
 void AccumulateBF16Avx512(const uint16_t* s, float* a, size_t n) { AccumulateBF16Scalar(s, a, n); }

@@ -34,8 +34,20 @@ const char* OverflowPolicyName(OverflowPolicy policy) {
       return "resend_bf16";
     case OverflowPolicy::kResendF32:
       return "resend_f32";
+    case OverflowPolicy::kFromProfile:
+      return "from_profile";
   }
   return "unknown-policy";
+}
+
+OverflowPolicy ResolveOverflowPolicy(OverflowPolicy requested, const Communicator& comm) {
+  if (requested != OverflowPolicy::kFromProfile) return requested;
+  const std::string& name = comm.config().precision.fp16_overflow;
+  for (OverflowPolicy p :
+       {OverflowPolicy::kFail, OverflowPolicy::kResendBF16, OverflowPolicy::kResendF32}) {
+    if (name == OverflowPolicyName(p)) return p;
+  }
+  return OverflowPolicy::kReport;
 }
 
 const char* HookPointName(HookPoint point) {

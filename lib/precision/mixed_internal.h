@@ -47,11 +47,15 @@ struct MixedPrecisionContext::State {
   std::vector<uint16_t> wire_in ABSL_GUARDED_BY(call_mu);
   std::vector<uint16_t> wire_out ABSL_GUARDED_BY(call_mu);
   std::vector<float> acc ABSL_GUARDED_BY(call_mu);  // fp32 sums of this rank's block
-  // RunNarrow: the sums rounded to the wire; the split path: this rank's own cast blocks.
+  // RunNarrow: the sums rounded to the wire (the split path does not use it).
   std::vector<uint16_t> wire_block ABSL_GUARDED_BY(call_mu);
   std::vector<int64_t> fp_local ABSL_GUARDED_BY(call_mu);
   std::vector<int64_t> fp_all ABSL_GUARDED_BY(call_mu);
+  std::shared_ptr<void> device ABSL_GUARDED_BY(call_mu);  // mixed_device.cc's DeviceMixedState
 };
+
+// `requested`, or the communicator profile's precision.fp16_overflow for kFromProfile.
+OverflowPolicy ResolveOverflowPolicy(OverflowPolicy requested, const Communicator& comm);
 
 }  // namespace adaptcomm
 
