@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -15,6 +16,10 @@
 #include "lib/precision/fused_kernels.h"
 
 namespace adaptcomm::precision {
+
+// Readable parameters in test listings ("avx512" rather than "1-byte object <02>").
+void PrintTo(CastPath path, std::ostream* os) { *os << CastPathName(path); }
+
 namespace {
 
 uint32_t Bits(float f) {
@@ -418,11 +423,11 @@ FusedResult RunFused(CastPath path, bool f16, std::vector<std::vector<uint16_t>>
 void ExpectFusedEq(const FusedResult& want, const FusedResult& got, size_t count, bool with_out,
                    const std::string& what) {
   ASSERT_EQ(got.sum.size(), count + 1) << what;
-  ASSERT_EQ(std::memcmp(want.sum.data(), got.sum.data(), count * 2), 0) << what;
+  ASSERT_TRUE(count == 0 || std::memcmp(want.sum.data(), got.sum.data(), count * 2) == 0) << what;
   EXPECT_TRUE(got.sum[count] == 0xabcd || got.sum[count] == 0xdead) << what << ": wrote past end";
   ASSERT_EQ(got.out.size(), count + 1) << what;
   if (with_out) {
-    ASSERT_EQ(std::memcmp(want.out.data(), got.out.data(), count * 4), 0) << what;
+    ASSERT_TRUE(count == 0 || std::memcmp(want.out.data(), got.out.data(), count * 4) == 0) << what;
     EXPECT_TRUE(got.out[count] == 123.0f || got.out[count] == -7.0f) << what << ": wrote past end";
   } else {
     for (float f : got.out) ASSERT_EQ(f, 123.0f) << what << ": out written although null";
@@ -522,7 +527,7 @@ TEST_P(PathTest, FusedReduceRoundFastAndExactPathsAgree) {
                                      0xff800000u, 0x7f7f8000u, 0x7f7f7fffu, 0x477ff000u,
                                      0x477fefffu, 0x00000001u, 0x80400000u, big_finite};
     size_t k = 0;
-    for (size_t v = 1; v * 16 < count; v += 3) {  // every third vector gets one special
+    for (size_t v = 1; v * 16 + 16 <= count; v += 3) {  // every third vector gets one special
       const size_t i = v * 16 + (v / 3) % 16;
       switch (v % 4) {
         case 0:
@@ -581,7 +586,7 @@ TEST_P(PathTest, StreamingNarrowingMatchesThePlainKernels) {
         std::vector<uint16_t> want(n), got(n + 40, 0x5a5a);
         const CastStats ws = plain(path, src.data(), want.data(), n);
         const CastStats gs = stream(path, src.data(), got.data() + offset, n);
-        ASSERT_EQ(std::memcmp(got.data() + offset, want.data(), n * 2), 0)
+        ASSERT_TRUE(n == 0 || std::memcmp(got.data() + offset, want.data(), n * 2) == 0)
             << CastPathName(path) << " offset " << offset << " n " << n;
         for (size_t i = 0; i < got.size(); ++i) {
           if (i < offset || i >= offset + n) {
@@ -610,7 +615,7 @@ TEST_P(PathTest, StreamingWideningMatchesThePlainKernels) {
              {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{33}, size_t{70}, all.size()}) {
           std::vector<float> got(n + 40, -3.0f);
           const CastStats gs = stream(path, all.data(), got.data() + offset, n, scale);
-          ASSERT_EQ(std::memcmp(got.data() + offset, want.data(), n * 4), 0)
+          ASSERT_TRUE(n == 0 || std::memcmp(got.data() + offset, want.data(), n * 4) == 0)
               << CastPathName(path) << " offset " << offset << " n " << n;
           for (size_t i = 0; i < got.size(); ++i) {
             if (i < offset || i >= offset + n) {

@@ -39,7 +39,9 @@ std::string ReadFile(const std::string& path) {
 Result RunCli(const std::string& args) {
   const std::string bin = adaptcomm::testing::BuildDir() + "/tools/adaptcomm";
   const std::string dir = ::testing::TempDir();
-  const std::string out = dir + "/tools_bench_out.txt", err = dir + "/tools_bench_err.txt";
+  // Per process: ctest runs the tests of this file in parallel processes.
+  const std::string stem = absl::StrCat(dir, "/tools_bench_", getpid());
+  const std::string out = stem + "_out.txt", err = stem + "_err.txt";
   const std::string cmd = absl::StrCat("ADAPTCOMM_LOG_LEVEL=warning timeout -k 5 120 ", bin, " ",
                                        args, " > ", out, " 2> ", err);
   const int rc = std::system(cmd.c_str());
