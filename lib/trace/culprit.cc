@@ -93,6 +93,16 @@ std::string Verdict(const CulpritReport& r) {
   std::vector<int> behind, waiting;
   for (const auto& p : r.ranks) (p.stuck_seq == frontier ? waiting : behind).push_back(p.rank);
   if (behind.empty()) {
+    // Everyone queued it. Ranks that never started it while others did were stalled before it
+    // (a stopped process, a thread that never came back to the library).
+    std::vector<int> never_started, started;
+    for (const auto& p : r.ranks)
+      (p.stuck_start_us == 0 ? never_started : started).push_back(p.rank);
+    if (!never_started.empty() && !started.empty()) {
+      return absl::StrCat(Ranks(never_started), " queued ", frontier_op, " #", frontier,
+                          " but never started it (stalled before it); ", Ranks(started),
+                          started.size() == 1 ? " was" : " were", " already running it");
+    }
     // Everyone got there; the one that got there last (by a clear margin) is still the suspect.
     const RankPosition* first = nullptr;
     const RankPosition* last = nullptr;
