@@ -91,6 +91,12 @@ struct CommunicatorOptions {
   // on, every op's input is copied before it runs (one memcpy per op) so that a retry re-runs it
   // bit for bit; the retry happens only when every rank agrees (see README, "Resilience").
   int max_retry_attempts = 0;
+  // Debug mode: before each collective every rank checks through the store that all ranks call
+  // the same op (op, dtype, count, reduce op, root); a mismatch fails that op on every rank with
+  // InvalidArgument naming each rank's call, before any data moves. One store round trip per op.
+  // Also on when ADAPTCOMM_CHECK_COLLECTIVES=1. Off: a mismatch is still named, but only once it
+  // made an op fail or time out (the retry vote compares the ops).
+  bool check_collectives = false;
 
   // Network interface for the Gloo transport. Empty: GLOO_SOCKET_IFNAME; if unset too, the local
   // address that routes to master_addr (loopback when the master is local).

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/status.h"
 #include "lib/core/backend_selection.h"
+#include "lib/core/collective_check.h"
 #include "lib/core/communicator_impl.h"
 #include "lib/core/heartbeat.h"
 #include "lib/core/init_agreement.h"
@@ -73,6 +74,13 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     fc.vote_timeout = options_.timeout + options_.failure_report_window;
     coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
     executor_->SetFailureHandler(coordinator_);
+    if (options_.check_collectives) {
+      auto check = std::make_shared<CollectiveCheck>(rendezvous_.store, options_.rank,
+                                                     options_.world_size, options_.name);
+      executor_->SetPreRunCheck([check](const OpDesc& op, const std::string& fingerprint) {
+        return check->Check(op, fingerprint);
+      });
+    }
     executor_->SetRecoveryHandler(coordinator_);
   }
   HeartbeatMonitor::Watch watch;
@@ -147,6 +155,10 @@ absl::Status ResolveOptions(CommunicatorOptions& o, std::string& launch_source) 
         absl::StrCat("rank ", o.rank, " is out of range for world size ", o.world_size));
   }
   if (o.name.empty()) return absl::InvalidArgumentError("communicator name must not be empty");
+  if (const char* check = std::getenv("ADAPTCOMM_CHECK_COLLECTIVES");
+      check != nullptr && std::string(check) == "1") {
+    o.check_collectives = true;
+  }
   if (o.timeout < absl::ZeroDuration() || o.init_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "timeouts must be positive (or zero: from the profile): timeout=",

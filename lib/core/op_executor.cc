@@ -99,6 +99,9 @@ void OpExecutor::RunHeadLocked() {
 
 absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work) {
   const OpDesc& desc = work->desc();
+  if (pre_run_check_) {
+    if (absl::Status s = pre_run_check_(desc, Fingerprint(desc)); !s.ok()) return s;
+  }
   const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
   bool replayable = false;
   if (retries) {

@@ -86,6 +86,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void AddObserver(std::shared_ptr<trace::OpObserver> observer) {
     observers_.push_back(std::move(observer));
   }
+  // Runs before each op's first attempt with the op and its fingerprint ("allreduce f32[8] sum");
+  // a failure fails the op without running it. REQUIRES: before Start().
+  using PreRunCheck = std::function<absl::Status(const OpDesc&, const std::string& fingerprint)>;
+  void SetPreRunCheck(PreRunCheck check) { pre_run_check_ = std::move(check); }
   void SetFailureHandler(std::shared_ptr<FailureHandler> handler) {
     failure_handler_ = std::move(handler);
   }
@@ -158,6 +162,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<trace::OpObserver>> observers_;  // fixed after Start()
   std::shared_ptr<FailureHandler> failure_handler_;            // fixed after Start()
+  PreRunCheck pre_run_check_;                                  // fixed after Start()
   std::shared_ptr<RecoveryHandler> recovery_handler_;          // fixed after Start()
   std::function<void()> heartbeat_;                            // fixed after Start()
   std::thread worker_;
