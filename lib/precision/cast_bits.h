@@ -7,6 +7,7 @@
 #define ADAPTCOMM_LIB_PRECISION_CAST_BITS_H_
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define ADAPTCOMM_HOST_DEVICE __host__ __device__ __forceinline__
@@ -75,6 +76,26 @@ ADAPTCOMM_HOST_DEVICE uint32_t F16ToF32(uint16_t h) {
     ++shift;
   }
   return sign | ((113u - shift) << 23) | ((mm & 0x3ffu) << 13);
+}
+
+ADAPTCOMM_HOST_DEVICE uint32_t BitsOf(float f) {
+  uint32_t b;
+  memcpy(&b, &f, sizeof(b));
+  return b;
+}
+ADAPTCOMM_HOST_DEVICE float FloatOf(uint32_t b) {
+  float f;
+  memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+// acc + w, except that a NaN accumulator is kept (quieted): which NaN an add returns when both
+// operands are NaN depends on the operand order, and compilers commute float adds freely, so every
+// path keeps the accumulator's NaN explicitly and the bits do not depend on code generation.
+ADAPTCOMM_HOST_DEVICE float AddKeepingAccNaN(float acc, float w) {
+  const uint32_t a = BitsOf(acc);
+  if ((a & kF32AbsMask) > kF32Inf) return FloatOf(a | kF32QuietBit);
+  return acc + w;
 }
 
 // What the casts count: finite fp32 values that become +-Inf on the narrow side, and NaN/Inf.

@@ -6,24 +6,10 @@
 #include "lib/precision/cast_kernels.h"
 
 namespace adaptcomm::precision {
-namespace {
 
-uint32_t BitsOf(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
-float FloatOf(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
-
-using bits::kF32AbsMask;
-using bits::kF32Inf;
-using bits::kF32QuietBit;
-
-}  // namespace
+using bits::AddKeepingAccNaN;
+using bits::BitsOf;
+using bits::FloatOf;
 
 uint16_t F32BitsToBF16(uint32_t x) { return bits::F32ToBF16(x); }
 uint16_t F32BitsToF16(uint32_t x) { return bits::F32ToF16(x); }
@@ -75,17 +61,6 @@ CastStats F16ToF32Scalar(const uint16_t* src, float* dst, size_t n, float scale)
   }
   return s;
 }
-
-namespace {
-// Which NaN an add returns when both operands are NaN depends on the operand order, and compilers
-// commute float adds freely; a NaN accumulator is therefore kept explicitly (quieted) on every
-// path, so the bits do not depend on code generation.
-inline float AddKeepingAccNaN(float acc, float w) {
-  const uint32_t a = BitsOf(acc);
-  if ((a & kF32AbsMask) > kF32Inf) return FloatOf(a | kF32QuietBit);
-  return acc + w;
-}
-}  // namespace
 
 void AccumulateBF16Scalar(const uint16_t* src, float* acc, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] = AddKeepingAccNaN(acc[i], FloatOf(BF16ToF32Bits(src[i])));

@@ -76,7 +76,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) inline __m512i BF16Round16(__m512i x, 
 }
 
 // A NaN accumulator stays itself (quieted) whatever operand order the compiler picks for the add;
-// see AddKeepingAccNaN in cast_scalar.cc.
+// see AddKeepingAccNaN in cast_bits.h.
 __attribute__((target(ADAPTCOMM_AVX512))) inline __m512 AddKeepingAccNaN512(__m512 acc, __m512 w) {
   const __mmask16 nan = _mm512_cmp_ps_mask(acc, acc, _CMP_UNORD_Q);
   const __m512i quieted = _mm512_or_si512(_mm512_castps_si512(acc), _mm512_set1_epi32(0x00400000));

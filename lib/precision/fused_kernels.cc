@@ -6,25 +6,12 @@
 #include "lib/precision/cast_bits.h"
 
 namespace adaptcomm::precision {
+
+using bits::AddKeepingAccNaN;
+using bits::BitsOf;
+using bits::FloatOf;
+
 namespace {
-
-uint32_t BitsOf(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return b;
-}
-float FloatOf(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
-
-// As AccumulateBF16Scalar/AccumulateF16Scalar: a NaN accumulator is kept (quieted).
-float AddKeepingAccNaN(float acc, float w) {
-  const uint32_t a = BitsOf(acc);
-  if ((a & bits::kF32AbsMask) > bits::kF32Inf) return FloatOf(a | bits::kF32QuietBit);
-  return acc + w;
-}
 
 struct BF16Ops {
   static uint16_t Narrow(uint32_t x) { return F32BitsToBF16(x); }
