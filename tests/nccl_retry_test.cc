@@ -149,7 +149,7 @@ std::vector<absl::StatusOr<std::string>> CreateWithFlakyInit(int max_retry_attem
         o.profile_file = profile;
         o.backend = BackendChoice::kNccl;
         o.max_retry_attempts = max_retry_attempts;
-        o.init_timeout = absl::Seconds(4);  // rank 0 waits out half of it for its NCCL init
+        o.init_timeout = absl::Seconds(4);
         auto comm = Communicator::Create(o);
         if (!comm.ok()) {
           outcome[static_cast<size_t>(env.rank)] = comm.status();

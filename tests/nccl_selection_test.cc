@@ -197,14 +197,19 @@ TEST(NcclSelection, InitTimeoutAbortsThenFallsBackOrFailsPerPolicy) {
 }
 
 TEST(NcclSelection, InitFailureOnOneRankAbortsTheOthersInit) {
-  // Rank 0 fails fast; rank 1's init can then never complete: it times out, aborts, and both
-  // agree on Gloo. The rank that succeeded nowhere has nothing to finalize.
+  // Rank 0 fails fast; rank 1's init can then never complete. Rank 1 sees rank 0's published
+  // failure, abandons its init at once (aborting it) instead of waiting out the init timeout (1 s
+  // of the 2 s here), and both agree on Gloo. Nobody finalizes a communicator that never worked.
+  const absl::Time start = absl::Now();
   Outcome out = Select(
       2, {}, [](int i, FakeNcclFaults& f) { f.init_fails = i == 0; }, nullptr, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(900));
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(out.result[i].ok()) << out.result[i].status();
     EXPECT_THAT(out.result[i]->reason, HasSubstr("rank 0: NCCL init of rank 0 on cuda:0: "
                                                  "ncclSystemError"));
+    EXPECT_THAT(out.result[i]->reason,
+                HasSubstr("rank 1: NCCL init of rank 1 on cuda:0 abandoned (rank 0 failed)"));
     EXPECT_EQ(out.apis[i]->abort_calls(), 1);
     EXPECT_EQ(out.apis[i]->finalize_calls(), 0);
   }

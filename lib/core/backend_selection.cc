@@ -220,6 +220,17 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     no.size = o.world_size;
     no.device = device;
     no.store = rv.store;
+    // A peer whose init failed publishes that before the others finish theirs: stop waiting then.
+    no.peers_gave_up = [&rv, &o]() -> absl::Status {
+      for (int r = 0; r < o.world_size; ++r) {
+        if (r == o.rank) continue;
+        absl::StatusOr<std::string> v =
+            rv.store->Get(absl::StrCat("select/init/", r), absl::ZeroDuration());
+        if (v.ok() && *v != kYes)
+          return absl::UnavailableError(absl::StrCat("rank ", r, " failed"));
+      }
+      return absl::OkStatus();
+    };
     // Half of the time left: a hung init still leaves time to agree and build Gloo.
     no.init_timeout = std::max((deadline - absl::Now()) / 2, absl::Milliseconds(1));
     int version = 0;

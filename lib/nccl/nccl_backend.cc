@@ -591,22 +591,32 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
   NcclComm comm = nullptr;
   NcclResult r = api->CommInitRankConfig(&comm, o.size, uid, o.rank, o.config);
   NcclResult state = r;
+  absl::Status gave_up;
+  absl::Time next_peer_check = absl::Now() + absl::Milliseconds(100);
   for (int i = 0; r == NcclResult::kSuccess || r == NcclResult::kInProgress; ++i) {
     NcclResult q = api->CommGetAsyncError(comm, &state);
     if (q != NcclResult::kSuccess) state = q;
     if (state != NcclResult::kInProgress) break;
-    if (absl::Now() > deadline) break;
+    const absl::Time now = absl::Now();
+    if (now > deadline) break;
+    if (o.peers_gave_up && now >= next_peer_check) {
+      next_peer_check = now + absl::Milliseconds(100);
+      gave_up = o.peers_gave_up();
+      if (!gave_up.ok()) break;
+    }
     internal::PollPause(64 + i);
   }
   if (r != NcclResult::kSuccess && r != NcclResult::kInProgress) state = r;
   if (state != NcclResult::kSuccess) {
     absl::Status failed =
-        state == NcclResult::kInProgress
-            ? absl::DeadlineExceededError(absl::StrCat(
+        state != NcclResult::kInProgress ? MapNcclResult(state, who, api->GetLastError(comm))
+        : !gave_up.ok()
+            ? absl::UnavailableError(
+                  absl::StrCat(who, " abandoned (", gave_up.message(), "); ncclCommAbort called"))
+            : absl::DeadlineExceededError(absl::StrCat(
                   who, " did not finish within ",
                   absl::FormatDuration(absl::Trunc(options.init_timeout, absl::Milliseconds(1))),
-                  "; ncclCommAbort called"))
-            : MapNcclResult(state, who, api->GetLastError(comm));
+                  "; ncclCommAbort called"));
     if (comm != nullptr) {
       if (absl::Status a = internal::AbortBounded(api, comm, o.abort_timeout); !a.ok()) {
         failed = absl::Status(failed.code(), absl::StrCat(failed.message(), "; ", a.message()));

@@ -10,6 +10,7 @@
 #ifndef ADAPTCOMM_LIB_NCCL_NCCL_BACKEND_H_
 #define ADAPTCOMM_LIB_NCCL_NCCL_BACKEND_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,10 @@ struct NcclBackendOptions {
   NcclCommConfig config;
   absl::Duration abort_timeout = absl::Seconds(5);      // ncclCommAbort may hang: bounded
   absl::Duration shutdown_timeout = absl::Seconds(10);  // ncclCommFinalize on destruction
+  // Polled (every 100 ms) while init is in progress: a non-OK status abandons the init at once
+  // (aborting the communicator) instead of waiting out init_timeout for peers that will never
+  // join, e.g. because one published that its own init failed. Null: never.
+  std::function<absl::Status()> peers_gave_up;
 };
 
 // Exchanges the unique id, initializes the communicator and waits (polling) for it. Errors:
