@@ -419,14 +419,6 @@ absl::StatusOr<Row> RunCase(Communicator& comm, const Plan& plan, const BenchArg
   return row;
 }
 
-int DeviceIndex() {
-  for (const char* var :
-       {"ADAPTCOMM_CUDA_DEVICE", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
-    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
-  }
-  return 0;
-}
-
 absl::Status RunRank(Communicator& comm, const Plan& plan, const BenchArgs& a, RankReport* report) {
   const absl::Duration timeout = absl::Seconds(a.timeout_s);
   DeviceContext dev_ctx;
@@ -434,7 +426,7 @@ absl::Status RunRank(Communicator& comm, const Plan& plan, const BenchArgs& a, R
   if (!comm.capabilities().host_memory) {  // NCCL: CUDA buffers
     auto cuda = nccl::LoadCudaApi();
     if (!cuda.ok()) return cuda.status();
-    dev_ctx = {*cuda, DeviceIndex(), timeout};
+    dev_ctx = {*cuda, DefaultCudaDevice(), timeout};
     if (int rc = dev_ctx.cuda->SetDevice(dev_ctx.device); rc != nccl::kCudaSuccess) {
       return absl::FailedPreconditionError(
           absl::StrCat("cudaSetDevice(", dev_ctx.device, "): ", dev_ctx.cuda->ErrorString(rc)));

@@ -50,6 +50,10 @@ struct LaunchInfo {
 // SLURM_LOCALID), in that order; MASTER_ADDR/MASTER_PORT (or ADAPTCOMM_MASTER_ADDR/_PORT) give
 // the store address under every launcher. NotFound when no launcher is recognised.
 [[nodiscard]] absl::StatusOr<LaunchInfo> DetectLaunchEnvironment();
+// The CUDA device of this process's rank, as the NCCL backend picks it: ADAPTCOMM_CUDA_DEVICE,
+// else the launcher's local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else 0.
+// Allocate the tensors you pass to the communicator there.
+int DefaultCudaDevice();
 
 struct CommunicatorOptions {
   int rank = -1;        // -1: from the launcher's environment

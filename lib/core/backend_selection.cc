@@ -55,20 +55,8 @@ Apis LoadApis(const SelectionDeps& deps, bool want_nccl) {
   return a;
 }
 
-int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  int n = 0;
-  if (v != nullptr && absl::SimpleAtoi(v, &n) && n >= 0) return n;
-  return fallback;
-}
-
 int ChooseDevice(const SelectionDeps& deps) {
-  if (deps.device >= 0) return deps.device;
-  int d = EnvInt("ADAPTCOMM_CUDA_DEVICE", -1);
-  if (d < 0) d = EnvInt("LOCAL_RANK", -1);
-  if (d < 0) d = EnvInt("OMPI_COMM_WORLD_LOCAL_RANK", -1);
-  if (d < 0) d = EnvInt("SLURM_LOCALID", -1);
-  return d < 0 ? 0 : d;
+  return deps.device >= 0 ? deps.device : DefaultCudaDevice();
 }
 
 int VisibleDevices(nccl::CudaApi* cuda) {

@@ -75,4 +75,13 @@ absl::StatusOr<LaunchInfo> DetectLaunchEnvironment() {
       "(OMPI_COMM_WORLD_RANK) or srun (SLURM_PROCID), or pass rank and world_size explicitly");
 }
 
+int DefaultCudaDevice() {
+  for (const char* name :
+       {"ADAPTCOMM_CUDA_DEVICE", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    absl::StatusOr<int> d = EnvInt(name);
+    if (d.ok() && *d >= 0) return *d;
+  }
+  return 0;
+}
+
 }  // namespace adaptcomm
