@@ -347,8 +347,17 @@ int FakeNcclApi::GetDeviceCount(int* count) {
   *count = faults_.device_count_error == nccl::kCudaSuccess ? faults_.device_count : 0;
   return faults_.device_count_error;
 }
+namespace {
+thread_local int current_device = 0;
+}  // namespace
 int FakeNcclApi::SetDevice(int device) {
-  return device >= 0 && device < faults_.device_count ? nccl::kCudaSuccess : 101;
+  if (device < 0 || device >= faults_.device_count) return 101;  // cudaErrorInvalidDevice
+  current_device = device;
+  return nccl::kCudaSuccess;
+}
+int FakeNcclApi::GetDevice(int* device) {
+  *device = current_device;
+  return nccl::kCudaSuccess;
 }
 int FakeNcclApi::DriverVersion(int* version) {
   *version = 13000;

@@ -75,6 +75,7 @@ class FakeNcclApi final : public nccl::NcclApi {
   // CudaApi
   int GetDeviceCount(int* count) override;
   int SetDevice(int device) override;
+  int GetDevice(int* device) override;  // per thread, as CUDA's (0 until set)
   int DriverVersion(int* version) override;
   int RuntimeVersion(int* version) override;
   int PointerGetAttributes(const void* ptr, nccl::PointerInfo* info) override;

@@ -437,3 +437,35 @@ TEST(NcclBackend, HungAbortStillLetsTheProcessExit) {
 
 }  // namespace
 }  // namespace adaptcomm
+
+namespace adaptcomm {
+namespace {
+
+// The backend runs ops on the caller's thread too (Work::Wait helps): it must leave that
+// thread's current CUDA device as it found it.
+TEST(NcclBackend, RunRestoresTheCallersCurrentDevice) {
+  constexpr int kN = 2;
+  Ranks r = Create(kN, [](int, FakeNcclFaults& f) { f.device_count = 2; });
+  for (int i = 0; i < kN; ++i) ASSERT_TRUE(r.init[i].ok()) << r.init[i];
+  std::vector<std::vector<float>> data(kN, std::vector<float>(4, 1.0f));
+  std::vector<int> after(kN, -1);
+  std::vector<absl::Status> status(kN);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kN; ++i) {
+    threads.emplace_back([&, i] {
+      ASSERT_EQ(r.apis[i]->SetDevice(1), nccl::kCudaSuccess);  // the trainer's own device
+      status[i] = r.backends[i]->Run(
+          Op(OpKind::kAllreduce, Dev(data[i].data(), 4), Dev(data[i].data(), 4)));
+      ASSERT_EQ(r.apis[i]->GetDevice(&after[i]), nccl::kCudaSuccess);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_TRUE(status[i].ok()) << status[i];
+    EXPECT_EQ(data[i][0], 2.0f);
+    EXPECT_EQ(after[i], 1) << "rank " << i << ": the backend left its own device current";
+  }
+}
+
+}  // namespace
+}  // namespace adaptcomm

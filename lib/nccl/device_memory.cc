@@ -15,13 +15,17 @@ class CudaDeviceMemory final : public DeviceMemory {
   absl::Status CopyAsync(void* dst, const void* src, size_t bytes, Device device,
                          void* stream) override {
     if (bytes == 0) return absl::OkStatus();
-    if (absl::Status s = Select(device); !s.ok()) return s;
+    if (!device.is_cuda()) return NotCuda();
+    ScopedCudaDevice current(*cuda_, device.index);
+    if (absl::Status s = Selected(current, device); !s.ok()) return s;
     const int e = cuda_->MemcpyAsync(dst, src, bytes, MemcpyKind::kDeviceToDevice, stream);
     return Check(e, absl::StrCat("cudaMemcpyAsync of ", bytes, " bytes on cuda:", device.index));
   }
 
   absl::StatusOr<void*> Allocate(Device device, size_t bytes) override {
-    if (absl::Status s = Select(device); !s.ok()) return s;
+    if (!device.is_cuda()) return NotCuda();
+    ScopedCudaDevice current(*cuda_, device.index);
+    if (absl::Status s = Selected(current, device); !s.ok()) return s;
     void* ptr = nullptr;
     const int e = cuda_->Malloc(&ptr, bytes);
     if (absl::Status s =
@@ -33,16 +37,17 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
   void Free(Device device, void* ptr) override {
-    if (ptr == nullptr || !Select(device).ok()) return;
-    (void)cuda_->Free(ptr);
+    if (ptr == nullptr || !device.is_cuda()) return;
+    ScopedCudaDevice current(*cuda_, device.index);
+    if (current.error() == kCudaSuccess) (void)cuda_->Free(ptr);
   }
 
  private:
-  absl::Status Select(Device device) {
-    if (!device.is_cuda()) {
-      return absl::InvalidArgumentError("device memory: the view is not on a CUDA device");
-    }
-    return Check(cuda_->SetDevice(device.index), absl::StrCat("cudaSetDevice(", device.index, ")"));
+  static absl::Status NotCuda() {
+    return absl::InvalidArgumentError("device memory: the view is not on a CUDA device");
+  }
+  absl::Status Selected(const ScopedCudaDevice& current, Device device) {
+    return Check(current.error(), absl::StrCat("cudaSetDevice(", device.index, ")"));
   }
 
   absl::Status Check(int error, const std::string& what) {

@@ -137,6 +137,8 @@ class CudaApi {
   // Stream ordering for the device mixed-precision path (lib/precision/mixed_device.cc). The
   // defaults return kCudaErrorNotSupported, so implementations that predate them still build.
   // Work queued on `stream` after this call waits until `event`'s recorded work is done.
+  // The calling thread's current device (ScopedCudaDevice restores it).
+  virtual int GetDevice(int* /*device*/) { return kCudaErrorNotSupported; }
   virtual int StreamWaitEvent(CudaStream /*stream*/, CudaEvent /*event*/) {
     return kCudaErrorNotSupported;
   }
@@ -190,6 +192,29 @@ class NcclApi : public CudaApi {
                           NcclComm comm, CudaStream stream) = 0;
   virtual NcclResult Recv(void* recv, size_t count, NcclDataType dtype, int peer, NcclComm comm,
                           CudaStream stream) = 0;
+};
+
+// Makes `device` current on this thread for the scope and restores the caller's device after:
+// adaptcomm runs ops on the caller's thread too (Work::Wait helps), and a library must not leave a
+// trainer's thread on another GPU. error() is the cudaSetDevice result.
+class ScopedCudaDevice {
+ public:
+  ScopedCudaDevice(CudaApi& api, int device) : api_(api) {
+    if (api_.GetDevice(&previous_) != kCudaSuccess) previous_ = -1;
+    error_ = previous_ == device ? kCudaSuccess : api_.SetDevice(device);
+    if (previous_ == device) previous_ = -1;  // nothing to restore
+  }
+  ~ScopedCudaDevice() {
+    if (previous_ >= 0) (void)api_.SetDevice(previous_);
+  }
+  ScopedCudaDevice(const ScopedCudaDevice&) = delete;
+  ScopedCudaDevice& operator=(const ScopedCudaDevice&) = delete;
+  int error() const { return error_; }
+
+ private:
+  CudaApi& api_;
+  int previous_ = -1;
+  int error_ = kCudaSuccess;
 };
 
 // The oldest NCCL with everything the backend calls: ncclCommInitRankConfig, nonblocking

@@ -47,6 +47,7 @@ class CudaRuntime : public Base {
  public:
   int GetDeviceCount(int* count) override { return cudaGetDeviceCount(count); }
   int SetDevice(int device) override { return cudaSetDevice(device); }
+  int GetDevice(int* device) override { return cudaGetDevice(device); }
   int DriverVersion(int* version) override { return cudaDriverGetVersion(version); }
   int RuntimeVersion(int* version) override { return cudaRuntimeGetVersion(version); }
   int PointerGetAttributes(const void* ptr, PointerInfo* info) override {

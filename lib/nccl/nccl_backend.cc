@@ -332,7 +332,9 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
   absl::Status result = [&]() -> absl::Status {
     if (absl::Status s = Supports(op); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + op.timeout;
-    if (int e = api_->SetDevice(options_.device); e != kCudaSuccess) {
+    // The caller's thread may run this (Work::Wait helps): its current device is restored after.
+    ScopedCudaDevice device(*api_, options_.device);
+    if (int e = device.error(); e != kCudaSuccess) {
       return Break(absl::UnavailableError(absl::StrCat(
           What(op), ": cudaSetDevice(", options_.device, "): ", api_->ErrorString(e))));
     }

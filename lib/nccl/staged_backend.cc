@@ -249,6 +249,8 @@ absl::Status StagedBackend::Run(const OpDesc& op) {
                                                       " not run: ", s.ToString()));
   }
   if (absl::Status s = Supports(op); !s.ok()) return s;
+  // Copies and events run on the view's device; the caller's current device is restored after.
+  ScopedCudaDevice device(*cuda_, (in_dev ? op.input : op.output).device.index);
   const absl::Time deadline = absl::Now() + op.timeout;
   const std::string what = absl::StrCat(name_, " ", OpKindName(op.kind), " seq ", op.seq);
   const int rank = inner_->rank();

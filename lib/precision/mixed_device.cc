@@ -497,7 +497,9 @@ absl::StatusOr<MixedStats> RunMixedOnDevice(const DeviceMixedCall& call) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, ": no CUDA runtime: ", api.status().message()));
   }
-  if (int e = (*api)->SetDevice(device); e != kCudaSuccess) {
+  // The caller's current device is restored when this returns.
+  nccl::ScopedCudaDevice current(**api, device);
+  if (int e = current.error(); e != kCudaSuccess) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": cudaSetDevice(", device, "): ", (*api)->ErrorString(e)));
   }
