@@ -83,31 +83,10 @@ struct MixedOpRunner {
   size_t WireOutCount() const { return kind == OpKind::kAllreduce ? 0 : output.count; }
 
   Work Issue(TensorView in, TensorView out) {
-    switch (kind) {
-      case OpKind::kAllreduce: {
-        AllreduceOptions o;
-        o.op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
-        o.timeout = opts.timeout;
-        return comm.Allreduce(in, o);
-      }
-      case OpKind::kReduceScatter: {
-        ReduceScatterOptions o;
-        o.op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
-        o.timeout = opts.timeout;
-        return comm.ReduceScatter(in, out, o);
-      }
-      default: {
-        AllgatherOptions o;
-        o.timeout = opts.timeout;
-        return comm.Allgather(in, out, o);
-      }
-    }
+    return IssueWireCollective(comm, kind, opts, in, out);
   }
 
-  float Factor() const {
-    if (kind == OpKind::kAllgather) return 1.0f;
-    return opts.op == ReduceOp::kAvg ? opts.scale / static_cast<float>(comm.size()) : opts.scale;
-  }
+  float Factor() const { return MixedFactor(kind, opts, comm.size()); }
 
   mixed::Fingerprint MyFingerprint(DType wire) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.call_mu) {
     mixed::Fingerprint fp;

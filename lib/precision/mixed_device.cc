@@ -13,6 +13,7 @@
 #include "lib/nccl/nccl_api.h"
 #include "lib/nccl/nccl_internal.h"
 #include "lib/precision/mixed_fingerprint.h"
+#include "lib/precision/mixed_internal.h"
 
 namespace adaptcomm {
 namespace {
@@ -124,31 +125,10 @@ class DeviceOp {
     return TensorView{p, count, wire, Device::Cuda(d_), ds_.comm_stream};
   }
 
-  float Factor() const {
-    if (c_.kind == OpKind::kAllgather) return 1.0f;
-    return o_.op == ReduceOp::kAvg ? o_.scale / static_cast<float>(comm_.size()) : o_.scale;
-  }
+  float Factor() const { return MixedFactor(c_.kind, o_, comm_.size()); }
 
   Work Issue(TensorView in, TensorView out) {
-    switch (c_.kind) {
-      case OpKind::kAllreduce: {
-        AllreduceOptions a;
-        a.op = o_.op == ReduceOp::kAvg ? ReduceOp::kSum : o_.op;
-        a.timeout = o_.timeout;
-        return comm_.Allreduce(in, a);
-      }
-      case OpKind::kReduceScatter: {
-        ReduceScatterOptions a;
-        a.op = o_.op == ReduceOp::kAvg ? ReduceOp::kSum : o_.op;
-        a.timeout = o_.timeout;
-        return comm_.ReduceScatter(in, out, a);
-      }
-      default: {
-        AllgatherOptions a;
-        a.timeout = o_.timeout;
-        return comm_.Allgather(in, out, a);
-      }
-    }
+    return IssueWireCollective(comm_, c_.kind, o_, in, out);
   }
 
   absl::Status ReadCounters() {

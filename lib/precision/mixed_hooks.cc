@@ -40,6 +40,35 @@ const char* OverflowPolicyName(OverflowPolicy policy) {
   return "unknown-policy";
 }
 
+Work IssueWireCollective(Communicator& comm, OpKind kind, const MixedOptions& opts, TensorView in,
+                         TensorView out) {
+  const ReduceOp wire_op = opts.op == ReduceOp::kAvg ? ReduceOp::kSum : opts.op;
+  switch (kind) {
+    case OpKind::kAllreduce: {
+      AllreduceOptions o;
+      o.op = wire_op;
+      o.timeout = opts.timeout;
+      return comm.Allreduce(in, o);
+    }
+    case OpKind::kReduceScatter: {
+      ReduceScatterOptions o;
+      o.op = wire_op;
+      o.timeout = opts.timeout;
+      return comm.ReduceScatter(in, out, o);
+    }
+    default: {
+      AllgatherOptions o;
+      o.timeout = opts.timeout;
+      return comm.Allgather(in, out, o);
+    }
+  }
+}
+
+float MixedFactor(OpKind kind, const MixedOptions& opts, int world_size) {
+  if (kind == OpKind::kAllgather) return 1.0f;
+  return opts.op == ReduceOp::kAvg ? opts.scale / static_cast<float>(world_size) : opts.scale;
+}
+
 OverflowPolicy ResolveOverflowPolicy(OverflowPolicy requested, const Communicator& comm) {
   if (requested != OverflowPolicy::kFromProfile) return requested;
   const std::string& name = comm.config().precision.fp16_overflow;

@@ -54,6 +54,13 @@ struct MixedPrecisionContext::State {
   std::shared_ptr<void> device ABSL_GUARDED_BY(call_mu);  // mixed_device.cc's DeviceMixedState
 };
 
+// The wire collective of a mixed op (host and device paths alike): avg reduces a sum on the wire
+// (the division happens in fp32, see MixedFactor).
+Work IssueWireCollective(Communicator& comm, OpKind kind, const MixedOptions& opts, TensorView in,
+                         TensorView out);
+// What the cast back multiplies by: scale, divided by the world size for avg; 1 for allgather.
+float MixedFactor(OpKind kind, const MixedOptions& opts, int world_size);
+
 // `requested`, or the communicator profile's precision.fp16_overflow for kFromProfile.
 OverflowPolicy ResolveOverflowPolicy(OverflowPolicy requested, const Communicator& comm);
 
