@@ -317,7 +317,7 @@ TEST_F(ProfileResolve, BrokenFilesNameLineAndColumn) {
       {"traffic class", "infrastructure:\n  env:\n    NCCL_IB_TC: 300\ntiers: [{name: a}]\n",
        "test.yaml:3:17: NCCL_IB_TC=300 is outside 0..255 (at '300')"},
       {"zero timeout", "defaults:\n  timeouts:\n    init: 0s\ntiers: [{name: a}]\n",
-       "test.yaml:3:11: timeouts.init: timeouts.init must be positive (at '0s')"},
+       "test.yaml:3:11: timeouts.init: must be positive (at '0s')"},
       {"overlap",
        "tiers:\n  - name: a\n    params: \"<=10B\"\n  - name: b\n    params: \"5B-20B\"\n",
        "test.yaml:5:13: tier 'b' (5B-20B) overlaps tier 'a' (<=10B) (at '5B-20B')"},

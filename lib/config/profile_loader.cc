@@ -211,8 +211,7 @@ absl::Status ParseSection(const std::string& file, const YAML::Node& node,
       }
       auto canonical = CanonicalValue(*spec, text);
       if (!canonical.ok()) {
-        return ErrorAt(file, entry.second,
-                       absl::StrCat(spec->key, ": ", canonical.status().message()));
+        return ErrorAt(file, entry.second, std::string(canonical.status().message()));
       }
       layer->values[spec->key] = {*canonical, WhereLine(file, entry.second),
                                   Where(file, entry.second)};

@@ -175,7 +175,9 @@ const std::vector<std::string>& CodeNames() {
 }
 }  // namespace
 
-absl::StatusOr<std::string> CanonicalValue(const KeySpec& spec, const std::string& text) {
+namespace {
+// The canonical text, or why `text` is not a valid value (without the key: the caller names it).
+absl::StatusOr<std::string> CanonicalText(const KeySpec& spec, const std::string& text) {
   switch (spec.kind) {
     case Kind::kDuration: {
       // gloo.timeout may follow the collective timeout.
@@ -183,7 +185,7 @@ absl::StatusOr<std::string> CanonicalValue(const KeySpec& spec, const std::strin
       auto d = ParseDuration(text);
       if (!d.ok()) return d.status();
       if (*d <= absl::ZeroDuration()) {
-        return absl::InvalidArgumentError(absl::StrCat(spec.key, " must be positive"));
+        return absl::InvalidArgumentError("must be positive");
       }
       return DurationText(*d);
     }
@@ -191,7 +193,7 @@ absl::StatusOr<std::string> CanonicalValue(const KeySpec& spec, const std::strin
       auto v = ParseInt(text);
       if (!v.ok()) return v.status();
       if (*v < spec.min || *v > spec.max) {
-        return absl::OutOfRangeError(absl::StrCat(spec.key, " = ", *v, " is outside ",
+        return absl::OutOfRangeError(absl::StrCat(*v, " is outside ",
                                                   static_cast<int64_t>(spec.min), "..",
                                                   static_cast<int64_t>(spec.max)));
       }
@@ -201,8 +203,7 @@ absl::StatusOr<std::string> CanonicalValue(const KeySpec& spec, const std::strin
       auto v = ParseDouble(text);
       if (!v.ok()) return v.status();
       if (*v < spec.min || *v > spec.max) {
-        return absl::OutOfRangeError(
-            absl::StrCat(spec.key, " = ", *v, " is outside ", spec.min, "..", spec.max));
+        return absl::OutOfRangeError(absl::StrCat(*v, " is outside ", spec.min, "..", spec.max));
       }
       return absl::StrCat(*v);
     }
@@ -214,7 +215,7 @@ absl::StatusOr<std::string> CanonicalValue(const KeySpec& spec, const std::strin
     case Kind::kEnum:
       if (std::find(spec.choices.begin(), spec.choices.end(), text) == spec.choices.end()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(spec.key, " must be one of ", absl::StrJoin(spec.choices, ", ")));
+            absl::StrCat("must be one of ", absl::StrJoin(spec.choices, ", ")));
       }
       return text;
     case Kind::kString:
@@ -238,6 +239,13 @@ absl::StatusOr<std::string> CanonicalValue(const KeySpec& spec, const std::strin
     }
   }
   return text;
+}
+}  // namespace
+
+absl::StatusOr<std::string> CanonicalValue(const KeySpec& spec, const std::string& text) {
+  absl::StatusOr<std::string> v = CanonicalText(spec, text);
+  if (v.ok()) return v;
+  return absl::Status(v.status().code(), absl::StrCat(spec.key, ": ", v.status().message()));
 }
 
 }  // namespace adaptcomm::config

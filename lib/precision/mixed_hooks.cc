@@ -1,4 +1,5 @@
-// Names of the mixed-precision enums, hook handles and the context (adaptcomm/precision.h).
+// Names of the mixed-precision enums, hook handles and the context (adaptcomm/precision.h), and
+// the helpers both mixed paths share (mixed_internal.h).
 #include <algorithm>
 #include <memory>
 #include <string>

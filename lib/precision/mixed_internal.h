@@ -1,5 +1,5 @@
-// Internal to lib/precision/mixed*.cc: the hook registry and the context state shared by the
-// hook and context functions (mixed_hooks.cc) and the mixed-collective runner (mixed.cc).
+// Internal to lib/precision/mixed*.cc: the hook registry, the context state, and the helpers the
+// host runner (mixed.cc) and the device path (mixed_device.cc) share; defined in mixed_hooks.cc.
 #ifndef ADAPTCOMM_LIB_PRECISION_MIXED_INTERNAL_H_
 #define ADAPTCOMM_LIB_PRECISION_MIXED_INTERNAL_H_
 
