@@ -34,12 +34,17 @@ find_program(ADAPTCOMM_CLANGXX NAMES clang++-14 clang++)
 if(ADAPTCOMM_CLANGXX)
   include(ExternalProject)
   set(fuzz_bin ${CMAKE_CURRENT_BINARY_DIR}/profile_fuzz-build)
+  # A launcher is passed only when ccache exists: a fresh machine has none (issue #11 item 1).
+  set(fuzz_launcher_arg "")
+  if(ADAPTCOMM_CCACHE)
+    set(fuzz_launcher_arg -DCMAKE_CXX_COMPILER_LAUNCHER=${ADAPTCOMM_CCACHE})
+  endif()
   ExternalProject_Add(profile_fuzz
     SOURCE_DIR ${CMAKE_CURRENT_SOURCE_DIR}/fuzz
     BINARY_DIR ${fuzz_bin}
     CMAKE_ARGS -DCMAKE_CXX_COMPILER=${ADAPTCOMM_CLANGXX} -DCMAKE_BUILD_TYPE=RelWithDebInfo
                -DADAPTCOMM_SOURCE_DIR=${PROJECT_SOURCE_DIR}
-               -DCMAKE_CXX_COMPILER_LAUNCHER=${ADAPTCOMM_CCACHE}
+               ${fuzz_launcher_arg}
     BUILD_ALWAYS ON
     INSTALL_COMMAND "")
   # New inputs go to a scratch directory (the first one), never into the seed corpus.
