@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -145,6 +146,98 @@ TEST(NetnsFault, LinkDownPastTheTimeoutThenUpRecoversBitExact) {
       trace::AnalyzeFlightDumps(absl::StrCat(::testing::TempDir(), "/netns_", getpid()));
   ASSERT_TRUE(report.ok()) << report.status();
   std::printf("%s", report->ToText().c_str());
+}
+
+TEST(NetnsFault, RankCutOffForGoodSaysSoAndExitsPromptly) {
+  // Rank 1's link goes down and stays down. Rank 1 must say that it is the one cut off (not blame
+  // itself for not voting), and its process must end within the abort bound of returning that
+  // error, instead of lingering on store requests that cannot succeed (#11 item 4).
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  constexpr int kWorld = 2;
+  constexpr absl::Duration kAbortBound = absl::Seconds(3);
+  Netns net(kWorld);
+  if (!net.Up()) GTEST_SKIP() << "cannot create network namespaces, veth or a bridge here";
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/netns_cut_", getpid());
+  ASSERT_EQ(Sh(absl::StrCat("mkdir -p ", dir)), 0);
+  {
+    std::ofstream profile(dir + "/profile.yaml");
+    profile << "schema: 1\ndefaults:\n  timeouts:\n    store_connect: 2s\n    abort: 3s\n"
+            << "  retry:\n    initial_backoff: 100ms\n"
+            << "    retryable: [unavailable, aborted, deadline_exceeded]\n"
+            << "tiers:\n  - name: test\n    params: any\n";
+  }
+  const int port = testing::PickFreePort();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kWorld; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int fd = open(absl::StrCat("/var/run/netns/", net.Ns(r)).c_str(), O_RDONLY);
+      if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) _exit(10);
+      CommunicatorOptions o;
+      o.rank = r;
+      o.world_size = kWorld;
+      o.master_addr = net.Ip(0);
+      o.master_port = port;
+      o.backend = BackendChoice::kGloo;
+      o.profile_file = dir + "/profile.yaml";
+      o.timeout = absl::Seconds(4);
+      o.init_timeout = absl::Seconds(30);
+      o.failure_report_window = absl::Seconds(3);
+      o.max_retry_attempts = 3;
+      o.flight_recorder_dir = dir;
+      auto comm = Communicator::Create(o);
+      if (!comm.ok()) _exit(11);
+      std::vector<float> buf(1000, 1.0f);
+      absl::Status s;
+      for (int step = 0; s.ok() && step < 100000; ++step) {
+        s = (*comm)->Allreduce(HostView(buf.data(), buf.size())).Wait();
+        usleep(10 * 1000);
+      }
+      std::ofstream(absl::StrCat(dir, "/error.rank", r)) << absl::ToUnixMillis(absl::Now()) << "\n"
+                                                         << s.ToString() << "\n";
+      comm->reset();
+      _exit(s.ok() ? 0 : 12);
+    }
+    pids.push_back(pid);
+  }
+  absl::SleepFor(absl::Seconds(2));
+  ASSERT_EQ(Sh(absl::StrCat("ip link set ", net.Veth(1), " down")), 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  std::vector<absl::Time> exited(kWorld, absl::InfiniteFuture());
+  for (int r = 0; r < kWorld; ++r) {
+    int st = 0;
+    pid_t done = 0;
+    while ((done = waitpid(pids[r], &st, WNOHANG)) == 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (done == 0) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], &st, 0);
+      ADD_FAILURE() << "rank " << r << " was still alive 60 s after the cut";
+      continue;
+    }
+    exited[r] = absl::Now();
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 12) << "rank " << r << " status " << st;
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    std::ifstream in(absl::StrCat(dir, "/error.rank", r));
+    int64_t error_ms = 0;
+    std::string message;
+    in >> error_ms;
+    std::getline(in >> std::ws, message);
+    std::printf("rank %d: %s\n", r, message.c_str());
+    ASSERT_GT(error_ms, 0) << "rank " << r << " wrote no error";
+    EXPECT_LT(exited[r] - absl::FromUnixMillis(error_ms), kAbortBound + absl::Seconds(2))
+        << "rank " << r << " lingered after returning its error";
+    if (r == 1) {
+      EXPECT_NE(message.find("rank 1 cannot reach the store"), std::string::npos) << message;
+      EXPECT_EQ(message.find("did not vote"), std::string::npos) << message;
+    } else {
+      EXPECT_NE(message.find("rank(s) 1 did not vote"), std::string::npos) << message;
+    }
+  }
+  Sh(absl::StrCat("rm -rf ", dir));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/core/log_throttle.h"
 #include "lib/store/tcp_wire.h"
 
 namespace adaptcomm {
@@ -440,6 +441,42 @@ TEST_F(TcpStoreTest, RandomFramesNeverCrashTheServer) {
     raw.Send(frame + body);
   }
   ExpectServerHealthy();
+}
+
+TEST_F(TcpStoreTest, UnauthenticatedFrameIsRefusedBeforeItsBodyIsRead) {
+  // A peer that has not said HELLO gets no more than a handshake's worth of reading: a header
+  // claiming 1 MiB closes the connection at once instead of buffering what follows (#11 item 5).
+  RawConn raw(port_);
+  ASSERT_TRUE(raw.connected());
+  raw.Send(std::string("\x00\x00\x10\x00", 4));
+  raw.Send(std::string(64 << 10, 'x'));
+  EXPECT_TRUE(raw.ClosedWithin(absl::Seconds(1)));
+  ExpectServerHealthy();
+}
+
+TEST_F(TcpStoreTest, IdleConnectionFloodDoesNotLockOutTheJob) {
+  // More idle connections than the server's connection cap, none of which ever says HELLO: the
+  // job's own clients must still connect and be served, promptly (#11 items 3 and 5).
+  std::vector<std::unique_ptr<RawConn>> flood;
+  for (int i = 0; i < 4200; ++i) {
+    flood.push_back(std::make_unique<RawConn>(port_));
+    ASSERT_TRUE(flood.back()->connected()) << "connection " << i;
+  }
+  const absl::Time start = absl::Now();
+  ExpectServerHealthy();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(LogThrottleTest, OneLinePerIntervalThenTheCountOfSuppressedOnes) {
+  log::LogThrottle throttle(absl::Milliseconds(200));
+  std::string suffix = "unset";
+  ASSERT_TRUE(throttle.Allow(&suffix));
+  EXPECT_EQ(suffix, "");
+  for (int i = 0; i < 1000; ++i) EXPECT_FALSE(throttle.Allow(&suffix));
+  absl::SleepFor(absl::Milliseconds(250));
+  ASSERT_TRUE(throttle.Allow(&suffix));
+  EXPECT_THAT(suffix, HasSubstr("[1000 similar lines suppressed in the last "));
+  EXPECT_FALSE(throttle.Allow(&suffix));
 }
 
 TEST_F(TcpStoreTest, SilentConnectionDoesNotBlockOthers) {

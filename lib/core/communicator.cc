@@ -72,6 +72,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     fc.retryable = config_.retry.retryable;
     // A stalled rank gets its own op timeout to notice and vote, plus the report window.
     fc.vote_timeout = options_.timeout + options_.failure_report_window;
+    fc.stop_bound = std::min(config_.timeouts.abort, absl::Seconds(2));
     coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
     executor_->SetFailureHandler(coordinator_);
     if (options_.check_collectives) {
@@ -116,10 +117,14 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
 
 CommunicatorImpl::~CommunicatorImpl() {
   HeartbeatMonitor::Instance().Unregister(heartbeat_id_);
+  // The store parts of teardown end within the abort bound whatever the store does (a flooded
+  // store or a cut link must not keep the process alive after main returns, issue #11).
+  const absl::Time deadline = absl::Now() + config_.timeouts.abort;
   if (coordinator_ != nullptr) coordinator_->Stop();
   executor_->Shutdown();
   if (timeline_ != nullptr) timeline_->Close().IgnoreError();  // the footer: a valid JSON file
-  LeaveRendezvous(rendezvous_, options_, executor_->backend().health().ok());
+  LeaveRendezvous(std::move(rendezvous_), options_, executor_->backend().health().ok(),
+                  std::max(deadline - absl::Now(), absl::ZeroDuration()));
 }
 
 Work CommunicatorImpl::Submit(OpDesc desc) {
@@ -315,13 +320,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
           CheckSameConfigOnAllRanks(*rv->store, o.rank, o.world_size, *config,
                                     std::max(deadline - absl::Now(), absl::Milliseconds(1)));
       !same.ok()) {
-    internal::LeaveRendezvous(*rv, o, /*healthy=*/false);
+    internal::LeaveRendezvous(std::move(*rv), o, /*healthy=*/false, config->timeouts.abort);
     return same;
   }
   absl::StatusOr<internal::BackendSelection> selected =
       internal::CreateBackendAgreed(o, *config, *rv, deadline);
   if (!selected.ok()) {
-    internal::LeaveRendezvous(*rv, o, /*healthy=*/false);
+    internal::LeaveRendezvous(std::move(*rv), o, /*healthy=*/false, config->timeouts.abort);
     return selected.status();
   }
   ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "' rank ", o.rank, " of ", o.world_size,

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -10,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "lib/core/log.h"
 #include "lib/trace/culprit.h"
 
@@ -29,7 +32,72 @@ std::string VoteKey(int generation, int rank) {
 constexpr char kRetryPrefix[] = "retry:";
 constexpr char kFailPrefix[] = "fail:";
 
+// Whether a store error means the store could not be reached (rather than a key being absent).
+bool StoreUnreachable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+// Sets key, retried until `until` (default: one attempt): after a link flap the store connection
+// may need several attempts (TCP backs off), and a vote that is never published fails the retry.
+absl::Status Publish(Store& store, const std::string& key, const std::string& value,
+                     absl::Time until = absl::InfinitePast()) {
+  absl::Status s;
+  for (absl::Duration pause = absl::Milliseconds(50);;
+       pause = std::min(pause * 2, absl::Seconds(1))) {
+    s = store.Set(key, value);
+    if (s.ok() || absl::Now() + pause >= until) break;
+    absl::SleepFor(pause);
+  }
+  if (!s.ok()) ADAPTCOMM_LOG(kWarning, "cannot publish ", key, " to the store: ", s.ToString());
+  return s;
+}
+
+// Posts `message` to rank's numbered wake-ups, so that none is lost.
+absl::Status Wake(Store& store, int rank, const std::string& message,
+                  absl::Time until = absl::InfinitePast()) {
+  absl::StatusOr<int64_t> n;
+  for (absl::Duration pause = absl::Milliseconds(50);;
+       pause = std::min(pause * 2, absl::Seconds(1))) {
+    n = store.Add(absl::StrCat("wakes/", rank), 1);
+    if (n.ok() || absl::Now() + pause >= until) break;
+    absl::SleepFor(pause);
+  }
+  if (!n.ok()) {
+    ADAPTCOMM_LOG(kWarning, "cannot wake rank ", rank, ": ", n.status().ToString());
+    return n.status();
+  }
+  return Publish(store, WakeKey(rank, *n), message, until);
+}
+
 }  // namespace
+
+// The listener's world. Everything it uses after Stop() is owned here; the communicator's
+// recorder and callbacks are reached only under `mu` while `stopped` is false.
+struct FailureCoordinator::Listener {
+  Listener(int rank, std::string name, std::shared_ptr<Store> store)
+      : rank(rank), name(std::move(name)), store(std::move(store)) {}
+
+  // Runs fn(recorder, abort, join_retry) unless Stop() came first.
+  template <typename Fn>
+  void Deliver(Fn fn) {
+    absl::MutexLock lock(&mu);
+    if (!stopped) fn(recorder, abort, join_retry);
+  }
+  bool Stopped() {
+    absl::MutexLock lock(&mu);
+    return stopped;
+  }
+
+  const int rank;
+  const std::string name;
+  const std::shared_ptr<Store> store;
+  absl::Mutex mu;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+  trace::FlightRecorder* recorder ABSL_GUARDED_BY(mu) = nullptr;
+  std::function<void(const absl::Status&)> abort ABSL_GUARDED_BY(mu);
+  std::function<void(int)> join_retry ABSL_GUARDED_BY(mu);
+  absl::Notification done;
+};
 
 FailureCoordinator::FailureCoordinator(FailureCoordinatorOptions options,
                                        std::shared_ptr<Store> store,
@@ -40,31 +108,36 @@ FailureCoordinator::~FailureCoordinator() { Stop(); }
 
 void FailureCoordinator::Start(std::function<void(const absl::Status&)> abort,
                                std::function<void(int)> join_retry, BackendRebuilder rebuilder) {
-  abort_ = std::move(abort);
-  join_retry_ = std::move(join_retry);
   rebuilder_ = std::move(rebuilder);
-  listener_ = std::thread([this] { Listen(); });
+  listener_ = std::make_shared<Listener>(options_.rank, options_.name, store_);
+  {
+    absl::MutexLock lock(&listener_->mu);
+    listener_->recorder = recorder_;
+    listener_->abort = std::move(abort);
+    listener_->join_retry = std::move(join_retry);
+  }
+  // Detached: Stop() waits for it only up to its bound, and it owns what it touches after that.
+  std::thread([listener = listener_] { Listen(listener); }).detach();
 }
 
 void FailureCoordinator::Stop() {
-  if (!listener_.joinable()) return;
-  Wake(options_.rank, kShutdown);
-  listener_.join();
-}
-
-void FailureCoordinator::Wake(int rank, const std::string& message, absl::Time until) {
-  absl::StatusOr<int64_t> n;
-  for (absl::Duration pause = absl::Milliseconds(50);;
-       pause = std::min(pause * 2, absl::Seconds(1))) {
-    n = store_->Add(absl::StrCat("wakes/", rank), 1);
-    if (n.ok() || absl::Now() + pause >= until) break;
-    absl::SleepFor(pause);
+  if (listener_ == nullptr) return;
+  {
+    absl::MutexLock lock(&listener_->mu);
+    if (listener_->stopped) return;
+    listener_->stopped = true;
   }
-  if (!n.ok()) {
-    ADAPTCOMM_LOG(kWarning, "cannot wake rank ", rank, ": ", n.status().ToString());
-    return;
+  // The wake goes out on a thread of its own: on a store that does not answer (flooded, cut off,
+  // rank 0 gone) it blocks for the store's own I/O bound, far past the teardown's.
+  std::thread([store = store_, rank = options_.rank] {
+    (void)Wake(*store, rank, kShutdown);
+  }).detach();
+  if (!listener_->done.WaitForNotificationWithTimeout(options_.stop_bound)) {
+    ADAPTCOMM_LOG(kWarning, "communicator '", options_.name,
+                  "': the failure listener did not leave its store wait within ",
+                  absl::FormatDuration(options_.stop_bound),
+                  " (the store is unreachable or overloaded); leaving it behind");
   }
-  Publish(WakeKey(rank, *n), message, until);
 }
 
 bool FailureCoordinator::Retryable(const absl::Status& status) const {
@@ -85,55 +158,64 @@ absl::Duration FailureCoordinator::Backoff(int attempt) const {
   return d * (1.0 + options_.jitter * (2.0 * u - 1.0));
 }
 
-void FailureCoordinator::Publish(const std::string& key, const std::string& value,
-                                 absl::Time until) {
-  // Retried until `until`: after a link flap the store connection may need several attempts
-  // (TCP backs off), and a vote that is never published fails the whole retry.
-  absl::Status s;
-  for (absl::Duration pause = absl::Milliseconds(50);;
-       pause = std::min(pause * 2, absl::Seconds(1))) {
-    s = store_->Set(key, value);
-    if (s.ok() || absl::Now() + pause >= until) break;
-    absl::SleepFor(pause);
-  }
-  if (!s.ok()) ADAPTCOMM_LOG(kWarning, "cannot publish ", key, " to the store: ", s.ToString());
-}
-
-void FailureCoordinator::Listen() {
-  for (int64_t next = 1;; ++next) {
-    absl::StatusOr<std::string> wake = store_->Get(WakeKey(options_.rank, next), kListenSlice);
+void FailureCoordinator::Listen(std::shared_ptr<Listener> listener) {
+  Store& store = *listener->store;
+  const int rank = listener->rank;
+  for (int64_t next = 1; !listener->Stopped(); ++next) {
+    absl::StatusOr<std::string> wake = store.Get(WakeKey(rank, next), kListenSlice);
     if (!wake.ok()) {
       --next;  // retry the same number
       if (absl::IsDeadlineExceeded(wake.status())) continue;
       absl::Status lost = absl::UnavailableError(
-          absl::StrCat("communicator '", options_.name, "' lost its store (",
+          absl::StrCat("communicator '", listener->name, "' lost its store (",
                        wake.status().message(), "); rank 0, which serves it, may be gone"));
-      ADAPTCOMM_LOG(kError, lost.message());
-      if (recorder_ != nullptr) (void)recorder_->Dump(std::string(lost.message()));
-      abort_(lost);
-      return;
+      listener->Deliver([&](trace::FlightRecorder* recorder, auto& abort, auto&) {
+        ADAPTCOMM_LOG(kError, lost.message());
+        if (recorder != nullptr) (void)recorder->Dump(std::string(lost.message()));
+        abort(lost);
+      });
+      break;
     }
-    if (*wake == kShutdown) return;
+    if (*wake == kShutdown) break;
     if (absl::StartsWith(*wake, kRetryPrefix)) {
       int generation = 0;
       if (absl::SimpleAtoi(wake->substr(strlen(kRetryPrefix)), &generation)) {
-        join_retry_(generation);
+        listener->Deliver([&](auto*, auto&, auto& join_retry) { join_retry(generation); });
       }
       continue;
     }
     int failed_rank = -1;
     (void)absl::SimpleAtoi(wake->substr(strlen(kFailPrefix)), &failed_rank);
-    std::string detail = store_->Get(FailureKey(failed_rank), absl::Seconds(5)).value_or("?");
+    std::string detail = store.Get(FailureKey(failed_rank), absl::Seconds(5)).value_or("?");
+    // The rank that reported first is not necessarily the one at fault (its link to a dead peer
+    // broke first): say "reported", and let the reporter's final error name who went silent.
     absl::Status reason =
-        absl::AbortedError(absl::StrCat("rank ", failed_rank, " failed (", detail, "); rank ",
-                                        options_.rank, " aborts its pending operations"));
-    ADAPTCOMM_LOG(kError, reason.message());
+        absl::AbortedError(absl::StrCat("rank ", failed_rank, " reported a failure (", detail,
+                                        "); rank ", rank, " aborts its pending operations"));
     // Dump before acknowledging, so the failed rank finds every dump once all have answered.
-    if (recorder_ != nullptr) (void)recorder_->Dump(std::string(reason.message()));
-    Publish(AckKey(options_.rank), "aborting");
-    abort_(reason);
-    return;
+    listener->Deliver([&](trace::FlightRecorder* recorder, auto& abort, auto&) {
+      ADAPTCOMM_LOG(kError, reason.message());
+      if (recorder != nullptr) (void)recorder->Dump(std::string(reason.message()));
+      abort(reason);
+    });
+    (void)Publish(store, AckKey(rank), "aborting");
+    break;
   }
+  listener->done.Notify();
+}
+
+absl::Status FailureCoordinator::CutOff(const absl::Status& store_error,
+                                        const absl::Status& cause) {
+  // This rank cannot see the votes, so it cannot say who is missing; what it knows is that it is
+  // the one cut off (its link, or rank 0's store, is down).
+  vote_failed_.store(true);
+  store_unreachable_.store(true);
+  absl::Status failed = absl::UnavailableError(
+      absl::StrCat("coordinated retry of communicator '", options_.name, "' impossible: rank ",
+                   options_.rank, " cannot reach the store (", store_error.message(),
+                   "): this rank is cut off from the job; first error here: ", cause.message()));
+  if (recorder_ != nullptr) (void)recorder_->Dump(std::string(failed.message()));
+  return failed;
 }
 
 absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_t position,
@@ -149,10 +231,14 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   }
   const absl::Time vote_deadline = absl::Now() + options_.vote_timeout;
   const bool wants_degrade = rebuilder_.wants_degrade && rebuilder_.wants_degrade();
-  Publish(VoteKey(generation, options_.rank),
-          absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", fingerprint), vote_deadline);
-  for (int r = 0; r < options_.world_size; ++r) {
-    if (r != options_.rank) Wake(r, absl::StrCat(kRetryPrefix, generation), vote_deadline);
+  absl::Status store_error =
+      Publish(*store_, VoteKey(generation, options_.rank),
+              absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", fingerprint), vote_deadline);
+  if (!store_error.ok()) return CutOff(store_error, cause);
+  for (int r = 0; r < options_.world_size && store_error.ok(); ++r) {
+    if (r != options_.rank) {
+      store_error = Wake(*store_, r, absl::StrCat(kRetryPrefix, generation), vote_deadline);
+    }
   }
   std::vector<std::string> keys;
   for (int r = 0; r < options_.world_size; ++r) keys.push_back(VoteKey(generation, r));
@@ -160,19 +246,29 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   // vote, and saying so at once beats waiting out the vote timeout.
   const absl::Time deadline = vote_deadline;
   std::vector<int> missing, departed;
+  // A round that cannot reach the store ends early and is tried again (a link may flap back
+  // before the deadline); the last round's error decides whether this rank was cut off.
   while (true) {
     missing.clear();
     departed.clear();
-    for (int r = 0; r < options_.world_size; ++r) {
-      if (store_->Get(keys[r], absl::ZeroDuration()).ok()) continue;
+    store_error = absl::OkStatus();
+    for (int r = 0; r < options_.world_size && store_error.ok(); ++r) {
+      absl::StatusOr<std::string> vote = store_->Get(keys[r], absl::ZeroDuration());
+      if (vote.ok()) continue;
+      if (StoreUnreachable(vote.status())) {
+        store_error = vote.status();
+        break;
+      }
       (store_->Get(absl::StrCat("left/", r), absl::ZeroDuration()).ok() ? departed : missing)
           .push_back(r);
     }
-    if ((missing.empty() && departed.empty()) || !departed.empty() || absl::Now() >= deadline) {
+    if ((store_error.ok() && missing.empty() && departed.empty()) || !departed.empty() ||
+        absl::Now() >= deadline) {
       break;
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
+  if (!store_error.ok()) return CutOff(store_error, cause);
   if (!missing.empty() || !departed.empty()) {
     std::string who;
     if (!departed.empty()) {
@@ -241,9 +337,21 @@ absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status stat
   if (reported_.exchange(true)) return status;
   const std::string cause = absl::StrCat(OpKindName(op.kind), " #", op.seq, ": ", status.message());
   if (recorder_ != nullptr) (void)recorder_->Dump(cause);
-  Publish(FailureKey(options_.rank), cause);
-  for (int r = 0; r < options_.world_size; ++r) {
-    if (r != options_.rank) Wake(r, absl::StrCat(kFailPrefix, options_.rank));
+  // A store this rank cannot reach takes each request its full I/O bound to fail: try nothing
+  // more once one has (the error is returned now, not minutes later).
+  absl::Status told = store_unreachable_.load()
+                          ? absl::UnavailableError("the store was already unreachable")
+                          : Publish(*store_, FailureKey(options_.rank), cause);
+  for (int r = 0; r < options_.world_size && told.ok(); ++r) {
+    if (r != options_.rank) told = Wake(*store_, r, absl::StrCat(kFailPrefix, options_.rank));
+  }
+  if (!told.ok() && StoreUnreachable(told)) {
+    store_unreachable_.store(true);
+    ADAPTCOMM_LOG(kError, cause);
+    return absl::Status(
+        status.code(), absl::StrCat(cause, " [rank ", options_.rank, " of communicator '",
+                                    options_.name, "'; it cannot reach the store (", told.message(),
+                                    "), so no other rank was told]"));
   }
   // A failed retry vote already waited for everyone and named who was missing: tell the others,
   // but do not wait a second time.

@@ -13,7 +13,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +36,10 @@ struct FailureCoordinatorOptions {
   absl::Duration max_backoff = absl::Seconds(30);
   double jitter = 0.2;
   absl::Duration vote_timeout = absl::Seconds(60);
+  // How long Stop() waits for the listener to leave its store wait. Past it the listener is
+  // abandoned (it touches nothing of the communicator any more), so teardown ends on time
+  // whatever the store does: a flooded store, a cut link, a dead rank 0.
+  absl::Duration stop_bound = absl::Seconds(2);
   std::vector<absl::StatusCode> retryable = {absl::StatusCode::kUnavailable,
                                              absl::StatusCode::kAborted,
                                              absl::StatusCode::kDeadlineExceeded};
@@ -66,7 +69,7 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   // generation g calls join_retry(g).
   void Start(std::function<void(const absl::Status&)> abort, std::function<void(int)> join_retry,
              BackendRebuilder rebuilder);
-  // Stops listening (bounded: wakes its own listener through the store).
+  // Stops listening: no callback runs after it returns. Bounded by options.stop_bound.
   void Stop();
 
   absl::Status OnOpFailure(const OpDesc& op, absl::Status status) override;
@@ -77,22 +80,21 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   bool Retryable(const absl::Status& status) const override;
 
  private:
-  void Listen();
-  // Best effort, retried until `until` (default: one attempt).
-  void Publish(const std::string& key, const std::string& value,
-               absl::Time until = absl::InfinitePast());
-  void Wake(int rank, const std::string& message, absl::Time until = absl::InfinitePast());
+  // What the listener thread shares with the coordinator; it may outlive the coordinator.
+  struct Listener;
+  static void Listen(std::shared_ptr<Listener> listener);
   absl::Duration Backoff(int attempt) const;
+  // The error of a retry vote this rank could not take part in for want of the store.
+  absl::Status CutOff(const absl::Status& store_error, const absl::Status& cause);
 
   const FailureCoordinatorOptions options_;
   const std::shared_ptr<Store> store_;
   trace::FlightRecorder* const recorder_;
-  std::function<void(const absl::Status&)> abort_;
-  std::function<void(int)> join_retry_;
   BackendRebuilder rebuilder_;
-  std::atomic<bool> reported_{false};     // only the first failure is coordinated
-  std::atomic<bool> vote_failed_{false};  // a retry vote ran out: the missing ranks are known
-  std::thread listener_;
+  std::atomic<bool> reported_{false};           // only the first failure is coordinated
+  std::atomic<bool> vote_failed_{false};        // a retry vote ran out: the missing ranks are known
+  std::atomic<bool> store_unreachable_{false};  // a store request failed for want of the store
+  std::shared_ptr<Listener> listener_;          // null until Start()
 };
 
 }  // namespace adaptcomm::internal

@@ -188,6 +188,9 @@ void OpExecutor::RequestRecovery(int generation) {
   Backend* to_interrupt = nullptr;
   {
     absl::MutexLock lock(&mu_);
+    // A finished communicator (aborted, or its own retry found no agreement) votes no more: the
+    // caller already has its error, and a late wake from a peer must not start another round.
+    if (!aborted_.ok() || stopping_) return;
     if (generation <= generation_ || generation <= requested_generation_) return;
     requested_generation_ = generation;
     if (busy_) to_interrupt = backend_.load();

@@ -7,11 +7,14 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "lib/core/log.h"
 
 namespace adaptcomm::internal {
@@ -50,6 +53,25 @@ std::string LocalAddressToward(const std::string& host, int port) {
   if (fd >= 0) close(fd);
   freeaddrinfo(res);
   return local;
+}
+
+// Where rank 0's store listens: only on loopback when the job's master address is local (every
+// rank on this host), on the master's own address when it names one of this host's interfaces,
+// and on every interface otherwise (a host name that resolves to 127.0.1.1 here, as Debian's
+// /etc/hosts does, is reached from other hosts through a real address).
+std::string StoreBindAddress(const std::string& master) {
+  if (IsLoopbackName(master)) return "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(master.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) return "0.0.0.0";
+  char text[INET_ADDRSTRLEN] = {};
+  const auto* addr = reinterpret_cast<const sockaddr_in*>(res->ai_addr);
+  const bool resolved = inet_ntop(AF_INET, &addr->sin_addr, text, sizeof(text)) != nullptr;
+  freeaddrinfo(res);
+  if (!resolved || std::string(text).rfind("127.", 0) == 0) return "0.0.0.0";
+  return text;
 }
 
 std::string ClaimKey(const CommunicatorOptions& o) {
@@ -110,17 +132,27 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
     }
     tcp.connect_timeout =
         std::max(std::min(store_connect, deadline - absl::Now()), absl::Milliseconds(1));
+    // A request the store has not answered this long past its own wait is lost (a cut link, a
+    // dead rank 0): the profile's store bound, not TCP's minutes of retransmissions.
+    tcp.io_timeout = std::max(store_connect, absl::Seconds(1));
     if (o.rank == 0) {
       TcpStoreOptions serve = tcp;
-      serve.host = "0.0.0.0";
+      serve.host = StoreBindAddress(master);
       absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = StartTcpStoreServer(serve);
+      if (!server.ok() && serve.host != "0.0.0.0" && serve.host != "127.0.0.1") {
+        // The master address is not one of this host's (NAT, a floating address): listen on all.
+        ADAPTCOMM_LOG(kInfo, "store: cannot listen on ", serve.host, " (",
+                      server.status().message(), "); listening on every interface");
+        serve.host = "0.0.0.0";
+        server = StartTcpStoreServer(serve);
+      }
       if (!server.ok()) {
         return absl::Status(server.status().code(),
                             absl::StrCat("rank 0 cannot serve the store on port ", port, ": ",
                                          server.status().message()));
       }
       rv.server = std::move(*server);
-      tcp.host = "127.0.0.1";
+      tcp.host = serve.host == "0.0.0.0" ? "127.0.0.1" : serve.host;
     }
     absl::StatusOr<std::shared_ptr<Store>> client = ConnectTcpStore(tcp);
     if (!client.ok()) return client.status();
@@ -175,24 +207,47 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
   return rv;
 }
 
-void LeaveRendezvous(Rendezvous& rv, const CommunicatorOptions& o, bool healthy) {
-  if (rv.root_store == nullptr) return;
-  (void)rv.root_store->Delete(ClaimKey(o));
-  (void)rv.store->Set(absl::StrCat("left/", o.rank), "1");
-  absl::StatusOr<int64_t> left = rv.store->Add("left", 1);
-  if (rv.server != nullptr && left.ok()) {
-    // Serve until the others have left too, within a bound: a dead peer must not hold us here.
-    const absl::Time until =
-        absl::Now() + (healthy ? std::min(o.init_timeout, absl::Seconds(30)) : absl::Seconds(1));
-    while (absl::Now() < until) {
-      absl::StatusOr<int64_t> count = rv.store->Add("left", 0);
-      if (!count.ok() || *count >= o.world_size) break;
-      absl::SleepFor(absl::Milliseconds(10));
+void LeaveRendezvous(Rendezvous rendezvous, const CommunicatorOptions& o, bool healthy,
+                     absl::Duration bound) {
+  if (rendezvous.root_store == nullptr) return;
+  struct Departure {
+    Rendezvous rv;
+    std::string claim;
+    int rank;
+    int world_size;
+    absl::Duration serve_for;
+    absl::Notification done;
+  };
+  auto departure = std::make_shared<Departure>();
+  departure->rv = std::move(rendezvous);
+  departure->claim = ClaimKey(o);
+  departure->rank = o.rank;
+  departure->world_size = o.world_size;
+  departure->serve_for = healthy ? std::min(o.init_timeout, absl::Seconds(30)) : absl::Seconds(1);
+  std::thread([departure] {
+    Rendezvous& rv = departure->rv;
+    (void)rv.root_store->Delete(departure->claim);
+    (void)rv.store->Set(absl::StrCat("left/", departure->rank), "1");
+    absl::StatusOr<int64_t> left = rv.store->Add("left", 1);
+    if (rv.server != nullptr && left.ok()) {
+      // Serve until the others have left too, within a bound: a dead peer must not hold us here.
+      const absl::Time until = absl::Now() + departure->serve_for;
+      while (absl::Now() < until) {
+        absl::StatusOr<int64_t> count = rv.store->Add("left", 0);
+        if (!count.ok() || *count >= departure->world_size) break;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
     }
+    rv.store.reset();
+    rv.root_store.reset();
+    rv.server.reset();
+    departure->done.Notify();
+  }).detach();
+  if (!departure->done.WaitForNotificationWithTimeout(bound)) {
+    ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "' rank ", o.rank,
+                  ": leaving the rendezvous did not finish within ", absl::FormatDuration(bound),
+                  " (the store is unreachable or overloaded); not waiting for it");
   }
-  rv.store.reset();
-  rv.root_store.reset();
-  rv.server.reset();
 }
 
 }  // namespace adaptcomm::internal

@@ -32,8 +32,11 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& options,
 // Gives the name back and, on rank 0, keeps serving the store until every rank has left (bounded),
 // so that peers still finishing their own departure do not lose the store under them.
 // `healthy`: whether the communicator ended healthy; a broken one waits only briefly, since a
-// dead peer will never leave.
-void LeaveRendezvous(Rendezvous& rendezvous, const CommunicatorOptions& options, bool healthy);
+// dead peer will never leave. Returns within `bound` whatever the store does: the departure runs
+// on a thread of its own, which is left to finish alone (owning the rendezvous, rank 0's store
+// server included) when a store that does not answer holds it longer.
+void LeaveRendezvous(Rendezvous rendezvous, const CommunicatorOptions& options, bool healthy,
+                     absl::Duration bound);
 
 }  // namespace adaptcomm::internal
 

@@ -31,6 +31,8 @@ namespace wire = store_wire;
 
 // Idle connections kept for reuse; more concurrent requests than this open and close their own.
 constexpr size_t kMaxIdleConnections = 8;
+// Handshakes tried per reconnect when the connection itself was made.
+constexpr int kHandshakeAttempts = 3;
 
 // Connects one socket to host:port before `deadline`; on failure returns -1 and sets *error.
 int ConnectOnce(const std::string& host, int port, absl::Time deadline, std::string* error) {
@@ -177,9 +179,12 @@ class TcpStoreClient final : public Store {
 
   // One connected, authenticated socket, or an error; *error gets the reason of a failed
   // connect (kept by the caller for its final message).
-  absl::StatusOr<int> Dial(absl::Time connect_deadline, std::string* error) {
+  // *reached (optional) says whether the TCP connection was made before the failure.
+  absl::StatusOr<int> Dial(absl::Time connect_deadline, std::string* error,
+                           bool* reached = nullptr) {
     int fd = ConnectOnce(options_.host, options_.port, connect_deadline, error);
     if (fd < 0) return absl::UnavailableError(*error);
+    if (reached != nullptr) *reached = true;
     std::string what = absl::StrCat("the TCP store at ", addr_);
     absl::Time deadline = absl::Now() + options_.io_timeout;
     wire::FrameWriter hello(wire::kHello);
@@ -217,7 +222,14 @@ class TcpStoreClient final : public Store {
     }
     std::string error;
     absl::Time deadline = absl::Now() + std::min(options_.connect_timeout, options_.io_timeout);
-    auto fd = Dial(deadline, &error);
+    absl::StatusOr<int> fd;
+    // A server under a connection flood may drop a connection still in its handshake to make room
+    // (tcp_store_server.cc): that is worth another try, a refused connect is not.
+    for (int attempt = 0; attempt < kHandshakeAttempts; ++attempt) {
+      bool reached = false;
+      fd = Dial(deadline, &error, &reached);
+      if (fd.ok() || absl::IsPermissionDenied(fd.status()) || !reached) break;
+    }
     if (fd.ok() || absl::IsPermissionDenied(fd.status())) return fd;
     return absl::UnavailableError(
         absl::StrCat("lost the TCP store at ", addr_, " and cannot reconnect: ", error));
@@ -283,6 +295,11 @@ absl::StatusOr<std::shared_ptr<Store>> ConnectTcpStore(const TcpStoreOptions& op
   if (options.port <= 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("TCP store: client port ", options.port, " is out of range 1..65535"));
+  }
+  if (options.token.size() > store_wire::kMaxTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TCP store: the job token (ADAPTCOMM_STORE_TOKEN / store_token) is ", options.token.size(),
+        " bytes; at most ", store_wire::kMaxTokenBytes, " are allowed"));
   }
   auto client = std::make_shared<TcpStoreClient>(options);
   if (absl::Status s = client->Connect(); !s.ok()) return s;

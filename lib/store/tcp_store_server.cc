@@ -3,6 +3,12 @@
 // One thread accepts, one thread serves each connection (rendezvous traffic is a few requests
 // per rank, and a thread per connection keeps blocking GET/WAIT simple). Connections are
 // bounded; anything malformed closes only the connection that sent it.
+//
+// A peer proves it belongs to the job (HELLO with the token) before the server reads more than
+// kMaxHandshakeBytes from it. Connections still in their handshake are few (kMaxPendingHandshakes)
+// and short-lived: when a new one arrives and the table of pending ones is full, the oldest is
+// dropped, so a flood of idle or slow connections can neither exhaust the server nor lock the
+// job's own ranks out. Frame bodies of authenticated clients share a memory budget.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -28,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/store.h"
 #include "lib/core/log.h"
+#include "lib/core/log_throttle.h"
 #include "lib/store/tcp_wire.h"
 
 namespace adaptcomm {
@@ -37,8 +44,13 @@ namespace wire = store_wire;
 
 // More concurrent connections than any job has ranks, yet far below what would exhaust threads.
 constexpr size_t kMaxConnections = 4096;
-// A client sends HELLO right after connecting; a connection that does not is not a client.
-constexpr absl::Duration kMaxHandshakeTime = absl::Seconds(10);
+// A client sends HELLO right after connecting (microseconds); one that does not is not a client.
+constexpr absl::Duration kMaxHandshakeTime = absl::Seconds(5);
+constexpr size_t kMaxPendingHandshakes = 64;
+// Frame bodies being received at once, over all connections, in units of max_frame_bytes.
+constexpr size_t kFrameBudgetFrames = 4;
+// Lines about refused peers: a scan or flood must not flood the log.
+constexpr absl::Duration kRefusalLogInterval = absl::Seconds(10);
 // How often a blocked GET/WAIT checks whether its client is still there.
 constexpr absl::Duration kPeerCheckInterval = absl::Milliseconds(200);
 
@@ -115,6 +127,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   struct Conn {
     int fd = -1;  // closed (and set to -1) under conns_mu_ by the serving thread
     bool done = false;
+    bool authenticated = false;  // set under conns_mu_ once its HELLO was accepted
     std::thread thread;
   };
 
@@ -146,7 +159,6 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   }
 
   void AcceptLoop() {
-    int64_t refused = 0;
     while (true) {
       pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_pipe_[0], POLLIN, 0}};
       int rc = ::poll(fds, 2, 1000);
@@ -162,19 +174,17 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
           // Out of descriptors: back off instead of spinning on a listener that stays readable.
-          if (refused++ % 1000 == 0) {
-            ADAPTCOMM_LOG(kWarning, "TCP store: accept failed: ", std::strerror(errno));
-          }
+          ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning,
+                                  "TCP store: accept failed: ", std::strerror(errno));
           absl::SleepFor(absl::Milliseconds(50));
         }
         continue;
       }
       absl::MutexLock lock(&conns_mu_);
+      EvictOldestPendingLocked();
       if (conns_.size() >= kMaxConnections) {
-        if (refused++ % 1000 == 0) {
-          ADAPTCOMM_LOG(kWarning, "TCP store: refusing connection from ", PeerName(fd), ": ",
-                        kMaxConnections, " connections already open");
-        }
+        ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: refusing connection from ",
+                                PeerName(fd), ": ", kMaxConnections, " connections already open");
         ::close(fd);
         continue;
       }
@@ -192,6 +202,26 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       }
       conns_.push_back(std::move(conn));
     }
+  }
+
+  // Makes room for one more pending handshake by cutting the oldest one short (its thread then
+  // sees the connection fail and closes it). Connections are kept in accept order.
+  void EvictOldestPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_) {
+    size_t pending = 0;
+    Conn* oldest = nullptr;
+    for (auto& c : conns_) {
+      if (c->done || c->authenticated || c->fd < 0) continue;
+      if (oldest == nullptr) oldest = c.get();
+      ++pending;
+    }
+    if (pending < kMaxPendingHandshakes || oldest == nullptr) return;
+    ::shutdown(oldest->fd, SHUT_RDWR);
+    oldest->authenticated = true;  // no longer counted as pending; its thread is ending
+    ++evicted_;
+    ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: dropped a connection from ",
+                            PeerName(oldest->fd), " that had not completed its handshake (",
+                            kMaxPendingHandshakes, " pending; ", evicted_,
+                            " dropped so far): a scan or flood, or a client that is not adaptcomm");
   }
 
   void ReapFinished() {
@@ -215,25 +245,30 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     const std::string peer = PeerName(fd);
     // Log lines already name the peer.
     const std::string what = "the client";
-    if (Handshake(fd, peer, what)) {
-      while (true) {
-        auto frame = wire::RecvFrame(fd, options_.max_frame_bytes, absl::InfiniteFuture(),
-                                     options_.io_timeout, what);
-        if (!frame.ok()) {
-          // A client that disconnects between requests is normal; anything else is refused.
-          if (!absl::IsUnavailable(frame.status())) {
-            ADAPTCOMM_LOG(kWarning, "TCP store: closing connection from ", peer, ": ",
-                          frame.status().message());
-          }
-          break;
+    bool authenticated = Handshake(fd, peer, what);
+    if (authenticated) {
+      absl::MutexLock lock(&conns_mu_);
+      conn->authenticated = true;
+    }
+    while (authenticated) {
+      absl::StatusOr<std::string> frame = ReceiveWithinBudget(fd, what);
+      if (!frame.ok()) {
+        // A client that disconnects between requests is normal; anything else is refused.
+        if (!absl::IsUnavailable(frame.status())) {
+          ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: closing connection from ", peer,
+                                  ": ", frame.status().message());
         }
-        bool close_after = false;
-        std::string response = Handle(fd, *frame, &close_after);
-        if (!response.empty()) {
-          if (!wire::SendAll(fd, response, absl::Now() + options_.io_timeout, what).ok()) break;
-        }
-        if (close_after) break;
+        break;
       }
+      bool close_after = false;
+      const std::string response = Handle(fd, *frame, &close_after);
+      ReleaseBudget(frame->size());
+      *frame = std::string();  // the budget no longer counts it: free it now
+      if (!response.empty() &&
+          !wire::SendAll(fd, response, absl::Now() + options_.io_timeout, what).ok()) {
+        break;
+      }
+      if (close_after) break;
     }
     absl::MutexLock lock(&conns_mu_);
     ::close(fd);
@@ -241,13 +276,45 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     conn->done = true;
   }
 
+  // One request frame of an authenticated client. Its body is counted against the budget
+  // shared by all connections (waiting up to io_timeout for room) before any of it is read;
+  // the caller releases it with ReleaseBudget(size) once the request is handled.
+  absl::StatusOr<std::string> ReceiveWithinBudget(int fd, const std::string& what) {
+    absl::StatusOr<uint32_t> n =
+        wire::RecvFrameLength(fd, options_.max_frame_bytes, absl::InfiniteFuture(), what);
+    if (!n.ok()) return n.status();
+    const absl::Time deadline = absl::Now() + options_.io_timeout;
+    {
+      absl::MutexLock lock(&budget_mu_);
+      auto fits = [this, n = *n]() ABSL_SHARED_LOCKS_REQUIRED(budget_mu_) {
+        return frame_bytes_in_flight_ + n <= FrameBudget();
+      };
+      if (!budget_mu_.AwaitWithDeadline(absl::Condition(&fits), deadline)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "a frame of ", *n, " bytes did not fit in the server's receive budget of ",
+            FrameBudget(), " bytes within ", absl::FormatDuration(options_.io_timeout)));
+      }
+      frame_bytes_in_flight_ += *n;
+    }
+    absl::StatusOr<std::string> body = wire::RecvFrameBody(fd, *n, deadline, what);
+    if (!body.ok()) ReleaseBudget(*n);
+    return body;
+  }
+
+  size_t FrameBudget() const { return kFrameBudgetFrames * options_.max_frame_bytes; }
+
+  void ReleaseBudget(size_t n) {
+    absl::MutexLock lock(&budget_mu_);
+    frame_bytes_in_flight_ -= n;
+  }
+
   bool Handshake(int fd, const std::string& peer, const std::string& what) {
     absl::Duration limit = std::min(options_.io_timeout, kMaxHandshakeTime);
-    auto frame = wire::RecvFrame(fd, options_.max_frame_bytes, absl::Now() + limit, limit, what);
+    auto frame = wire::RecvFrame(fd, wire::kMaxHandshakeBytes, absl::Now() + limit, limit, what);
     if (!frame.ok()) {
       if (!absl::IsUnavailable(frame.status())) {
-        ADAPTCOMM_LOG(kWarning, "TCP store: refused connection from ", peer, ": ",
-                      frame.status().message());
+        ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: refused connection from ", peer,
+                                ": ", frame.status().message());
       }
       return false;
     }
@@ -256,13 +323,14 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     int64_t version = 0;
     if (r.first_byte() != wire::kHello || !r.Field(&magic) || !r.Int(&version) ||
         !r.Field(&token) || !r.AtEnd() || magic != wire::kMagic) {
-      ADAPTCOMM_LOG(kWarning, "TCP store: refused connection from ", peer,
-                    ": it did not start with an adaptcomm store handshake");
+      ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: refused connection from ", peer,
+                              ": it did not start with an adaptcomm store handshake");
       return false;
     }
     if (version != wire::kVersion) {
-      ADAPTCOMM_LOG(kWarning, "TCP store: refused connection from ", peer, ": protocol version ",
-                    version, ", this server speaks ", wire::kVersion);
+      ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: refused connection from ", peer,
+                              ": protocol version ", version, ", this server speaks ",
+                              wire::kVersion);
       (void)wire::SendAll(
           fd,
           ErrorResponse(absl::FailedPreconditionError(absl::StrCat(
@@ -272,8 +340,8 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     }
     // An empty server token means the job runs without one.
     if (!options_.token.empty() && !wire::ConstantTimeEquals(token, options_.token)) {
-      ADAPTCOMM_LOG(kWarning, "TCP store: refused connection from ", peer,
-                    ": wrong job token (a process of another job, or a token mismatch)");
+      ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: refused connection from ", peer,
+                              ": wrong job token (a process of another job, or a token mismatch)");
       (void)wire::SendAll(fd,
                           ErrorResponse(absl::PermissionDeniedError(
                               "the store server refused this client's token: the job token "
@@ -292,8 +360,8 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     auto malformed = [&](const char* op) {
       *close_after = true;
       absl::Status s = absl::InvalidArgumentError(absl::StrCat("malformed ", op, " request"));
-      ADAPTCOMM_LOG(kWarning, "TCP store: closing connection from ", PeerName(fd), ": ",
-                    s.message());
+      ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: closing connection from ",
+                              PeerName(fd), ": ", s.message());
       return ErrorResponse(s);
     };
     switch (r.first_byte()) {
@@ -357,8 +425,8 @@ class TcpStoreServerImpl final : public TcpStoreServer {
         *close_after = true;
         absl::Status s = absl::InvalidArgumentError(
             absl::StrCat("unknown store opcode ", static_cast<int>(r.first_byte())));
-        ADAPTCOMM_LOG(kWarning, "TCP store: closing connection from ", PeerName(fd), ": ",
-                      s.message());
+        ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: closing connection from ",
+                                PeerName(fd), ": ", s.message());
         return ErrorResponse(s);
       }
     }
@@ -400,6 +468,11 @@ class TcpStoreServerImpl final : public TcpStoreServer {
 
   absl::Mutex conns_mu_;
   std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(conns_mu_);
+  int64_t evicted_ ABSL_GUARDED_BY(conns_mu_) = 0;
+  log::LogThrottle refusals_{kRefusalLogInterval};
+
+  absl::Mutex budget_mu_;
+  size_t frame_bytes_in_flight_ ABSL_GUARDED_BY(budget_mu_) = 0;
 
   absl::Mutex mu_;
   absl::CondVar cv_;
@@ -414,6 +487,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> StartTcpStoreServer(
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("TCP store: port ", options.port, " is out of range 0..65535"));
+  }
+  if (options.token.size() > wire::kMaxTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TCP store: the job token (ADAPTCOMM_STORE_TOKEN / store_token) is ", options.token.size(),
+        " bytes; at most ", wire::kMaxTokenBytes, " are allowed"));
   }
   auto server = std::make_unique<TcpStoreServerImpl>(options);
   if (absl::Status s = server->Start(); !s.ok()) return s;

@@ -144,17 +144,21 @@ absl::Status RecvAll(int fd, char* data, size_t n, absl::Time deadline, const st
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> RecvFrame(int fd, size_t max_body, absl::Time header_deadline,
-                                      absl::Duration body_timeout, const std::string& what) {
+absl::StatusOr<uint32_t> RecvFrameLength(int fd, size_t max_body, absl::Time deadline,
+                                         const std::string& what) {
   char header[4];
-  if (absl::Status s = RecvAll(fd, header, 4, header_deadline, what); !s.ok()) return s;
+  if (absl::Status s = RecvAll(fd, header, 4, deadline, what); !s.ok()) return s;
   uint32_t n = GetU32(header);
   if (n == 0) return absl::InvalidArgumentError(absl::StrCat("empty frame from ", what));
   if (n > max_body) {
     return absl::ResourceExhaustedError(
         absl::StrCat("frame of ", n, " bytes from ", what, " exceeds max_frame_bytes=", max_body));
   }
-  absl::Time deadline = absl::Now() + body_timeout;
+  return n;
+}
+
+absl::StatusOr<std::string> RecvFrameBody(int fd, uint32_t n, absl::Time deadline,
+                                          const std::string& what) {
   // Grown as bytes arrive, so that a header that merely claims a large frame costs no memory.
   constexpr size_t kChunk = 1 << 20;
   std::string body;
@@ -165,6 +169,13 @@ absl::StatusOr<std::string> RecvFrame(int fd, size_t max_body, absl::Time header
     if (absl::Status s = RecvAll(fd, body.data() + old, step, deadline, what); !s.ok()) return s;
   }
   return body;
+}
+
+absl::StatusOr<std::string> RecvFrame(int fd, size_t max_body, absl::Time header_deadline,
+                                      absl::Duration body_timeout, const std::string& what) {
+  absl::StatusOr<uint32_t> n = RecvFrameLength(fd, max_body, header_deadline, what);
+  if (!n.ok()) return n.status();
+  return RecvFrameBody(fd, *n, absl::Now() + body_timeout, what);
 }
 
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {

@@ -82,6 +82,17 @@ absl::Status RecvAll(int fd, char* data, size_t n, absl::Time deadline, const st
 // `max_body` gives ResourceExhausted (nothing more is read); an empty one InvalidArgument.
 absl::StatusOr<std::string> RecvFrame(int fd, size_t max_body, absl::Time header_deadline,
                                       absl::Duration body_timeout, const std::string& what);
+// The two halves of RecvFrame, for a receiver that must account for a body's memory before
+// reading it: the body length (checked against `max_body`), then exactly `n` body bytes.
+absl::StatusOr<uint32_t> RecvFrameLength(int fd, size_t max_body, absl::Time deadline,
+                                         const std::string& what);
+absl::StatusOr<std::string> RecvFrameBody(int fd, uint32_t n, absl::Time deadline,
+                                          const std::string& what);
+
+// A HELLO carries the magic, the version and the token: nothing in it needs more than this, so a
+// server reads no more from a peer that has not yet proven it belongs to the job.
+inline constexpr size_t kMaxHandshakeBytes = 512;
+inline constexpr size_t kMaxTokenBytes = 256;
 
 // Equal contents, in time that depends only on the lengths (no early exit on the first
 // difference), so that a token cannot be guessed byte by byte from response times.

@@ -1,0 +1,141 @@
+// Teardown ends within the abort bound whatever the store does (#11 items 3 and 4): a store that
+// stops answering, and a flood of idle connections against rank 0's store while a job finishes,
+// must not keep a rank's process alive after its communicator is destroyed. Real processes, real
+// sockets; each rank reports how long destroying its communicator took.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "adaptcomm/adaptcomm.h"
+#include "gtest/gtest.h"
+#include "tests/harness.h"
+
+namespace adaptcomm {
+namespace {
+
+constexpr absl::Duration kAbortBound = absl::Seconds(3);
+// What teardown may take past the abort bound: thread start-up and scheduling on a loaded machine.
+constexpr absl::Duration kSlack = absl::Seconds(2);
+
+// A profile whose abort bound is short, so that the bound is what the test measures.
+std::string WriteShortAbortProfile() {
+  char dir[] = "/tmp/adaptcomm_teardown_XXXXXX";
+  EXPECT_NE(mkdtemp(dir), nullptr);
+  const std::string path = absl::StrCat(dir, "/profile.yaml");
+  std::ofstream(path) << "schema: 1\n"
+                      << "defaults:\n"
+                      << "  timeouts:\n"
+                      << "    abort: " << absl::ToInt64Seconds(kAbortBound) << "s\n"
+                      << "  flight_recorder:\n"
+                      << "    dump_dir: " << dir << "\n"
+                      << "tiers:\n"
+                      << "  - name: test\n"
+                      << "    params: any\n";
+  return path;
+}
+
+// Creates a communicator, runs one checked allreduce and a barrier, calls `before_teardown`, then
+// destroys the communicator and expects that to end within the abort bound.
+void RunAndTearDown(const testing::RankEnv& env, const std::function<void()>& before_teardown) {
+  auto comm = Communicator::Create(env.options);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::vector<float> v(1024, static_cast<float>(env.rank + 1));
+  ASSERT_TRUE((*comm)->Allreduce(HostView(v.data(), v.size())).Wait().ok());
+  for (float x : v) ASSERT_EQ(x, env.world_size * (env.world_size + 1) / 2.0f);
+  ASSERT_TRUE((*comm)->Barrier().Wait().ok());
+  before_teardown();
+  const absl::Time start = absl::Now();
+  comm->reset();
+  const absl::Duration took = absl::Now() - start;
+  std::fprintf(stderr, "rank %d: destroying the communicator took %s\n", env.rank,
+               absl::FormatDuration(took).c_str());
+  EXPECT_LT(took, kAbortBound + kSlack) << "rank " << env.rank;
+}
+
+TEST(Teardown, StoreThatStopsAnsweringDoesNotHoldTheProcess) {
+  // The store runs in a process of its own, which is stopped (SIGSTOP) once both ranks have
+  // passed a barrier: every request to it, the shutdown wake-up included, then goes unanswered.
+  const std::string profile = WriteShortAbortProfile();
+  const int store_port = testing::PickFreePort();
+  const pid_t store_pid = fork();
+  ASSERT_GE(store_pid, 0);
+  if (store_pid == 0) {
+    TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = store_port;
+    auto server = StartTcpStoreServer(o);
+    if (!server.ok()) _exit(3);
+    while (true) pause();
+  }
+  std::vector<int> status = testing::RunRankProcesses(
+      2,
+      [&](const testing::RankEnv& env) {
+        testing::RankEnv e = env;
+        e.options.profile_file = profile;
+        TcpStoreOptions o;
+        o.host = "127.0.0.1";
+        o.port = store_port;
+        o.connect_timeout = absl::Seconds(10);
+        auto store = ConnectTcpStore(o);
+        ASSERT_TRUE(store.ok()) << store.status();
+        e.options.store = *store;
+        RunAndTearDown(e, [&] {
+          if (env.rank == 0) kill(store_pid, SIGSTOP);
+          absl::SleepFor(absl::Milliseconds(200));  // rank 1 tears down after the stop too
+        });
+      },
+      absl::Seconds(30));
+  kill(store_pid, SIGKILL);
+  waitpid(store_pid, nullptr, 0);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
+}
+
+TEST(Teardown, IdleConnectionFloodAgainstRankZeroAtExit) {
+  // As a job finishes, 4,200 connections that never send a byte hit rank 0's store (more than
+  // its connection cap). Both ranks must still finish promptly.
+  const std::string profile = WriteShortAbortProfile();
+  std::vector<int> status = testing::RunRankProcesses(
+      2,
+      [&](const testing::RankEnv& env) {
+        testing::RankEnv e = env;
+        e.options.profile_file = profile;
+        std::vector<int> flood;
+        RunAndTearDown(e, [&] {
+          if (env.rank != 1) return;
+          for (int i = 0; i < 4200; ++i) {
+            int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_port = htons(static_cast<uint16_t>(env.options.master_port));
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+              flood.push_back(fd);
+            } else if (fd >= 0) {
+              close(fd);
+            }
+          }
+          EXPECT_GT(flood.size(), 4096u);
+        });
+        for (int fd : flood) close(fd);
+      },
+      absl::Seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace adaptcomm
