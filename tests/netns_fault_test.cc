@@ -113,14 +113,24 @@ TEST(NetnsFault, LinkDownPastTheTimeoutThenUpRecoversBitExact) {
           for (int q = 0; q < kWorld; ++q) want += Input(q, step, i);
           if (buf[i] != want) _exit(13);
         }
-        if (step == 50) usleep(300 * 1000);  // room for the parent to pull the link mid-stream
+        if (step == 50) {
+          // Tell the parent to pull the link now, mid-stream, whatever the machine's speed.
+          if (r == 0) std::ofstream(absl::StrCat(o.flight_recorder_dir, ".step50")) << "1";
+          usleep(300 * 1000);
+        }
       }
       _exit(0);
     }
     pids.push_back(pid);
   }
   // Mid-stream: rank 2's link down for 3 s (> the 2 s op timeout), then up again.
-  absl::SleepFor(absl::Seconds(2));
+  const std::string marker = absl::StrCat(::testing::TempDir(), "/netns_", getpid(), ".step50");
+  for (const absl::Time until = absl::Now() + absl::Seconds(60);
+       access(marker.c_str(), F_OK) != 0 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(access(marker.c_str(), F_OK), 0) << "rank 0 never reached step 50";
+  unlink(marker.c_str());
   ASSERT_EQ(Sh(absl::StrCat("ip link set ", net.Veth(2), " down")), 0);
   absl::SleepFor(absl::Seconds(3));
   ASSERT_EQ(Sh(absl::StrCat("ip link set ", net.Veth(2), " up")), 0);

@@ -48,7 +48,7 @@ void OpExecutor::Start() {
 std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
   absl::MutexLock lock(&mu_);
   desc.seq = next_seq_++;
-  auto work = std::make_shared<WorkImpl>(std::move(desc), weak_from_this());
+  auto work = std::make_shared<WorkImpl>(std::move(desc));
   if (!aborted_.ok()) {
     work->Finish(absl::Status(aborted_.code(),
                               absl::StrCat("communicator was aborted: ", aborted_.message())));
@@ -59,11 +59,6 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
     queue_.push_back(work);
   }
   return work;
-}
-
-uint64_t OpExecutor::last_seq() const {
-  absl::MutexLock lock(&mu_);
-  return next_seq_ - 1;
 }
 
 void OpExecutor::RunHeadLocked() {
@@ -232,18 +227,6 @@ void OpExecutor::RecoverIdleLocked() {
     std::deque<std::shared_ptr<WorkImpl>> dropped;
     dropped.swap(queue_);
     for (auto& work : dropped) work->Finish(status);
-  }
-}
-
-void OpExecutor::HelpUntil(const WorkImpl* target) {
-  absl::MutexLock lock(&mu_);
-  while (!IsTerminal(target->state()) && !busy_) {
-    if (requested_generation_ > generation_) {
-      RecoverIdleLocked();
-      continue;
-    }
-    if (queue_.empty()) break;
-    RunHeadLocked();
   }
 }
 

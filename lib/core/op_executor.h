@@ -1,10 +1,9 @@
 // OpExecutor: runs a communicator's operations one at a time, in sequence order, on its Backend.
 //
-// Two threads may run an op: the executor's worker, or a caller blocked in Work::Wait() that
-// "helps" by running the queue head itself when nobody else is running one. Helping saves the two
-// thread hand-offs per op that a worker-only design costs (tens of microseconds on a loaded
-// 2-core machine, several percent of a 256 KiB allreduce). Ordering is kept because only one
-// thread at a time may pop-and-run, and it always pops the head.
+// Backend code runs only on the executor's own worker thread (and, for a coordinated retry, on
+// that same thread): never on a caller's thread. A caller's Work::Wait(d) therefore only waits,
+// and returns within d whatever the backend does (a hung op ahead of it, a retry in progress),
+// and the backend never inherits a trainer thread's state (its CUDA device, its signal mask).
 //
 // A watchdog thread bounds every running op: past its timeout plus a grace period it aborts the
 // backend, and past the abort bound it fails the Work itself so no waiter hangs even if the
@@ -111,9 +110,6 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void Start();
   // Queues `desc` (seq assigned here) and returns its work.
   std::shared_ptr<WorkImpl> Submit(OpDesc desc);
-  // Runs queue-head ops on the calling thread until `target` is terminal, while nobody else is
-  // running one. Returns without waiting if another thread is running an op.
-  void HelpUntil(const WorkImpl* target);
   // Fails every queued op with `reason`, aborts the running one. Idempotent.
   void Abort(const absl::Status& reason);
   // Lets queued ops finish (each within its bound), then stops the threads.
@@ -121,14 +117,13 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
 
   Backend& backend() { return *backend_.load(); }
   const Backend& backend() const { return *backend_.load(); }
-  uint64_t last_seq() const;
 
  private:
   void WorkerLoop();
   void WatchdogLoop();
   void Beat();
-  // Pops the head and runs it. REQUIRES: mu_ held, queue non-empty, !busy_. Releases mu_
-  // around the backend call.
+  // Pops the head and runs it on the worker. REQUIRES: mu_ held, queue non-empty, !busy_.
+  // Releases mu_ around the backend call.
   void RunHeadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `op` (recording it for replay when retries are on) and, on a retryable failure, joins or
   // starts a coordinated retry. Called while busy_, without mu_.
@@ -154,7 +149,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   const ExecutorOptions options_;
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<WorkImpl>> queue_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // a thread is inside RunHeadLocked's backend phase
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // the worker is inside RunHeadLocked's backend phase
   std::shared_ptr<WorkImpl> running_ ABSL_GUARDED_BY(mu_);  // the op the watchdog bounds
   absl::Time running_since_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

@@ -1,15 +1,13 @@
 #include "lib/core/work_impl.h"
 
 #include "absl/strings/str_cat.h"
-#include "lib/core/op_executor.h"
 
 namespace adaptcomm::internal {
 
-WorkImpl::WorkImpl(OpDesc desc, std::weak_ptr<OpExecutor> executor)
-    : desc_(std::move(desc)), executor_(std::move(executor)), enqueue_time_(absl::Now()) {}
+WorkImpl::WorkImpl(OpDesc desc) : desc_(std::move(desc)), enqueue_time_(absl::Now()) {}
 
 std::shared_ptr<WorkImpl> WorkImpl::Failed(OpDesc desc, absl::Status status) {
-  auto work = std::make_shared<WorkImpl>(std::move(desc), std::weak_ptr<OpExecutor>());
+  auto work = std::make_shared<WorkImpl>(std::move(desc));
   work->Finish(std::move(status));
   return work;
 }
@@ -38,17 +36,8 @@ bool WorkImpl::Finish(absl::Status status) {
 }
 
 absl::Status WorkImpl::Wait(absl::Duration bound) {
+  // Only waits: the op runs on the executor's worker, so nothing here can outlast `bound`.
   const absl::Time deadline = absl::Now() + bound;
-  bool may_help;
-  {
-    absl::MutexLock lock(&mu_);
-    if (IsTerminal(state_)) return status_;
-    // Helping runs an op to its own end: only if that fits in the caller's bound.
-    may_help = state_ == WorkState::kPending && absl::Now() + desc_.timeout <= deadline;
-  }
-  if (may_help) {
-    if (std::shared_ptr<OpExecutor> executor = executor_.lock()) executor->HelpUntil(this);
-  }
   absl::MutexLock lock(&mu_);
   auto terminal = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return IsTerminal(state_); };
   if (!mu_.AwaitWithDeadline(absl::Condition(&terminal), deadline)) {

@@ -14,11 +14,9 @@
 
 namespace adaptcomm::internal {
 
-class OpExecutor;
-
 class WorkImpl {
  public:
-  WorkImpl(OpDesc desc, std::weak_ptr<OpExecutor> executor);
+  explicit WorkImpl(OpDesc desc);
   // A Work that failed before being queued (bad input, broken communicator).
   static std::shared_ptr<WorkImpl> Failed(OpDesc desc, absl::Status status);
 
@@ -39,7 +37,6 @@ class WorkImpl {
 
  private:
   const OpDesc desc_;
-  const std::weak_ptr<OpExecutor> executor_;
   const absl::Time enqueue_time_;
   mutable absl::Mutex mu_;
   WorkState state_ ABSL_GUARDED_BY(mu_) = WorkState::kPending;

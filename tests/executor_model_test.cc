@@ -1,0 +1,104 @@
+// The execution model (#12): backend code runs only on threads the library owns, and
+// Work::Wait(d) returns within d whatever the ops ahead of the waited one do.
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "adaptcomm/adaptcomm.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace adaptcomm {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A one-rank backend that records which thread ran each op; the op with seq `hang_seq` sleeps
+// `hang_for` and ignores Abort() (a backend call that does not return when asked).
+class ObservedBackend final : public Backend {
+ public:
+  ObservedBackend(uint64_t hang_seq, absl::Duration hang_for)
+      : hang_seq_(hang_seq), hang_for_(hang_for) {}
+  const char* name() const override { return "observed"; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  Capabilities capabilities() const override { return {}; }
+  absl::Status Supports(const OpDesc&) const override { return absl::OkStatus(); }
+  absl::Status Run(const OpDesc& op) override {
+    {
+      absl::MutexLock lock(&mu_);
+      threads_.push_back(std::this_thread::get_id());
+    }
+    if (op.seq == hang_seq_) absl::SleepFor(hang_for_);
+    return absl::OkStatus();
+  }
+  void Abort(const absl::Status&) override {}
+  absl::Status health() const override { return absl::OkStatus(); }
+
+  std::vector<std::thread::id> threads() const {
+    absl::MutexLock lock(&mu_);
+    return threads_;
+  }
+
+ private:
+  const uint64_t hang_seq_;
+  const absl::Duration hang_for_;
+  mutable absl::Mutex mu_;
+  std::vector<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+std::unique_ptr<Communicator> Create(std::unique_ptr<Backend> backend) {
+  CommunicatorOptions o;
+  o.max_retry_attempts = 1;
+  auto comm = Communicator::CreateWithBackend(std::move(backend), o);
+  EXPECT_TRUE(comm.ok()) << comm.status();
+  return comm.ok() ? std::move(*comm) : nullptr;
+}
+
+TEST(ExecutionModel, BackendCodeNeverRunsOnTheCallersThread) {
+  auto owned = std::make_unique<ObservedBackend>(0, absl::ZeroDuration());
+  ObservedBackend* backend = owned.get();
+  auto comm = Create(std::move(owned));
+  ASSERT_NE(comm, nullptr);
+  float x = 1.0f;
+  // Issue-then-wait, the pattern in which a waiting thread used to run the op itself.
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(comm->Allreduce(HostView(&x, 1)).Wait().ok());
+  }
+  std::vector<std::thread::id> threads = backend->threads();
+  ASSERT_EQ(threads.size(), 200u);
+  for (size_t i = 0; i < threads.size(); ++i) {
+    EXPECT_NE(threads[i], std::this_thread::get_id()) << "op #" << i + 1 << " ran on the caller";
+  }
+}
+
+TEST(ExecutionModel, WaitReturnsWithinItsBoundBehindAHungOp) {
+  constexpr absl::Duration kHang = absl::Seconds(3);
+  constexpr absl::Duration kBound = absl::Milliseconds(1500);
+  // The same epsilon as README's "Execution model": scheduling of one wake-up.
+  constexpr absl::Duration kEpsilon = absl::Milliseconds(100);
+  auto comm = Create(std::make_unique<ObservedBackend>(1, kHang));
+  ASSERT_NE(comm, nullptr);
+  float a = 1, b = 2, c = 3;
+  AllreduceOptions quick;
+  quick.timeout = absl::Milliseconds(100);  // short enough that a waiter might run them itself
+  Work first = comm->Allreduce(HostView(&a, 1), quick);  // hangs for kHang
+  Work second = comm->Allreduce(HostView(&b, 1), quick);
+  Work third = comm->Allreduce(HostView(&c, 1), quick);
+  const absl::Time start = absl::Now();
+  absl::Status s = third.Wait(kBound);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("#3 is still pending"));
+  EXPECT_GE(took, kBound);
+  EXPECT_LT(took, kBound + kEpsilon);
+  // The queue goes on once the hung call returns (it returned success, late).
+  EXPECT_TRUE(first.Wait(absl::Seconds(10)).ok());
+  EXPECT_TRUE(second.Wait(absl::Seconds(10)).ok());
+  EXPECT_TRUE(third.Wait(absl::Seconds(10)).ok());
+}
+
+}  // namespace
+}  // namespace adaptcomm
