@@ -127,20 +127,6 @@ absl::Status ParseEntry(const std::string& file, const YAML::Node& key, const YA
 
 }  // namespace
 
-const char* ParamStatusName(ParamStatus s) {
-  switch (s) {
-    case ParamStatus::kCurrent:
-      return "current";
-    case ParamStatus::kDeprecated:
-      return "deprecated";
-    case ParamStatus::kNeverRead:
-      return "never_read";
-    case ParamStatus::kPluginOnly:
-      return "plugin_only";
-  }
-  return "unknown";
-}
-
 int NcclVersionCode(const std::string& version) {
   std::vector<std::string> parts = absl::StrSplit(version, '.');
   if (parts.size() < 2 || parts.size() > 3) return 0;

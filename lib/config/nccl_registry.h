@@ -22,7 +22,6 @@
 namespace adaptcomm::config {
 
 enum class ParamStatus { kCurrent, kDeprecated, kNeverRead, kPluginOnly };
-const char* ParamStatusName(ParamStatus s);  // "current", "deprecated", ...
 
 enum class ParamType { kInt, kBool, kBytes, kString };
 

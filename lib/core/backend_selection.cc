@@ -263,18 +263,6 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
       absl::StrCat(asked, ": gloo on every rank because NCCL is not usable: ", why, staging)};
 }
 
-absl::StatusOr<SelectedBackend> SelectBackend(const CommunicatorOptions& options,
-                                              const Rendezvous& rendezvous, absl::Time deadline,
-                                              nccl::NcclApi* api) {
-  SelectionDeps deps;
-  if (api != nullptr) {
-    deps.use_given_apis = true;
-    // Not owned: the caller keeps it alive.
-    deps.nccl = std::shared_ptr<nccl::NcclApi>(api, [](nccl::NcclApi*) {});
-  }
-  return SelectBackendWith(options, rendezvous, deadline, deps);
-}
-
 namespace {
 absl::Mutex provider_mu;
 std::function<std::shared_ptr<nccl::NcclApi>(int)>& Provider()

@@ -60,20 +60,14 @@ struct SelectionDeps {
 };
 
 // REQUIRES: options.rank/world_size resolved, `rendezvous` joined. Bounded by `deadline`.
-// `api`: null = the real loader; otherwise that NCCL (and its CUDA) is used, and must outlive the
-// returned backend.
-[[nodiscard]] absl::StatusOr<SelectedBackend> SelectBackend(const CommunicatorOptions& options,
-                                                            const Rendezvous& rendezvous,
-                                                            absl::Time deadline,
-                                                            nccl::NcclApi* api);
 [[nodiscard]] absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& options,
                                                                 const Rendezvous& rendezvous,
                                                                 absl::Time deadline,
                                                                 const SelectionDeps& deps);
 
 // TEST ONLY (the NCCL/CUDA seam, where no GPU exists): every later Communicator::Create in this
-// process, and every backend rebuild of a retry, selects with provider(rank)'s NCCL and CUDA instead
-// of loading the real ones. An empty function restores the loaders. Thread-safe.
+// process, and every backend rebuild of a retry, selects with provider(rank)'s NCCL and CUDA
+// instead of loading the real ones. An empty function restores the loaders. Thread-safe.
 void SetNcclProviderForTesting(std::function<std::shared_ptr<nccl::NcclApi>(int rank)> provider);
 // Applies the provider set above, if any, to `deps` for `rank`.
 void ApplyNcclProviderForTesting(int rank, SelectionDeps& deps);

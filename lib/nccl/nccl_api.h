@@ -244,10 +244,8 @@ absl::StatusOr<std::shared_ptr<CudaApi>> LoadCudaApi();
 absl::StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string& path = "");
 
 // The CudaApi the device mixed-precision path uses: LoadCudaApi() (loaded once), unless a test
-// installed its own. Thread-safe.
+// rank thread installed its own (below). Thread-safe.
 absl::StatusOr<std::shared_ptr<CudaApi>> ProcessCudaApi();
-// Tests: makes ProcessCudaApi() return `api` (nullptr restores the real one).
-void SetProcessCudaApiForTesting(std::shared_ptr<CudaApi> api);
 // Tests running ranks as threads: ProcessCudaApi() on the calling thread returns `api` (each rank
 // its own fake, as each process has its own CUDA runtime); nullptr clears it. Wins over the above.
 void SetThreadCudaApiForTesting(std::shared_ptr<CudaApi> api);
