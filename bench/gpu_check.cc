@@ -31,7 +31,7 @@
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/precision.h"
 #include "lib/nccl/nccl_api.h"
-#include "lib/precision/cast_kernels.h"
+#include "lib/base/cast_kernels.h"
 #include "tests/dtype_values.h"
 
 extern char** environ;

@@ -30,7 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "adaptcomm/adaptcomm.h"
 #include "adaptcomm/precision.h"
-#include "lib/precision/cast_kernels.h"
+#include "lib/base/cast_kernels.h"
 #include "lib/precision/cast_parallel.h"
 #include "tests/harness.h"
 

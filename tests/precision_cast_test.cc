@@ -11,9 +11,9 @@
 #include "adaptcomm/precision.h"
 #include "gtest/gtest.h"
 #include "lib/gloo/gloo_reduce.h"
-#include "lib/precision/cast_kernels.h"
+#include "lib/base/cast_kernels.h"
 #include "lib/precision/cast_parallel.h"
-#include "lib/precision/fused_kernels.h"
+#include "lib/base/fused_kernels.h"
 
 namespace adaptcomm::precision {
 

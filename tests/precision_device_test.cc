@@ -17,7 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/nccl/nccl_backend.h"
-#include "lib/precision/cast_kernels.h"
+#include "lib/base/cast_kernels.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 

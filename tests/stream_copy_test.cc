@@ -1,6 +1,6 @@
 // StreamCopy copies exactly like memcpy at every size and alignment around its thresholds, and
 // writes nothing outside the destination range.
-#include "lib/core/stream_copy.h"
+#include "lib/base/stream_copy.h"
 
 #include <cstdint>
 #include <vector>

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "lib/core/stream_copy.h"
+#include "lib/base/stream_copy.h"
 
 namespace adaptcomm::internal {
 namespace {

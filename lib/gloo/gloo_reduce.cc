@@ -6,7 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "lib/precision/cast_kernels.h"
+#include "lib/base/cast_kernels.h"
 
 namespace adaptcomm::gloo_backend {
 namespace {

@@ -1,5 +1,5 @@
 // CUDA fp32 <-> bf16/fp16 casts for the device mixed-precision path. Bit for bit the CPU casts of
-// lib/precision: both compile the same conversions (lib/precision/cast_bits.h); bench/gpu_check
+// lib/precision: both compile the same conversions (lib/base/cast_bits.h); bench/gpu_check
 // compares all 65536 half patterns and the fp32 edge cases on a GPU. Vectorized: 4 elements per thread and step (a 16-byte fp32 access
 // and an 8-byte half access) when both buffers are aligned, else one; grid-stride loops; counts
 // summed per block and added to the device counters with one atomic per block.
@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "lib/nccl/cast_kernels_cuda.h"
-#include "lib/precision/cast_bits.h"
+#include "lib/base/cast_bits.h"
 
 namespace adaptcomm::nccl::cuda {
 namespace {
@@ -25,7 +25,7 @@ struct Counts {
   unsigned long long nonfinite = 0;
 };
 
-// The shared bit conversions (lib/precision/cast_bits.h), plus the counts.
+// The shared bit conversions (lib/base/cast_bits.h), plus the counts.
 __device__ __forceinline__ uint16_t F32BitsToBF16(uint32_t x, Counts& c) {
   c.nonfinite += precision::bits::F32Nonfinite(x);
   c.overflow += precision::bits::F32OverflowsBF16(x);

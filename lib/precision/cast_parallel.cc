@@ -7,7 +7,7 @@
 #include <deque>
 #include <thread>
 
-#include "lib/precision/cast_kernels.h"
+#include "lib/base/cast_kernels.h"
 
 namespace adaptcomm::precision {
 namespace {

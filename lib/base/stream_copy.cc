@@ -1,4 +1,4 @@
-#include "lib/core/stream_copy.h"
+#include "lib/base/stream_copy.h"
 
 #include <cstdint>
 #include <cstring>

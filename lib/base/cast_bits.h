@@ -1,10 +1,10 @@
 // The one definition of the fp32 <-> bf16/fp16 bit conversions, compiled for the CPU (the scalar
-// reference, lib/precision/cast_scalar.cc) and for CUDA (lib/nccl/cast_kernels.cu), so the two can
+// reference, lib/base/cast_scalar.cc) and for CUDA (lib/nccl/cast_kernels.cu), so the two can
 // never drift apart. Integer arithmetic only: neither the rounding mode nor flush-to-zero changes a
 // bit. Round to nearest, ties to even; NaN stays NaN (quieted, sign and top payload bits kept);
 // values at or past the halfway point above the largest finite value become Inf.
-#ifndef ADAPTCOMM_LIB_PRECISION_CAST_BITS_H_
-#define ADAPTCOMM_LIB_PRECISION_CAST_BITS_H_
+#ifndef ADAPTCOMM_LIB_BASE_CAST_BITS_H_
+#define ADAPTCOMM_LIB_BASE_CAST_BITS_H_
 
 #include <cstdint>
 #include <cstring>
@@ -115,4 +115,4 @@ ADAPTCOMM_HOST_DEVICE bool F16Nonfinite(uint16_t h) { return (h & 0x7c00u) == 0x
 
 #undef ADAPTCOMM_HOST_DEVICE
 
-#endif  // ADAPTCOMM_LIB_PRECISION_CAST_BITS_H_
+#endif  // ADAPTCOMM_LIB_BASE_CAST_BITS_H_

@@ -13,8 +13,8 @@
 // both paths give the same bits. Zero-masked tail lanes load as +0 and are never stored.
 #include <algorithm>
 
-#include "lib/precision/cast_x86_simd.h"
-#include "lib/precision/fused_kernels.h"
+#include "lib/base/cast_x86_simd.h"
+#include "lib/base/fused_kernels.h"
 
 namespace adaptcomm::precision::x86 {
 

@@ -1,8 +1,8 @@
 // Inline SIMD helpers shared by the x86 cast kernels (cast_x86.cc) and the fused kernels
 // (fused_x86.cc). Each carries its own target attribute; include only from x86 translation units
 // that check the CPU before calling (see cast_x86.cc).
-#ifndef ADAPTCOMM_LIB_PRECISION_CAST_X86_SIMD_H_
-#define ADAPTCOMM_LIB_PRECISION_CAST_X86_SIMD_H_
+#ifndef ADAPTCOMM_LIB_BASE_CAST_X86_SIMD_H_
+#define ADAPTCOMM_LIB_BASE_CAST_X86_SIMD_H_
 
 #if defined(__x86_64__) || defined(__i386__)
 // GCC 12's AVX-512 shift and convert intrinsics start from _mm512_undefined_epi32(), which
@@ -92,4 +92,4 @@ __attribute__((target("avx2"))) inline __m256 AddKeepingAccNaN256(__m256 acc, __
 }  // namespace adaptcomm::precision::x86
 
 #endif  // x86
-#endif  // ADAPTCOMM_LIB_PRECISION_CAST_X86_SIMD_H_
+#endif  // ADAPTCOMM_LIB_BASE_CAST_X86_SIMD_H_

@@ -2,8 +2,8 @@
 // (rounding mode, FTZ/DAZ) and matches the vector paths bit for bit.
 #include <cstring>
 
-#include "lib/precision/cast_bits.h"
-#include "lib/precision/cast_kernels.h"
+#include "lib/base/cast_bits.h"
+#include "lib/base/cast_kernels.h"
 
 namespace adaptcomm::precision {
 

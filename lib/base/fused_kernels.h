@@ -7,14 +7,14 @@
 // the op keeps "every input rounded once to the wire, summed in fp32 in rank order, the sum rounded
 // once" - the semantics and error bound documented in adaptcomm/precision.h, and the same bits as
 // RunNarrow's whole-buffer path.
-#ifndef ADAPTCOMM_LIB_PRECISION_FUSED_KERNELS_H_
-#define ADAPTCOMM_LIB_PRECISION_FUSED_KERNELS_H_
+#ifndef ADAPTCOMM_LIB_BASE_FUSED_KERNELS_H_
+#define ADAPTCOMM_LIB_BASE_FUSED_KERNELS_H_
 
 #include <cstddef>
 #include <cstdint>
 
 #include "adaptcomm/precision.h"
-#include "lib/precision/cast_kernels.h"
+#include "lib/base/cast_kernels.h"
 
 namespace adaptcomm::precision {
 
@@ -63,4 +63,4 @@ ReduceRoundStats ReduceRoundF16Avx2(const ReduceRoundArgs& args);
 
 }  // namespace adaptcomm::precision
 
-#endif  // ADAPTCOMM_LIB_PRECISION_FUSED_KERNELS_H_
+#endif  // ADAPTCOMM_LIB_BASE_FUSED_KERNELS_H_

@@ -1,9 +1,9 @@
 // The scalar reference of the fused reduce-and-round kernels and the per-path dispatch.
-#include "lib/precision/fused_kernels.h"
+#include "lib/base/fused_kernels.h"
 
 #include <cstring>
 
-#include "lib/precision/cast_bits.h"
+#include "lib/base/cast_bits.h"
 
 namespace adaptcomm::precision {
 

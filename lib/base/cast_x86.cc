@@ -11,8 +11,8 @@
 // Tails shorter than a vector go to the scalar kernels (AVX2) or use masked loads/stores (AVX-512).
 #include <algorithm>
 
-#include "lib/precision/cast_kernels.h"
-#include "lib/precision/cast_x86_simd.h"
+#include "lib/base/cast_kernels.h"
+#include "lib/base/cast_x86_simd.h"
 
 #ifdef ADAPTCOMM_X86
 #include <cpuid.h>

@@ -1,7 +1,7 @@
 // A memcpy for large copies nobody reads soon (the retry's input records): non-temporal stores
 // skip the read-for-ownership of the destination and leave the caches to the collective.
-#ifndef ADAPTCOMM_LIB_CORE_STREAM_COPY_H_
-#define ADAPTCOMM_LIB_CORE_STREAM_COPY_H_
+#ifndef ADAPTCOMM_LIB_BASE_STREAM_COPY_H_
+#define ADAPTCOMM_LIB_BASE_STREAM_COPY_H_
 
 #include <cstddef>
 
@@ -14,4 +14,4 @@ inline constexpr size_t kStreamCopyMinBytes = size_t{1} << 20;
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_STREAM_COPY_H_
+#endif  // ADAPTCOMM_LIB_BASE_STREAM_COPY_H_

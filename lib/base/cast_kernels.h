@@ -1,8 +1,8 @@
 // Single-threaded cast kernels per instruction set, the scalar reference they must match bit for
 // bit, and the run-time choice among them. The public functions in adaptcomm/precision.h add
 // multi-threading on top (cast_parallel.h).
-#ifndef ADAPTCOMM_LIB_PRECISION_CAST_KERNELS_H_
-#define ADAPTCOMM_LIB_PRECISION_CAST_KERNELS_H_
+#ifndef ADAPTCOMM_LIB_BASE_CAST_KERNELS_H_
+#define ADAPTCOMM_LIB_BASE_CAST_KERNELS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -91,4 +91,4 @@ inline void Accumulate(CastStats& total, const CastStats& part) {
 
 }  // namespace adaptcomm::precision
 
-#endif  // ADAPTCOMM_LIB_PRECISION_CAST_KERNELS_H_
+#endif  // ADAPTCOMM_LIB_BASE_CAST_KERNELS_H_
