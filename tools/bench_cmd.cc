@@ -32,7 +32,7 @@
 #include "lib/diag/collective_timing.h"
 #include "lib/diag/rank_group.h"
 #include "lib/nccl/nccl_api.h"
-#include "lib/precision/cast_kernels.h"
+#include "lib/base/cast_kernels.h"
 #include "nlohmann/json.hpp"
 #include "tools/subcommands.h"
 
