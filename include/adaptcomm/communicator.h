@@ -29,11 +29,7 @@
 
 namespace adaptcomm {
 
-enum class BackendChoice : uint8_t { kAuto, kGloo, kNccl };
-const char* BackendChoiceName(BackendChoice choice);
-// What creation does when NCCL (auto or nccl) is not usable on every rank: build Gloo on every
-// rank (device buffers staged through host memory), or fail on every rank naming the reason.
-enum class Fallback : uint8_t { kAllow, kDeny };
+// BackendChoice and Fallback are in profile.h (a profile chooses them too).
 
 // Where rank, world size and the master address came from.
 struct LaunchInfo {

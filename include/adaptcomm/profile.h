@@ -44,8 +44,12 @@
 namespace adaptcomm {
 
 class Store;
-// Defined in communicator.h: { kAuto, kGloo, kNccl }.
-enum class BackendChoice : uint8_t;
+
+enum class BackendChoice : uint8_t { kAuto, kGloo, kNccl };
+const char* BackendChoiceName(BackendChoice choice);
+// What creation does when NCCL (auto or nccl) is not usable on every rank: build Gloo on every
+// rank (device buffers staged through host memory), or fail on every rank naming the reason.
+enum class Fallback : uint8_t { kAllow, kDeny };
 
 // Values a trainer sets in code; each one set wins over the environment and the profile.
 struct ProfileOverrides {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "adaptcomm/communicator.h"
+#include "adaptcomm/profile.h"
 #include "lib/config/profile_schema.h"
 #include "lib/config/resolve_internal.h"
 #include "lib/config/units.h"
