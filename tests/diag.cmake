@@ -5,8 +5,13 @@ if(TARGET adaptcomm_cli)
   set(_logs ${CMAKE_CURRENT_LIST_DIR}/fixtures/logs)
   # doctor: exit 1 (failures found) and the IB root cause named with its peer.
   add_test(NAME diag_cli_doctor
-           COMMAND sh -c "out=$(\"$0\" doctor --json \"$1\"); rc=$?; echo \"$out\"; [ $rc -eq 1 ] && echo \"$out\" | grep -q '\"id\": \"ib_retry_exceeded\"' && echo \"$out\" | grep -q '10.20.1.14:47185'"
+           COMMAND sh -c "out=$(\"$0\" doctor --json \"$1\"); rc=$?; echo \"$out\"; [ $rc -eq 1 ] && echo \"$out\" | grep -q '\"id\": \"ib_retry_exceeded\"' && echo \"$out\" | grep -q '10.20.1.14:47185' && echo \"$out\" | grep -q '\"verdict\": \"known_failure\"'"
                    ${_cli} ${_logs}/ib_retry_exceeded.log)
+  # doctor: error lines that no signature explains are an unknown failure, exit 3 (never 0, "all
+  # clean"); a log with only healthy lines (NCCL INFO "dlerror"-style noise) exits 0.
+  add_test(NAME diag_cli_doctor_unknown
+           COMMAND sh -c "out=$(\"$0\" doctor \"$1\"); rc=$?; echo \"$out\"; [ $rc -eq 3 ] && echo \"$out\" | grep -q '2 error line(s) matched no known signature (1 of them NCCL WARN); first: .*socketFinalizeAccept' && \"$0\" doctor \"$2\""
+                   ${_cli} ${_logs}/unknown_failure.log ${_logs}/clean_run.log)
   # diagnose on this machine with a clean environment: no failure.
   add_test(NAME diag_cli_diagnose_clean
            COMMAND env -i PATH=/usr/bin:/bin ADAPTCOMM_CONFIG_DIR=${PROJECT_SOURCE_DIR}/configs
@@ -19,7 +24,7 @@ if(TARGET adaptcomm_cli)
   add_test(NAME diag_cli_diagnose_ranks_stalled
            COMMAND sh -c "out=$(\"$0\" launch -n 4 -- \"$0\" diagnose --ranks --inject-delay 2:60 --multi-host no 2>&1); rc=$?; echo \"$out\"; [ $rc -ne 0 ] && echo \"$out\" | grep -q 'ranks.slow_rank  *FAIL   rank 2 arrives'"
                    ${_cli})
-  set_tests_properties(diag_cli_doctor diag_cli_diagnose_clean diag_cli_diagnose_planted
+  set_tests_properties(diag_cli_doctor diag_cli_doctor_unknown diag_cli_diagnose_clean diag_cli_diagnose_planted
                        diag_cli_diagnose_ranks_stalled PROPERTIES TIMEOUT 120 LABELS diag
                        ENVIRONMENT "ADAPTCOMM_CONFIG_DIR=${PROJECT_SOURCE_DIR}/configs")
 endif()

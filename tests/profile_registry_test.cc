@@ -94,6 +94,17 @@ TEST(NcclRegistry, BrokenRegistryNamesPosition) {
       << unknown.status();
 }
 
+TEST(NcclRegistry, DuplicateKeysAreRefused) {
+  auto dup = NcclRegistry::Parse(
+      "params:\n  NCCL_A:\n    status: current\n    status: deprecated\n", "reg.yaml");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(dup.status().message(),
+            "reg.yaml:4:5: duplicate key 'status' (first at reg.yaml:3:5): a key may appear only "
+            "once in a map");
+  // The shipped registry has none.
+  EXPECT_TRUE(NcclRegistry::Load(::adaptcomm::testing::ConfigPath("nccl_params.yaml")).ok());
+}
+
 TEST(NcclRegistry, VersionCodes) {
   EXPECT_EQ(NcclVersionCode("2.17"), 21700);
   EXPECT_EQ(NcclVersionCode("2.27.3"), 22703);

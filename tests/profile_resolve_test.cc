@@ -342,6 +342,58 @@ TEST_F(ProfileResolve, BrokenFilesNameLineAndColumn) {
   }
 }
 
+// yaml-cpp keeps both copies of a repeated key; the loader used the first `name` but the last
+// `collective`. Any repeated key is refused, naming the key and both positions.
+TEST_F(ProfileResolve, DuplicateKeysAreRefusedNamingBothLines) {
+  const BadCase cases[] = {
+      {"tier name", "tiers:\n  - name: a\n    name: b\n",
+       "test.yaml:3:5: duplicate key 'name' (first at test.yaml:2:5): a key may appear only once "
+       "in a map"},
+      {"nested timeout",
+       "defaults:\n  timeouts:\n    collective: 5s\n    init: 60s\n    collective: 9s\n"
+       "tiers: [{name: a}]\n",
+       "test.yaml:5:5: duplicate key 'collective' (first at test.yaml:3:5): a key may appear only "
+       "once in a map"},
+      {"top level", "tiers: [{name: a}]\ndefaults: {}\ntiers: [{name: b}]\n",
+       "test.yaml:3:1: duplicate key 'tiers' (first at test.yaml:1:1): a key may appear only once "
+       "in a map"},
+      {"flow map", "tiers:\n  - {name: a, nccl: {NCCL_MAX_CTAS: 4, NCCL_MAX_CTAS: 8}}\n",
+       "test.yaml:2:40: duplicate key 'NCCL_MAX_CTAS' (first at test.yaml:2:22): a key may appear "
+       "only once in a map"},
+  };
+  for (const BadCase& c : cases) {
+    auto cfg = FromText(c.text);
+    ASSERT_FALSE(cfg.ok()) << c.name;
+    EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_EQ(std::string(cfg.status().message()), c.message) << c.name;
+  }
+  // The same key in two different maps is no duplicate.
+  auto two_maps =
+      FromText("tiers:\n  - name: a\n    params: \"<=7B\"\n  - name: b\n    params: \">=8B\"\n");
+  EXPECT_TRUE(two_maps.ok()) << two_maps.status();
+}
+
+// Aliases share their anchor's node: the check visits each map once, so 40 levels of doubling
+// aliases (2^40 nodes when expanded) are checked in no time, and a duplicate inside an aliased
+// map is still found at its own position.
+TEST_F(ProfileResolve, DuplicateKeyCheckVisitsAliasedNodesOnce) {
+  std::string doubling = "defaults:\n  description: x\n  n0: &n0 [1]\n";
+  for (int i = 1; i <= 40; ++i) {
+    absl::StrAppend(&doubling, "  n", i, ": &n", i, " [*n", i - 1, ", *n", i - 1, "]\n");
+  }
+  config::ResolveInputs in;
+  in.text = doubling + "tiers: [{name: a}]\n";
+  in.file = "test.yaml";
+  in.world_size = 8;
+  // The loader refuses the unknown keys n0..n40; what matters is that it returns.
+  EXPECT_FALSE(config::ResolveFromText(in, Registry()).ok());
+  auto aliased = FromText("x: &m {a: 1, a: 2}\ntiers: [{name: a, timeouts: *m}]\n");
+  ASSERT_FALSE(aliased.ok());
+  EXPECT_EQ(aliased.status().message(),
+            "test.yaml:1:14: duplicate key 'a' (first at test.yaml:1:8): a key may appear only "
+            "once in a map");
+}
+
 TEST_F(ProfileResolve, InvertedTimeoutsNameBothValues) {
   auto cfg = FromText(
       "defaults:\n  timeouts:\n    collective: 2400s\n    heartbeat: 1800s\ntiers: [{name: a}]\n");

@@ -1,5 +1,7 @@
 // `adaptcomm doctor LOG...`: names the causes of a failed run from its logs, with fixes.
-// Exit code: 0 no known failure signature, 1 failures found, 2 unreadable log or knowledge base.
+// Exit code: 0 clean (no known failure signature and no error line), 1 known failure(s) found,
+// 2 unreadable log or knowledge base, 3 error lines that no known signature explains (an unknown
+// failure: the report lists them).
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -27,25 +29,25 @@ int RunDoctor(const DoctorArgs& args) {
     std::fprintf(stderr,
                  "doctor: configs/knowledge_base.yaml not found; pass --kb FILE or set "
                  "ADAPTCOMM_CONFIG_DIR\n");
-    return 2;
+    return diag::kDoctorExitUnreadable;
   }
   auto kb = diag::KnowledgeBase::Load(kb_path);
   if (!kb.ok()) {
     std::fprintf(stderr, "doctor: %s\n", std::string(kb.status().message()).c_str());
-    return 2;
+    return diag::kDoctorExitUnreadable;
   }
   diag::LogDoctor doctor(*kb);
   for (const std::string& log : args.logs) {
     if (absl::Status s = doctor.FeedFile(log); !s.ok()) {
       std::fprintf(stderr, "doctor: %s\n", std::string(s.message()).c_str());
-      return 2;
+      return diag::kDoctorExitUnreadable;
     }
   }
   diag::DoctorReport report = doctor.Report();
   const std::string out =
       args.json ? diag::RenderDoctorJson(report) + "\n" : diag::RenderDoctorText(report, args.top);
   std::fwrite(out.data(), 1, out.size(), stdout);
-  return report.causes.empty() ? 0 : 1;
+  return diag::DoctorExitCode(report);
 }
 
 std::function<int()> SetupDoctor(CLI::App& sub) {
@@ -55,7 +57,9 @@ std::function<int()> SetupDoctor(CLI::App& sub) {
   sub.add_flag("--json", args->json, "Machine-readable report");
   sub.add_option("--top", args->top, "Causes to print in the text report")
       ->check(CLI::PositiveNumber);
-  sub.footer("Exit code: 0 no known failure signature, 1 failures found, 2 unreadable input.");
+  sub.footer(
+      "Exit code: 0 clean, 1 known failure(s) found, 2 unreadable input, 3 error lines that no "
+      "known signature explains.");
   return [args] { return RunDoctor(*args); };
 }
 

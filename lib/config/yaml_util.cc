@@ -2,7 +2,11 @@
 
 #include <exception>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -16,7 +20,9 @@ absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, const std::string&
                                                    "-byte limit for configuration files"));
   }
   try {
-    return YAML::Load(text);
+    YAML::Node root = YAML::Load(text);
+    if (absl::Status s = CheckNoDuplicateKeys(root, file); !s.ok()) return s;
+    return root;
   } catch (const YAML::Exception& e) {
     if (e.mark.is_null()) {
       return absl::InvalidArgumentError(absl::StrCat(file, ": YAML error: ", e.msg));
@@ -26,6 +32,37 @@ absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, const std::string&
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(file, ": YAML error: ", e.what()));
   }
+}
+
+absl::Status CheckNoDuplicateKeys(const YAML::Node& root, const std::string& file) {
+  // An alias shares its anchor's node, so a container is visited once (keyed by its position
+  // and type): a document of nested aliases costs its size, not the size of its expansion. An
+  // explicit stack keeps a deeply nested document off the call stack.
+  std::set<std::pair<int, int>> visited;
+  std::vector<YAML::Node> pending = {root};
+  while (!pending.empty()) {
+    const YAML::Node node = pending.back();
+    pending.pop_back();
+    if (!node.IsMap() && !node.IsSequence()) continue;
+    if (!visited.emplace(node.Mark().pos, static_cast<int>(node.Type())).second) continue;
+    if (node.IsSequence()) {
+      for (const auto& item : node) pending.push_back(item);
+      continue;
+    }
+    std::map<std::string, YAML::Node> keys;  // key text -> its first occurrence
+    for (const auto& kv : node) {
+      pending.push_back(kv.first);  // a complex key can hold maps too
+      pending.push_back(kv.second);
+      if (!kv.first.IsScalar()) continue;
+      auto [first, inserted] = keys.emplace(kv.first.Scalar(), kv.first);
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(file, kv.first), ": duplicate key '", Excerpt(kv.first), "' (first at ",
+            Where(file, first->second), "): a key may appear only once in a map"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {

@@ -1,5 +1,6 @@
-// yaml-cpp helpers shared by the profile loader and the NCCL registry: parsing without
-// exceptions escaping, and errors that point at file:line:column with the offending text.
+// yaml-cpp helpers shared by every YAML file the library loads (profiles, templates, the NCCL
+// registry, the doctor's knowledge base, the compatibility matrix): parsing without exceptions
+// escaping, duplicate keys refused, and errors that point at file:line:column with the text.
 #ifndef ADAPTCOMM_LIB_CONFIG_YAML_UTIL_H_
 #define ADAPTCOMM_LIB_CONFIG_YAML_UTIL_H_
 
@@ -14,8 +15,13 @@ namespace adaptcomm::config {
 // Larger files are refused: profiles are small, and a bound keeps a fuzzed input cheap.
 inline constexpr size_t kMaxConfigBytes = 1 << 20;
 
-// Parses one YAML document; InvalidArgument "file:line:column: message" on a syntax error.
+// Parses one YAML document; InvalidArgument "file:line:column: message" on a syntax error or a
+// duplicate key (see CheckNoDuplicateKeys).
 absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, const std::string& file);
+// yaml-cpp keeps every copy of a repeated map key, and lookups and iteration then disagree on
+// which copy counts. InvalidArgument naming the key and both positions, e.g.
+// "p.yaml:7:3: duplicate key 'name' (first at p.yaml:2:3): a key may appear only once in a map".
+absl::Status CheckNoDuplicateKeys(const YAML::Node& root, const std::string& file);
 // Reads a whole file (bounded by kMaxConfigBytes); NotFound if absent.
 absl::StatusOr<std::string> ReadConfigFile(const std::string& path);
 

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "lib/config/yaml_util.h"
 #include "yaml-cpp/yaml.h"
 
 namespace adaptcomm::diag {
@@ -33,8 +34,11 @@ absl::StatusOr<CompatMatrix> CompatMatrix::Load(const std::string& path) {
 absl::StatusOr<CompatMatrix> CompatMatrix::Parse(const std::string& yaml_text,
                                                  const std::string& name) {
   CompatMatrix m;
+  // The shared parser: syntax errors with positions, duplicate keys refused.
+  absl::StatusOr<YAML::Node> parsed = config::ParseYaml(yaml_text, name);
+  if (!parsed.ok()) return parsed.status();
   try {
-    YAML::Node root = YAML::Load(yaml_text);
+    const YAML::Node& root = *parsed;
     for (const auto& kv : root["cuda_toolkit_min_driver"]) {
       m.toolkit_min_driver[kv.first.as<std::string>()] = kv.second.as<std::string>();
     }

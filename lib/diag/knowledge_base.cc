@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "lib/config/yaml_util.h"
 #include "yaml-cpp/yaml.h"
 
 namespace adaptcomm::diag {
@@ -35,6 +36,8 @@ absl::StatusOr<KbEntry> ParseEntry(const YAML::Node& node, const std::string& wh
   e.cause = node["cause"].as<std::string>();
   e.fix = node["fix"].as<std::string>();
   e.doc = node["doc"] ? node["doc"].as<std::string>() : "";
+  e.failure_class = node["class"] ? node["class"].as<std::string>() : "";
+  e.source = node["source"] ? node["source"].as<std::string>() : "";
   const std::string kind = node["kind"] ? node["kind"].as<std::string>() : "root";
   if (kind != "root" && kind != "symptom") {
     return absl::InvalidArgumentError(
@@ -70,9 +73,11 @@ absl::StatusOr<KnowledgeBase> KnowledgeBase::Load(const std::string& path) {
 absl::StatusOr<KnowledgeBase> KnowledgeBase::Parse(const std::string& yaml_text,
                                                    const std::string& name) {
   KnowledgeBase kb;
+  // The shared parser: syntax errors with positions, duplicate keys refused.
+  absl::StatusOr<YAML::Node> root = config::ParseYaml(yaml_text, name);
+  if (!root.ok()) return root.status();
   try {
-    YAML::Node root = YAML::Load(yaml_text);
-    YAML::Node entries = root["entries"];
+    YAML::Node entries = (*root)["entries"];
     if (!entries || !entries.IsSequence()) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": no 'entries' list"));
     }

@@ -25,6 +25,8 @@ struct KbEntry {
   std::string cause;
   std::string fix;
   std::string doc;
+  std::string failure_class;  // the YAML's `class`: network, timeout, version, ... ("" if unset)
+  std::string source;         // the public issue threads the signature comes from ("" if unset)
   std::vector<std::string> examples;  // lines the entry must classify (checked by the tests)
   // Capture group of `regex` holding a collective sequence number (0: none). The report names
   // the origin whose lowest sequence number is smallest: the rank that is behind.

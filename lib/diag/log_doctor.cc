@@ -79,6 +79,53 @@ void LogDoctor::Count(std::map<std::string, uint64_t>& map, uint64_t& dropped, s
   }
 }
 
+bool LooksLikeError(const std::string& line) {
+  auto has = [&line](const char* text) { return line.find(text) != std::string::npos; };
+  if (has("NCCL INFO") || has("frame #") || has("Exception raised from") ||
+      (has("File \"") && has("\", line "))) {
+    return false;
+  }
+  for (const char* marker : {"error", "Error", "ERROR", "failed", "Failed", "FAILED", "FATAL",
+                             "Fatal", "Exception", "NCCL WARN", "Segmentation fault"}) {
+    if (has(marker)) return true;
+  }
+  return false;
+}
+
+DoctorVerdict Verdict(const DoctorReport& report) {
+  if (!report.causes.empty()) return DoctorVerdict::kKnownFailure;
+  if (report.unclassified_errors > 0) return DoctorVerdict::kUnrecognizedErrors;
+  return DoctorVerdict::kClean;
+}
+
+int DoctorExitCode(const DoctorReport& report) { return static_cast<int>(Verdict(report)); }
+
+std::string VerdictName(DoctorVerdict verdict) {
+  switch (verdict) {
+    case DoctorVerdict::kClean:
+      return "clean";
+    case DoctorVerdict::kKnownFailure:
+      return "known_failure";
+    case DoctorVerdict::kUnrecognizedErrors:
+      return "unrecognized_errors";
+  }
+  return "unknown";
+}
+
+void LogDoctor::CountUnclassified(DoctorReport& totals, const std::string& example, bool warning) {
+  ++totals.unclassified_errors;
+  if (warning) ++totals.unclassified_warnings;
+  if (totals.unclassified_examples.size() < kMaxUnclassified) {
+    totals.unclassified_examples.push_back(example);
+  }
+}
+
+void LogDoctor::FlushPendingTraceback() {
+  if (pending_traceback_.empty()) return;
+  CountUnclassified(totals_, pending_traceback_, /*warning=*/false);
+  pending_traceback_.clear();
+}
+
 void LogDoctor::FeedLine(const std::string& full_line, const std::string& file,
                          uint64_t line_number) {
   ++totals_.lines;
@@ -87,15 +134,20 @@ void LogDoctor::FeedLine(const std::string& full_line, const std::string& file,
   const std::string& line = full_line.size() > kMaxMatchBytes ? head : full_line;
   const KbEntry* entry = kb_.Classify(line);
   if (entry == nullptr) {
-    if (line.find("NCCL WARN") != std::string::npos) {
-      ++totals_.unclassified_warnings;
-      if (totals_.unclassified_examples.size() < kMaxUnclassified) {
-        totals_.unclassified_examples.push_back(
-            absl::StrCat(file, ":", line_number, ": ", Truncate(line, kMaxExampleBytes)));
-      }
+    const bool traceback = line.find("Traceback (most recent call last)") != std::string::npos;
+    if (!traceback && !LooksLikeError(line)) return;
+    const std::string example =
+        absl::StrCat(file, ":", line_number, ": ", Truncate(line, kMaxExampleBytes));
+    if (traceback) {
+      FlushPendingTraceback();  // the previous traceback ended without an error line
+      pending_traceback_ = example;
+    } else {
+      pending_traceback_.clear();  // this line is the traceback's (counted) error
+      CountUnclassified(totals_, example, line.find("NCCL WARN") != std::string::npos);
     }
     return;
   }
+  pending_traceback_.clear();  // the traceback (if any) ended in an explained line
   ++totals_.classified_lines;
   CauseSummary& c = causes_[entry];
   if (c.lines++ == 0) {
@@ -156,6 +208,7 @@ void LogDoctor::FeedStream(std::istream& in, const std::string& name) {
     totals_.truncated_lines += truncated;
     FeedLine(line, name, ++number);
   }
+  FlushPendingTraceback();  // a traceback does not continue into the next file
 }
 
 absl::Status LogDoctor::FeedFile(const std::string& path) {
@@ -172,6 +225,7 @@ absl::Status LogDoctor::FeedFile(const std::string& path) {
 
 DoctorReport LogDoctor::Report() const {
   DoctorReport r = totals_;
+  if (!pending_traceback_.empty()) CountUnclassified(r, pending_traceback_, /*warning=*/false);
   for (const auto& [entry, summary] : causes_) {
     CauseSummary c = summary;
     uint64_t lowest = UINT64_MAX;
@@ -219,7 +273,10 @@ std::string RenderDoctorText(const DoctorReport& report, size_t max_causes) {
   }
   absl::StrAppend(&out, ".\n");
   if (report.causes.empty()) {
-    absl::StrAppend(&out, "No known failure signature found.\n");
+    absl::StrAppend(&out, report.unclassified_errors == 0
+                              ? "No known failure signature found.\n"
+                              : "No known failure signature found, but the log reports errors "
+                                "(below): an unknown failure.\n");
   }
   size_t n = 0;
   for (const CauseSummary& c : report.causes) {
@@ -227,8 +284,10 @@ std::string RenderDoctorText(const DoctorReport& report, size_t max_causes) {
       absl::StrAppend(&out, "\n(", report.causes.size() - max_causes, " more cause(s) omitted)\n");
       break;
     }
-    absl::StrAppend(&out, "\n", n, ". [", c.entry->root_cause ? "root cause" : "symptom", "] ",
-                    c.entry->id, ": ", c.lines, " line(s), first at ", c.first_location, "\n");
+    absl::StrAppend(
+        &out, "\n", n, ". [", c.entry->root_cause ? "root cause" : "symptom", "] ", c.entry->id,
+        c.entry->failure_class.empty() ? "" : absl::StrCat(" (", c.entry->failure_class, ")"), ": ",
+        c.lines, " line(s), first at ", c.first_location, "\n");
     absl::StrAppend(&out, "   cause:   ", c.entry->cause, "\n");
     absl::StrAppend(&out, "   from:    ", JoinCounts(c.origins, c.origins_dropped, 8), "\n");
     if (!c.peers.empty()) {
@@ -241,17 +300,26 @@ std::string RenderDoctorText(const DoctorReport& report, size_t max_causes) {
     absl::StrAppend(&out, "   example: ", c.first_example, "\n");
     absl::StrAppend(&out, "   fix:     ", c.entry->fix, "\n");
     if (!c.entry->doc.empty()) absl::StrAppend(&out, "   doc:     ", c.entry->doc, "\n");
+    if (!c.entry->source.empty()) absl::StrAppend(&out, "   source:  ", c.entry->source, "\n");
   }
-  if (report.unclassified_warnings > 0) {
-    absl::StrAppend(&out, "\n", report.unclassified_warnings,
-                    " NCCL WARN line(s) matched no known signature, e.g.:\n");
-    for (const std::string& e : report.unclassified_examples) absl::StrAppend(&out, "  ", e, "\n");
+  if (report.unclassified_errors > 0) {
+    absl::StrAppend(&out, "\n", report.unclassified_errors,
+                    " error line(s) matched no known signature");
+    if (report.unclassified_warnings > 0) {
+      absl::StrAppend(&out, " (", report.unclassified_warnings, " of them NCCL WARN)");
+    }
+    absl::StrAppend(&out, "; first: ", report.unclassified_examples.front(), "\n");
+    for (size_t i = 1; i < report.unclassified_examples.size(); ++i) {
+      absl::StrAppend(&out, "  then: ", report.unclassified_examples[i], "\n");
+    }
   }
   return out;
 }
 
 std::string RenderDoctorJson(const DoctorReport& report) {
   nlohmann::json j;
+  j["verdict"] = VerdictName(Verdict(report));
+  j["exit_code"] = DoctorExitCode(report);
   j["files"] = report.files;
   j["lines"] = report.lines;
   j["classified_lines"] = report.classified_lines;
@@ -261,6 +329,8 @@ std::string RenderDoctorJson(const DoctorReport& report) {
     nlohmann::json cj;
     cj["id"] = c.entry->id;
     cj["kind"] = c.entry->root_cause ? "root" : "symptom";
+    cj["class"] = c.entry->failure_class;
+    cj["source"] = c.entry->source;
     cj["lines"] = c.lines;
     cj["cause"] = c.entry->cause;
     cj["fix"] = c.entry->fix;
@@ -276,6 +346,7 @@ std::string RenderDoctorJson(const DoctorReport& report) {
     }
     j["causes"].push_back(std::move(cj));
   }
+  j["unclassified_errors"] = report.unclassified_errors;
   j["unclassified_warnings"] = report.unclassified_warnings;
   j["unclassified_examples"] = report.unclassified_examples;
   // Logs are not guaranteed UTF-8: replace invalid bytes instead of throwing.

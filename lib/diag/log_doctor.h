@@ -51,10 +51,31 @@ struct DoctorReport {
   uint64_t truncated_lines = 0;
   // Root causes first, then symptoms; within each, the most frequent first.
   std::vector<CauseSummary> causes;
-  // NCCL WARN lines no entry explains (the article's `grep NCCL | grep -v INFO` residue).
+  // Lines that look like errors (LooksLikeError, or a Python traceback whose exception line is
+  // not one) that no entry explains. A log with only these is not clean: it failed in a way the
+  // knowledge base does not know.
+  uint64_t unclassified_errors = 0;
+  // The NCCL WARN lines among them (the article's `grep NCCL | grep -v INFO` residue).
   uint64_t unclassified_warnings = 0;
-  std::vector<std::string> unclassified_examples;
+  std::vector<std::string> unclassified_examples;  // the first kMaxUnclassified, "file:line: text"
 };
+
+// What a report says about the run, and `adaptcomm doctor`'s exit code for it.
+enum class DoctorVerdict {
+  kClean = 0,               // no known failure signature and no error line
+  kKnownFailure = 1,        // at least one cause found (unexplained error lines may remain)
+  kUnrecognizedErrors = 3,  // error lines, none of them known: a failure the doctor cannot name
+};
+inline constexpr int kDoctorExitUnreadable = 2;  // a log or the knowledge base could not be read
+DoctorVerdict Verdict(const DoctorReport& report);
+int DoctorExitCode(const DoctorReport& report);
+std::string VerdictName(DoctorVerdict verdict);  // "clean", "known_failure", "unrecognized_errors"
+
+// Whether a line no entry explains reports an error: it says error/Error/ERROR, failed/Failed/
+// FAILED, FATAL/Fatal, Exception, NCCL WARN or Segmentation fault - unless it is one of the lines
+// healthy runs print with such words (NCCL INFO lines such as "dlerror=libnccl-net.so", Python
+// `File "...", line N` frames, C++ `frame #N:` frames, "Exception raised from ...").
+bool LooksLikeError(const std::string& line);
 
 // The origin of a line ("rank 3", "node1 gpu3"), "" if it names none.
 std::string ExtractOrigin(const std::string& line);
@@ -77,10 +98,16 @@ class LogDoctor {
  private:
   void Count(std::map<std::string, uint64_t>& map, uint64_t& dropped, size_t cap,
              const std::string& key);
+  static void CountUnclassified(DoctorReport& totals, const std::string& example, bool warning);
+  void FlushPendingTraceback();
 
   const KnowledgeBase& kb_;
   std::map<const KbEntry*, CauseSummary> causes_;
   DoctorReport totals_;
+  // "file:line: Traceback (most recent call last):" until the traceback's exception line shows
+  // whether it is explained (classified) or itself an error line; a traceback ending in neither
+  // (KeyboardInterrupt, SystemExit) counts as one unclassified error.
+  std::string pending_traceback_;
 };
 
 // The text report: top causes with origins, peers, fix and link. `max_causes` limits the list.
