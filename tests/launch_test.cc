@@ -109,6 +109,7 @@ class LauncherProcess {
 
   pid_t pid() const { return pid_; }
   const std::string& out() const { return text_[0]; }
+  const std::string& err() const { return text_[1]; }
 
   // Reads output until `done()` holds or both streams end; false if `seconds` passed first.
   bool ReadUntil(const std::function<bool()>& done, double seconds) {
@@ -450,5 +451,129 @@ TEST_F(LaunchTest, MissingProgramIs127) {
   EXPECT_EQ(r.code, 127);
   EXPECT_THAT(r.err, HasSubstr("cannot execute"));
 }
+
+// Issue #11 item 12: a failed exec left the child with the launcher's signal handlers, so the
+// launcher's own SIGTERM to that child came back as "received SIGTERM again".
+TEST_F(LaunchTest, ProgramThatCannotBeExecutedIsNamedAs126) {
+  TempDir dir;
+  const std::string plain_file = dir.path() + "/not-executable";
+  FILE* f = fopen(plain_file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fputs("#!/bin/sh\necho ran\n", f);
+  fclose(f);
+  ASSERT_EQ(chmod(plain_file.c_str(), 0644), 0);
+  const std::pair<std::string, std::string> cases[] = {{dir.path(), "Is a directory"},
+                                                       {plain_file, "Permission denied"}};
+  for (const auto& [program, why] : cases) {
+    SCOPED_TRACE(program);
+    Result r = RunLauncher({"-n", "4", "--", program});
+    EXPECT_EQ(r.code, 126) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("job failed: rank 0"));
+    EXPECT_THAT(r.err, HasSubstr("cannot execute '" + program + "': " + why + " (exit code 126)"));
+    EXPECT_THAT(r.err, Not(HasSubstr("received"))) << "no signal was sent to the launcher";
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+#ifdef ADAPTCOMM_HAVE_TRAINER
+std::string TrainerPath() {
+  std::string launcher = LauncherPath();
+  return launcher.substr(0, launcher.rfind("/tools/")) + "/examples/adaptcomm_trainer";
+}
+
+std::string ReadText(const std::string& path) {
+  std::string text;
+  if (FILE* f = fopen(path.c_str(), "r"); f != nullptr) {
+    char buffer[4096];
+    for (size_t n; (n = fread(buffer, 1, sizeof(buffer), f)) > 0;) text.append(buffer, n);
+    fclose(f);
+  }
+  return text;
+}
+
+// stdout of a shell command and its exit code.
+std::pair<std::string, int> RunShell(const std::string& command) {
+  std::string out;
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) return {out, -1};
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), p)) > 0;) out.append(buffer, n);
+  int status = pclose(p);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+// 3 trainer ranks (adaptcomm over gloo, training until killed), each writing its pid to DIR.
+std::vector<std::string> TrainerJob(const std::string& dir, std::vector<std::string> options) {
+  options.insert(options.end(), {"--", "sh", "-c",
+                                 "echo $$ > " + dir + "/pid.$RANK; exec " + TrainerPath() +
+                                     " --samples 3000 --steps 100000000 --log-every 100000000"});
+  return options;
+}
+
+bool AllRanksTraining(const LauncherProcess& process) {
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string created = "communicator 'default' rank " + std::to_string(rank) + " of 3";
+    if (process.err().find(created) == std::string::npos) return false;
+  }
+  return true;
+}
+
+// The per-job flight-record directory the launcher names at the end.
+std::string NamedFlightDir(const std::string& err) {
+  std::smatch m;
+  std::regex named(R"(flight records of rank\(s\) [0-9,]+ in (\S+) )");
+  return std::regex_search(err, m, named) ? m[1].str() : "";
+}
+
+// Issue #11 item 8: a rank dies while the others wait for it in a collective. The launcher used
+// to SIGTERM the survivors at once and they left no flight record for `trace culprit`.
+TEST_F(LaunchTest, RankDeathLeavesTheSurvivorsFlightRecords) {
+  TempDir dir;
+  LauncherProcess process(
+      TrainerJob(dir.path(), {"-n", "3"}),
+      {{"TMPDIR", dir.path()}, {"ADAPTCOMM_FLIGHT_RECORDER_DIR", std::nullopt}});
+  ASSERT_TRUE(process.ReadUntil([&] { return AllRanksTraining(process); }, 30)) << process.err();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // well into the training loop
+  const pid_t victim = std::stoi(ReadText(dir.path() + "/pid.2"));
+  // Stopped first, so ranks 0 and 1 are blocked in an allreduce waiting for it when it dies.
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto killed = Clock::now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  Result r = process.Finish(30);
+  const double seconds_after_kill = SecondsSince(killed);
+  std::printf("launcher ended %.3f s after rank 2 was killed\n", seconds_after_kill);
+  EXPECT_EQ(r.code, 128 + SIGKILL) << r.err;
+  EXPECT_LT(seconds_after_kill, 3.0) << "the dumps took longer than they should";
+  EXPECT_THAT(r.err, HasSubstr("job failed: rank 2 (pid " + std::to_string(victim) +
+                               ") was killed by SIGKILL (exit code 137)"));
+  const std::string flight_dir = NamedFlightDir(r.err);
+  ASSERT_THAT(flight_dir, HasSubstr(dir.path() + "/adaptcomm-flight-")) << r.err;
+  for (int rank : {0, 1}) {
+    std::string record = ReadText(flight_dir + "/flight.rank" + std::to_string(rank) + ".json");
+    EXPECT_THAT(record, HasSubstr("allreduce")) << "no flight record of rank " << rank;
+  }
+  auto [culprit, code] = RunShell(LauncherPath() + " trace culprit " + flight_dir);
+  EXPECT_EQ(code, 0) << culprit;
+  EXPECT_THAT(culprit, HasSubstr("dumps from 2 rank(s)"));
+  EXPECT_THAT(culprit, HasSubstr("no dump: rank 2"));
+}
+
+// Ranks that notice nothing (a hung job ended by --timeout) dump only because the launcher asks:
+// every record says it was requested by SIGUSR2, and the given directory is used as is.
+TEST_F(LaunchTest, TimeoutAsksEveryRankForItsFlightRecord) {
+  TempDir dir;
+  Result r = RunLauncher(TrainerJob(dir.path(), {"-n", "3", "--timeout", "5"}),
+                         {{"ADAPTCOMM_FLIGHT_RECORDER_DIR", dir.path()}}, 30);
+  EXPECT_EQ(r.code, 124) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+  EXPECT_THAT(r.err, HasSubstr("asking rank(s) 0,1,2 for their flight records"));
+  EXPECT_THAT(r.err, HasSubstr("flight records of rank(s) 0,1,2 in " + dir.path()));
+  for (int rank : {0, 1, 2}) {
+    std::string record = ReadText(dir.path() + "/flight.rank" + std::to_string(rank) + ".json");
+    EXPECT_THAT(record, HasSubstr("dump requested (SIGUSR2)")) << "rank " << rank;
+  }
+}
+#endif  // ADAPTCOMM_HAVE_TRAINER
 
 }  // namespace

@@ -3,14 +3,21 @@
 // their output per line, and ends the whole job as soon as one rank fails: a job with a dead rank
 // otherwise hangs in its next collective until the collective timeout, minutes later.
 //
+// Before ending a failed (or timed-out) job it asks the surviving ranks for their flight records
+// (SIGUSR2, which the library answers by dumping flight.rank<R>.json) and waits a bounded time for
+// them: those records are what `adaptcomm trace culprit` reads, and a rank ended by SIGTERM
+// alone writes none.
+//
 // One thread, one poll() loop: the rank pipes, a self-pipe for signals (SIGCHLD wakes the loop to
 // reap) and the deadlines (job timeout, grace before SIGKILL, output drain) bound every wait.
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,13 +27,19 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "tools/subcommands.h"
 
 extern char** environ;
@@ -43,12 +56,15 @@ constexpr size_t kMaxLineBytes = 1 << 20;
 constexpr auto kDrainBound = std::chrono::seconds(2);
 // Exit code of a job that ran past --timeout (as timeout(1)).
 constexpr int kTimeoutExitCode = 124;
+// While waiting for flight records, how often the dump files are looked at.
+constexpr auto kDumpCheckPeriod = std::chrono::milliseconds(20);
 
 struct LaunchOptions {
   int nproc = 0;
   int master_port = 0;
   double timeout_s = 0;
   double grace_s = 5;
+  double dump_wait_s = 3;
   bool no_prefix = false;
   std::vector<std::string> command;
 };
@@ -120,12 +136,37 @@ class LineForwarder {
   std::string line_;
 };
 
+// One version of a file. A flight record is written to a temporary file renamed over the old
+// one, so a new dump has a new inode even when the clock is too coarse to tell the times apart.
+struct FileStamp {
+  ino_t inode = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
+std::optional<FileStamp> StampOf(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileStamp{st.st_ino,
+                   static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
 struct Rank {
   int index = 0;
   pid_t pid = -1;
   bool reaped = false;
   int fds[2] = {-1, -1};  // read ends of the rank's stdout and stderr pipes
   std::unique_ptr<LineForwarder> out[2];
+  int exec_errno = 0;  // the program could not be executed (errno of execvpe in the child)
+  bool dump_requested = false;
+  std::optional<FileStamp> dump_before;  // its flight record when the dump was requested
+};
+
+// The rank that failed first, as the final summary names it.
+struct FirstFailure {
+  int rank = -1;
+  pid_t pid = -1;
+  std::string how;  // "was killed by SIGKILL (exit code 137)"
 };
 
 int g_signal_pipe_write = -1;
@@ -200,6 +241,104 @@ std::vector<std::string> BuildEnvironment(
   return env;
 }
 
+// Exit code of a program that could not be executed, as shells give it.
+int ExecFailureExitCode(int err) { return err == ENOENT ? 127 : 126; }
+
+std::string DescribeExecFailure(const std::string& program, int err) {
+  // execve reports a directory as EACCES; name what is actually wrong, as shells do.
+  struct stat st {};
+  if (err == EACCES && program.find('/') != std::string::npos && stat(program.c_str(), &st) == 0 &&
+      S_ISDIR(st.st_mode)) {
+    err = EISDIR;
+  }
+  return absl::StrCat("cannot execute '", program, "': ", strerror(err));
+}
+
+std::string ReadSmallFile(const std::string& path) {
+  std::string text;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return text;
+  char buffer[8192];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || text.size() > (1 << 16)) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return text;
+}
+
+// Whether the process has a handler for `signo` (/proc/PID/status, SigCgt). A signal without a
+// handler would kill it instead.
+bool CatchesSignal(pid_t pid, int signo) {
+  const std::string status = ReadSmallFile(absl::StrCat("/proc/", pid, "/status"));
+  const size_t at = status.find("\nSigCgt:");
+  if (at == std::string::npos) return false;
+  const uint64_t caught = std::strtoull(status.c_str() + at + 8, nullptr, 16);
+  return ((caught >> (signo - 1)) & 1) != 0;
+}
+
+// The processes that belong to one of `ranks` (rank pid = its process group, or the pid itself
+// for a leader that moved) and catch `signo`, by rank pid. One pass over /proc.
+std::map<pid_t, std::vector<pid_t>> RankProcessesCatching(const std::set<pid_t>& ranks, int signo) {
+  std::map<pid_t, std::vector<pid_t>> found;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return found;
+  while (const dirent* entry = readdir(proc)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(entry->d_name, &pid) || pid <= 0) continue;
+    const std::string stat = ReadSmallFile(absl::StrCat("/proc/", pid, "/stat"));
+    // "PID (COMMAND) STATE PPID PGRP ...": the command may hold spaces and parentheses.
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) continue;
+    const std::vector<absl::string_view> fields =
+        absl::StrSplit(absl::string_view(stat).substr(paren + 2), ' ');
+    pid_t group = 0;
+    if (fields.size() < 3 || !absl::SimpleAtoi(fields[2], &group)) continue;
+    const pid_t owner = ranks.contains(group) ? group : ranks.contains(pid) ? pid : 0;
+    if (owner != 0 && CatchesSignal(pid, signo)) found[owner].push_back(pid);
+  }
+  closedir(proc);
+  return found;
+}
+
+// The flight records (flight.rank<R>.json) in `dir` written at or after `since`, by rank.
+std::vector<int> FlightRecordRanks(const std::string& dir, time_t since) {
+  std::vector<int> ranks;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return ranks;
+  while (const dirent* entry = readdir(d)) {
+    absl::string_view name = entry->d_name;
+    int rank = -1;
+    if (!absl::ConsumePrefix(&name, "flight.rank") || !absl::ConsumeSuffix(&name, ".json") ||
+        !absl::SimpleAtoi(name, &rank)) {
+      continue;
+    }
+    struct stat st {};
+    if (stat(absl::StrCat(dir, "/", entry->d_name).c_str(), &st) == 0 && st.st_mtime >= since) {
+      ranks.push_back(rank);
+    }
+  }
+  closedir(d);
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+// A fresh directory for this job's flight records: ${TMPDIR:-/tmp}/adaptcomm-flight-<time>-XXXXXX.
+std::optional<std::string> MakeJobFlightDir() {
+  const char* tmp = getenv("TMPDIR");
+  const time_t now = time(nullptr);
+  tm parts{};
+  localtime_r(&now, &parts);
+  char stamp[32];
+  strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &parts);
+  std::string path = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                  "/adaptcomm-flight-", stamp, "-XXXXXX");
+  if (mkdtemp(path.data()) == nullptr) return std::nullopt;
+  return path;
+}
+
 class Launcher {
  public:
   explicit Launcher(const LaunchOptions& options) : options_(options) {}
@@ -223,7 +362,14 @@ class Launcher {
   bool StartRank(int index, const std::vector<std::string>& env);
   void ReapChildren();
   void OnRankExit(Rank& rank, int status);
-  void BeginStop(int signo, int exit_code);
+  // Stops the job with `signo`; with ask_for_dumps, the ranks that catch SIGUSR2 first get it
+  // and up to --dump-wait seconds to write their flight records.
+  void BeginStop(int signo, int exit_code, bool ask_for_dumps);
+  bool RequestDumps();
+  bool DumpsDone() const;
+  void SendStopSignal();
+  void ReportFlightRecords();
+  std::string FlightRecordPath(const Rank& rank) const;
   void SignalAll(int signo);
   void ReadRank(Rank& rank, int stream);
   void HandleSignalPipe();
@@ -239,9 +385,16 @@ class Launcher {
   struct sigaction old_sigpipe_ = {};
 
   bool stopping_ = false;
+  int stop_signal_ = SIGTERM;
   int exit_code_ = 0;
+  std::optional<FirstFailure> first_failure_;
+  // Where the ranks dump (ADAPTCOMM_FLIGHT_RECORDER_DIR); empty if unknown.
+  std::string flight_dir_;
+  bool flight_dir_created_ = false;  // a per-job directory made by the launcher
+  time_t start_wall_ = 0;
   Clock::time_point start_;
   std::optional<Clock::time_point> job_deadline_;
+  std::optional<Clock::time_point> dump_deadline_;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
 };
@@ -280,11 +433,17 @@ void Launcher::RestoreSignals() {
 bool Launcher::StartRank(int index, const std::vector<std::string>& env) {
   Rank& rank = ranks_[static_cast<size_t>(index)];
   rank.index = index;
-  int out_pipe[2], err_pipe[2];
+  // exec_status: the child writes exec's errno into it when exec fails; a successful exec
+  // closes it (O_CLOEXEC), so the parent reads end-of-file.
+  int out_pipe[2], err_pipe[2], exec_status[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0) return false;
   if (pipe2(err_pipe, O_CLOEXEC) != 0) {
     close(out_pipe[0]);
     close(out_pipe[1]);
+    return false;
+  }
+  if (pipe2(exec_status, O_CLOEXEC) != 0) {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
     return false;
   }
   // Everything the child touches is prepared before fork().
@@ -296,18 +455,30 @@ bool Launcher::StartRank(int index, const std::vector<std::string>& env) {
   envp.push_back(nullptr);
   const pid_t parent = getpid();
 
+  // The child inherits the launcher's handlers, which only write to the launcher's signal pipe: a
+  // signal reaching the child before exec (or after a failed exec) would be taken for one sent
+  // to the launcher. Signals stay blocked across fork until the child has reset them.
+  sigset_t all_signals, launcher_mask;
+  sigfillset(&all_signals);
+  sigprocmask(SIG_BLOCK, &all_signals, &launcher_mask);
   pid_t pid = fork();
   if (pid < 0) {
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+    sigprocmask(SIG_SETMASK, &launcher_mask, nullptr);
+    for (int fd :
+         {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_status[0], exec_status[1]}) {
+      close(fd);
+    }
     return false;
   }
   if (pid == 0) {
+    signal(SIGCHLD, SIG_DFL);
+    for (int signo : kForwardedSignals) signal(signo, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);  // SIG_IGN would survive exec
     // Own process group: the launcher signals the rank together with whatever it spawned.
     setpgid(0, 0);
     // A launcher killed without a chance to clean up takes its ranks along.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
-    signal(SIGPIPE, SIG_DFL);  // SIG_IGN would survive exec
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -319,18 +490,24 @@ bool Launcher::StartRank(int index, const std::vector<std::string>& env) {
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
     execvpe(argv[0], argv.data(), envp.data());
-    int err = errno;
-    char msg[512];
-    int len = snprintf(msg, sizeof(msg), "adaptcomm launch: cannot execute '%s': %s\n", argv[0],
-                       strerror(err));
-    if (len > 0) (void)!write(STDERR_FILENO, msg, std::min<size_t>(len, sizeof(msg) - 1));
-    _exit(err == ENOENT ? 127 : 126);
+    const int err = errno;
+    (void)!write(exec_status[1], &err, sizeof(err));
+    _exit(ExecFailureExitCode(err));
   }
+  sigprocmask(SIG_SETMASK, &launcher_mask, nullptr);
   // Also from the parent, so the group exists before any signal is sent to it.
   setpgid(pid, pid);
   rank.pid = pid;
   close(out_pipe[1]);
   close(err_pipe[1]);
+  close(exec_status[1]);
+  int exec_errno = 0;
+  ssize_t got;
+  do {
+    got = read(exec_status[0], &exec_errno, sizeof(exec_errno));
+  } while (got < 0 && errno == EINTR);
+  close(exec_status[0]);
+  rank.exec_errno = got == static_cast<ssize_t>(sizeof(exec_errno)) ? exec_errno : 0;
   rank.fds[0] = out_pipe[0];
   rank.fds[1] = err_pipe[0];
   for (int fd : rank.fds) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -349,12 +526,60 @@ void Launcher::SignalAll(int signo) {
   }
 }
 
-void Launcher::BeginStop(int signo, int exit_code) {
+void Launcher::BeginStop(int signo, int exit_code, bool ask_for_dumps) {
   stopping_ = true;
   exit_code_ = exit_code;
-  SignalAll(signo);
+  stop_signal_ = signo;
+  if (ask_for_dumps && options_.dump_wait_s > 0 && RequestDumps()) {
+    dump_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(options_.dump_wait_s));
+    return;
+  }
+  SendStopSignal();
+}
+
+void Launcher::SendStopSignal() {
+  dump_deadline_.reset();
+  SignalAll(stop_signal_);
   kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(options_.grace_s));
+}
+
+std::string Launcher::FlightRecordPath(const Rank& rank) const {
+  return absl::StrCat(flight_dir_, "/flight.rank", rank.index, ".json");
+}
+
+// SIGUSR2 only to the processes that catch it (the library installs its dump handler when the
+// program has none): for any other process SIGUSR2 would be a kill without its SIGTERM handler.
+bool Launcher::RequestDumps() {
+  std::set<pid_t> running;
+  for (const Rank& rank : ranks_) {
+    if (rank.pid > 0 && !rank.reaped) running.insert(rank.pid);
+  }
+  const std::map<pid_t, std::vector<pid_t>> catching = RankProcessesCatching(running, SIGUSR2);
+  std::vector<int> asked;
+  for (Rank& rank : ranks_) {
+    auto it = catching.find(rank.pid);
+    if (rank.reaped || it == catching.end()) continue;
+    if (!flight_dir_.empty()) rank.dump_before = StampOf(FlightRecordPath(rank));
+    for (pid_t pid : it->second) kill(pid, SIGUSR2);
+    rank.dump_requested = true;
+    asked.push_back(rank.index);
+  }
+  if (asked.empty()) return false;
+  Message(absl::StrCat("asking rank(s) ", absl::StrJoin(asked, ","),
+                       " for their flight records (SIGUSR2; up to ", options_.dump_wait_s,
+                       "s) before ", SignalName(stop_signal_)));
+  return true;
+}
+
+bool Launcher::DumpsDone() const {
+  if (flight_dir_.empty()) return false;  // nothing to watch: the wait runs to its bound
+  return std::all_of(ranks_.begin(), ranks_.end(), [this](const Rank& rank) {
+    if (!rank.dump_requested || rank.reaped) return true;
+    const std::optional<FileStamp> now = StampOf(FlightRecordPath(rank));
+    return now.has_value() && now != rank.dump_before;
+  });
 }
 
 void Launcher::OnRankExit(Rank& rank, int status) {
@@ -372,8 +597,9 @@ void Launcher::OnRankExit(Rank& rank, int status) {
     return;
   }
   if (code == 0 || stopping_) return;
+  first_failure_ = FirstFailure{rank.index, rank.pid, how};
   Message(absl::StrCat("rank ", rank.index, " ", how, "; stopping the other ranks"));
-  BeginStop(SIGTERM, code);
+  BeginStop(SIGTERM, code, /*ask_for_dumps=*/true);
 }
 
 void Launcher::ReapChildren() {
@@ -421,11 +647,13 @@ void Launcher::HandleSignalPipe() {
       if (signo == SIGCHLD) continue;  // the loop reaps on every wake-up
       if (!stopping_) {
         Message(absl::StrCat("received ", SignalName(signo), "; forwarding it to the ranks"));
-        BeginStop(signo, 128 + signo);
+        BeginStop(signo, 128 + signo, /*ask_for_dumps=*/false);
       } else {
-        // A second interrupt means "now": no more grace.
-        Message(absl::StrCat("received ", SignalName(signo), " again; killing the ranks"));
+        // An interrupt while the job is being stopped means "now": no more dumps or grace.
+        Message(absl::StrCat("received ", SignalName(signo),
+                             " while stopping the job; killing the ranks"));
         SignalAll(SIGKILL);
+        dump_deadline_.reset();
         kill_deadline_.reset();
       }
     }
@@ -443,6 +671,7 @@ bool Launcher::AllPipesClosed() const {
 
 int Launcher::Run() {
   start_ = Clock::now();
+  start_wall_ = time(nullptr);
   int port = options_.master_port;
   if (port == 0) {
     port = PickFreePort();
@@ -471,10 +700,22 @@ int Launcher::Run() {
                                  std::chrono::duration<double>(options_.timeout_s));
   }
 
+  // The ranks dump where the caller said, else into a directory of this job's own, so the
+  // launcher knows where to look and which records are this job's.
+  if (const char* given = getenv("ADAPTCOMM_FLIGHT_RECORDER_DIR"); given != nullptr && *given) {
+    flight_dir_ = given;
+  } else if (std::optional<std::string> made = MakeJobFlightDir(); made.has_value()) {
+    flight_dir_ = *made;
+    flight_dir_created_ = true;
+  } else {
+    Message(absl::StrCat("cannot create a flight-record directory: ", strerror(errno),
+                         "; the ranks dump where their profile says"));
+  }
+
   const std::string world = std::to_string(options_.nproc);
   ranks_.resize(static_cast<size_t>(options_.nproc));
   for (int i = 0; i < options_.nproc; ++i) {
-    std::vector<std::string> env = BuildEnvironment({
+    std::vector<std::pair<std::string, std::string>> overrides = {
         {"RANK", std::to_string(i)},
         {"LOCAL_RANK", std::to_string(i)},
         {"GROUP_RANK", "0"},
@@ -483,12 +724,26 @@ int Launcher::Run() {
         {"MASTER_ADDR", "127.0.0.1"},
         {"MASTER_PORT", std::to_string(port)},
         {"ADAPTCOMM_STORE_TOKEN", token},
-    });
-    if (!StartRank(i, env)) {
+    };
+    if (flight_dir_created_) overrides.emplace_back("ADAPTCOMM_FLIGHT_RECORDER_DIR", flight_dir_);
+    if (!StartRank(i, BuildEnvironment(overrides))) {
       Message(absl::StrCat("cannot start rank ", i, ": ", strerror(errno)));
       ranks_.resize(static_cast<size_t>(i));
       if (ranks_.empty()) return 1;
-      BeginStop(SIGTERM, 1);
+      BeginStop(SIGTERM, 1, /*ask_for_dumps=*/false);
+      break;
+    }
+    const Rank& rank = ranks_[static_cast<size_t>(i)];
+    if (rank.exec_errno != 0) {
+      // Every rank runs the same program: the others would fail the same way.
+      const int code = ExecFailureExitCode(rank.exec_errno);
+      first_failure_ = FirstFailure{
+          i, rank.pid,
+          absl::StrCat(
+              "could not start: ", DescribeExecFailure(options_.command[0], rank.exec_errno),
+              " (exit code ", code, ")")};
+      ranks_.resize(static_cast<size_t>(i) + 1);
+      BeginStop(SIGTERM, code, /*ask_for_dumps=*/false);
       break;
     }
   }
@@ -501,7 +756,21 @@ int Launcher::Run() {
     if (job_deadline_ && now >= *job_deadline_ && !stopping_) {
       Message(absl::StrCat("job ran past --timeout ", options_.timeout_s,
                            "s; stopping all ranks (exit code ", kTimeoutExitCode, ")"));
-      BeginStop(SIGTERM, kTimeoutExitCode);
+      BeginStop(SIGTERM, kTimeoutExitCode, /*ask_for_dumps=*/true);
+    }
+    if (dump_deadline_) {
+      if (DumpsDone()) {
+        SendStopSignal();
+      } else if (now >= *dump_deadline_) {
+        std::vector<int> silent;
+        for (const Rank& rank : ranks_) {
+          if (rank.dump_requested && !rank.reaped) silent.push_back(rank.index);
+        }
+        Message(absl::StrCat("no new flight record from rank(s) ", absl::StrJoin(silent, ","),
+                             " after ", options_.dump_wait_s, "s; sending ",
+                             SignalName(stop_signal_)));
+        SendStopSignal();
+      }
     }
     if (kill_deadline_ && now >= *kill_deadline_) {
       std::vector<int> alive;
@@ -531,6 +800,7 @@ int Launcher::Run() {
     if (!stopping_) consider(job_deadline_);
     consider(kill_deadline_);
     consider(drain_deadline_);
+    if (dump_deadline_) consider(std::min(*dump_deadline_, now + kDumpCheckPeriod));
     int timeout_ms = -1;
     if (wake) {
       auto left = std::chrono::ceil<std::chrono::milliseconds>(*wake - now).count();
@@ -551,7 +821,7 @@ int Launcher::Run() {
     if (ready < 0) {
       if (errno == EINTR) continue;
       Message(absl::StrCat("poll failed: ", strerror(errno), "; stopping all ranks"));
-      if (!stopping_) BeginStop(SIGTERM, 1);
+      if (!stopping_) BeginStop(SIGTERM, 1, /*ask_for_dumps=*/false);
       SignalAll(SIGKILL);
       break;
     }
@@ -574,7 +844,29 @@ int Launcher::Run() {
   // impossible to justify, so only a final non-blocking pass.
   ReapChildren();
   std::fflush(stdout);
+  if (first_failure_) {
+    Message(absl::StrCat("job failed: rank ", first_failure_->rank, " (pid ", first_failure_->pid,
+                         ") ", first_failure_->how));
+  }
+  ReportFlightRecords();
   return exit_code_;
+}
+
+void Launcher::ReportFlightRecords() {
+  if (flight_dir_.empty()) return;
+  // One second of slack: file times come from a coarser clock than time().
+  const std::vector<int> dumped = FlightRecordRanks(flight_dir_, start_wall_ - 1);
+  if (!dumped.empty()) {
+    Message(absl::StrCat("flight records of rank(s) ", absl::StrJoin(dumped, ","), " in ",
+                         flight_dir_, " (`adaptcomm trace culprit ", flight_dir_,
+                         "` names the rank that is behind)"));
+    return;
+  }
+  const bool asked = std::any_of(ranks_.begin(), ranks_.end(),
+                                 [](const Rank& rank) { return rank.dump_requested; });
+  if (asked) Message(absl::StrCat("no rank wrote a flight record into ", flight_dir_));
+  // An empty directory of our own is litter (most jobs end without a dump).
+  if (flight_dir_created_) rmdir(flight_dir_.c_str());
 }
 
 std::function<int()> SetupLaunch(CLI::App& sub) {
@@ -592,13 +884,24 @@ std::function<int()> SetupLaunch(CLI::App& sub) {
                  "Seconds between SIGTERM and SIGKILL when the job is stopped")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  sub.add_option("--dump-wait", options->dump_wait_s,
+                 "When a rank fails or --timeout ends the job: seconds the other ranks get to dump "
+                 "their flight records (SIGUSR2) before SIGTERM; 0 = do not ask")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 600.0));
   sub.add_flag("--no-prefix", options->no_prefix, "Do not prefix output lines with [rank R]");
   sub.add_option("command", options->command, "PROGRAM ARGS... (after --)")->required();
   sub.footer(
       "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1,\n"
-      "MASTER_PORT and ADAPTCOMM_STORE_TOKEN (kept if already set). When a rank fails, the\n"
-      "others get SIGTERM, then SIGKILL after the grace period, and the launcher exits with the\n"
-      "failing rank's code (128+signal for a signal death). SIGINT/SIGTERM are forwarded.");
+      "MASTER_PORT and ADAPTCOMM_STORE_TOKEN (kept if already set), and\n"
+      "ADAPTCOMM_FLIGHT_RECORDER_DIR: if not set, a new ${TMPDIR:-/tmp}/adaptcomm-flight-* per\n"
+      "job (removed at the end when empty). When a rank fails (or --timeout passes), the others\n"
+      "that catch SIGUSR2 (the library does) get it and up to --dump-wait seconds (default 3) to\n"
+      "dump their flight records; then SIGTERM, then SIGKILL after the grace period. The launcher\n"
+      "names the rank that failed first (pid, exit code or signal) and the directory holding the\n"
+      "flight records (read them with `adaptcomm trace culprit DIR`), and exits with that rank's\n"
+      "code (128+signal for a signal death; 127/126 when the program cannot be executed).\n"
+      "SIGINT/SIGTERM are forwarded to the ranks as they are.");
   return [options]() {
     Launcher launcher(*options);
     return launcher.Run();
