@@ -1,5 +1,6 @@
-# install_consumer: install this build into a scratch prefix and use it as a trainer would
-# (find_package + a 4-rank allreduce under `adaptcomm launch`, and pkg-config).
+# install_consumer: install this build into a scratch prefix, move the prefix (an install must be
+# relocatable) and use it as a trainer would (the installed configs, find_package + a 4-rank
+# allreduce under `adaptcomm launch`, and pkg-config).
 # Sanitizer builds are skipped: the consumer is built without the sanitizer runtime.
 include(GNUInstallDirs)
 if(ADAPTCOMM_SANITIZE STREQUAL "" AND TARGET adaptcomm_cli)

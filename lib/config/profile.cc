@@ -2,6 +2,7 @@
 // text to the pure loader.
 #include "adaptcomm/profile.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -35,6 +36,27 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// The resolved path of `path`, or "" if it does not exist.
+std::string RealPath(const std::string& path) {
+  char* real = realpath(path.c_str(), nullptr);
+  if (real == nullptr) return "";
+  std::string resolved(real);
+  std::free(real);
+  return resolved;
+}
+
+// Any object of the library: dladdr() on its address names the file the library was loaded from.
+const char kLibraryAnchor = 0;
+
+// The resolved directory of the libadaptcomm.so in use (or of the executable that has this code
+// compiled in); "" if unknown.
+std::string LoadedLibraryDir() {
+  Dl_info info{};
+  if (dladdr(&kLibraryAnchor, &info) == 0 || info.dli_fname == nullptr) return "";
+  std::string library = RealPath(info.dli_fname);
+  return library.empty() ? "" : DirName(library);
+}
+
 absl::StatusOr<std::string> FindRegistry(const std::string& profile_file) {
   std::vector<std::string> candidates;
   std::string dir = DefaultConfigDir();
@@ -53,17 +75,22 @@ absl::StatusOr<std::string> FindRegistry(const std::string& profile_file) {
 
 }  // namespace
 
+// An installed library finds the configs installed with it, wherever its prefix is now; the
+// source tree's configs serve only the build tree's own library, so an install never reads the
+// checkout it was built from.
 std::string DefaultConfigDir() {
   std::string dir = Env("ADAPTCOMM_CONFIG_DIR");
   if (!dir.empty()) return dir;
-#ifdef ADAPTCOMM_SOURCE_CONFIG_DIR
-  if (FileExists(std::string(ADAPTCOMM_SOURCE_CONFIG_DIR) + "/profiles.yaml")) {
-    return ADAPTCOMM_SOURCE_CONFIG_DIR;
-  }
+  const std::string library_dir = LoadedLibraryDir();
+  if (library_dir.empty()) return "";
+#ifdef ADAPTCOMM_LIBRARY_TO_CONFIG_DIR
+  std::string installed = RealPath(library_dir + "/" + ADAPTCOMM_LIBRARY_TO_CONFIG_DIR);
+  if (FileExists(installed + "/profiles.yaml")) return installed;
 #endif
-#ifdef ADAPTCOMM_INSTALL_CONFIG_DIR
-  if (FileExists(std::string(ADAPTCOMM_INSTALL_CONFIG_DIR) + "/profiles.yaml")) {
-    return ADAPTCOMM_INSTALL_CONFIG_DIR;
+#if defined(ADAPTCOMM_BUILD_LIBRARY_DIR) && defined(ADAPTCOMM_SOURCE_CONFIG_DIR)
+  if (library_dir == RealPath(ADAPTCOMM_BUILD_LIBRARY_DIR) &&
+      FileExists(std::string(ADAPTCOMM_SOURCE_CONFIG_DIR) + "/profiles.yaml")) {
+    return ADAPTCOMM_SOURCE_CONFIG_DIR;
   }
 #endif
   return "";

@@ -1,5 +1,8 @@
 #!/bin/sh
-# Installs the current build into a scratch prefix, then uses it the way a trainer would:
+# Installs the current build into a scratch prefix and moves the prefix elsewhere (an install must
+# be relocatable), then uses it the way a trainer would:
+#   0. the installed `adaptcomm profile explain` reads the moved prefix's configs, not the source
+#      tree's;
 #   1. CMake: find_package(adaptcomm) builds tests/consumer, run by the installed
 #      `adaptcomm launch -n 4` (a 4-rank allreduce that must print OK on every rank);
 #   2. pkg-config: `pkg-config --cflags --libs adaptcomm` compiles and links a small program.
@@ -13,7 +16,10 @@ LIBDIR=$5
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/adaptcomm-consumer.XXXXXX")
 trap 'rm -rf "$work"' EXIT INT TERM
-prefix=$work/prefix
+work=$(cd "$work" && pwd -P)  # the library reports its configs by their resolved path
+# Installed into $staging, then used only from $prefix, where it was moved.
+staging=$work/staging
+prefix=$work/moved/prefix
 
 fail() {
   echo "FAIL: $*" >&2
@@ -29,7 +35,9 @@ step() {
   fi
 }
 
-step install timeout 120 "$CMAKE" --install "$BUILD_DIR" --prefix "$prefix"
+step install timeout 120 "$CMAKE" --install "$BUILD_DIR" --prefix "$staging"
+mkdir -p "$work/moved"
+mv "$staging" "$prefix"
 for f in include/adaptcomm/adaptcomm.h include/adaptcomm/communicator.h bin/adaptcomm \
          "$LIBDIR/libadaptcomm.so" "$LIBDIR/cmake/adaptcomm/adaptcommConfig.cmake" \
          "$LIBDIR/cmake/adaptcomm/adaptcommConfigVersion.cmake" \
@@ -39,6 +47,13 @@ done
 [ -d "$prefix/share/adaptcomm/configs" ] || fail "not installed: share/adaptcomm/configs"
 # The installed tool must find the installed library by itself (RPATH $ORIGIN/../lib).
 step tool_help timeout 30 "$prefix/bin/adaptcomm" launch --help
+
+# --- configs: found next to the installed library, wherever the prefix went ---
+step explain timeout 30 env -u ADAPTCOMM_CONFIG_DIR -u ADAPTCOMM_PROFILE \
+  "$prefix/bin/adaptcomm" profile explain --model 70B
+profile_file=$(sed -n 's/^ *profile file: *//p' "$work/explain.log")
+[ "$profile_file" = "$prefix/share/adaptcomm/configs/profiles.yaml" ] ||
+  fail "installed 'profile explain' read '$profile_file', not the moved prefix's configs"
 
 # --- CMake consumer ---
 step configure timeout 120 "$CMAKE" -S "$SOURCE_DIR/tests/consumer" -B "$work/build" \
