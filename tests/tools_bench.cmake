@@ -1,4 +1,6 @@
-# tools_bench_test runs the built `adaptcomm` command: build it first.
-if(TARGET tools_bench_test AND TARGET adaptcomm_cli)
-  add_dependencies(tools_bench_test adaptcomm_cli)
-endif()
+# tools_bench_test and tools_cli_test run the built `adaptcomm` command: build it first.
+foreach(cli_test tools_bench_test tools_cli_test)
+  if(TARGET ${cli_test} AND TARGET adaptcomm_cli)
+    add_dependencies(${cli_test} adaptcomm_cli)
+  endif()
+endforeach()

@@ -1,18 +1,26 @@
 // `adaptcomm bench`, run as the built command: help, a tiny 2-rank run whose JSON carries every
 // field with consistent numbers, argument errors (exit 2, naming the bad token) and a planted
 // wrong result (exit 1). Every run is bounded by timeout(1).
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "adaptcomm/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -35,15 +43,17 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// `adaptcomm <args>` with stdout and stderr captured, killed after 120 s.
-Result RunCli(const std::string& args) {
+// `adaptcomm <args>` with stdout and stderr captured, killed after 120 s; shell_prefix runs
+// before it in the same shell.
+Result RunCli(const std::string& args, const std::string& shell_prefix = "") {
   const std::string bin = adaptcomm::testing::BuildDir() + "/tools/adaptcomm";
   const std::string dir = ::testing::TempDir();
   // Per process: ctest runs the tests of this file in parallel processes.
   const std::string stem = absl::StrCat(dir, "/tools_bench_", getpid());
   const std::string out = stem + "_out.txt", err = stem + "_err.txt";
-  const std::string cmd = absl::StrCat("ADAPTCOMM_LOG_LEVEL=warning timeout -k 5 120 ", bin, " ",
-                                       args, " > ", out, " 2> ", err);
+  const std::string cmd =
+      absl::StrCat(shell_prefix, "ADAPTCOMM_LOG_LEVEL=warning timeout -k 5 120 ", bin, " ", args,
+                   " > ", out, " 2> ", err);
   const int rc = std::system(cmd.c_str());
   Result r;
   r.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -171,6 +181,138 @@ TEST(BenchCommand, NcclWithoutAGpuFailsInsteadOfFallingBack) {
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("NCCL")) << r.err;
   EXPECT_THAT(r.out, Not(HasSubstr("allreduce"))) << r.out;
+}
+
+// A size no host can hold is a bad argument (exit 2) naming the size and the memory available,
+// refused before any buffer is allocated (it ended in std::bad_alloc and SIGABRT), with ranks as
+// threads and under the launcher alike.
+TEST(BenchCommand, SizeThatDoesNotFitInMemoryIsABadArgument) {
+  Result threads = RunCli("bench --ranks 2 --sizes 4KiB,1024GiB --iters 1 --backend gloo --json");
+  EXPECT_EQ(threads.code, 2) << threads.out << threads.err;
+  EXPECT_THAT(threads.err, HasSubstr("--sizes: 1024 GiB does not fit in memory: 2 rank(s)"));
+  EXPECT_THAT(threads.err, HasSubstr("available (MemAvailable in /proc/meminfo)"));
+  EXPECT_THAT(threads.out, HasSubstr("\"ok\": false"));
+  const std::string bin = adaptcomm::testing::BuildDir() + "/tools/adaptcomm";
+  Result launched = RunCli(absl::StrCat("launch -n 2 --timeout 100 -- ", bin,
+                                        " bench --sizes 1024GiB --iters 1 --backend gloo"));
+  EXPECT_EQ(launched.code, 2) << launched.out << launched.err;
+  EXPECT_THAT(launched.err, HasSubstr("1024 GiB does not fit in memory"));
+  EXPECT_THAT(launched.err, Not(HasSubstr("bad_alloc")));
+}
+
+// Past the check (here: an address-space limit it does not know), a failed allocation is still
+// a bad size, not an abort.
+TEST(BenchCommand, FailedAllocationIsABadArgumentNotACrash) {
+  Result r =
+      RunCli("bench --ranks 1 --sizes 1GiB --iters 1 --warmup 0 --ops broadcast --backend gloo",
+             /*shell_prefix=*/"ulimit -v 800000 && ");  // 781 MiB: the process starts, 1 GiB fails
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--sizes: cannot allocate the buffers of broadcast 1 GiB "
+                               "(std::bad_alloc)"));
+}
+
+// `bench --ranks N` with its ranks as threads, running in the background with debug logs in a
+// file; the loopback store's port comes from its "serving on" line.
+class BackgroundBench {
+ public:
+  explicit BackgroundBench(std::optional<std::string> token) {
+    static int instances = 0;  // each its own file: a stale log would name a dead port
+    log_ =
+        absl::StrCat(::testing::TempDir(), "/tools_bench_bg_", getpid(), "_", ++instances, ".log");
+    std::remove(log_.c_str());
+    const std::string bin = adaptcomm::testing::BuildDir() + "/tools/adaptcomm";
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (token) {
+        setenv("ADAPTCOMM_STORE_TOKEN", token->c_str(), 1);
+      } else {
+        unsetenv("ADAPTCOMM_STORE_TOKEN");
+      }
+      setenv("ADAPTCOMM_LOG_LEVEL", "debug", 1);
+      unsetenv("ADAPTCOMM_LOG_FILE");
+      const int err = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int null = open("/dev/null", O_WRONLY);
+      dup2(err, STDERR_FILENO);
+      dup2(null, STDOUT_FILENO);
+      execl(bin.c_str(), bin.c_str(), "bench", "--ranks", "2", "--sizes", "4", "--iters", "1000000",
+            "--warmup", "0", "--ops", "allreduce", "--backend", "gloo", nullptr);
+      _exit(99);
+    }
+  }
+  ~BackgroundBench() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::remove(log_.c_str());
+  }
+  std::string Log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // The store's port once both ranks have created their communicators; 0 after 30 s without.
+  int WaitForRanks() const {
+    static const std::regex serving(R"(TCP store serving on 127\.0\.0\.1:(\d+))");
+    for (int i = 0; i < 3000; ++i) {
+      const std::string log = Log();
+      std::smatch m;
+      if (absl::StrContains(log, "communicator 'bench' rank 0 of 2") &&
+          absl::StrContains(log, "communicator 'bench' rank 1 of 2") &&
+          std::regex_search(log, m, serving)) {
+        return std::stoi(m[1]);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return 0;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_;
+};
+
+absl::Status ConnectWithToken(int port, const std::string& token) {
+  adaptcomm::TcpStoreOptions o;
+  o.port = port;
+  o.token = token;
+  o.connect_timeout = absl::Seconds(5);
+  o.io_timeout = absl::Seconds(5);
+  auto store = adaptcomm::ConnectTcpStore(o);
+  if (!store.ok()) return store.status();
+  if (absl::Status s = (*store)->Set("intruder", "x"); !s.ok()) return s;
+  return (*store)->Get("intruder", absl::Seconds(5)).status();
+}
+
+// The threads' loopback store requires ADAPTCOMM_STORE_TOKEN: a client with a wrong or no token
+// is refused by the server; the right token is served.
+TEST(BenchCommand, ThreadRanksStoreRequiresTheJobToken) {
+  BackgroundBench bench(std::string("bench-secret-7"));
+  const int port = bench.WaitForRanks();
+  ASSERT_GT(port, 0) << bench.Log();
+  EXPECT_TRUE(absl::IsPermissionDenied(ConnectWithToken(port, "wrong")));
+  EXPECT_TRUE(absl::IsPermissionDenied(ConnectWithToken(port, "")));
+  EXPECT_TRUE(ConnectWithToken(port, "bench-secret-7").ok());
+}
+
+// Without a job token, the loopback store gets a fresh one: only the bench's threads reach it.
+// Its lines carry no rank's tag: the process runs both ranks, and it used to print the rank
+// created last.
+TEST(BenchCommand, ThreadRanksStoreHasATokenAndNoRankTag) {
+  BackgroundBench bench(std::nullopt);
+  const int port = bench.WaitForRanks();
+  ASSERT_GT(port, 0) << bench.Log();
+  EXPECT_TRUE(absl::IsPermissionDenied(ConnectWithToken(port, "")));
+  std::string refusal;
+  for (int i = 0; i < 500 && refusal.empty(); ++i) {
+    std::istringstream lines(bench.Log());
+    for (std::string line; std::getline(lines, line);) {
+      if (absl::StrContains(line, "TCP store: refused connection")) refusal = line;
+    }
+    if (refusal.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_THAT(refusal, ::testing::StartsWith("[adaptcomm r? W ")) << bench.Log();
 }
 
 // (Here because it runs the built command too.) `diagnose --ranks` takes its bandwidth threshold

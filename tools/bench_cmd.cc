@@ -6,20 +6,25 @@
 // srun). The first run of every op and size is checked element by element on every rank: a wrong
 // result fails the command (exit 1), a benchmark of a broken collective is worthless.
 // Exit codes: 0 ok, 1 a rank failed or a result was wrong, 2 bad arguments.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,11 +33,11 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "adaptcomm/communicator.h"
+#include "lib/base/cast_kernels.h"
 #include "lib/config/units.h"
 #include "lib/diag/collective_timing.h"
 #include "lib/diag/rank_group.h"
 #include "lib/nccl/nccl_api.h"
-#include "lib/base/cast_kernels.h"
 #include "nlohmann/json.hpp"
 #include "tools/subcommands.h"
 
@@ -60,6 +65,7 @@ struct Plan {
   std::vector<uint64_t> sizes;
   DType dtype = DType::kF32;
   BackendChoice backend = BackendChoice::kAuto;
+  int ranks_on_host = 1;  // ranks of the job whose buffers share this host's memory
 };
 
 // Every error names the token that is wrong.
@@ -419,6 +425,98 @@ absl::StatusOr<Row> RunCase(Communicator& comm, const Plan& plan, const BenchArg
   return row;
 }
 
+std::string HumanBytes(uint64_t b) {
+  if (b >= (1u << 30) && b % (1u << 30) == 0) return absl::StrCat(b >> 30, " GiB");
+  if (b >= (1u << 20) && b % (1u << 20) == 0) return absl::StrCat(b >> 20, " MiB");
+  if (b >= (1u << 10) && b % (1u << 10) == 0) return absl::StrCat(b >> 10, " KiB");
+  return absl::StrCat(b, " B");
+}
+
+// ---- memory: a size whose buffers this host cannot hold is a bad argument ----
+
+// Marks a rank's error as a size refused for want of memory (exit 2, not a failed run).
+constexpr char kSizeRefusedPayload[] = "adaptcomm.bench/size-refused";
+
+absl::Status SizeRefused(const std::string& message) {
+  absl::Status s = absl::InvalidArgumentError(message);
+  s.SetPayload(kSizeRefusedPayload, absl::Cord());
+  return s;
+}
+
+bool IsSizeRefused(const absl::Status& s) { return s.GetPayload(kSizeRefusedPayload).has_value(); }
+
+// Inputs of the last ops the library keeps while retries are on (ReplayLog's depth).
+constexpr int kRetryInputRecords = 4;
+
+struct HostMemory {
+  double bytes = 0;
+  std::string source;
+};
+
+// What this host can still give: MemAvailable, else its physical memory.
+HostMemory AvailableHostMemory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, rest;
+  uint64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") return {kib * 1024.0, "MemAvailable in /proc/meminfo"};
+    std::getline(meminfo, rest);
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return {HUGE_VAL, "unknown"};
+  return {static_cast<double>(pages) * static_cast<double>(page), "physical memory"};
+}
+
+std::string GiB(double bytes) { return absl::StrFormat("%.1f GiB", bytes / (1ull << 30)); }
+
+// Before any buffer exists: the host memory one rank needs for the plan's largest case (input,
+// output and the pristine copy of the input; while retries are on, the library's copies of the
+// input too), times the ranks on this host, must be available. Every rank learns whether any
+// rank is short, so all refuse together and none waits for a rank that left.
+absl::Status CheckHostMemory(Communicator& comm, const Plan& plan, const DeviceContext* dev) {
+  const bool retries = comm.config().retry.max_attempts > 1;
+  const double elem = DTypeSize(plan.dtype);
+  double per_rank = 0;
+  uint64_t largest = 0;
+  for (OpKind op : plan.ops) {
+    for (uint64_t bytes : plan.sizes) {
+      const Case c(op, bytes, comm.rank(), comm.size(), plan.dtype);
+      const double in = static_cast<double>(c.in_count()) * elem;
+      const double out = static_cast<double>(std::max<size_t>(1, c.out_count())) * elem;
+      const double need = 2 * in + out + (retries ? kRetryInputRecords * in : 0);
+      if (need > per_rank) {
+        per_rank = need;
+        largest = bytes;
+      }
+    }
+  }
+  const double need = per_rank * plan.ranks_on_host;
+  const HostMemory available = AvailableHostMemory();
+  const bool short_here = need > available.bytes;
+  std::vector<double> short_by_rank(comm.size(), 0);
+  short_by_rank[comm.rank()] = short_here ? 1 : 0;
+  auto short_all = OverAllRanks(comm, short_by_rank, ReduceOp::kSum, dev);
+  if (!short_all.ok()) return short_all.status();
+  if (short_here) {
+    return SizeRefused(absl::StrFormat(
+        "--sizes: %s does not fit in memory: %d rank(s) on this host need %s for it (per rank: "
+        "input, output and a pristine copy of the input%s), more than the %s available (%s)",
+        HumanBytes(largest), plan.ranks_on_host, GiB(need),
+        retries ? absl::StrCat(", and up to ", kRetryInputRecords,
+                               " copies of the input kept for retries")
+                : "",
+        GiB(available.bytes), available.source));
+  }
+  std::vector<std::string> short_ranks;
+  for (int r = 0; r < comm.size(); ++r) {
+    if ((*short_all)[r] > 0) short_ranks.push_back(absl::StrCat(r));
+  }
+  if (short_ranks.empty()) return absl::OkStatus();
+  return SizeRefused(absl::StrCat("--sizes: ", HumanBytes(largest),
+                                  " does not fit in the memory of rank(s) ",
+                                  absl::StrJoin(short_ranks, ", "), " (see their message)"));
+}
+
 absl::Status RunRank(Communicator& comm, const Plan& plan, const BenchArgs& a, RankReport* report) {
   const absl::Duration timeout = absl::Seconds(a.timeout_s);
   DeviceContext dev_ctx;
@@ -433,9 +531,19 @@ absl::Status RunRank(Communicator& comm, const Plan& plan, const BenchArgs& a, R
     }
     dev = &dev_ctx;
   }
+  if (absl::Status s = CheckHostMemory(comm, plan, dev); !s.ok()) return s;
   for (OpKind op : plan.ops) {
     for (uint64_t bytes : plan.sizes) {
-      auto row = RunCase(comm, plan, a, op, bytes, dev);
+      absl::StatusOr<Row> row;
+      try {
+        row = RunCase(comm, plan, a, op, bytes, dev);
+      } catch (const std::bad_alloc&) {  // the check above missed a limit (ulimit -v, a cgroup)
+        const HostMemory available = AvailableHostMemory();
+        return SizeRefused(absl::StrFormat(
+            "--sizes: cannot allocate the buffers of %s %s (std::bad_alloc); memory available: %s "
+            "(%s), less any limit on this process",
+            OpKindName(op), HumanBytes(bytes), GiB(available.bytes), available.source));
+      }
       if (!row.ok()) return row.status();
       if (report != nullptr) report->rows.push_back(*row);
     }
@@ -445,13 +553,6 @@ absl::Status RunRank(Communicator& comm, const Plan& plan, const BenchArgs& a, R
     report->reason = comm.selection_reason();
   }
   return absl::OkStatus();
-}
-
-std::string HumanBytes(uint64_t b) {
-  if (b >= (1u << 30) && b % (1u << 30) == 0) return absl::StrCat(b >> 30, " GiB");
-  if (b >= (1u << 20) && b % (1u << 20) == 0) return absl::StrCat(b >> 20, " MiB");
-  if (b >= (1u << 10) && b % (1u << 10) == 0) return absl::StrCat(b >> 10, " KiB");
-  return absl::StrCat(b, " B");
 }
 
 std::string Render(const BenchArgs& a, const Plan& plan, int world, const RankReport& r) {
@@ -510,6 +611,7 @@ int RunBench(const BenchArgs& a) {
   if (!plan.ok()) return Fail(a, 2, std::string(plan.status().message()));
   diag::RankGroupOptions g;
   g.local_ranks = a.ranks;
+  plan->ranks_on_host = std::max(1, a.ranks);
   if (a.ranks == 0) {
     auto launch = DetectLaunchEnvironment();
     if (!launch.ok()) {
@@ -517,6 +619,7 @@ int RunBench(const BenchArgs& a) {
                   "no launcher environment: pass --ranks N (ranks as threads) or run under "
                   "`adaptcomm launch -n N -- adaptcomm bench`");
     }
+    plan->ranks_on_host = std::max(1, launch->local_world_size);
   }
   g.comm.name = "bench";
   g.comm.backend = plan->backend;
@@ -532,6 +635,9 @@ int RunBench(const BenchArgs& a) {
     if (reporter) world = comm.size();
     return RunRank(comm, *plan, a, reporter ? &report : nullptr);
   });
+  for (const absl::Status& s : st) {
+    if (IsSizeRefused(s)) return Fail(a, 2, std::string(s.message()));
+  }
   // A rank that saw wrong elements itself says which one: prefer its report.
   for (const absl::Status& s : st) {
     if (absl::StrContains(s.message(), "(first: ")) return Fail(a, 1, s.ToString());
@@ -564,7 +670,7 @@ std::function<int()> SetupBench(CLI::App& sub) {
   sub.add_option("--dtype", a->dtype, "f32, bf16 or f16")->capture_default_str();
   sub.add_option("--backend", a->backend, "auto, gloo or nccl")->capture_default_str();
   sub.add_option("--timeout", a->timeout_s, "Bound of creation and of each operation, seconds")
-      ->check(CLI::PositiveNumber)
+      ->check(DurationSeconds(/*zero_allowed=*/false))
       ->capture_default_str();
   sub.add_option("--model", a->model,
                  "Model size or tier selecting the profile (default: ADAPTCOMM_MODEL_SIZE)");

@@ -879,7 +879,7 @@ std::function<int()> SetupLaunch(CLI::App& sub) {
       ->check(CLI::Range(0, 65535));
   sub.add_option("--timeout", options->timeout_s,
                  "End the whole job after this many seconds (exit code 124); 0 = no bound")
-      ->check(CLI::NonNegativeNumber);
+      ->check(DurationSeconds(/*zero_allowed=*/true));
   sub.add_option("--grace", options->grace_s,
                  "Seconds between SIGTERM and SIGKILL when the job is stopped")
       ->capture_default_str()

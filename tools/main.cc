@@ -27,9 +27,16 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(entry.name, entry.description);
     runners[sub] = entry.setup(*sub);
   }
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // app.exit prints help (--help, exit code 0) or the error. CLI11's own codes for errors
+    // (105 validation, 106 no subcommand, 109 extra argument...) are not ours: every usage error
+    // of every subcommand exits kExitUsage, as the subcommands' --help pages say.
+    return app.exit(e) == 0 ? 0 : adaptcomm::tools::kExitUsage;
+  }
   for (auto& [sub, run] : runners) {
     if (sub->parsed()) return run();
   }
-  return 2;
+  return adaptcomm::tools::kExitUsage;
 }

@@ -119,7 +119,10 @@ void Write(Level level, const std::string& message) {
   TheSink().Write(rank, line);
 }
 
-void SetProcessRank(int rank) { g_process_rank.store(rank, std::memory_order_relaxed); }
+void SetProcessRank(int rank) {
+  if (t_thread_rank != -2) return;  // a rank run as a thread: see log.h
+  g_process_rank.store(rank, std::memory_order_relaxed);
+}
 void Flush() { TheSink().Flush(); }
 
 ScopedThreadRank::ScopedThreadRank(int rank) : previous_(t_thread_rank) { t_thread_rank = rank; }

@@ -15,7 +15,10 @@ enum class Level { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kOff = 4 };
 
 bool Enabled(Level level);
 void Write(Level level, const std::string& message);
-// The rank printed by this process's lines (-1 = unknown, printed as "r?").
+// The rank printed by this process's lines (-1 = unknown, printed as "r?"). Ignored on a thread
+// with a ScopedThreadRank: that thread is one of several ranks run as threads of this process, so
+// the process has no single rank, and its other lines (the store server's, other ranks' helper
+// threads) print "r?" rather than the rank created last.
 void SetProcessRank(int rank);
 // Flushes the log file, if any (before exiting on a failure).
 void Flush();

@@ -1,9 +1,14 @@
 #include "lib/diag/rank_group.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/store.h"
 #include "lib/core/log.h"
@@ -21,6 +26,30 @@ absl::Status RunOne(const CommunicatorOptions& options,
   return body(**comm);
 }
 
+// 16 bytes of /dev/urandom as hex; nullopt if it cannot be read.
+std::optional<std::string> RandomToken() {
+  std::FILE* f = std::fopen("/dev/urandom", "rb");
+  if (f == nullptr) return std::nullopt;
+  char bytes[16];
+  const bool read = std::fread(bytes, 1, sizeof(bytes), f) == sizeof(bytes);
+  std::fclose(f);
+  if (!read) return std::nullopt;
+  return absl::BytesToHexString(absl::string_view(bytes, sizeof(bytes)));
+}
+
+// The loopback store's token: the job's (options, else ADAPTCOMM_STORE_TOKEN), as the ranks of a
+// launched job would use it; with none, a fresh one, since only this process's threads ever need
+// to reach that store and any local process could otherwise join or rewrite it.
+absl::StatusOr<std::string> LoopbackStoreToken(const CommunicatorOptions& options) {
+  if (!options.store_token.empty()) return options.store_token;
+  if (const char* env = std::getenv("ADAPTCOMM_STORE_TOKEN"); env != nullptr && *env != '\0') {
+    return std::string(env);
+  }
+  std::optional<std::string> fresh = RandomToken();
+  if (!fresh) return absl::UnavailableError("cannot read /dev/urandom for the store token");
+  return *fresh;
+}
+
 }  // namespace
 
 std::vector<absl::Status> RunRankGroup(const RankGroupOptions& options,
@@ -34,6 +63,9 @@ std::vector<absl::Status> RunRankGroup(const RankGroupOptions& options,
   so.host = "127.0.0.1";
   so.port = 0;
   so.connect_timeout = base.init_timeout;
+  absl::StatusOr<std::string> token = LoopbackStoreToken(base);
+  if (!token.ok()) return std::vector<absl::Status>(n, token.status());
+  so.token = *std::move(token);
   auto server = StartTcpStoreServer(so);
   if (!server.ok()) {
     return std::vector<absl::Status>(

@@ -14,6 +14,8 @@ namespace adaptcomm::diag {
 
 struct RankGroupOptions {
   // > 0: that many ranks as threads of this process. 0: one rank of the launched job.
+  // The threads' loopback store requires comm.store_token, else ADAPTCOMM_STORE_TOKEN, else a
+  // fresh random token.
   int local_ranks = 0;
   // Every rank's options (backend, timeouts, profile...). With local_ranks, rank, world_size,
   // store and master_addr are filled in per thread; otherwise they stay as given (-1: from the
