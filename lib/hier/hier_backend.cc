@@ -1,0 +1,738 @@
+#include "lib/hier/hier_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "lib/base/cast_bits.h"
+
+namespace adaptcomm {
+namespace {
+
+#define HIER_RETURN_IF_ERROR(expr)                     \
+  do {                                                 \
+    if (absl::Status _s = (expr); !_s.ok()) return _s; \
+  } while (false)
+
+// Who is where: identical on every rank (computed from the same host_of).
+struct Layout {
+  int hosts = 0;
+  int max_local = 0;
+  std::vector<std::vector<int>> ranks_of;  // per host: its global ranks, ascending
+  std::vector<int> local_of;               // per global rank: its local rank
+};
+
+absl::StatusOr<Layout> MakeLayout(const HierTopology& t) {
+  auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("hierarchical backend: ", parts...));
+  };
+  if (t.world_size < 1 || t.rank < 0 || t.rank >= t.world_size) {
+    return bad("rank ", t.rank, " is not in a world of ", t.world_size);
+  }
+  if (t.host_of.size() != static_cast<size_t>(t.world_size)) {
+    return bad("host_of has ", t.host_of.size(), " entries for a world of ", t.world_size);
+  }
+  Layout l;
+  l.hosts = *std::max_element(t.host_of.begin(), t.host_of.end()) + 1;
+  l.ranks_of.resize(static_cast<size_t>(std::max(l.hosts, 0)));
+  l.local_of.resize(t.host_of.size());
+  for (int g = 0; g < t.world_size; ++g) {
+    const int h = t.host_of[static_cast<size_t>(g)];
+    if (h < 0) return bad("rank ", g, " has host index ", h);
+    auto& ranks = l.ranks_of[static_cast<size_t>(h)];
+    l.local_of[static_cast<size_t>(g)] = static_cast<int>(ranks.size());
+    ranks.push_back(g);
+  }
+  for (int h = 0; h < l.hosts; ++h) {
+    const size_t n = l.ranks_of[static_cast<size_t>(h)].size();
+    if (n == 0) return bad("host index ", h, " has no rank (host indices must be dense)");
+    l.max_local = std::max(l.max_local, static_cast<int>(n));
+  }
+  if (l.local_of[static_cast<size_t>(t.rank)] != t.local_rank) {
+    return bad("rank ", t.rank, " says it is local rank ", t.local_rank, " but host_of makes it ",
+               l.local_of[static_cast<size_t>(t.rank)]);
+  }
+  return l;
+}
+
+// data[i] /= divisor in the element type (f16/bf16 through float, rounded to nearest even), as the
+// Gloo backend's avg does, so both give the same bits.
+void DivideInPlace(DType dtype, void* data, size_t n, int divisor) {
+  namespace bits = precision::bits;
+  const float fd = static_cast<float>(divisor);
+  auto to_float = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    return f;
+  };
+  auto to_bits = [](float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, sizeof(b));
+    return b;
+  };
+  switch (dtype) {
+    case DType::kF32: {
+      auto* p = static_cast<float*>(data);
+      for (size_t i = 0; i < n; ++i) p[i] = p[i] / fd;
+      return;
+    }
+    case DType::kF64: {
+      auto* p = static_cast<double*>(data);
+      for (size_t i = 0; i < n; ++i) p[i] = p[i] / divisor;
+      return;
+    }
+    case DType::kBF16: {
+      auto* p = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < n; ++i)
+        p[i] = bits::F32ToBF16(to_bits(to_float(bits::BF16ToF32(p[i])) / fd));
+      return;
+    }
+    case DType::kF16: {
+      auto* p = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < n; ++i)
+        p[i] = bits::F32ToF16(to_bits(to_float(bits::F16ToF32(p[i])) / fd));
+      return;
+    }
+    default:
+      return;  // integer avg is refused by Supports
+  }
+}
+
+TensorView View(void* data, size_t count, DType dtype) {
+  return TensorView{data, count, dtype, Device::Cpu(), nullptr};
+}
+
+OpDesc Inner(OpKind kind, TensorView input, TensorView output, ReduceOp reduce = ReduceOp::kSum,
+             int root = 0) {
+  OpDesc d;
+  d.kind = kind;
+  d.input = input;
+  d.output = output;
+  d.reduce = reduce == ReduceOp::kAvg ? ReduceOp::kSum : reduce;
+  d.root = root;
+  return d;
+}
+
+bool IsReduction(OpKind k) {
+  return k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter;
+}
+
+class HierBackend final : public Backend {
+ public:
+  HierBackend(HierTopology topo, Layout layout, std::unique_ptr<Backend> intra,
+              std::unique_ptr<Backend> inter)
+      : topo_(std::move(topo)),
+        layout_(std::move(layout)),
+        host_(topo_.host_of[static_cast<size_t>(topo_.rank)]),
+        local_(topo_.local_rank),
+        locals_(static_cast<int>(layout_.ranks_of[static_cast<size_t>(host_)].size())),
+        intra_(std::move(intra)),
+        inter_(std::move(inter)) {}
+
+  const char* name() const override { return "hier"; }
+  int rank() const override { return topo_.rank; }
+  int size() const override { return topo_.world_size; }
+  Capabilities capabilities() const override;
+  absl::Status Supports(const OpDesc& op) const override;
+  absl::Status Run(const OpDesc& op) override;
+  void Abort(const absl::Status& reason) override;
+  absl::Status health() const override;
+
+ private:
+  enum class Level { kIntra, kInter };
+  // The outer op in flight.
+  struct Outer {
+    const OpDesc& op;
+    absl::Time start;
+    absl::Time deadline;
+  };
+
+  bool leader() const { return local_ == 0; }
+  bool multi_host() const { return layout_.hosts > 1; }
+  int HostOf(int g) const { return topo_.host_of[static_cast<size_t>(g)]; }
+  int LocalOf(int g) const { return layout_.local_of[static_cast<size_t>(g)]; }
+  int Global(int host, int local) const {
+    return layout_.ranks_of[static_cast<size_t>(host)][static_cast<size_t>(local)];
+  }
+  std::string Where(Level level) const;
+  absl::Status Reword(const Outer& o, Level level, absl::string_view step,
+                      const absl::Status& s) const;
+  absl::Status Break(absl::Status s);
+  uint8_t* Scratch(size_t bytes);
+
+  // Runs one inner op with what is left of the outer op's time. `seq` numbers the inner op on its
+  // backend; collectives take the next one, point-to-point moves reuse the current one.
+  absl::Status Step(const Outer& o, Level level, absl::string_view step, OpDesc inner);
+  absl::Status Intra(const Outer& o, absl::string_view step, OpDesc inner) {
+    inner.seq = ++intra_seq_;
+    return Step(o, Level::kIntra, step, inner);
+  }
+  absl::Status Inter(const Outer& o, absl::string_view step, OpDesc inner) {
+    inner.seq = ++inter_seq_;
+    return Step(o, Level::kInter, step, inner);
+  }
+  // Intra point-to-point on an internal tag (user tags stay below kHierInternalTagBase).
+  absl::Status IntraP2p(const Outer& o, absl::string_view step, OpKind kind, int local,
+                        TensorView v, uint32_t tag);
+
+  // Leader <-> local moves of `count` elements per local rank. Gather: the leader's `dst` gets
+  // local rank j's `src` as block j. Scatter: local rank j's `dst` gets block j of the leader's
+  // `src`. Every local rank calls them; the leader's buffers hold locals_ blocks.
+  absl::Status GatherToLeader(const Outer& o, const void* src, size_t count, DType t, void* dst);
+  absl::Status ScatterFromLeader(const Outer& o, const void* src, size_t count, DType t, void* dst);
+
+  absl::Status Dispatch(const Outer& o);
+  absl::Status Allreduce(const Outer& o);
+  absl::Status Broadcast(const Outer& o);
+  absl::Status Reduce(const Outer& o);
+  absl::Status Allgather(const Outer& o);
+  absl::Status ReduceScatter(const Outer& o);
+  absl::Status Alltoall(const Outer& o);
+  absl::Status Barrier(const Outer& o);
+  absl::Status SendRecv(const Outer& o);
+  void FinishAvg(const OpDesc& op, const TensorView& v) const {
+    if (op.reduce == ReduceOp::kAvg) DivideInPlace(v.dtype, v.data, v.count, topo_.world_size);
+  }
+
+  const HierTopology topo_;
+  const Layout layout_;
+  const int host_;
+  const int local_;
+  const int locals_;  // ranks on this host
+  const std::unique_ptr<Backend> intra_;
+  const std::unique_ptr<Backend> inter_;  // leaders of a multi-host job only
+
+  // Run() is called by one thread at a time: these need no lock.
+  uint64_t intra_seq_ = 0;
+  uint64_t inter_seq_ = 0;
+  std::vector<uint8_t> scratch_;
+
+  mutable absl::Mutex mu_;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+Capabilities HierBackend::capabilities() const {
+  const Capabilities in = intra_->capabilities();
+  Capabilities c;
+  c.host_memory = true;
+  c.device_memory = false;
+  c.native_bf16 = false;
+  c.native_avg = false;
+  // Every pair can talk only on one host, or when every rank is its host's leader.
+  c.send_recv = in.send_recv &&
+                (!multi_host() || (layout_.max_local == 1 && inter_->capabilities().send_recv));
+  c.abortable = in.abortable && (inter_ == nullptr || inter_->capabilities().abortable);
+  return c;
+}
+
+std::string HierBackend::Where(Level level) const {
+  if (level == Level::kInter) {
+    return absl::StrCat("between hosts (leader of host ", host_, ", global rank ", topo_.rank, ")");
+  }
+  return absl::StrCat("within host ", host_, " (global rank ", topo_.rank, ", local rank ", local_,
+                      " of ", locals_, ")");
+}
+
+absl::Status HierBackend::Reword(const Outer& o, Level level, absl::string_view step,
+                                 const absl::Status& s) const {
+  return absl::Status(s.code(), absl::StrCat(OpKindName(o.op.kind), " #", o.op.seq, ": ",
+                                             Where(level), ", ", step, ": ", s.message()));
+}
+
+absl::Status HierBackend::Step(const Outer& o, Level level, absl::string_view step, OpDesc inner) {
+  const absl::Time now = absl::Now();
+  const absl::Duration left = o.deadline - now;
+  if (left <= absl::ZeroDuration()) {
+    return Reword(o, level, step,
+                  absl::DeadlineExceededError(absl::StrCat(
+                      "not started: the op's bound of ", absl::FormatDuration(o.op.timeout),
+                      " was used up (", absl::FormatDuration(now - o.start), " since it began)")));
+  }
+  inner.timeout = left;
+  Backend& b = level == Level::kIntra ? *intra_ : *inter_;
+  absl::Status s = b.Run(inner);
+  if (s.ok()) return s;
+  return Reword(o, level, step, s);
+}
+
+absl::Status HierBackend::IntraP2p(const Outer& o, absl::string_view step, OpKind kind, int local,
+                                   TensorView v, uint32_t tag) {
+  OpDesc d = Inner(kind, v, v);
+  d.peer = local;
+  d.tag = kHierInternalTagBase | (tag & 0xffffu);
+  d.seq = intra_seq_;
+  return Step(o, Level::kIntra, step, d);
+}
+
+uint8_t* HierBackend::Scratch(size_t bytes) {
+  if (scratch_.size() < bytes) {
+    scratch_.clear();
+    scratch_.shrink_to_fit();
+    scratch_.resize(bytes);
+  }
+  return scratch_.data();
+}
+
+absl::Status HierBackend::Supports(const OpDesc& op) const {
+  auto refuse = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpKindName(op.kind), " #", op.seq, " on rank ", topo_.rank, ": ", parts...));
+  };
+  for (const TensorView* v : {&op.input, &op.output}) {
+    if (v->data != nullptr && v->device.is_cuda()) {
+      return refuse("the hierarchical backend needs host memory, got a buffer on cuda:",
+                    v->device.index);
+    }
+  }
+  const TensorView& main =
+      op.kind == OpKind::kSend || op.kind == OpKind::kReduceScatter ? op.input : op.output;
+  if (IsReduction(op.kind) && op.reduce == ReduceOp::kAvg && !IsFloatingPoint(main.dtype)) {
+    return refuse("avg of ", DTypeName(main.dtype),
+                  " is not defined (an integer average would truncate)");
+  }
+  if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
+    if (op.tag >= kHierInternalTagBase) {
+      return refuse("tag ", op.tag, " is reserved by the hierarchical backend (tags from ",
+                    kHierInternalTagBase, " up)");
+    }
+    if (op.peer < 0 || op.peer >= topo_.world_size || op.peer == topo_.rank) {
+      return refuse("peer ", op.peer, " is not another rank of a world of ", topo_.world_size);
+    }
+    OpDesc d = op;
+    if (HostOf(op.peer) == host_) {
+      d.peer = LocalOf(op.peer);
+      return intra_->Supports(d);
+    }
+    if (!leader() || LocalOf(op.peer) != 0) {
+      return refuse("rank ", op.peer, " is on host ", HostOf(op.peer), " and rank ", topo_.rank,
+                    " on host ", host_,
+                    ": the hierarchical backend moves point-to-point data between hosts only "
+                    "between host leaders (local rank 0)");
+    }
+    d.peer = HostOf(op.peer);
+    return inter_->Supports(d);
+  }
+  if (!multi_host()) return intra_->Supports(op);
+  if (op.kind == OpKind::kBarrier) return absl::OkStatus();
+  // The inner steps run with this dtype and reduce op on buffers up to the op's largest.
+  OpDesc probe =
+      Inner(IsReduction(op.kind) ? OpKind::kAllreduce : OpKind::kBroadcast, main, main, op.reduce);
+  if (op.kind == OpKind::kAlltoall && (op.input.count % topo_.world_size) != 0) {
+    return refuse("alltoall of ", op.input.count, " elements cannot be split into ",
+                  topo_.world_size, " equal blocks");
+  }
+  if (absl::Status s = intra_->Supports(probe); !s.ok()) {
+    return refuse("the intra-host ", intra_->name(), " backend refuses it: ", s.message());
+  }
+  if (inter_ != nullptr) {
+    if (absl::Status s = inter_->Supports(probe); !s.ok()) {
+      return refuse("the inter-host ", inter_->name(), " backend refuses it: ", s.message());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::Run(const OpDesc& op) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("hierarchical backend is broken; ",
+                                                        OpKindName(op.kind), " #", op.seq,
+                                                        " not run: ", broken_.ToString()));
+    }
+  }
+  HIER_RETURN_IF_ERROR(Supports(op));
+  const absl::Time start = absl::Now();
+  const Outer o{op, start, start + op.timeout};
+  absl::Status s = Dispatch(o);
+  if (s.ok()) return s;
+  return Break(std::move(s));
+}
+
+absl::Status HierBackend::Break(absl::Status s) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return broken_;
+    if (broken_.ok()) broken_ = s;
+  }
+  // The peers of this rank may be waiting on a step it will never run: make theirs fail now.
+  const absl::Status why =
+      absl::AbortedError(absl::StrCat("rank ", topo_.rank, " failed: ", s.message()));
+  intra_->Abort(why);
+  if (inter_ != nullptr) inter_->Abort(why);
+  return s;
+}
+
+void HierBackend::Abort(const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    if (broken_.ok()) {
+      broken_ = absl::AbortedError(
+          absl::StrCat("hierarchical backend aborted: ",
+                       reason.ok() ? std::string("no reason given") : reason.ToString()));
+    }
+  }
+  intra_->Abort(reason);
+  if (inter_ != nullptr) inter_->Abort(reason);
+}
+
+absl::Status HierBackend::health() const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return broken_;
+  }
+  if (absl::Status s = intra_->health(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(Where(Level::kIntra), ": ", s.message()));
+  }
+  if (inter_ != nullptr) {
+    if (absl::Status s = inter_->health(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(Where(Level::kInter), ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::Dispatch(const Outer& o) {
+  const OpDesc& op = o.op;
+  if (!multi_host() && op.kind != OpKind::kSend && op.kind != OpKind::kRecv) {
+    return Intra(o, "whole op on the only host", op);
+  }
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+      return Allreduce(o);
+    case OpKind::kBroadcast:
+      return Broadcast(o);
+    case OpKind::kReduce:
+      return Reduce(o);
+    case OpKind::kAllgather:
+      return Allgather(o);
+    case OpKind::kReduceScatter:
+      return ReduceScatter(o);
+    case OpKind::kAlltoall:
+      return Alltoall(o);
+    case OpKind::kBarrier:
+      return Barrier(o);
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      return SendRecv(o);
+  }
+  return absl::InternalError("unknown op kind");
+}
+
+absl::Status HierBackend::GatherToLeader(const Outer& o, const void* src, size_t count, DType t,
+                                         void* dst) {
+  const size_t block = count * DTypeSize(t);
+  if (locals_ == 1) {
+    if (dst != src) std::memmove(dst, src, block);
+    return absl::OkStatus();
+  }
+  TensorView in = View(const_cast<void*>(src), count, t);
+  if (!intra_->capabilities().send_recv) {
+    // Every local rank gets every block: more traffic, same result on the leader.
+    std::vector<uint8_t> sink(leader() ? 0 : block * static_cast<size_t>(locals_));
+    void* out = leader() ? dst : sink.data();
+    return Intra(o, "gather to the leader (allgather)",
+                 Inner(OpKind::kAllgather, in, View(out, count * locals_, t)));
+  }
+  const uint64_t step = ++intra_seq_;
+  if (!leader()) {
+    return IntraP2p(o, "send to the leader", OpKind::kSend, 0, in, static_cast<uint32_t>(step));
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  std::memmove(out, src, block);
+  for (int j = 1; j < locals_; ++j) {
+    HIER_RETURN_IF_ERROR(IntraP2p(o, absl::StrCat("receive from local rank ", j), OpKind::kRecv, j,
+                                  View(out + static_cast<size_t>(j) * block, count, t),
+                                  static_cast<uint32_t>(step)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::ScatterFromLeader(const Outer& o, const void* src, size_t count, DType t,
+                                            void* dst) {
+  const size_t block = count * DTypeSize(t);
+  if (locals_ == 1) {
+    if (dst != src) std::memmove(dst, src, block);
+    return absl::OkStatus();
+  }
+  if (!intra_->capabilities().send_recv) {
+    // Every local rank receives every block and keeps its own.
+    std::vector<uint8_t> all(leader() ? 0 : block * static_cast<size_t>(locals_));
+    void* buf = leader() ? const_cast<void*>(src) : all.data();
+    HIER_RETURN_IF_ERROR(Intra(
+        o, "scatter from the leader (broadcast)",
+        Inner(OpKind::kBroadcast, View(buf, count * locals_, t), View(buf, count * locals_, t))));
+    std::memmove(dst, static_cast<const uint8_t*>(buf) + static_cast<size_t>(local_) * block,
+                 block);
+    return absl::OkStatus();
+  }
+  const uint64_t step = ++intra_seq_;
+  if (!leader()) {
+    return IntraP2p(o, "receive from the leader", OpKind::kRecv, 0, View(dst, count, t),
+                    static_cast<uint32_t>(step));
+  }
+  const auto* in = static_cast<const uint8_t*>(src);
+  for (int j = 1; j < locals_; ++j) {
+    HIER_RETURN_IF_ERROR(
+        IntraP2p(o, absl::StrCat("send to local rank ", j), OpKind::kSend, j,
+                 View(const_cast<uint8_t*>(in) + static_cast<size_t>(j) * block, count, t),
+                 static_cast<uint32_t>(step)));
+  }
+  if (dst != src) std::memmove(dst, src, block);
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::Allreduce(const Outer& o) {
+  const TensorView v = o.op.output;
+  if (v.count == 0) return absl::OkStatus();
+  if (locals_ > 1) {
+    HIER_RETURN_IF_ERROR(
+        Intra(o, "reduce to the leader", Inner(OpKind::kReduce, v, v, o.op.reduce, 0)));
+  }
+  if (leader()) {
+    HIER_RETURN_IF_ERROR(
+        Inter(o, "allreduce among leaders", Inner(OpKind::kAllreduce, v, v, o.op.reduce)));
+  }
+  if (locals_ > 1) {
+    HIER_RETURN_IF_ERROR(Intra(o, "broadcast from the leader", Inner(OpKind::kBroadcast, v, v)));
+  }
+  FinishAvg(o.op, v);
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::Broadcast(const Outer& o) {
+  const TensorView v = o.op.output;
+  if (v.count == 0) return absl::OkStatus();
+  const int root_host = HostOf(o.op.root);
+  if (host_ == root_host && locals_ > 1) {
+    HIER_RETURN_IF_ERROR(
+        Intra(o, "broadcast from the root",
+              Inner(OpKind::kBroadcast, v, v, ReduceOp::kSum, LocalOf(o.op.root))));
+  }
+  if (leader()) {
+    HIER_RETURN_IF_ERROR(Inter(o, "broadcast among leaders",
+                               Inner(OpKind::kBroadcast, v, v, ReduceOp::kSum, root_host)));
+  }
+  if (host_ != root_host && locals_ > 1) {
+    HIER_RETURN_IF_ERROR(Intra(o, "broadcast from the leader", Inner(OpKind::kBroadcast, v, v)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::Reduce(const Outer& o) {
+  const TensorView v = o.op.output;
+  if (v.count == 0) return absl::OkStatus();
+  const int root = o.op.root;
+  const int root_host = HostOf(root);
+  const int root_local = LocalOf(root);
+  // A leader that is not the root must keep its input: it reduces a copy.
+  TensorView buf = v;
+  if (leader() && root != topo_.rank) {
+    buf.data = Scratch(v.bytes());
+    std::memcpy(buf.data, v.data, v.bytes());
+  }
+  if (locals_ > 1) {
+    HIER_RETURN_IF_ERROR(
+        Intra(o, "reduce to the leader", Inner(OpKind::kReduce, buf, buf, o.op.reduce, 0)));
+  }
+  if (leader()) {
+    HIER_RETURN_IF_ERROR(
+        Inter(o, "reduce among leaders", Inner(OpKind::kReduce, buf, buf, o.op.reduce, root_host)));
+  }
+  if (host_ == root_host && root_local != 0) {
+    if (intra_->capabilities().send_recv) {
+      const uint64_t step = ++intra_seq_;
+      if (leader()) {
+        HIER_RETURN_IF_ERROR(IntraP2p(o, "send to the root", OpKind::kSend, root_local, buf,
+                                      static_cast<uint32_t>(step)));
+      } else if (local_ == root_local) {
+        HIER_RETURN_IF_ERROR(IntraP2p(o, "receive from the leader", OpKind::kRecv, 0, v,
+                                      static_cast<uint32_t>(step)));
+      }
+    } else {
+      TensorView into = v;
+      if (!leader() && local_ != root_local) into.data = Scratch(v.bytes());
+      if (leader()) into = buf;
+      HIER_RETURN_IF_ERROR(
+          Intra(o, "broadcast from the leader", Inner(OpKind::kBroadcast, into, into)));
+    }
+  }
+  if (root == topo_.rank) FinishAvg(o.op, v);
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::Allgather(const Outer& o) {
+  const TensorView in = o.op.input;
+  const TensorView out = o.op.output;
+  const size_t c = in.count;
+  if (c == 0) return absl::OkStatus();
+  const DType t = in.dtype;
+  const size_t esz = DTypeSize(t);
+  const auto lmax = static_cast<size_t>(layout_.max_local);
+  const auto hosts = static_cast<size_t>(layout_.hosts);
+  // Leader: this host's blocks (padded to lmax), then every host's.
+  uint8_t* mine = leader() ? Scratch((lmax + hosts * lmax) * c * esz) : nullptr;
+  uint8_t* all = leader() ? mine + lmax * c * esz : nullptr;
+  HIER_RETURN_IF_ERROR(GatherToLeader(o, in.data, c, t, mine));
+  if (leader()) {
+    std::memset(mine + static_cast<size_t>(locals_) * c * esz, 0,
+                (lmax - static_cast<size_t>(locals_)) * c * esz);
+    HIER_RETURN_IF_ERROR(
+        Inter(o, "allgather among leaders",
+              Inner(OpKind::kAllgather, View(mine, lmax * c, t), View(all, hosts * lmax * c, t))));
+    for (int h = 0; h < layout_.hosts; ++h) {
+      const auto& ranks = layout_.ranks_of[static_cast<size_t>(h)];
+      for (size_t j = 0; j < ranks.size(); ++j) {
+        std::memcpy(static_cast<uint8_t*>(out.data) + static_cast<size_t>(ranks[j]) * c * esz,
+                    all + (static_cast<size_t>(h) * lmax + j) * c * esz, c * esz);
+      }
+    }
+  }
+  if (locals_ > 1) {
+    HIER_RETURN_IF_ERROR(
+        Intra(o, "broadcast from the leader", Inner(OpKind::kBroadcast, out, out)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::ReduceScatter(const Outer& o) {
+  const TensorView in = o.op.input;
+  const TensorView out = o.op.output;
+  const size_t c = out.count;
+  if (c == 0) return absl::OkStatus();
+  const DType t = in.dtype;
+  const size_t esz = DTypeSize(t);
+  const size_t cb = c * esz;
+  const auto lmax = static_cast<size_t>(layout_.max_local);
+  const auto hosts = static_cast<size_t>(layout_.hosts);
+  // Every rank lays its input out host by host (each host's blocks padded to lmax), so the intra
+  // reduce lands, on the leader, exactly what the leaders' reduce_scatter splits by host.
+  uint8_t* staged = Scratch((hosts * lmax + lmax) * cb);
+  uint8_t* mine = staged + hosts * lmax * cb;
+  std::memset(staged, 0, hosts * lmax * cb);
+  for (int g = 0; g < topo_.world_size; ++g) {
+    std::memcpy(staged + (static_cast<size_t>(HostOf(g)) * lmax + LocalOf(g)) * cb,
+                static_cast<const uint8_t*>(in.data) + static_cast<size_t>(g) * cb, cb);
+  }
+  const TensorView all = View(staged, hosts * lmax * c, t);
+  if (locals_ > 1) {
+    HIER_RETURN_IF_ERROR(
+        Intra(o, "reduce to the leader", Inner(OpKind::kReduce, all, all, o.op.reduce, 0)));
+  }
+  if (leader()) {
+    HIER_RETURN_IF_ERROR(
+        Inter(o, "reduce_scatter among leaders",
+              Inner(OpKind::kReduceScatter, all, View(mine, lmax * c, t), o.op.reduce)));
+  }
+  HIER_RETURN_IF_ERROR(ScatterFromLeader(o, mine, c, t, out.data));
+  FinishAvg(o.op, out);
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::Alltoall(const Outer& o) {
+  const TensorView in = o.op.input;
+  const TensorView out = o.op.output;
+  const auto n = static_cast<size_t>(topo_.world_size);
+  const size_t c = in.count / n;
+  if (c == 0) return absl::OkStatus();
+  const DType t = in.dtype;
+  const size_t cb = c * DTypeSize(t);
+  const auto lmax = static_cast<size_t>(layout_.max_local);
+  const auto hosts = static_cast<size_t>(layout_.hosts);
+  const auto locals = static_cast<size_t>(locals_);
+  // Leader: every local input (locals x n blocks), the per-host send and receive buffers
+  // (hosts x lmax x lmax blocks: [source local][destination local]) and every local output.
+  const size_t gathered = locals * n * cb, exchanged = hosts * lmax * lmax * cb;
+  uint8_t* g = leader() ? Scratch(2 * gathered + 2 * exchanged) : nullptr;
+  uint8_t* send = leader() ? g + gathered : nullptr;
+  uint8_t* recv = leader() ? send + exchanged : nullptr;
+  uint8_t* outs = leader() ? recv + exchanged : nullptr;
+  HIER_RETURN_IF_ERROR(GatherToLeader(o, in.data, n * c, t, g));
+  if (leader()) {
+    std::memset(send, 0, exchanged);
+    for (size_t i = 0; i < locals; ++i) {
+      for (int dst = 0; dst < topo_.world_size; ++dst) {
+        const auto h = static_cast<size_t>(HostOf(dst));
+        const auto j = static_cast<size_t>(LocalOf(dst));
+        std::memcpy(send + ((h * lmax + i) * lmax + j) * cb,
+                    g + (i * n + static_cast<size_t>(dst)) * cb, cb);
+      }
+    }
+    HIER_RETURN_IF_ERROR(Inter(o, "alltoall among leaders",
+                               Inner(OpKind::kAlltoall, View(send, exchanged / DTypeSize(t), t),
+                                     View(recv, exchanged / DTypeSize(t), t))));
+    for (int src = 0; src < topo_.world_size; ++src) {
+      const auto h = static_cast<size_t>(HostOf(src));
+      const auto i = static_cast<size_t>(LocalOf(src));
+      for (size_t j = 0; j < locals; ++j) {
+        std::memcpy(outs + (j * n + static_cast<size_t>(src)) * cb,
+                    recv + ((h * lmax + i) * lmax + j) * cb, cb);
+      }
+    }
+  }
+  return ScatterFromLeader(o, outs, n * c, t, out.data);
+}
+
+absl::Status HierBackend::Barrier(const Outer& o) {
+  const OpDesc b = Inner(OpKind::kBarrier, {}, {});
+  if (locals_ > 1) HIER_RETURN_IF_ERROR(Intra(o, "barrier before the leaders'", b));
+  if (leader()) HIER_RETURN_IF_ERROR(Inter(o, "barrier among leaders", b));
+  if (locals_ > 1) HIER_RETURN_IF_ERROR(Intra(o, "barrier after the leaders'", b));
+  return absl::OkStatus();
+}
+
+absl::Status HierBackend::SendRecv(const Outer& o) {
+  OpDesc d = o.op;
+  const bool same_host = HostOf(d.peer) == host_;
+  d.peer = same_host ? LocalOf(d.peer) : HostOf(d.peer);
+  d.seq = same_host ? intra_seq_ : inter_seq_;
+  return Step(
+      o, same_host ? Level::kIntra : Level::kInter,
+      absl::StrCat(d.kind == OpKind::kSend ? "send to" : "receive from", " rank ", o.op.peer), d);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateHierarchicalBackend(HierBackendOptions options) {
+  absl::StatusOr<Layout> layout = MakeLayout(options.topology);
+  if (!layout.ok()) return layout.status();
+  const HierTopology& t = options.topology;
+  const int host = t.host_of[static_cast<size_t>(t.rank)];
+  const int locals = static_cast<int>(layout->ranks_of[static_cast<size_t>(host)].size());
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("hierarchical backend on rank ", t.rank,
+                                                   " (host ", host, ", local rank ", t.local_rank,
+                                                   "): ", parts...));
+  };
+  if (options.intra == nullptr) return bad("no intra-host backend");
+  if (options.intra->size() != locals || options.intra->rank() != t.local_rank) {
+    return bad("the intra-host backend is rank ", options.intra->rank(), " of ",
+               options.intra->size(), ", expected ", t.local_rank, " of ", locals);
+  }
+  const bool wants_inter = t.local_rank == 0 && layout->hosts > 1;
+  if (!wants_inter && options.inter != nullptr && layout->hosts > 1) {
+    return bad("only host leaders (local rank 0) take an inter-host backend");
+  }
+  if (wants_inter) {
+    if (options.inter == nullptr) return bad("a host leader needs an inter-host backend");
+    if (options.inter->size() != layout->hosts || options.inter->rank() != host) {
+      return bad("the inter-host backend is rank ", options.inter->rank(), " of ",
+                 options.inter->size(), ", expected ", host, " of ", layout->hosts);
+    }
+  } else {
+    options.inter.reset();
+  }
+  return std::unique_ptr<Backend>(new HierBackend(
+      options.topology, *std::move(layout), std::move(options.intra), std::move(options.inter)));
+}
+
+}  // namespace adaptcomm
