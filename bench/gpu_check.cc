@@ -30,8 +30,8 @@
 #include "absl/time/clock.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/precision.h"
-#include "lib/nccl/nccl_api.h"
 #include "lib/base/cast_kernels.h"
+#include "lib/nccl/nccl_api.h"
 #include "tests/dtype_values.h"
 
 extern char** environ;
@@ -123,28 +123,29 @@ void Functional(Communicator& comm, int device, void* stream) {
     }
     DevBuf a(k * DTypeSize(t));
     a.Put(Encode(t, in), stream);
-    CHECK_OK(comm.Allreduce(a.View(t, device, stream)).Wait(), tag + "allreduce");
+    CHECK_OK(comm.Allreduce(a.View(t, device, stream)).Synchronize(), tag + "allreduce");
     Expect(tag + "allreduce sum", t, a.Get(stream), want);
     if (IsFloatingPoint(t)) {
       a.Put(Encode(t, in), stream);
-      CHECK_OK(comm.Allreduce(a.View(t, device, stream), {.op = ReduceOp::kAvg}).Wait(),
+      CHECK_OK(comm.Allreduce(a.View(t, device, stream), {.op = ReduceOp::kAvg}).Synchronize(),
                tag + "allreduce avg");
       for (size_t i = 0; i < k; ++i) want[i] = (n + 1) / 2.0 + static_cast<double>(i);
       Expect(tag + "allreduce avg", t, a.Get(stream), want);
     }
     a.Put(Encode(t, in), stream);
-    CHECK_OK(comm.Allreduce(a.View(t, device, stream), {.op = ReduceOp::kMax}).Wait(),
+    CHECK_OK(comm.Allreduce(a.View(t, device, stream), {.op = ReduceOp::kMax}).Synchronize(),
              tag + "allreduce max");
     for (size_t i = 0; i < k; ++i) want[i] = n + static_cast<double>(i);
     Expect(tag + "allreduce max", t, a.Get(stream), want);
     // broadcast from the last rank
     a.Put(Encode(t, in), stream);
-    CHECK_OK(comm.Broadcast(a.View(t, device, stream), {.root = n - 1}).Wait(), tag + "broadcast");
+    CHECK_OK(comm.Broadcast(a.View(t, device, stream), {.root = n - 1}).Synchronize(),
+             tag + "broadcast");
     for (size_t i = 0; i < k; ++i) want[i] = n + static_cast<double>(i);
     Expect(tag + "broadcast", t, a.Get(stream), want);
     // reduce sum to rank 0
     a.Put(Encode(t, in), stream);
-    CHECK_OK(comm.Reduce(a.View(t, device, stream), {.root = 0}).Wait(), tag + "reduce");
+    CHECK_OK(comm.Reduce(a.View(t, device, stream), {.root = 0}).Synchronize(), tag + "reduce");
     if (r == 0) {
       for (size_t i = 0; i < k; ++i) want[i] = n * (n + 1) / 2.0 + n * static_cast<double>(i);
       Expect(tag + "reduce", t, a.Get(stream), want);
@@ -152,7 +153,7 @@ void Functional(Communicator& comm, int device, void* stream) {
     // allgather: block j = (j+1) + i
     DevBuf g(k * n * DTypeSize(t));
     a.Put(Encode(t, in), stream);
-    CHECK_OK(comm.Allgather(a.View(t, device, stream), g.View(t, device, stream)).Wait(),
+    CHECK_OK(comm.Allgather(a.View(t, device, stream), g.View(t, device, stream)).Synchronize(),
              tag + "allgather");
     std::vector<double> gw(k * n);
     for (int j = 0; j < n; ++j) {
@@ -161,8 +162,9 @@ void Functional(Communicator& comm, int device, void* stream) {
     Expect(tag + "allgather", t, g.Get(stream), gw);
     // reduce_scatter of the gathered blocks: block r summed n times
     DevBuf rs(k * DTypeSize(t));
-    CHECK_OK(comm.ReduceScatter(g.View(t, device, stream), rs.View(t, device, stream)).Wait(),
-             tag + "reduce_scatter");
+    CHECK_OK(
+        comm.ReduceScatter(g.View(t, device, stream), rs.View(t, device, stream)).Synchronize(),
+        tag + "reduce_scatter");
     for (size_t i = 0; i < k; ++i) want[i] = n * (r + 1 + static_cast<double>(i));
     Expect(tag + "reduce_scatter", t, rs.Get(stream), want);
     // alltoall: block j of rank r = 10r + j; received block j = 10j + r
@@ -173,7 +175,7 @@ void Functional(Communicator& comm, int device, void* stream) {
     }
     DevBuf ai(n * DTypeSize(t)), ao(n * DTypeSize(t));
     ai.Put(Encode(t, ain), stream);
-    CHECK_OK(comm.Alltoall(ai.View(t, device, stream), ao.View(t, device, stream)).Wait(),
+    CHECK_OK(comm.Alltoall(ai.View(t, device, stream), ao.View(t, device, stream)).Synchronize(),
              tag + "alltoall");
     Expect(tag + "alltoall", t, ao.Get(stream), aw);
     // send/recv around a ring (even ranks send first)
@@ -182,17 +184,17 @@ void Functional(Communicator& comm, int device, void* stream) {
       s.Put(Encode(t, in), stream);
       const int next = (r + 1) % n, prev = (r + n - 1) % n;
       if (r % 2 == 0) {
-        CHECK_OK(comm.Send(s.View(t, device, stream), next).Wait(), tag + "send");
-        CHECK_OK(comm.Recv(v.View(t, device, stream), prev).Wait(), tag + "recv");
+        CHECK_OK(comm.Send(s.View(t, device, stream), next).Synchronize(), tag + "send");
+        CHECK_OK(comm.Recv(v.View(t, device, stream), prev).Synchronize(), tag + "recv");
       } else {
-        CHECK_OK(comm.Recv(v.View(t, device, stream), prev).Wait(), tag + "recv");
-        CHECK_OK(comm.Send(s.View(t, device, stream), next).Wait(), tag + "send");
+        CHECK_OK(comm.Recv(v.View(t, device, stream), prev).Synchronize(), tag + "recv");
+        CHECK_OK(comm.Send(s.View(t, device, stream), next).Synchronize(), tag + "send");
       }
       for (size_t i = 0; i < k; ++i) want[i] = prev + 1 + static_cast<double>(i);
       Expect(tag + "send/recv", t, v.Get(stream), want);
     }
   }
-  CHECK_OK(comm.Barrier().Wait(), "barrier");
+  CHECK_OK(comm.Barrier().Synchronize(), "barrier");
   // A host view on NCCL is refused, naming the view.
   std::vector<float> host(4);
   absl::Status s = comm.Allreduce(HostView(host.data(), 4)).Wait();
@@ -263,10 +265,16 @@ void Busbw(Communicator& comm, int device, void* stream, size_t max_bytes) {
   for (size_t bytes = 1 << 20; bytes <= max_bytes; bytes *= 2) {
     TensorView v{buf.p, bytes / 4, DType::kF32, Device::Cuda(device), stream};
     const int iters = static_cast<int>(std::clamp<size_t>((size_t{4} << 30) / bytes, 5, 50));
-    for (int i = 0; i < 3; ++i) CHECK_OK(comm.Allreduce(v).Wait(), "busbw warmup");
-    CHECK_OK(comm.Barrier().Wait(), "busbw barrier");
+    for (int i = 0; i < 3; ++i) CHECK_OK(comm.Allreduce(v).Synchronize(), "busbw warmup");
+    CHECK_OK(comm.Barrier().Synchronize(), "busbw barrier");
     const absl::Time start = absl::Now();
-    for (int i = 0; i < iters; ++i) CHECK_OK(comm.Allreduce(v).Wait(), "busbw");
+    // Back to back on the device (each Wait only orders the stream), one host wait at the end.
+    Work last;
+    for (int i = 0; i < iters; ++i) {
+      last = comm.Allreduce(v);
+      CHECK_OK(last.Wait(), "busbw");
+    }
+    CHECK_OK(last.Synchronize(), "busbw");
     const double us = absl::ToDoubleMicroseconds(absl::Now() - start) / iters;
     const double algbw = static_cast<double>(bytes) / (us * 1e3);  // GB/s
     if (comm.rank() == 0) {
@@ -478,7 +486,7 @@ void MixedCheck(Communicator& comm, int device, void* stream) {
   data.Put(bytes, stream);
   const absl::Time t0 = absl::Now();
   for (int k = 0; k < 20; ++k)
-    CHECK_OK(comm.Allreduce(data.View(DType::kF32, device, stream)).Wait(), "f32 allreduce");
+    CHECK_OK(comm.Allreduce(data.View(DType::kF32, device, stream)).Synchronize(), "f32 allreduce");
   std::printf("  plain f32 allreduce 64 MiB: %.1f us/call\n",
               absl::ToDoubleMicroseconds(absl::Now() - t0) / 20);
 }
@@ -559,7 +567,8 @@ int RunRank(int rank, int world, int port) {
       std::printf("FAIL timeout communicator: %s\n", t.status().ToString().c_str());
     }
   }
-  CHECK_OK((*a)->Barrier().Wait(), "final barrier");  // rank 0 serves the store: leave together
+  CHECK_OK((*a)->Barrier().Synchronize(),
+           "final barrier");  // rank 0 serves the store: leave together
   std::printf("rank %d: %s (%d failures)\n", rank, failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;
 }

@@ -34,15 +34,18 @@ struct FakeOp {
 
 // Deferred work of one stream (see the header): a cast, a wait for another op, or the point an
 // event was recorded at.
+struct HeldCollective;  // a collective queued on its stream (FakeNcclApi::HoldStreams)
 struct Deferred {
-  enum class Kind { kCast, kWait, kMarker } kind = Kind::kCast;
+  enum class Kind { kCast, kWait, kMarker, kCollective } kind = Kind::kCast;
   nccl::CastDirection direction = nccl::CastDirection::kF32ToBF16;
   const void* src = nullptr;
   void* dst = nullptr;
   size_t count = 0;
   float scale = 1.0f;
   nccl::DeviceCastCounters* counters = nullptr;
-  std::shared_ptr<FakeOp> op;  // kWait: what it waits for; kMarker: the event's op
+  std::shared_ptr<FakeOp> op;            // kWait: what it waits for; kMarker: the event's op;
+                                         // kCollective: the op the launch becomes
+  std::shared_ptr<HeldCollective> held;  // kCollective
 };
 
 // How long a forced stream waits for a collective of its queue (peers must launch theirs).
@@ -122,6 +125,19 @@ struct Message {
   size_t bytes = 0;
   std::shared_ptr<FakeOp> fop;
 };
+
+struct FakeComm;
+struct HeldCollective {
+  FakeComm* comm = nullptr;
+  Part part;
+  const FakeNcclFaults* faults = nullptr;
+};
+
+// One launch of `parts` and `p2p` on `c`: posts them to the world; returns the op to track
+// (`fop` if given).
+std::shared_ptr<FakeOp> Launch(FakeComm* c, const FakeNcclFaults& faults, std::vector<Part> parts,
+                               std::vector<std::pair<Message, std::pair<int, int>>> p2p,
+                               std::shared_ptr<FakeOp> fop = nullptr);
 
 struct Group {
   int nranks = 0;
@@ -278,6 +294,9 @@ struct FakeNcclApi::State {
   std::vector<std::pair<uintptr_t, size_t>> host_ranges;
   std::map<void*, std::deque<Deferred>> deferred;  // per stream
   std::vector<FakeCall> calls;
+  std::map<void*, int> stream_devices;  // streams from StreamCreateNonBlocking
+  bool holding = false;                 // HoldStreams(true): collectives wait on their stream
+  int collectives_started = 0;          // launches posted to the world
 
   void Log(const char* name, void* stream, void* event = nullptr, std::string detail = "") {
     calls.push_back(FakeCall{name, stream, event, std::move(detail)});
@@ -295,6 +314,20 @@ struct FakeNcclApi::State {
       Deferred d = it->second.front();
       if (d.kind == Deferred::Kind::kCast) {
         RunCast(d);
+      } else if (d.kind == Deferred::Kind::kCollective) {
+        if (d.held->comm->aborted) {
+          // ncclCommAbort ended the communicator's kernels: this one never runs.
+          d.op->aborted = true;
+          it->second.pop_front();
+          continue;
+        }
+        if (holding) return false;
+        ++collectives_started;
+        Launch(d.held->comm, *d.held->faults, {d.held->part}, {}, d.op);
+        // Later work of this stream runs after the collective: wait for it in its place.
+        it->second.front() =
+            Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, d.op, nullptr};
+        continue;
       } else if (d.kind == Deferred::Kind::kMarker) {
         d.op->pending = 0;
       } else if (!d.op->done()) {
@@ -383,13 +416,30 @@ int FakeNcclApi::PointerGetAttributes(const void* ptr, nccl::PointerInfo* info) 
 int FakeNcclApi::StreamCreateNonBlocking(nccl::CudaStream* stream) {
   absl::MutexLock lock(&world_->mu);
   *stream = reinterpret_cast<void*>(state_->next_handle++);
+  state_->stream_devices[*stream] = current_device;
   return nccl::kCudaSuccess;
+}
+int FakeNcclApi::StreamGetDevice(nccl::CudaStream stream, int* device) {
+  absl::MutexLock lock(&world_->mu);
+  auto it = state_->stream_devices.find(stream);
+  if (it == state_->stream_devices.end()) return nccl::kCudaErrorNotSupported;  // a test's handle
+  *device = it->second;
+  return nccl::kCudaSuccess;
+}
+void FakeNcclApi::HoldStreams(bool hold) {
+  absl::MutexLock lock(&world_->mu);
+  state_->holding = hold;
+}
+int FakeNcclApi::collectives_started() const {
+  absl::MutexLock lock(&world_->mu);
+  return state_->collectives_started;
 }
 int FakeNcclApi::StreamDestroy(nccl::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   state_->Flush(world_->mu, stream, /*blocking=*/false);
   state_->deferred.erase(stream);
   state_->stream_last.erase(stream);
+  state_->stream_devices.erase(stream);
   return nccl::kCudaSuccess;
 }
 int FakeNcclApi::EventCreateDisableTiming(nccl::CudaEvent* event) {
@@ -412,13 +462,13 @@ int FakeNcclApi::EventRecord(nccl::CudaEvent event, nccl::CudaStream stream) {
   // Behind deferred work: the event completes when the stream is forced up to here.
   if (last != nullptr && !last->done()) {
     q->second.push_back(
-        Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, last});
+        Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, last, nullptr});
   }
   auto marker = std::make_shared<FakeOp>();
   marker->pending = 1;
   marker->marker_stream = stream;
   q->second.push_back(
-      Deferred{Deferred::Kind::kMarker, {}, nullptr, nullptr, 0, 1.0f, nullptr, marker});
+      Deferred{Deferred::Kind::kMarker, {}, nullptr, nullptr, 0, 1.0f, nullptr, marker, nullptr});
   st.events[event] = marker;
   return nccl::kCudaSuccess;
 }
@@ -498,7 +548,7 @@ int FakeNcclApi::StreamWaitEvent(nccl::CudaStream stream, nccl::CudaEvent event)
   if (op->marker_stream != nullptr) st.Flush(world_->mu, op->marker_stream, /*blocking=*/false);
   if (!op->done()) {
     st.deferred[stream].push_back(
-        Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, op});
+        Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, op, nullptr});
   }
   return nccl::kCudaSuccess;
 }
@@ -534,8 +584,8 @@ int FakeNcclApi::LaunchCast(nccl::CastDirection direction, const void* src, void
   const bool widen =
       direction == nccl::CastDirection::kBF16ToF32 || direction == nccl::CastDirection::kF16ToF32;
   if (count > 0 && (src == nullptr || (dst == nullptr && !widen))) return 1;  // InvalidValue
-  st.deferred[stream].push_back(
-      Deferred{Deferred::Kind::kCast, direction, src, dst, count, scale, counters, nullptr});
+  st.deferred[stream].push_back(Deferred{Deferred::Kind::kCast, direction, src, dst, count, scale,
+                                         counters, nullptr, nullptr});
   return nccl::kCudaSuccess;
 }
 std::vector<FakeCall> FakeNcclApi::calls() const {
@@ -632,8 +682,9 @@ namespace {
 
 // One launch of `parts` and `p2p` on `c`: posts them to the world; returns the op to track.
 std::shared_ptr<FakeOp> Launch(FakeComm* c, const FakeNcclFaults& faults, std::vector<Part> parts,
-                               std::vector<std::pair<Message, std::pair<int, int>>> p2p) {
-  auto fop = std::make_shared<FakeOp>();
+                               std::vector<std::pair<Message, std::pair<int, int>>> p2p,
+                               std::shared_ptr<FakeOp> fop) {
+  if (fop == nullptr) fop = std::make_shared<FakeOp>();
   c->ops.push_back(fop);
   ++c->launches;
   if (c->launches == faults.async_error_at_launch) {
@@ -687,6 +738,7 @@ NcclResult FakeNcclApi::GroupEnd() {
   st.in_group = false;
   if (st.group_comm != nullptr) {
     st.Flush(world_->mu, st.group_stream, /*blocking=*/true);
+    ++st.collectives_started;
     st.stream_last[st.group_stream] =
         Launch(st.group_comm, faults_, std::move(st.group_collectives), std::move(st.group_p2p));
   }
@@ -697,8 +749,9 @@ NcclResult FakeNcclApi::GroupEnd() {
 }
 
 namespace {
-NcclResult Post(absl::Mutex& mu, FakeNcclApi::State& st, const FakeNcclFaults& faults, FakeComm* c,
-                void* stream, const char* name, Part part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+NcclResult Post([[maybe_unused]] absl::Mutex& mu, FakeNcclApi::State& st,
+                const FakeNcclFaults& faults, FakeComm* c, void* stream, const char* name,
+                Part part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
   st.Log(name, stream, nullptr, absl::StrCat(static_cast<int>(part.dtype)));
   if (c->aborted) return NcclResult::kInvalidUsage;
   if (st.in_group) {
@@ -707,7 +760,20 @@ NcclResult Post(absl::Mutex& mu, FakeNcclApi::State& st, const FakeNcclFaults& f
     st.group_collectives.push_back(std::move(part));
     return NcclResult::kSuccess;
   }
-  st.Flush(mu, stream, /*blocking=*/true);  // in order after the stream's deferred work
+  if (st.holding || !st.deferred[stream].empty()) {
+    // Behind deferred work (or while held): queued on the stream, as a GPU queues it, and
+    // launched when the stream is forced. Enqueuing never waits for the stream.
+    auto fop = std::make_shared<FakeOp>();
+    fop->pending = 1;
+    fop->marker_stream = stream;
+    auto held = std::make_shared<HeldCollective>(HeldCollective{c, std::move(part), &faults});
+    st.deferred[stream].push_back(
+        Deferred{Deferred::Kind::kCollective, {}, nullptr, nullptr, 0, 1.0f, nullptr, fop, held});
+    st.stream_last[stream] = fop;
+    return NcclResult::kInProgress;
+  }
+  st.deferred.erase(stream);
+  ++st.collectives_started;
   st.stream_last[stream] = Launch(c, faults, {std::move(part)}, {});
   return NcclResult::kInProgress;
 }

@@ -9,7 +9,12 @@
 // stream (in order), StreamSynchronize, an EventQuery of an event recorded on it after the cast,
 // or a StreamWaitEvent on such an event (the waiting stream's later work needs it). A collective
 // on another stream that did not wait reads whatever the buffer held before: the article's race.
-// Every other call behaves as before (immediately), after flushing its stream's deferred work.
+// A collective behind deferred work of its stream is queued too (enqueuing never waits for the
+// stream, as on a GPU). Every other call behaves as before (immediately), after flushing its
+// stream's deferred work.
+// HoldStreams(true) models a GPU that has not run anything yet: collectives too are queued on
+// their stream and none starts, whatever forces the stream, until HoldStreams(false); then a
+// forced stream (EventQuery, StreamSynchronize, ...) launches them in order.
 #ifndef ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
 #define ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
 
@@ -63,6 +68,9 @@ class FakeNcclApi final : public nccl::NcclApi {
   int memcpy_calls() const { return memcpy_calls_.load(); }
   int malloc_calls() const { return malloc_calls_.load(); }
   int cast_calls() const { return cast_calls_.load(); }
+  // Collectives (or groups) posted to the world so far: started "on the device".
+  int collectives_started() const;
+  void HoldStreams(bool hold);
   // Every call on the seam that touches a stream or an event, in order.
   std::vector<FakeCall> calls() const;
   void ClearCalls();
@@ -95,6 +103,7 @@ class FakeNcclApi final : public nccl::NcclApi {
   std::string ErrorString(int error) override;
   int StreamWaitEvent(nccl::CudaStream stream, nccl::CudaEvent event) override;
   int StreamSynchronize(nccl::CudaStream stream) override;
+  int StreamGetDevice(nccl::CudaStream stream, int* device) override;
   int MemsetAsync(void* ptr, int value, size_t bytes, nccl::CudaStream stream) override;
   int LaunchCast(nccl::CastDirection direction, const void* src, void* dst, size_t count,
                  float scale, nccl::CudaStream stream, nccl::DeviceCastCounters* counters) override;

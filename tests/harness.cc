@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/store.h"
 #include "gtest/gtest.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 
 namespace adaptcomm::testing {
 

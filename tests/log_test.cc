@@ -2,7 +2,7 @@
 // running several ranks as threads (bench --ranks N, tests) tags each rank thread's lines with
 // its own rank, and no rank's creation re-tags the lines of the other threads (the store
 // server's, other ranks' helpers) with that rank.
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 
 #include <unistd.h>
 

@@ -91,7 +91,7 @@ StreamRun RunStream(const std::string& fallback) {
           absl::Status s =
               (*comm)
                   ->Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)})
-                  .Wait();
+                  .Synchronize();
           ASSERT_TRUE(s.ok()) << "rank " << env.rank << " op " << op << ": " << s;
           for (size_t i = 0; i < buf.size(); ++i) {
             float want = 0;
@@ -156,8 +156,9 @@ std::vector<absl::StatusOr<std::string>> CreateWithFlakyInit(int max_retry_attem
           return;
         }
         std::vector<float> buf(64, static_cast<float>(env.rank + 1));
-        absl::Status s =
-            (*comm)->Allreduce(TensorView{buf.data(), 64, DType::kF32, Device::Cuda(0)}).Wait();
+        absl::Status s = (*comm)
+                             ->Allreduce(TensorView{buf.data(), 64, DType::kF32, Device::Cuda(0)})
+                             .Synchronize();
         ASSERT_TRUE(s.ok()) << s;
         for (float v : buf) ASSERT_EQ(v, 3.0f);
         outcome[static_cast<size_t>(env.rank)] = std::string((*comm)->backend_name());

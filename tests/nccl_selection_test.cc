@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/core/backend_selection.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 #include "lib/nccl/nccl_backend.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"

@@ -23,7 +23,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/core/log_throttle.h"
+#include "lib/base/log_throttle.h"
 #include "lib/store/tcp_wire.h"
 
 namespace adaptcomm {

@@ -75,6 +75,12 @@ TEST(CliUsage, DurationFlagsRefuseNegativeAndAbsurdValues) {
     EXPECT_EQ(launch.code, 2) << value << ": " << launch.err;
     EXPECT_THAT(launch.err, HasSubstr(absl::StrCat("--timeout: '", value, "'"))) << launch.err;
     EXPECT_LT(launch.err.size(), 300u) << launch.err;
+    for (const char* flag : {"--grace", "--dump-wait"}) {
+      Result other = RunCli(absl::StrCat("launch -n 1 ", flag, " ", value, " -- true"));
+      EXPECT_EQ(other.code, 2) << flag << " " << value << ": " << other.err;
+      EXPECT_THAT(other.err, HasSubstr(absl::StrCat(flag, ": '", value, "'"))) << other.err;
+      EXPECT_LT(other.err.size(), 300u) << other.err;
+    }
     Result bench = RunCli(absl::StrCat("bench --ranks 1 --timeout ", value));
     EXPECT_EQ(bench.code, 2) << value << ": " << bench.err;
     EXPECT_THAT(bench.err, HasSubstr(absl::StrCat("--timeout: '", value, "'"))) << bench.err;

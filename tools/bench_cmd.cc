@@ -335,7 +335,7 @@ class Case {
 };
 
 absl::Status Wait(Work w, const char* what) {
-  absl::Status s = w.Wait();
+  absl::Status s = w.Synchronize();  // device ops too: the time of an op is until it is done
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
   return s;
 }

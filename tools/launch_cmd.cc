@@ -883,12 +883,12 @@ std::function<int()> SetupLaunch(CLI::App& sub) {
   sub.add_option("--grace", options->grace_s,
                  "Seconds between SIGTERM and SIGKILL when the job is stopped")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(DurationSeconds(/*zero_allowed=*/true));
   sub.add_option("--dump-wait", options->dump_wait_s,
                  "When a rank fails or --timeout ends the job: seconds the other ranks get to dump "
                  "their flight records (SIGUSR2) before SIGTERM; 0 = do not ask")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 600.0));
+      ->check(DurationSeconds(/*zero_allowed=*/true));
   sub.add_flag("--no-prefix", options->no_prefix, "Do not prefix output lines with [rank R]");
   sub.add_option("command", options->command, "PROGRAM ARGS... (after --)")->required();
   sub.footer(

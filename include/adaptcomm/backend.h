@@ -34,6 +34,8 @@ enum class OpKind : uint8_t {
 };
 const char* OpKindName(OpKind kind);
 
+class StreamPosition;  // below
+
 // One operation as the backend sees it. The communicator has validated the generic rules (non-null
 // data, matching sizes, root/peer in range) before Run() sees it.
 //   allreduce, broadcast, reduce: in place on `output` (input aliases output).
@@ -54,6 +56,9 @@ struct OpDesc {
   // The caller keeps the input unchanged until the next op completed (the *Options' stable_input):
   // the communicator's retry record may refer to it instead of copying it. Backends ignore it.
   bool stable_input = false;
+  // Ops on CUDA views of a stream-ordered backend: where the op sits in its caller's stream,
+  // taken when the op was issued (StreamOrdered::MarkIssue). Null otherwise.
+  std::shared_ptr<const StreamPosition> issued_at;
 };
 
 struct Capabilities {
@@ -63,6 +68,46 @@ struct Capabilities {
   bool native_avg = false;     // avg reduced by the transport itself (else sum + scale)
   bool send_recv = true;
   bool abortable = true;  // Abort() interrupts an op in flight
+  // Device ops are queued on the device in issue order and complete later (stream_ordered()).
+  bool stream_ordered = false;
+};
+
+// A point in a caller's CUDA stream (an event recorded there when the op was issued), opaque to
+// everyone but the backend that made it.
+class StreamPosition {
+ public:
+  virtual ~StreamPosition() = default;
+};
+
+// A device op that a stream-ordered backend queued on the device.
+// Thread safety: every method may be called from any thread; none blocks.
+class DeviceCompletion {
+ public:
+  virtual ~DeviceCompletion() = default;
+  // true: the device finished the op; false: not yet; an error: the device or the transport
+  // failed it (the backend is then broken).
+  [[nodiscard]] virtual absl::StatusOr<bool> Poll() = 0;
+  // Queues on `stream` (a cudaStream_t) a wait for the op: the caller's later work on that stream
+  // runs after it, without the host waiting.
+  [[nodiscard]] virtual absl::Status MakeStreamWait(void* stream) = 0;
+};
+
+// A capability (Backend::stream_ordered()): device ops run on the backend's own stream, each
+// behind the work its caller had queued on the view's stream when it was issued, back to back,
+// without the host waiting for any of them (torchcomms' and c10d's model: the caller's stream
+// waits for the collective, not the caller).
+// Thread safety: MarkIssue may be called from any thread; Launch only where Run may be.
+class StreamOrdered {
+ public:
+  virtual ~StreamOrdered() = default;
+  // On the issuing thread, at issue: records the op's place in its view's stream. Never blocks.
+  // InvalidArgument naming the view when its stream is not on the backend's device.
+  [[nodiscard]] virtual absl::StatusOr<std::shared_ptr<const StreamPosition>> MarkIssue(
+      const OpDesc& op) = 0;
+  // Queues `op` (op.issued_at set by MarkIssue) and returns once it is queued, bounded by
+  // op.timeout. Errors as Run's; InvalidArgument leaves the backend usable.
+  [[nodiscard]] virtual absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(
+      const OpDesc& op) = 0;
 };
 
 // Device memory services of a backend that takes CUDA views: what the coordinated retry needs to
@@ -109,6 +154,10 @@ class Backend {
   // A capability: device memory services when this backend takes CUDA views, else null (then ops
   // on CUDA views cannot be replayed by a coordinated retry and fail instead).
   virtual std::shared_ptr<DeviceMemory> device_memory() const { return nullptr; }
+
+  // A capability: non-null when this backend queues device ops without blocking the host
+  // (Capabilities::stream_ordered). Owned by the backend.
+  virtual StreamOrdered* stream_ordered() { return nullptr; }
 };
 
 }  // namespace adaptcomm

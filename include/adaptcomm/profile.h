@@ -75,7 +75,9 @@ struct ProfileRequest {
   std::string model_size;
   int world_size = 1;
   // Profile file. Empty: ADAPTCOMM_PROFILE, else profiles.yaml in the configuration directory
-  // (ADAPTCOMM_CONFIG_DIR, else the source tree's configs/, else <prefix>/share/adaptcomm/configs).
+  // (DefaultConfigDir(): ADAPTCOMM_CONFIG_DIR, else share/adaptcomm/configs of the prefix the
+  // loaded libadaptcomm.so is installed in, wherever it was moved; the source tree's configs/
+  // only for the build tree's own library).
   std::string file;
   // Refuse profiles naming variables NCCL never reads or does not know. Also
   // ADAPTCOMM_PROFILE_STRICT=1.

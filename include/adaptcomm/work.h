@@ -40,12 +40,23 @@ class [[nodiscard]] Work {
   Work& operator=(const Work&) = delete;
   ~Work();
 
-  // Blocks until the operation ends; bounded by the operation's own timeout (plus the abort bound),
-  // never forever. Returns the operation's status.
+  // Host views, and device views of a backend that is not stream-ordered (Gloo staging, ...):
+  // blocks until the operation ends; bounded by the operation's own timeout (plus the abort
+  // bound), never forever. Returns the operation's status.
+  // CUDA views on a stream-ordered backend (NCCL): returns once the op is queued on the device and
+  // the view's stream has been made to wait for it, without waiting for the device (the c10d
+  // model): work the caller queues on that stream afterwards sees the result. A failure the device
+  // reports later fails Synchronize() and the communicator's later ops. The caller keeps the
+  // buffers alive until the stream has passed the op (or Synchronize() returned).
   [[nodiscard]] absl::Status Wait();
-  // Blocks at most `timeout`. If the operation is still pending or running then, returns
-  // DeadlineExceeded saying so; the operation itself continues and can be waited on again.
+  // As Wait(), blocking at most `timeout`. If the operation is still pending or running (or, for
+  // a stream-ordered device op, not yet queued) then, returns DeadlineExceeded saying so; the
+  // operation itself continues and can be waited on again.
   [[nodiscard]] absl::Status Wait(absl::Duration timeout);
+  // Blocks the host until the operation has finished, on the device too, at most `timeout`:
+  // DeadlineExceeded saying so if it has not. After the communicator was aborted: the abort's
+  // status, at once. For host views the same as Wait(timeout).
+  [[nodiscard]] absl::Status Synchronize(absl::Duration timeout = absl::InfiniteDuration());
 
   WorkState state() const;
   // OK unless the state is kFailed or kTimedOut.

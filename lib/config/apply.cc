@@ -11,7 +11,7 @@
 #include "adaptcomm/profile.h"
 #include "lib/config/nccl_registry.h"
 #include "lib/config/resolve_internal.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 
 namespace adaptcomm {
 namespace {

@@ -15,7 +15,7 @@
 #include "lib/config/resolve_internal.h"
 #include "lib/config/units.h"
 #include "lib/config/yaml_util.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 
 namespace adaptcomm::config {
 namespace {

@@ -79,9 +79,10 @@ const std::vector<KeySpec>& Schema() {
        Kind::kEnum,
        0,
        0,
-       {"auto", "nccl", "gloo"},
+       {"auto", "nccl", "gloo", "shm"},
        "auto",
-       "backend selection (auto: NCCL for CUDA tensors, else Gloo)"},
+       "backend selection (auto: NCCL for CUDA tensors, else shm when every rank is on one host, "
+       "else Gloo)"},
       {"backend.fallback",
        Kind::kEnum,
        0,

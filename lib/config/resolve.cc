@@ -13,7 +13,7 @@
 #include "lib/config/profile_schema.h"
 #include "lib/config/resolve_internal.h"
 #include "lib/config/units.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 
 namespace adaptcomm::config {
 namespace {

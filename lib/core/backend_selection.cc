@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 #include "lib/gloo/gloo_backend.h"
 #include "lib/nccl/nccl_backend.h"
 #include "lib/nccl/staged_backend.h"

@@ -11,9 +11,8 @@
 #include "lib/core/communicator_impl.h"
 #include "lib/core/heartbeat.h"
 #include "lib/core/init_agreement.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 #include "lib/core/validate.h"
-#include "lib/gloo/gloo_backend.h"
 
 namespace adaptcomm {
 namespace internal {

@@ -13,7 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 #include "lib/trace/culprit.h"
 
 namespace adaptcomm::internal {

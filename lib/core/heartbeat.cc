@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 
 namespace adaptcomm::internal {
 namespace {

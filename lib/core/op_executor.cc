@@ -3,13 +3,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 
 namespace adaptcomm::internal {
 namespace {
 
 // How often the watchdog proves it is alive to the HeartbeatMonitor.
 constexpr absl::Duration kBeat = absl::Seconds(1);
+// How often the watchdog asks the device about the oldest op in flight.
+constexpr absl::Duration kDevicePoll = absl::Milliseconds(1);
+// Stream-ordered ops in flight at once (see the header): with retries the replay record's depth
+// (4) must cover a window behind and a window ahead of this rank's oldest unfinished op.
+constexpr size_t kInFlightWithRetries = 2;
+constexpr size_t kInFlightWithoutRetries = 1024;
+
+bool OnDevice(const OpDesc& op) { return op.output.device.is_cuda() || op.input.device.is_cuda(); }
 
 // What every rank must agree an op is: compared across ranks when they vote on a retry.
 std::string Fingerprint(const OpDesc& op) {
@@ -47,6 +55,15 @@ void OpExecutor::Start() {
 
 std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
   absl::MutexLock lock(&mu_);
+  if (aborted_.ok() && !stopping_ && OnDevice(desc)) {
+    if (StreamOrdered* ordered = backend().stream_ordered(); ordered != nullptr) {
+      // The op's place in the caller's stream is where the caller issued it, whenever the worker
+      // gets to it; a refusal does not take a sequence number (no rank queued anything).
+      absl::StatusOr<std::shared_ptr<const StreamPosition>> position = ordered->MarkIssue(desc);
+      if (!position.ok()) return WorkImpl::Failed(std::move(desc), position.status());
+      desc.issued_at = *std::move(position);
+    }
+  }
   desc.seq = next_seq_++;
   auto work = std::make_shared<WorkImpl>(std::move(desc));
   if (!aborted_.ok()) {
@@ -72,7 +89,15 @@ void OpExecutor::RunHeadLocked() {
   const OpDesc& desc = work->desc();
   mu_.Unlock();
   for (const auto& o : observers_) o->OnStart(desc, started);
-  absl::Status status = RunWithRetry(work);
+  bool launched = false;
+  absl::Status status = RunWithRetry(work, &launched);
+  if (launched) {
+    // On the device (or handed to the device-failure path): the watchdog finishes it.
+    mu_.Lock();
+    running_ = nullptr;
+    busy_ = false;
+    return;
+  }
   if (!status.ok()) {
     ADAPTCOMM_LOG(kDebug, OpKindName(desc.kind), " #", desc.seq, " failed: ", status.ToString());
     if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status)) {
@@ -84,15 +109,63 @@ void OpExecutor::RunHeadLocked() {
       status = failure_handler_->OnOpFailure(desc, std::move(status));
     }
   }
-  for (const auto& o : observers_) o->OnEnd(desc, status, absl::Now());
   mu_.Lock();
-  if (status.ok()) last_completed_seq_ = std::max(last_completed_seq_, desc.seq);
-  work->Finish(std::move(status));
+  CompleteLocked(work, std::move(status));
   running_ = nullptr;
   busy_ = false;
 }
 
-absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work) {
+void OpExecutor::CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Status status) {
+  const OpDesc& desc = work->desc();
+  for (const auto& o : observers_) o->OnEnd(desc, status, absl::Now());
+  if (status.ok()) last_completed_seq_ = std::max(last_completed_seq_, desc.seq);
+  work->Finish(std::move(status));
+}
+
+size_t OpExecutor::InFlightWindow() const {
+  const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
+  return retries ? kInFlightWithRetries : kInFlightWithoutRetries;
+}
+
+absl::Status OpExecutor::Execute(const std::shared_ptr<WorkImpl>& work, bool* launched) {
+  *launched = false;
+  const OpDesc& desc = work->desc();
+  StreamOrdered* ordered = desc.issued_at != nullptr ? backend().stream_ordered() : nullptr;
+  if (ordered == nullptr) return backend().Run(desc);  // e.g. degraded to staged Gloo
+  absl::StatusOr<std::shared_ptr<DeviceCompletion>> completion;
+  if (recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1) {
+    // The retry record's copy of the input (or its restore before a re-run) was queued on the
+    // caller's stream just now: the op must come after it, so it takes its place from here.
+    OpDesc behind_record = desc;
+    absl::StatusOr<std::shared_ptr<const StreamPosition>> position = ordered->MarkIssue(desc);
+    if (position.ok()) {
+      behind_record.issued_at = *std::move(position);
+      completion = ordered->Launch(behind_record);
+    } else {
+      completion = position.status();
+    }
+  } else {
+    completion = ordered->Launch(desc);
+  }
+  if (!completion.ok() && absl::IsInvalidArgument(completion.status())) {
+    return completion.status();  // refused before anything was queued: local to this op
+  }
+  absl::MutexLock lock(&mu_);
+  *launched = true;
+  if (!completion.ok()) {
+    // The ops in flight before this one are not finished either: they fail, and are retried,
+    // together with it, from the oldest (the position every rank votes on).
+    in_flight_.push_back(InFlight{work, nullptr});
+    if (device_failure_.ok()) device_failure_ = completion.status();
+    return absl::OkStatus();
+  }
+  if (in_flight_.empty()) head_since_ = absl::Now();
+  in_flight_.push_back(InFlight{work, *completion});
+  work->MarkLaunched(*std::move(completion));
+  return absl::OkStatus();
+}
+
+absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, bool* launched) {
   const OpDesc& desc = work->desc();
   if (pre_run_check_) {
     if (absl::Status s = pre_run_check_(desc, Fingerprint(desc)); !s.ok()) return s;
@@ -109,7 +182,7 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work) {
                     " runs without coordinated retry (said once): ", recorded.message());
     }
   }
-  absl::Status status = backend().Run(desc);
+  absl::Status status = Execute(work, launched);
   // A failure while another rank's retry is pending (the backend was interrupted or already
   // broken for it) joins that retry whatever its code; otherwise the policy decides.
   for (int attempt = 1; !status.ok() && replayable && attempt < recovery_handler_->max_attempts() &&
@@ -129,7 +202,7 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work) {
       running_since_ = absl::Now();
     }
     status = replay_.RestoreInput(desc.seq);
-    if (status.ok()) status = backend().Run(desc);
+    if (status.ok()) status = Execute(work, launched);
     if (status.ok()) {
       ADAPTCOMM_LOG(kWarning, OpKindName(desc.kind), " #", desc.seq,
                     " succeeded after a coordinated retry (attempt ", attempt + 1, ")");
@@ -188,7 +261,8 @@ void OpExecutor::RequestRecovery(int generation) {
     if (!aborted_.ok() || stopping_) return;
     if (generation <= generation_ || generation <= requested_generation_) return;
     requested_generation_ = generation;
-    if (busy_) to_interrupt = backend_.load();
+    // Ops in flight on the device end (and are retried from the oldest) once the backend aborts.
+    if (busy_ || !in_flight_.empty()) to_interrupt = backend_.load();
   }
   // A running op fails with Aborted and takes the retry path; an idle worker wakes up for it.
   if (to_interrupt != nullptr) {
@@ -230,15 +304,96 @@ void OpExecutor::RecoverIdleLocked() {
   }
 }
 
+void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> failed,
+                                     absl::Status cause) {
+  const OpDesc& oldest = failed.front()->desc();
+  const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
+  absl::Status status = std::move(cause);
+  for (int attempt = 1; retries && attempt < recovery_handler_->max_attempts() && !Aborted() &&
+                        !absl::IsInvalidArgument(status) &&
+                        (recovery_handler_->Retryable(status) || RecoveryRequested()) &&
+                        replay_.Covers(oldest.seq, failed.back()->desc().seq);
+       ++attempt) {
+    status = RecoverFrom(oldest.seq, Fingerprint(oldest), attempt, status);
+    if (!status.ok()) break;  // no agreement: the error names who was missing
+    // Queue them again, in order, each from its recorded input.
+    size_t relaunched = 0;
+    for (; relaunched < failed.size() && status.ok(); ++relaunched) {
+      const std::shared_ptr<WorkImpl>& work = failed[relaunched];
+      work->MarkRelaunching();
+      status = replay_.RestoreInput(work->desc().seq);
+      bool launched = false;
+      if (status.ok()) status = Execute(work, &launched);
+      if (status.ok() && !launched) {
+        absl::MutexLock lock(
+            &mu_);  // ran to completion (the rebuilt backend is not stream-ordered)
+        CompleteLocked(work, absl::OkStatus());
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    if (status.ok() && device_failure_.ok()) {
+      ADAPTCOMM_LOG(kWarning, OpKindName(oldest.kind), " #", oldest.seq, " and the ",
+                    failed.size() - 1,
+                    " op(s) queued behind it were queued again after a "
+                    "coordinated retry (attempt ",
+                    attempt + 1, ")");
+      return;
+    }
+    // The new generation failed too: everything queued again is unfinished again.
+    if (status.ok()) status = device_failure_;
+    device_failure_ = absl::OkStatus();
+    std::deque<std::shared_ptr<WorkImpl>> again;
+    for (InFlight& f : in_flight_) again.push_back(std::move(f.work));
+    in_flight_.clear();
+    for (size_t i = relaunched; i < failed.size(); ++i) again.push_back(std::move(failed[i]));
+    failed.swap(again);
+    if (failed.empty()) return;
+  }
+  const std::shared_ptr<WorkImpl> head = failed.front();
+  if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status)) {
+    status = failure_handler_->OnOpFailure(head->desc(), std::move(status));
+  }
+  absl::MutexLock lock(&mu_);
+  CompleteLocked(head, status);
+  for (size_t i = 1; i < failed.size(); ++i) {
+    const OpDesc& d = failed[i]->desc();
+    CompleteLocked(failed[i], absl::Status(status.code(),
+                                           absl::StrCat(OpKindName(d.kind), " #", d.seq,
+                                                        " did not complete: ", status.message())));
+  }
+}
+
 void OpExecutor::WorkerLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return (!busy_ && (!queue_.empty() || requested_generation_ > generation_)) ||
-             (stopping_ && queue_.empty());
+      if (busy_) return false;
+      if (!device_failure_.ok()) return true;
+      const bool recovery = requested_generation_ > generation_;
+      // A retry another rank asked for while ops are in flight arrives as their failure.
+      if (recovery) return in_flight_.empty();
+      if (queue_.empty()) return stopping_ && in_flight_.empty();
+      // A stream-ordered op joins those in flight (up to the window); any other op runs alone,
+      // after the device finished them (one NCCL communicator, one order of its ops).
+      const bool ordered =
+          queue_.front()->desc().issued_at != nullptr && backend().stream_ordered() != nullptr;
+      return ordered ? in_flight_.size() < InFlightWindow() : in_flight_.empty();
     };
     mu_.Await(absl::Condition(&ready));
-    if (!busy_ && requested_generation_ > generation_) {
+    if (!device_failure_.ok()) {
+      absl::Status cause = std::move(device_failure_);
+      device_failure_ = absl::OkStatus();
+      std::deque<std::shared_ptr<WorkImpl>> failed;
+      for (InFlight& f : in_flight_) failed.push_back(std::move(f.work));
+      in_flight_.clear();
+      busy_ = true;
+      mu_.Unlock();
+      HandleDeviceFailure(std::move(failed), std::move(cause));
+      mu_.Lock();
+      busy_ = false;
+      continue;
+    }
+    if (requested_generation_ > generation_) {
       RecoverIdleLocked();
       continue;
     }
@@ -251,47 +406,95 @@ void OpExecutor::Beat() {
   if (heartbeat_) heartbeat_();
 }
 
+absl::Time OpExecutor::PollInFlightLocked() {
+  while (!in_flight_.empty() && device_failure_.ok()) {
+    InFlight& head = in_flight_.front();
+    const OpDesc& desc = head.work->desc();
+    absl::StatusOr<bool> done = head.completion->Poll();
+    if (done.ok() && *done) {
+      std::shared_ptr<WorkImpl> work = std::move(head.work);
+      in_flight_.pop_front();
+      head_since_ = absl::Now();
+      CompleteLocked(work, absl::OkStatus());
+      continue;
+    }
+    // The oldest op's timeout runs from when the device could start it (the ones before it done).
+    const absl::Time deadline = head_since_ + desc.timeout;
+    absl::Status failure = done.status();
+    if (failure.ok() && absl::Now() >= deadline) {
+      failure = absl::DeadlineExceededError(
+          absl::StrCat(OpKindName(desc.kind), " #", desc.seq, " on rank ", backend().rank(),
+                       " did not complete on the device within its timeout of ",
+                       absl::FormatDuration(desc.timeout), " (watchdog); aborting the ",
+                       backend().name(), " backend"));
+    }
+    if (failure.ok()) return std::min(absl::Now() + kDevicePoll, deadline);
+    ADAPTCOMM_LOG(kError, failure.message());
+    device_failure_ = failure;
+    mu_.Unlock();
+    backend().Abort(failure);  // ends the ops queued behind it too
+    mu_.Lock();
+  }
+  return absl::InfiniteFuture();
+}
+
 void OpExecutor::WatchdogLoop() {
   absl::MutexLock lock(&mu_);
+  std::shared_ptr<WorkImpl> watched;  // the running op, as last seen
+  absl::Time abort_sent = absl::InfiniteFuture();
+  absl::Time last_beat = absl::Now();
   while (true) {
-    auto idle_or_stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return running_ != nullptr || (stopping_ && queue_.empty() && !busy_);
-    };
-    while (!mu_.AwaitWithTimeout(absl::Condition(&idle_or_stop), kBeat)) Beat();
-    if (running_ == nullptr) return;  // stopping, nothing left
-    std::shared_ptr<WorkImpl> watched = running_;
-    auto moved_on = [this, &watched]()
-                        ABSL_SHARED_LOCKS_REQUIRED(mu_) { return running_ != watched; };
-    const OpDesc& desc = watched->desc();
-    const absl::Time deadline = running_since_ + desc.timeout + options_.watchdog_grace;
-    bool moved = false;
-    while (!(moved = mu_.AwaitWithDeadline(absl::Condition(&moved_on),
-                                           std::min(deadline, absl::Now() + kBeat))) &&
-           absl::Now() < deadline) {
+    if (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty()) return;
+    if (absl::Now() - last_beat >= kBeat / 2) {
       Beat();
+      last_beat = absl::Now();
     }
-    if (moved) continue;
-
-    absl::Status timeout = absl::DeadlineExceededError(
-        absl::StrCat(OpKindName(desc.kind), " #", desc.seq, " on rank ", backend().rank(),
-                     " exceeded its timeout of ", absl::FormatDuration(desc.timeout),
-                     " (watchdog); aborting the ", backend().name(), " backend"));
-    ADAPTCOMM_LOG(kError, timeout.message());
-    mu_.Unlock();
-    backend().Abort(timeout);
-    mu_.Lock();
-    if (mu_.AwaitWithTimeout(absl::Condition(&moved_on), options_.abort_bound)) continue;
-
-    // The backend ignored the abort: release every waiter anyway so the process can exit.
-    absl::Status hung = absl::DeadlineExceededError(
-        absl::StrCat(timeout.message(), "; the backend did not return within the abort bound of ",
-                     absl::FormatDuration(options_.abort_bound)));
-    ADAPTCOMM_LOG(kError, hung.message());
-    watched->Finish(hung);
-    aborted_ = hung;
-    for (auto& queued : queue_) queued->Finish(hung);
-    queue_.clear();
-    return;  // the worker is stuck inside the backend; Shutdown() will not wait for it
+    absl::Time next = last_beat + kBeat / 2;
+    if (!in_flight_.empty()) next = std::min(next, PollInFlightLocked());
+    if (running_ != watched) {
+      watched = running_;
+      abort_sent = absl::InfiniteFuture();
+    }
+    if (watched != nullptr) {
+      const OpDesc& desc = watched->desc();
+      const absl::Time deadline = running_since_ + desc.timeout + options_.watchdog_grace;
+      const absl::Time now = absl::Now();
+      if (abort_sent == absl::InfiniteFuture() && now >= deadline) {
+        absl::Status timeout = absl::DeadlineExceededError(
+            absl::StrCat(OpKindName(desc.kind), " #", desc.seq, " on rank ", backend().rank(),
+                         " exceeded its timeout of ", absl::FormatDuration(desc.timeout),
+                         " (watchdog); aborting the ", backend().name(), " backend"));
+        ADAPTCOMM_LOG(kError, timeout.message());
+        abort_sent = now;
+        mu_.Unlock();
+        backend().Abort(timeout);
+        mu_.Lock();
+        continue;
+      }
+      if (abort_sent != absl::InfiniteFuture() && now >= abort_sent + options_.abort_bound) {
+        // The backend ignored the abort: release every waiter anyway so the process can exit.
+        absl::Status hung = absl::DeadlineExceededError(
+            absl::StrCat(OpKindName(desc.kind), " #", desc.seq, " on rank ", backend().rank(),
+                         " exceeded its timeout of ", absl::FormatDuration(desc.timeout),
+                         "; the backend did not return within the abort bound of ",
+                         absl::FormatDuration(options_.abort_bound)));
+        ADAPTCOMM_LOG(kError, hung.message());
+        watched->Finish(hung);
+        aborted_ = hung;
+        for (auto& queued : queue_) queued->Finish(hung);
+        queue_.clear();
+        for (InFlight& f : in_flight_) f.work->Finish(hung);
+        return;  // the worker is stuck inside the backend; Shutdown() will not wait for it
+      }
+      next = std::min(next, abort_sent != absl::InfiniteFuture() ? abort_sent + options_.abort_bound
+                                                                 : deadline);
+    }
+    const bool idle = in_flight_.empty();
+    auto changed = [this, &watched, idle]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return running_ != watched || in_flight_.empty() != idle ||
+             (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty());
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), next);
   }
 }
 
@@ -301,6 +504,9 @@ void OpExecutor::Abort(const absl::Status& reason) {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = reason.ok() ? absl::AbortedError("aborted") : reason;
     dropped.swap(queue_);
+    // On the device: their Works fail now (Synchronize returns at once); the watchdog still
+    // retires them as the aborted backend ends them.
+    for (const InFlight& f : in_flight_) dropped.push_back(f.work);
   }
   for (auto& work : dropped) {
     work->Finish(

@@ -8,6 +8,17 @@
 // A watchdog thread bounds every running op: past its timeout plus a grace period it aborts the
 // backend, and past the abort bound it fails the Work itself so no waiter hangs even if the
 // backend never returns.
+//
+// Stream-ordered device ops (Backend::stream_ordered(), CUDA views): Submit marks the op's place
+// in the caller's stream on the caller's thread (one event record: it cannot block, and it is
+// what makes the op's position independent of when the worker gets to it); the worker queues the
+// op on the device and moves on to the next one without waiting for the device. Up to a window
+// of ops are in flight: 1024 with retries off; with coordinated retry on, 2, so that the retry
+// record (ReplayLog, 4 entries) covers every restart point a vote can produce (a rank's first
+// unfinished op is at most a window behind another's). The watchdog polls the oldest op in
+// flight (every millisecond while any is) and finishes its Work when the device is done; a device
+// failure or an op past its timeout (counted from when it became the oldest) aborts the backend
+// and hands the ops in flight to the worker, which retries them in order (or fails them).
 #ifndef ADAPTCOMM_LIB_CORE_OP_EXECUTOR_H_
 #define ADAPTCOMM_LIB_CORE_OP_EXECUTOR_H_
 
@@ -108,7 +119,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   bool RecoveryRequested() const;
   // Starts the worker and watchdog threads. Call once, right after construction.
   void Start();
-  // Queues `desc` (seq assigned here) and returns its work.
+  // Queues `desc` (seq assigned here) and returns its work. For a stream-ordered device op also
+  // records its place in the caller's stream (StreamOrdered::MarkIssue).
   std::shared_ptr<WorkImpl> Submit(OpDesc desc);
   // Fails every queued op with `reason`, aborts the running one. Idempotent.
   void Abort(const absl::Status& reason);
@@ -127,13 +139,27 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void RunHeadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `op` (recording it for replay when retries are on) and, on a retryable failure, joins or
   // starts a coordinated retry. Called while busy_, without mu_.
-  absl::Status RunWithRetry(const std::shared_ptr<WorkImpl>& work);
+  // *launched: the op went to the device (stream-ordered) and is the watchdog's now.
+  absl::Status RunWithRetry(const std::shared_ptr<WorkImpl>& work, bool* launched);
   // One coordinated retry round from this rank's `position`; re-runs ops [restart, position) from
   // the replay log. Called while busy_, without mu_.
   absl::Status RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
                            const absl::Status& cause);
   // The worker's recovery when another rank asked for one while this rank was idle.
   void RecoverIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `work`'s op on the current backend: Launch for a stream-ordered device op (the work is
+  // then in flight: *launched = true), else Run. Called while busy_, without mu_.
+  absl::Status Execute(const std::shared_ptr<WorkImpl>& work, bool* launched);
+  // The ops in flight failed on the device (`cause`): retries them in order or fails them. On the
+  // worker, while busy_, without mu_.
+  void HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> failed, absl::Status cause);
+  // Watchdog: finishes the ops in flight the device completed; returns when the oldest one must
+  // be looked at again. REQUIRES: mu_ held.
+  absl::Time PollInFlightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completed here: counts it and tells the observers. REQUIRES: mu_ held.
+  void CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t InFlightWindow() const;
   void InstallBackend(std::unique_ptr<Backend> backend, int generation);
 
   // The current backend. Replaced only by the executing thread (busy_) during a retry; earlier
@@ -155,6 +181,15 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  // Stream-ordered device ops queued on the device, oldest first, and their completion.
+  struct InFlight {
+    std::shared_ptr<WorkImpl> work;
+    std::shared_ptr<DeviceCompletion> completion;
+  };
+  std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
+  absl::Time head_since_ ABSL_GUARDED_BY(mu_);  // when in_flight_.front() became the oldest
+  // Set by the watchdog when the ops in flight failed; the worker handles it.
+  absl::Status device_failure_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<trace::OpObserver>> observers_;  // fixed after Start()
   std::shared_ptr<FailureHandler> failure_handler_;            // fixed after Start()
   PreRunCheck pre_run_check_;                                  // fixed after Start()

@@ -1,5 +1,8 @@
 #include "lib/core/work_impl.h"
 
+#include <algorithm>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 
 namespace adaptcomm::internal {
@@ -32,18 +35,75 @@ bool WorkImpl::Finish(absl::Status status) {
   }
   status_ = std::move(status);
   end_time_ = absl::Now();
+  completion_ = nullptr;  // its CUDA event goes back to the backend's pool
   return true;
 }
+
+void WorkImpl::MarkLaunched(std::shared_ptr<DeviceCompletion> completion) {
+  absl::MutexLock lock(&mu_);
+  completion_ = std::move(completion);
+}
+
+void WorkImpl::MarkRelaunching() {
+  absl::MutexLock lock(&mu_);
+  completion_ = nullptr;
+}
+
+namespace {
+
+std::string StillThere(const OpDesc& desc, absl::Duration bound, WorkState state, bool launched) {
+  return absl::StrCat("wait bound of ", absl::FormatDuration(bound),
+                      " expired: ", OpKindName(desc.kind), " #", desc.seq, " is still ",
+                      WorkStateName(state),
+                      desc.issued_at != nullptr && state == WorkState::kRunning
+                          ? (launched ? " on the device" : " (not yet queued on the device)")
+                          : "",
+                      " (the operation continues; wait again)");
+}
+
+}  // namespace
 
 absl::Status WorkImpl::Wait(absl::Duration bound) {
   // Only waits: the op runs on the executor's worker, so nothing here can outlast `bound`.
   const absl::Time deadline = absl::Now() + bound;
   absl::MutexLock lock(&mu_);
+  auto waited_for = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return IsTerminal(state_) || completion_ != nullptr;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&waited_for), deadline)) {
+    return absl::DeadlineExceededError(StillThere(desc_, bound, state_, false));
+  }
+  if (IsTerminal(state_)) return status_;
+  // Stream-ordered device op, queued: the caller's stream waits for it, the caller does not.
+  const TensorView& view = desc_.kind == OpKind::kSend ? desc_.input : desc_.output;
+  return completion_->MakeStreamWait(view.stream);
+}
+
+absl::Status WorkImpl::Synchronize(absl::Duration bound) {
+  const absl::Time deadline = absl::Now() + bound;
+  absl::Duration step = absl::Microseconds(20);
+  absl::MutexLock lock(&mu_);
   auto terminal = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return IsTerminal(state_); };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&terminal), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "wait bound of ", absl::FormatDuration(bound), " expired: ", OpKindName(desc_.kind), " #",
-        desc_.seq, " is still ", WorkStateName(state_), " (the operation continues; wait again)"));
+  while (!IsTerminal(state_)) {
+    // The executor's watchdog finishes device ops as it sees them complete; asking the device here
+    // too saves the caller the watchdog's polling period. A failure is the executor's to handle
+    // (it may retry), so only success is taken from here.
+    if (completion_ != nullptr) {
+      absl::StatusOr<bool> done = completion_->Poll();
+      if (done.ok() && *done) {
+        state_ = WorkState::kDone;
+        status_ = absl::OkStatus();
+        end_time_ = absl::Now();
+        completion_ = nullptr;
+        break;
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(StillThere(desc_, bound, state_, completion_ != nullptr));
+    }
+    mu_.AwaitWithDeadline(absl::Condition(&terminal), std::min(deadline, now + step));
+    step = std::min(step * 2, absl::Milliseconds(1));
   }
   return status_;
 }
@@ -86,6 +146,12 @@ absl::Status Work::Wait() {
 absl::Status Work::Wait(absl::Duration timeout) {
   if (impl_ == nullptr) return absl::FailedPreconditionError("Wait() on an empty Work handle");
   return impl_->Wait(timeout);
+}
+
+absl::Status Work::Synchronize(absl::Duration timeout) {
+  if (impl_ == nullptr)
+    return absl::FailedPreconditionError("Synchronize() on an empty Work handle");
+  return impl_->Synchronize(timeout);
 }
 
 WorkState Work::state() const { return impl_ ? impl_->state() : WorkState::kFailed; }

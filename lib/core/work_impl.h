@@ -4,6 +4,7 @@
 #define ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -28,7 +29,14 @@ class WorkImpl {
   // (the watchdog and the executor may both try). Returns whether this call won.
   bool Finish(absl::Status status);
 
+  // A stream-ordered device op is on the device now (Work::Wait's point); `completion` tells when
+  // it is done. Called again with the new completion when a retry queues it again.
+  void MarkLaunched(std::shared_ptr<DeviceCompletion> completion);
+  // A retry is about to queue the op again: waiters wait for that.
+  void MarkRelaunching();
+
   absl::Status Wait(absl::Duration bound);
+  absl::Status Synchronize(absl::Duration bound);
   WorkState state() const;
   absl::Status status() const;
   absl::Time enqueue_time() const { return enqueue_time_; }
@@ -43,6 +51,7 @@ class WorkImpl {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   absl::Time start_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time end_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::shared_ptr<DeviceCompletion> completion_ ABSL_GUARDED_BY(mu_);  // while launched
 };
 
 }  // namespace adaptcomm::internal

@@ -1,6 +1,5 @@
-// Finds the data files under configs/ (knowledge base, compatibility matrix, NCCL registry) the
-// same way profiles are found: ADAPTCOMM_CONFIG_DIR, else the source tree's configs/, else
-// <prefix>/share/adaptcomm/configs next to the running executable.
+// Finds the data files under configs/ (knowledge base, compatibility matrix, NCCL registry) in
+// the directory profiles come from (adaptcomm::DefaultConfigDir()).
 #ifndef ADAPTCOMM_LIB_DIAG_CONFIG_FILE_H_
 #define ADAPTCOMM_LIB_DIAG_CONFIG_FILE_H_
 

@@ -26,7 +26,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 #include "lib/gloo/gloo_reduce.h"
 #include "lib/gloo/gloo_store_adapter.h"
 

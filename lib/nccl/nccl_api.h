@@ -145,6 +145,10 @@ class CudaApi {
   // Blocks until everything queued on `stream` is done (unbounded: prefer an event and a bounded
   // EventQuery poll where a wait must have a bound).
   virtual int StreamSynchronize(CudaStream /*stream*/) { return kCudaErrorNotSupported; }
+  // The device `stream` belongs to (cudaStreamGetDevice, CUDA 12.8+).
+  virtual int StreamGetDevice(CudaStream /*stream*/, int* /*device*/) {
+    return kCudaErrorNotSupported;
+  }
   virtual int MemsetAsync(void* /*ptr*/, int /*value*/, size_t /*bytes*/, CudaStream /*stream*/) {
     return kCudaErrorNotSupported;
   }

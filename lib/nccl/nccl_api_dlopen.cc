@@ -12,7 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 #include "lib/nccl/nccl_api.h"
 #ifdef ADAPTCOMM_HAVE_CAST_KERNELS
 #include "lib/nccl/cast_kernels_cuda.h"
@@ -116,6 +116,9 @@ class CudaRuntime : public Base {
   }
   int StreamSynchronize(CudaStream stream) override {
     return cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  }
+  int StreamGetDevice(CudaStream stream, int* device) override {
+    return cudaStreamGetDevice(static_cast<cudaStream_t>(stream), device);
   }
   int MemsetAsync(void* ptr, int value, size_t bytes, CudaStream stream) override {
     return cudaMemsetAsync(ptr, value, bytes, static_cast<cudaStream_t>(stream));

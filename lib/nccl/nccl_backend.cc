@@ -9,9 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 #include "lib/nccl/device_memory.h"
 #include "lib/nccl/nccl_internal.h"
+#include "lib/nccl/stream_order.h"
 
 namespace adaptcomm::nccl {
 namespace {
@@ -67,7 +68,7 @@ NcclRedOp ToNccl(ReduceOp op) {
 
 bool InFlight(NcclResult r) { return r == NcclResult::kSuccess || r == NcclResult::kInProgress; }
 
-class NcclBackend final : public Backend {
+class NcclBackend final : public Backend, public StreamOrdered {
  public:
   NcclBackend(std::shared_ptr<NcclApi> api, const NcclBackendOptions& options, NcclComm comm,
               int device_count, CudaEvent event, CudaStream stream, void* scratch)
@@ -78,7 +79,9 @@ class NcclBackend final : public Backend {
         event_(event),
         stream_(stream),
         scratch_(scratch),
-        device_memory_(MakeCudaDeviceMemory(api_)) {}
+        device_memory_(MakeCudaDeviceMemory(api_)),
+        events_(std::make_shared<EventPool>(api_, options_.device)),
+        health_(std::make_shared<CommHealth>(api_, comm_)) {}
   ~NcclBackend() override;
 
   const char* name() const override { return "nccl"; }
@@ -92,6 +95,7 @@ class NcclBackend final : public Backend {
     c.native_avg = true;
     c.send_recv = true;
     c.abortable = true;
+    c.stream_ordered = true;
     return c;
   }
   absl::Status Supports(const OpDesc& op) const override;
@@ -102,8 +106,15 @@ class NcclBackend final : public Backend {
     return broken_;
   }
   std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
+  StreamOrdered* stream_ordered() override { return this; }
+  absl::StatusOr<std::shared_ptr<const StreamPosition>> MarkIssue(const OpDesc& op) override;
+  absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(const OpDesc& op) override;
 
  private:
+  // Marks the op running (or refuses it on a broken backend); FinishCall undoes it, aborting the
+  // communicator if an Abort() came meanwhile, and returns what the caller should see.
+  absl::Status BeginCall(const OpDesc& op);
+  absl::Status FinishCall(absl::Status result);
   absl::Status CheckView(const OpDesc& op, const TensorView& v, const char* which) const;
   // Queues `op` on `stream`; the raw NCCL result of the call (or of the group).
   NcclResult Enqueue(const OpDesc& op, CudaStream stream);
@@ -123,9 +134,11 @@ class NcclBackend final : public Backend {
   const NcclComm comm_;
   const int device_count_;
   const CudaEvent event_;
-  const CudaStream stream_;  // barrier's own stream
+  const CudaStream stream_;  // the communicator's stream: barriers and stream-ordered ops
   void* const scratch_;      // barrier's one-element device buffer
   const std::shared_ptr<DeviceMemory> device_memory_;
+  const std::shared_ptr<EventPool> events_;
+  const std::shared_ptr<CommHealth> health_;
 
   std::atomic<bool> abort_requested_{false};
   mutable absl::Mutex mu_;
@@ -142,6 +155,8 @@ NcclBackend::~NcclBackend() {
     aborted = comm_aborted_;
     broken = !broken_.ok();
   }
+  health_->Retire(absl::FailedPreconditionError(absl::StrCat(
+      "nccl backend of rank ", options_.rank, " was destroyed before the op completed")));
   (void)api_->SetDevice(options_.device);
   if (!aborted && broken) {
     AbortCommOnce();
@@ -319,20 +334,36 @@ NcclResult NcclBackend::Enqueue(const OpDesc& op, CudaStream stream) {
   return NcclResult::kInvalidArgument;
 }
 
-absl::Status NcclBackend::Run(const OpDesc& op) {
+absl::Status NcclBackend::BeginCall(const OpDesc& op) {
+  absl::MutexLock lock(&mu_);
+  if (!broken_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("nccl backend is broken; ",
+                                                      OpKindName(op.kind), " seq ", op.seq,
+                                                      " not run: ", broken_.ToString()));
+  }
+  running_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status NcclBackend::FinishCall(absl::Status result) {
+  bool abort_now = false;
   {
     absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("nccl backend is broken; ",
-                                                        OpKindName(op.kind), " seq ", op.seq,
-                                                        " not run: ", broken_.ToString()));
-    }
-    running_ = true;
+    running_ = false;
+    abort_now = abort_requested_.load() && !comm_aborted_;
   }
-  absl::Status result = [&]() -> absl::Status {
+  if (abort_now) AbortCommOnce();
+  if (!result.ok() && abort_requested_.load() && !absl::IsInvalidArgument(result)) {
+    return health();
+  }
+  return result;
+}
+
+absl::Status NcclBackend::Run(const OpDesc& op) {
+  if (absl::Status s = BeginCall(op); !s.ok()) return s;
+  return FinishCall([&]() -> absl::Status {
     if (absl::Status s = Supports(op); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + op.timeout;
-    // The caller's thread may run this (Work::Wait helps): its current device is restored after.
     ScopedCudaDevice device(*api_, options_.device);
     if (int e = device.error(); e != kCudaSuccess) {
       return Break(absl::UnavailableError(absl::StrCat(
@@ -348,18 +379,93 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
     }
     if (!InFlight(r)) return Break(MapNcclResult(r, What(op), api_->GetLastError(comm_)));
     return WaitDone(op, deadline);
-  }();
-  bool abort_now = false;
-  {
-    absl::MutexLock lock(&mu_);
-    running_ = false;
-    abort_now = abort_requested_.load() && !comm_aborted_;
+  }());
+}
+
+absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(const OpDesc& op) {
+  const bool output = UsesOutput(op.kind);
+  const TensorView& view = output ? op.output : op.input;
+  const char* which = output ? "output" : "input";
+  int stream_device = -1;
+  const int g = api_->StreamGetDevice(view.stream, &stream_device);
+  if (g == kCudaSuccess && stream_device != options_.device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl ", OpKindName(op.kind), " on rank ", options_.rank, ": the ", which,
+                     " view's stream belongs to cuda:", stream_device,
+                     ", the view and the communicator to cuda:", options_.device));
   }
-  if (abort_now) AbortCommOnce();
-  if (!result.ok() && abort_requested_.load() && !absl::IsInvalidArgument(result)) {
-    return health();
+  if (g != kCudaSuccess && g != kCudaErrorNotSupported) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl ", OpKindName(op.kind), " on rank ", options_.rank, ": the ", which,
+        " view's stream is not usable (cudaStreamGetDevice: ", api_->ErrorString(g), ")"));
   }
-  return result;
+  absl::StatusOr<CudaEvent> event = events_->Take();
+  if (!event.ok()) return event.status();
+  if (int e = api_->EventRecord(*event, view.stream); e != kCudaSuccess) {
+    events_->Give(*event);
+    return absl::UnavailableError(absl::StrCat("nccl ", OpKindName(op.kind), " on rank ",
+                                               options_.rank, ": cudaEventRecord on the ", which,
+                                               " view's stream: ", api_->ErrorString(e)));
+  }
+  return std::make_shared<NcclStreamPosition>(events_, *event);
+}
+
+absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDesc& op) {
+  const auto* issued = dynamic_cast<const NcclStreamPosition*>(op.issued_at.get());
+  if (issued == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(What(op), ": launched without a stream position from MarkIssue"));
+  }
+  if (absl::Status s = BeginCall(op); !s.ok()) return s;
+  std::shared_ptr<DeviceCompletion> completion;
+  absl::Status status = FinishCall([&]() -> absl::Status {
+    const absl::Time deadline = absl::Now() + op.timeout;
+    // Only the library's own threads launch: the device stays current on them between ops.
+    ScopedCudaDevice device(*api_, options_.device);
+    if (int e = device.error(); e != kCudaSuccess) {
+      return Break(absl::UnavailableError(absl::StrCat(
+          What(op), ": cudaSetDevice(", options_.device, "): ", api_->ErrorString(e))));
+    }
+    if (int e = api_->StreamWaitEvent(stream_, issued->event()); e != kCudaSuccess) {
+      return Break(absl::UnavailableError(
+          absl::StrCat(What(op), ": cudaStreamWaitEvent: ", api_->ErrorString(e))));
+    }
+    const NcclResult r = Enqueue(op, stream_);
+    if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
+      return MapNcclResult(r, What(op), api_->GetLastError(comm_));
+    }
+    if (!InFlight(r)) return Break(MapNcclResult(r, What(op), api_->GetLastError(comm_)));
+    // A nonblocking communicator may still be launching: the event may be recorded only once it
+    // says the launch is done.
+    for (int i = 0; r == NcclResult::kInProgress; ++i) {
+      if (abort_requested_.load()) return health();
+      NcclResult state = NcclResult::kSuccess;
+      NcclResult q = api_->CommGetAsyncError(comm_, &state);
+      if (q != NcclResult::kSuccess) state = q;
+      if (state == NcclResult::kSuccess) break;
+      if (state != NcclResult::kInProgress) {
+        return Break(MapNcclResult(state, absl::StrCat(What(op), " (asynchronous error)"),
+                                   api_->GetLastError(comm_)));
+      }
+      if (absl::Now() > deadline) {
+        return Break(absl::DeadlineExceededError(
+            absl::StrCat(What(op), " was still being launched after ",
+                         absl::FormatDuration(op.timeout), "; the NCCL communicator was aborted")));
+      }
+      internal::PollPause(i);
+    }
+    absl::StatusOr<CudaEvent> done = events_->Take();
+    if (!done.ok()) return Break(done.status());
+    if (int e = api_->EventRecord(*done, stream_); e != kCudaSuccess) {
+      events_->Give(*done);
+      return Break(absl::UnavailableError(
+          absl::StrCat(What(op), ": cudaEventRecord: ", api_->ErrorString(e))));
+    }
+    completion = std::make_shared<NcclCompletion>(events_, health_, *done, What(op));
+    return absl::OkStatus();
+  }());
+  if (!status.ok()) return status;
+  return completion;
 }
 
 absl::Status NcclBackend::WaitDone(const OpDesc& op, absl::Time deadline) {
@@ -445,6 +551,7 @@ void NcclBackend::AbortCommOnce() {
     if (comm_aborted_) return;
     comm_aborted_ = true;
   }
+  health_->Retire(health().ok() ? absl::AbortedError("nccl communicator aborted") : health());
   absl::Status s = internal::AbortBounded(api_, comm_, options_.abort_timeout);
   if (!s.ok()) ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank, ": ", s.message());
 }

@@ -9,7 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 #include "lib/nccl/device_memory.h"
 #include "lib/nccl/nccl_internal.h"
 

@@ -33,8 +33,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/store.h"
-#include "lib/core/log.h"
-#include "lib/core/log_throttle.h"
+#include "lib/base/log.h"
+#include "lib/base/log_throttle.h"
 #include "lib/store/tcp_wire.h"
 
 namespace adaptcomm {

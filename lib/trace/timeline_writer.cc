@@ -15,7 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 #include "lib/trace/clock_sync.h"
 #include "nlohmann/json.hpp"
 

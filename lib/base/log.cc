@@ -1,4 +1,4 @@
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 
 #include <sys/time.h>
 #include <unistd.h>

@@ -2,8 +2,8 @@
 // scan or a connection flood against the store, a peer that keeps reconnecting). At most one line
 // per interval gets through; the next one that does says how many were suppressed, so a flood is
 // visible in the log without drowning it.
-#ifndef ADAPTCOMM_LIB_CORE_LOG_THROTTLE_H_
-#define ADAPTCOMM_LIB_CORE_LOG_THROTTLE_H_
+#ifndef ADAPTCOMM_LIB_BASE_LOG_THROTTLE_H_
+#define ADAPTCOMM_LIB_BASE_LOG_THROTTLE_H_
 
 #include <cstdint>
 #include <string>
@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "lib/core/log.h"
+#include "lib/base/log.h"
 
 namespace adaptcomm::log {
 
@@ -63,4 +63,4 @@ class LogThrottle {
     }                                                                              \
   } while (0)
 
-#endif  // ADAPTCOMM_LIB_CORE_LOG_THROTTLE_H_
+#endif  // ADAPTCOMM_LIB_BASE_LOG_THROTTLE_H_

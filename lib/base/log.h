@@ -2,8 +2,8 @@
 // Level from ADAPTCOMM_LOG_LEVEL (debug, info, warning, error, off; default info, and only rare
 // events log at info: creation, fallback, retry). ADAPTCOMM_LOG_FILE="path/log.%r" writes to a
 // per-rank file (%r = rank) instead of stderr. Never log per operation above debug.
-#ifndef ADAPTCOMM_LIB_CORE_LOG_H_
-#define ADAPTCOMM_LIB_CORE_LOG_H_
+#ifndef ADAPTCOMM_LIB_BASE_LOG_H_
+#define ADAPTCOMM_LIB_BASE_LOG_H_
 
 #include <string_view>
 
@@ -44,4 +44,4 @@ class ScopedThreadRank {
     }                                                                                       \
   } while (0)
 
-#endif  // ADAPTCOMM_LIB_CORE_LOG_H_
+#endif  // ADAPTCOMM_LIB_BASE_LOG_H_

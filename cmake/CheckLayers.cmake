@@ -1,0 +1,78 @@
+# The layer check (DEVELOPERS.md "Shape of the code", README "Architecture"): every #include of a
+# lib/ header must point to the including file's own layer or one below it. Run by ctest
+# (test `layer_check`) as `cmake -DSOURCE_DIR=<repo> -P cmake/CheckLayers.cmake`; exits non-zero
+# listing each offending file:line.
+#
+# Layers, bottom to top (a folder may include its own and those listed for it):
+#   base                      (CPU kernels, non-temporal copies, logging, names)
+#   store, config             base
+#   gloo, nccl, hier, shm     base store config            (siblings: never each other)
+#   trace                     base store config
+#   core (runtime)            base store config trace, and gloo/nccl/hier/shm only in the composition
+#                             root (lib/core/backend_selection.*), the one code that knows the
+#                             concrete backends
+#   precision                 base store config nccl trace core
+#   diag                      base store config nccl trace core precision
+# Public headers (include/adaptcomm) include no lib/ header and no CUDA, NCCL, Gloo or yaml-cpp
+# header.
+cmake_minimum_required(VERSION 3.22)
+if(NOT SOURCE_DIR)
+  message(FATAL_ERROR "usage: cmake -DSOURCE_DIR=<repository root> -P CheckLayers.cmake")
+endif()
+
+set(allowed_base "base")
+set(allowed_store "base;store")
+set(allowed_config "base;config")
+set(allowed_gloo "base;store;config;gloo")
+set(allowed_nccl "base;store;config;nccl")
+set(allowed_shm "base;store;config;shm")
+set(allowed_hier "base;store;config;hier")
+set(allowed_trace "base;store;config;trace")
+set(allowed_core "base;store;config;trace;core")
+set(allowed_precision "base;store;config;nccl;trace;core;precision")
+set(allowed_diag "base;store;config;nccl;trace;core;precision;diag")
+set(composition_root_files "lib/core/backend_selection.cc;lib/core/backend_selection.h")
+set(composition_root_may "gloo;nccl;hier;shm")
+
+set(violations "")
+file(GLOB_RECURSE sources RELATIVE ${SOURCE_DIR}
+     ${SOURCE_DIR}/lib/*.h ${SOURCE_DIR}/lib/*.cc ${SOURCE_DIR}/lib/*.cu)
+foreach(file ${sources})
+  string(REGEX MATCH "^lib/([a-z_]+)/" _ "${file}")
+  set(layer "${CMAKE_MATCH_1}")
+  if(NOT DEFINED allowed_${layer})
+    list(APPEND violations "${file}: folder lib/${layer}/ is in no layer (add it to cmake/CheckLayers.cmake)")
+    continue()
+  endif()
+  set(allowed ${allowed_${layer}})
+  if(file IN_LIST composition_root_files)
+    list(APPEND allowed ${composition_root_may})
+  endif()
+  file(STRINGS ${SOURCE_DIR}/${file} lines REGEX "^#include \"lib/")
+  file(STRINGS ${SOURCE_DIR}/${file} all_lines)
+  foreach(line ${lines})
+    string(REGEX MATCH "^#include \"lib/([a-z_]+)/" _ "${line}")
+    set(target "${CMAKE_MATCH_1}")
+    if(NOT target IN_LIST allowed)
+      list(FIND all_lines "${line}" index)
+      math(EXPR line_no "${index} + 1")
+      list(APPEND violations "${file}:${line_no}: lib/${layer} may not include lib/${target} (${line})")
+    endif()
+  endforeach()
+endforeach()
+
+file(GLOB public RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/include/adaptcomm/*.h)
+foreach(file ${public})
+  file(STRINGS ${SOURCE_DIR}/${file} lines
+       REGEX "^#include [<\"](lib/|cuda|nccl|gloo/|yaml-cpp/)")
+  foreach(line ${lines})
+    list(APPEND violations "${file}: a public header includes ${line}")
+  endforeach()
+endforeach()
+
+if(violations)
+  list(LENGTH violations n)
+  string(REPLACE ";" "\n  " text "${violations}")
+  message(FATAL_ERROR "layer check: ${n} include(s) break the layering:\n  ${text}")
+endif()
+message(STATUS "layer check: every lib/ include points to its own layer or below")

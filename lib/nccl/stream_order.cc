@@ -1,0 +1,77 @@
+#include "lib/nccl/stream_order.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "lib/nccl/nccl_backend.h"
+
+namespace adaptcomm::nccl {
+
+EventPool::~EventPool() {
+  absl::MutexLock lock(&mu_);
+  for (CudaEvent event : free_) (void)api_->EventDestroy(event);
+}
+
+absl::StatusOr<CudaEvent> EventPool::Take() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_.empty()) {
+      CudaEvent event = free_.back();
+      free_.pop_back();
+      return event;
+    }
+  }
+  ScopedCudaDevice device(*api_, device_);
+  CudaEvent event = nullptr;
+  int e = device.error();
+  if (e == kCudaSuccess) e = api_->EventCreateDisableTiming(&event);
+  if (e != kCudaSuccess) {
+    return absl::UnavailableError(
+        absl::StrCat("cudaEventCreate on cuda:", device_, ": ", api_->ErrorString(e)));
+  }
+  return event;
+}
+
+void EventPool::Give(CudaEvent event) {
+  absl::MutexLock lock(&mu_);
+  free_.push_back(event);
+}
+
+absl::Status CommHealth::Check(const std::string& what) {
+  absl::ReaderMutexLock lock(&mu_);
+  if (!live_) return retired_;
+  NcclResult state = NcclResult::kSuccess;
+  NcclResult r = api_->CommGetAsyncError(comm_, &state);
+  if (r != NcclResult::kSuccess) state = r;
+  if (state == NcclResult::kSuccess || state == NcclResult::kInProgress) return absl::OkStatus();
+  return MapNcclResult(state, absl::StrCat(what, " (asynchronous error)"),
+                       api_->GetLastError(comm_));
+}
+
+void CommHealth::Retire(absl::Status why) {
+  absl::MutexLock lock(&mu_);
+  if (!live_) return;
+  live_ = false;
+  retired_ = std::move(why);
+}
+
+absl::StatusOr<bool> NcclCompletion::Poll() {
+  // The event first: ncclCommAbort also ends the kernels, so a done event counts only while the
+  // communicator was not retired (an op it ended must fail, not pass as done).
+  const int q = pool_->api().EventQuery(done_);
+  if (absl::Status s = health_->Check(what_); !s.ok()) return s;
+  if (q == kCudaSuccess) return true;
+  if (q == kCudaErrorNotReady) return false;
+  return absl::UnavailableError(
+      absl::StrCat(what_, ": cudaEventQuery: ", pool_->api().ErrorString(q)));
+}
+
+absl::Status NcclCompletion::MakeStreamWait(void* stream) {
+  if (int e = pool_->api().StreamWaitEvent(stream, done_); e != kCudaSuccess) {
+    return absl::UnavailableError(
+        absl::StrCat(what_, ": cudaStreamWaitEvent: ", pool_->api().ErrorString(e)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace adaptcomm::nccl

@@ -1,0 +1,11 @@
+# The layer check (cmake/CheckLayers.cmake) on this tree, and on a fixture tree that breaks it (so
+# the check is known to fail when it should).
+add_test(NAME layer_check
+         COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+                 -P ${PROJECT_SOURCE_DIR}/cmake/CheckLayers.cmake)
+add_test(NAME layer_check_refuses_upward_includes
+         COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${CMAKE_CURRENT_SOURCE_DIR}/fixtures/layers_bad
+                 -P ${PROJECT_SOURCE_DIR}/cmake/CheckLayers.cmake)
+set_tests_properties(layer_check_refuses_upward_includes PROPERTIES
+  PASS_REGULAR_EXPRESSION
+  "lib/store/upward.cc:2: lib/store may not include lib/core.*include/adaptcomm/leaky.h: a public header includes")
