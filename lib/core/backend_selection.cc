@@ -12,6 +12,8 @@
 #include "absl/synchronization/mutex.h"
 #include "lib/base/log.h"
 #include "lib/gloo/gloo_backend.h"
+#include "lib/hier/hier_backend.h"
+#include "lib/hier/host_identity.h"
 #include "lib/nccl/nccl_backend.h"
 #include "lib/nccl/staged_backend.h"
 
@@ -149,14 +151,14 @@ std::string DescribeFailures(const std::vector<std::pair<int, std::string>>& fai
   return absl::StrJoin(parts, "; ");
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
-                                                   const Rendezvous& rv, absl::Time deadline,
-                                                   const Apis& apis, const SelectionDeps& deps,
-                                                   std::string* staging_note) {
+// Gloo among `size` ranks (this one is `rank`) over `store`, with the profile's settings.
+GlooBackendOptions GlooOptionsFor(const CommunicatorOptions& o, const Rendezvous& rv,
+                                  absl::Time deadline, const SelectionDeps& deps, int rank,
+                                  int size, std::shared_ptr<Store> store) {
   GlooBackendOptions gloo;
-  gloo.rank = o.rank;
-  gloo.size = o.world_size;
-  gloo.store = CreatePrefixStore("gloo", rv.store);
+  gloo.rank = rank;
+  gloo.size = size;
+  gloo.store = std::move(store);
   gloo.iface = rv.transport_iface;
   gloo.hostname = rv.transport_host;
   if (gloo.iface.empty() && gloo.hostname.empty()) gloo.hostname = "127.0.0.1";
@@ -164,7 +166,15 @@ absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
   gloo.default_timeout = o.timeout;
   gloo.algorithm = deps.gloo_algorithm;
   gloo.max_segment_bytes = deps.gloo_max_segment_bytes;
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(gloo);
+  return gloo;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
+                                                   const Rendezvous& rv, absl::Time deadline,
+                                                   const Apis& apis, const SelectionDeps& deps,
+                                                   std::string* staging_note) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(GlooOptionsFor(
+      o, rv, deadline, deps, o.rank, o.world_size, CreatePrefixStore("gloo", rv.store)));
   if (!backend.ok()) return backend.status();
   if (VisibleDevices(apis.cuda.get()) == 0) return backend;
   absl::StatusOr<std::unique_ptr<Backend>> staged =
@@ -261,6 +271,58 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   return SelectedBackend{
       std::move(*gloo),
       absl::StrCat(asked, ": gloo on every rank because NCCL is not usable: ", why, staging)};
+}
+
+absl::StatusOr<SelectedBackend> CreateHierarchicalWith(const CommunicatorOptions& o,
+                                                       const Rendezvous& rv, absl::Time deadline,
+                                                       const SelectionDeps& deps,
+                                                       const HierarchicalDeps& hier) {
+  if (rv.store == nullptr) return absl::InvalidArgumentError("hierarchical backend: no store");
+  const std::string mine = hier.host_identity.empty() ? LocalHostIdentity() : hier.host_identity;
+  absl::StatusOr<std::vector<std::string>> ids = ExchangeHostIdentities(
+      *CreatePrefixStore("hier", rv.store), o.rank, o.world_size, mine, deadline);
+  if (!ids.ok()) return ids.status();
+  const HostAssignment a = AssignHosts(*ids, o.rank);
+  const int host = a.host_of[static_cast<size_t>(o.rank)];
+  IntraHostGroup group;
+  group.host = host;
+  group.local_rank = a.local_rank;
+  group.local_size = a.local_size;
+  group.store = CreatePrefixStore(absl::StrCat("hier/intra/", host), rv.store);
+  group.deadline = deadline;
+  HierBackendOptions h;
+  h.topology = {o.rank, o.world_size, a.host_of, a.local_rank};
+  std::string intra_name = "gloo";
+  if (hier.intra) {
+    absl::StatusOr<std::unique_ptr<Backend>> intra = hier.intra(group);
+    if (!intra.ok()) return intra.status();
+    h.intra = *std::move(intra);
+    intra_name = h.intra->name();
+  } else {
+    // Ranks of one host share its network namespace: loopback reaches them all.
+    GlooBackendOptions g =
+        GlooOptionsFor(o, rv, deadline, deps, a.local_rank, a.local_size, group.store);
+    g.iface.clear();
+    g.hostname = "127.0.0.1";
+    absl::StatusOr<std::unique_ptr<Backend>> intra = CreateGlooBackend(g);
+    if (!intra.ok()) return intra.status();
+    h.intra = *std::move(intra);
+  }
+  if (a.local_rank == 0 && a.hosts > 1) {
+    absl::StatusOr<std::unique_ptr<Backend>> inter = CreateGlooBackend(GlooOptionsFor(
+        o, rv, deadline, deps, host, a.hosts, CreatePrefixStore("hier/inter", rv.store)));
+    if (!inter.ok()) return inter.status();
+    h.inter = *std::move(inter);
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateHierarchicalBackend(std::move(h));
+  if (!backend.ok()) return backend.status();
+  return SelectedBackend{
+      *std::move(backend),
+      absl::StrCat("hierarchical: ", o.world_size, " ranks on ", a.hosts,
+                   a.hosts == 1 ? " host" : " hosts", " (at most ", a.max_local,
+                   " per host; this rank is local rank ", a.local_rank, " of ", a.local_size,
+                   " on host ", host, "); ", intra_name, " within each host, gloo among the ",
+                   a.hosts, " host leaders")};
 }
 
 namespace {

@@ -65,6 +65,28 @@ struct SelectionDeps {
                                                                 absl::Time deadline,
                                                                 const SelectionDeps& deps);
 
+// Hierarchical composition (lib/hier/hier_backend.h), built only when asked for: ranks grouped by
+// host (boot id, host name and network namespace, agreed through the store under "hier/host/"),
+// an intra-host backend per host (store prefix "hier/intra/<host>"; Gloo on loopback unless
+// `intra` says otherwise) and Gloo among the host leaders ("hier/inter"). Hosts are numbered in
+// the order of their lowest global rank; local ranks follow global rank order.
+struct IntraHostGroup {
+  int host = 0;
+  int local_rank = 0;
+  int local_size = 1;
+  std::shared_ptr<Store> store;  // already prefixed for this host's group
+  absl::Time deadline;
+};
+struct HierarchicalDeps {
+  // Builds this rank's intra-host backend (e.g. shared memory); empty: Gloo.
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(const IntraHostGroup&)> intra;
+  // This rank's host identity; empty: the real one (LocalHostIdentity). Tests fake hosts here.
+  std::string host_identity;
+};
+[[nodiscard]] absl::StatusOr<SelectedBackend> CreateHierarchicalWith(
+    const CommunicatorOptions& options, const Rendezvous& rendezvous, absl::Time deadline,
+    const SelectionDeps& deps, const HierarchicalDeps& hier = {});
+
 // TEST ONLY (the NCCL/CUDA seam, where no GPU exists): every later Communicator::Create in this
 // process, and every backend rebuild of a retry, selects with provider(rank)'s NCCL and CUDA
 // instead of loading the real ones. An empty function restores the loaders. Thread-safe.
