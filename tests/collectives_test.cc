@@ -144,9 +144,13 @@ void CheckDataMovement(Communicator& comm, DType t, size_t n) {
   ASSERT_TRUE(comm.Barrier().Wait().ok());
 }
 
-void RunMatrix(const RankEnv& env) {
-  auto comm = Communicator::Create(env.options);
+void RunMatrix(const RankEnv& env, BackendChoice backend) {
+  CommunicatorOptions options = env.options;
+  options.backend = backend;
+  options.fallback = Fallback::kDeny;
+  auto comm = Communicator::Create(options);
   ASSERT_TRUE(comm.ok()) << comm.status();
+  ASSERT_EQ((*comm)->backend_name(), std::string(BackendChoiceName(backend)));
   for (DType t : kAllDTypes) {
     for (size_t n : kSmallCounts) {
       for (ReduceOp op : kAllReduceOps) {
@@ -171,21 +175,33 @@ void RunMatrix(const RankEnv& env) {
 struct MatrixParam {
   RankMode mode;
   int world;
+  BackendChoice backend = BackendChoice::kGloo;
 };
 
 class CollectivesTest : public ::testing::TestWithParam<MatrixParam> {};
 
 TEST_P(CollectivesTest, EveryOpDTypeAndSizeMatchesReference) {
-  testing::RunRanks(GetParam().mode, GetParam().world, RunMatrix, absl::Seconds(240));
+  const BackendChoice backend = GetParam().backend;
+  testing::RunRanks(
+      GetParam().mode, GetParam().world,
+      [backend](const RankEnv& env) { RunMatrix(env, backend); }, absl::Seconds(240));
 }
 
+// The same matrix on every host-memory backend (Gloo; shm for ranks of one host).
 INSTANTIATE_TEST_SUITE_P(
     Ranks, CollectivesTest,
     ::testing::Values(MatrixParam{RankMode::kThreads, 2}, MatrixParam{RankMode::kThreads, 3},
                       MatrixParam{RankMode::kThreads, 4}, MatrixParam{RankMode::kProcesses, 2},
-                      MatrixParam{RankMode::kProcesses, 3}, MatrixParam{RankMode::kProcesses, 4}),
+                      MatrixParam{RankMode::kProcesses, 3}, MatrixParam{RankMode::kProcesses, 4},
+                      MatrixParam{RankMode::kThreads, 2, BackendChoice::kShm},
+                      MatrixParam{RankMode::kThreads, 3, BackendChoice::kShm},
+                      MatrixParam{RankMode::kThreads, 4, BackendChoice::kShm},
+                      MatrixParam{RankMode::kProcesses, 2, BackendChoice::kShm},
+                      MatrixParam{RankMode::kProcesses, 3, BackendChoice::kShm},
+                      MatrixParam{RankMode::kProcesses, 4, BackendChoice::kShm}),
     [](const ::testing::TestParamInfo<MatrixParam>& info) {
-      return absl::StrCat(testing::RankModeName(info.param.mode), info.param.world);
+      return absl::StrCat(info.param.backend == BackendChoice::kShm ? "Shm" : "",
+                          testing::RankModeName(info.param.mode), info.param.world);
     });
 
 }  // namespace

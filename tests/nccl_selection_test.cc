@@ -9,8 +9,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/core/backend_selection.h"
 #include "lib/base/log.h"
+#include "lib/core/backend_selection.h"
 #include "lib/nccl/nccl_backend.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
@@ -122,9 +122,11 @@ TEST(NcclSelection, OneRankWithoutNcclMakesEveryRankUseStagedGloo) {
   });
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(out.result[i].ok()) << "rank " << i << ": " << out.result[i].status();
-    EXPECT_STREQ(out.result[i]->backend->name(), "gloo+staged") << "rank " << i;
+    // Every rank is on this host: auto's host-memory fallback is shm (staged like Gloo).
+    EXPECT_STREQ(out.result[i]->backend->name(), "shm+staged") << "rank " << i;
+    EXPECT_THAT(out.result[i]->reason, HasSubstr("shm: all 4 ranks on host "));
     EXPECT_THAT(out.result[i]->reason,
-                HasSubstr("gloo on every rank because NCCL is not usable: rank 3: libnccl.so.2: "
+                HasSubstr("because NCCL is not usable: rank 3: libnccl.so.2: "
                           "cannot open shared object file"));
     EXPECT_THAT(out.result[i]->reason, HasSubstr("staged through pinned host memory"));
     EXPECT_EQ(out.apis[i]->init_calls(), 0) << "no rank may start NCCL init";
@@ -156,7 +158,7 @@ TEST(NcclSelection, OldVersionIsRefusedNamingTheVersion) {
   });
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(out.result[i].ok()) << out.result[i].status();
-    EXPECT_STREQ(out.result[i]->backend->name(), "gloo+staged");
+    EXPECT_STREQ(out.result[i]->backend->name(), "shm+staged");  // one host: shm
     EXPECT_THAT(out.result[i]->reason,
                 HasSubstr("rank 1: NCCL 2.13.5 from fake://libnccl.so.2 is older than the "
                           "minimum NCCL 2.14.0"));
@@ -181,7 +183,7 @@ TEST(NcclSelection, InitTimeoutAbortsThenFallsBackOrFailsPerPolicy) {
       EXPECT_EQ(out.apis[i]->abort_calls(), 1) << "rank " << i;
       if (policy == Fallback::kAllow) {
         ASSERT_TRUE(out.result[i].ok()) << out.result[i].status();
-        EXPECT_STREQ(out.result[i]->backend->name(), "gloo+staged");
+        EXPECT_STREQ(out.result[i]->backend->name(), "shm+staged");  // one host: shm
         EXPECT_THAT(out.result[i]->reason,
                     HasSubstr("rank 2: NCCL init of rank 2 on cuda:0 did not finish within"));
       } else {
@@ -286,7 +288,7 @@ TEST(NcclSelection, RealLoaderOnThisMachineFallsBackWithTheRealReason) {
     EXPECT_FLOAT_EQ(x[0], 3.0f);
   });
   for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(names[i], "gloo");
+    EXPECT_EQ(names[i], "shm");  // both ranks on this host
     if (!nccl::CudaBuiltIn()) {
       EXPECT_THAT(reasons[i], HasSubstr("ranks 0, 1: NCCL backend not built"));
     } else if (api.ok()) {

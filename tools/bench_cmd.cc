@@ -112,9 +112,11 @@ absl::StatusOr<Plan> ParsePlan(const BenchArgs& a) {
     p.backend = BackendChoice::kGloo;
   } else if (a.backend == "nccl") {
     p.backend = BackendChoice::kNccl;
+  } else if (a.backend == "shm") {
+    p.backend = BackendChoice::kShm;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--backend: unknown backend '", a.backend, "' (auto, gloo or nccl)"));
+        absl::StrCat("--backend: unknown backend '", a.backend, "' (auto, gloo, nccl or shm)"));
   }
   return p;
 }
@@ -624,7 +626,9 @@ int RunBench(const BenchArgs& a) {
   g.comm.name = "bench";
   g.comm.backend = plan->backend;
   // Asked for NCCL, measure NCCL or fail: numbers of a silent Gloo fallback would mislead.
-  if (plan->backend == BackendChoice::kNccl) g.comm.fallback = Fallback::kDeny;
+  if (plan->backend == BackendChoice::kNccl || plan->backend == BackendChoice::kShm) {
+    g.comm.fallback = Fallback::kDeny;
+  }
   g.comm.model_size = a.model;
   g.comm.timeout = absl::Seconds(a.timeout_s);
   g.comm.init_timeout = absl::Seconds(a.timeout_s);
@@ -668,7 +672,7 @@ std::function<int()> SetupBench(CLI::App& sub) {
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   sub.add_option("--dtype", a->dtype, "f32, bf16 or f16")->capture_default_str();
-  sub.add_option("--backend", a->backend, "auto, gloo or nccl")->capture_default_str();
+  sub.add_option("--backend", a->backend, "auto, gloo, nccl or shm")->capture_default_str();
   sub.add_option("--timeout", a->timeout_s, "Bound of creation and of each operation, seconds")
       ->check(DurationSeconds(/*zero_allowed=*/false))
       ->capture_default_str();

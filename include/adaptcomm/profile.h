@@ -45,7 +45,9 @@ namespace adaptcomm {
 
 class Store;
 
-enum class BackendChoice : uint8_t { kAuto, kGloo, kNccl };
+// kShm: the shared-memory backend, for ranks that all run on one host (auto picks it there when
+// NCCL is not usable).
+enum class BackendChoice : uint8_t { kAuto, kGloo, kNccl, kShm };
 const char* BackendChoiceName(BackendChoice choice);
 // What creation does when NCCL (auto or nccl) is not usable on every rank: build Gloo on every
 // rank (device buffers staged through host memory), or fail on every rank naming the reason.

@@ -93,6 +93,8 @@ const char* BackendChoiceName(BackendChoice choice) {
       return "gloo";
     case BackendChoice::kNccl:
       return "nccl";
+    case BackendChoice::kShm:
+      return "shm";
   }
   return "unknown-backend";
 }

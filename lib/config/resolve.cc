@@ -37,6 +37,8 @@ std::string BackendText(BackendChoice c) {
       return "gloo";
     case BackendChoice::kNccl:
       return "nccl";
+    case BackendChoice::kShm:
+      return "shm";
   }
   return "auto";
 }
@@ -249,6 +251,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   const std::string choice = v.At("backend.choice").text;
   cfg.backend.choice = choice == "nccl"   ? BackendChoice::kNccl
                        : choice == "gloo" ? BackendChoice::kGloo
+                       : choice == "shm"  ? BackendChoice::kShm
                                           : BackendChoice::kAuto;
   cfg.backend.allow_fallback = v.At("backend.fallback").text == "allow";
   cfg.backend.degrade_after_failures = static_cast<int>(v.Int("backend.degrade_after_failures"));

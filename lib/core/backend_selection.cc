@@ -1,7 +1,10 @@
 #include "lib/core/backend_selection.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <utility>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "lib/hier/host_identity.h"
 #include "lib/nccl/nccl_backend.h"
 #include "lib/nccl/staged_backend.h"
+#include "lib/shm/shm_backend.h"
 
 namespace adaptcomm::internal::selection {
 namespace {
@@ -151,6 +155,86 @@ std::string DescribeFailures(const std::vector<std::pair<int, std::string>>& fai
   return absl::StrJoin(parts, "; ");
 }
 
+// Whether every rank runs on this rank's host. A host is its boot id, host name and network
+// namespace: ranks in different namespaces count as different hosts (the netns fault tests).
+struct HostAgreement {
+  bool same_host = false;
+  std::string hostname;
+  std::string differs;  // "rank 2 on host b" when not the same
+};
+
+std::string ReadTrimmed(const std::string& path) {
+  std::ifstream in(path);
+  std::string s;
+  std::getline(in, s);
+  return s;
+}
+
+std::string HostName() {
+  char name[256] = {};
+  (void)gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// "hostname|boot id|net:[inode]" (the host name first: messages show it).
+std::string LocalHostIdentity() {
+  char ns[128] = {};
+  const ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
+  if (n > 0) ns[n] = '\0';
+  return absl::StrCat(HostName(), "|", ReadTrimmed("/proc/sys/kernel/random/boot_id"), "|", ns);
+}
+
+absl::StatusOr<HostAgreement> AgreeOnHost(Store& store, int rank, int world,
+                                          absl::Time deadline) {
+  const std::string name = HostName();
+  const std::string mine = LocalHostIdentity();
+  if (absl::Status s = store.Set(absl::StrCat("select/host/", rank), mine); !s.ok()) return s;
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat("select/host/", r));
+  if (absl::Status s = store.Wait(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("backend selection (host): not every rank "
+                                               "reported: ", s.message()));
+  }
+  HostAgreement a;
+  a.hostname = name;
+  a.same_host = true;
+  for (int r = 0; r < world; ++r) {
+    absl::StatusOr<std::string> v = store.Get(keys[r], absl::Seconds(1));
+    if (!v.ok()) return v.status();
+    if (*v != mine && a.same_host) {
+      a.same_host = false;
+      a.differs = absl::StrCat("rank ", r, " is on '", *v, "', rank ", rank, " on '", mine,
+                               "' (host name|boot id|network namespace)");
+    }
+  }
+  return a;
+}
+
+// Host-memory backends serve CUDA views through pinned staging when a device is visible.
+absl::StatusOr<std::unique_ptr<Backend>> MaybeStaged(std::unique_ptr<Backend> backend,
+                                                     const Apis& apis, std::string* staging_note) {
+  if (VisibleDevices(apis.cuda.get()) == 0) return backend;
+  absl::StatusOr<std::unique_ptr<Backend>> staged =
+      nccl::CreateStagedBackend(std::move(backend), apis.cuda);
+  if (!staged.ok()) return staged.status();
+  *staging_note = ", CUDA buffers staged through pinned host memory";
+  return staged;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> BuildShm(const CommunicatorOptions& o,
+                                                  const Rendezvous& rv, absl::Time deadline,
+                                                  const Apis& apis, std::string* staging_note) {
+  ShmBackendOptions shm;
+  shm.rank = o.rank;
+  shm.size = o.world_size;
+  shm.store = CreatePrefixStore("shm", rv.store);
+  shm.init_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateShmBackend(shm);
+  if (!backend.ok()) return backend.status();
+  return MaybeStaged(std::move(*backend), apis, staging_note);
+}
+
 // Gloo among `size` ranks (this one is `rank`) over `store`, with the profile's settings.
 GlooBackendOptions GlooOptionsFor(const CommunicatorOptions& o, const Rendezvous& rv,
                                   absl::Time deadline, const SelectionDeps& deps, int rank,
@@ -176,12 +260,54 @@ absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(GlooOptionsFor(
       o, rv, deadline, deps, o.rank, o.world_size, CreatePrefixStore("gloo", rv.store)));
   if (!backend.ok()) return backend.status();
-  if (VisibleDevices(apis.cuda.get()) == 0) return backend;
-  absl::StatusOr<std::unique_ptr<Backend>> staged =
-      nccl::CreateStagedBackend(std::move(*backend), apis.cuda);
-  if (!staged.ok()) return staged.status();
-  *staging_note = ", CUDA buffers staged through pinned host memory";
-  return staged;
+  return MaybeStaged(std::move(*backend), apis, staging_note);
+}
+
+// shm where every rank is on this rank's host (agreed through the store), else Gloo; with
+// fallback allowed, a failed shm creation (it fails on every rank alike) also gives Gloo.
+// `asked`/`why_not_nccl` prefix the reason.
+absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Rendezvous& rv,
+                                          absl::Time deadline, const Apis& apis,
+                                          const SelectionDeps& deps, const std::string& asked,
+                                          const std::string& why_not_nccl) {
+  std::string staging;
+  const bool forced = o.backend == BackendChoice::kShm;
+  absl::StatusOr<HostAgreement> hosts =
+      AgreeOnHost(*rv.store, o.rank, o.world_size, deadline);
+  if (!hosts.ok()) return hosts.status();
+  std::string not_shm;
+  if (hosts->same_host && (o.world_size > 1 || forced)) {
+    absl::StatusOr<std::unique_ptr<Backend>> shm = BuildShm(o, rv, deadline, apis, &staging);
+    if (shm.ok()) {
+      return SelectedBackend{std::move(*shm),
+                             absl::StrCat(asked, forced ? "" : ": shm", ": all ", o.world_size,
+                                          " ranks on host ", hosts->hostname, why_not_nccl,
+                                          staging)};
+    }
+    if (forced && o.fallback == Fallback::kDeny) {
+      return absl::Status(shm.status().code(),
+                          absl::StrCat(asked, " with fallback deny: ", shm.status().message()));
+    }
+    not_shm = absl::StrCat("shm could not be created: ", shm.status().message());
+    ADAPTCOMM_LOG(kWarning, asked, ": every rank falls back to gloo: ", not_shm);
+  } else if (forced) {
+    not_shm = absl::StrCat("the ranks are not on one host: ", hosts->differs);
+    if (o.fallback == Fallback::kDeny) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(asked, " with fallback deny: ", not_shm));
+    }
+    ADAPTCOMM_LOG(kWarning, asked, ": every rank falls back to gloo: ", not_shm);
+  } else if (!hosts->same_host) {
+    not_shm = absl::StrCat("; the ranks span hosts (", hosts->differs, ")");
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> gloo = BuildGloo(o, rv, deadline, apis, deps, &staging);
+  if (!gloo.ok()) return gloo.status();
+  if (forced) {
+    return SelectedBackend{std::move(*gloo),
+                           absl::StrCat(asked, ": gloo on every rank because ", not_shm, staging)};
+  }
+  return SelectedBackend{std::move(*gloo), absl::StrCat(asked, ": gloo on every rank",
+                                                        why_not_nccl, not_shm, staging)};
 }
 
 }  // namespace
@@ -200,6 +326,10 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   }
 
   const std::string asked = absl::StrCat("backend=", BackendChoiceName(o.backend));
+  if (o.backend == BackendChoice::kShm) {
+    const Apis apis = LoadApis(deps, /*want_nccl=*/false);
+    return ShmOrGloo(o, rv, deadline, apis, deps, asked, "");
+  }
   const Apis apis = LoadApis(deps, /*want_nccl=*/true);
   const int device = ChooseDevice(deps);
   std::string found;
@@ -263,6 +393,11 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     return absl::Status(
         transient ? absl::StatusCode::kUnavailable : absl::StatusCode::kFailedPrecondition,
         absl::StrCat(asked, " with fallback deny: NCCL is not usable on every rank: ", why));
+  }
+  if (o.backend == BackendChoice::kAuto) {
+    // Host buffers on one host: shared memory beats loopback TCP by 10-100x.
+    return ShmOrGloo(o, rv, deadline, apis, deps, asked,
+                     absl::StrCat(" because NCCL is not usable: ", why));
   }
   ADAPTCOMM_LOG(kWarning, asked, ": NCCL is not usable on every rank, every rank falls back to ",
                 "gloo: ", why);

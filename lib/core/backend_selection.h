@@ -8,9 +8,13 @@
 // log the reasons with the ranks they came from ("rank 3: libnccl.so.2: cannot open shared object
 // file: ..."), or, with Fallback::kDeny, makes creation fail on every rank with those reasons.
 // backend=gloo: Gloo without asking NCCL anything (staged when CUDA devices are visible).
+// With NCCL not usable, auto (fallback allowed) picks shm when every rank reports the same host
+// (boot id, host name and network namespace) and the world has more than one rank, else Gloo.
+// backend=shm: shm when every rank is on one host; otherwise, or when the segment cannot be
+// created, Gloo on every rank (logged once) or, with Fallback::kDeny, an error on every rank.
 //
 // Store keys (under the communicator's scope): "select/cap/<rank>", "select/init/<rank>",
-// "nccl/uid", and Gloo's under "gloo/".
+// "select/host/<rank>", "nccl/uid", Gloo's under "gloo/" and shm's under "shm/".
 #ifndef ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_
 #define ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_
 

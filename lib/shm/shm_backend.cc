@@ -1,0 +1,592 @@
+#include "lib/shm/shm_backend.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "lib/base/log.h"
+#include "lib/shm/shm_reduce.h"
+#include "lib/shm/shm_segment.h"
+
+namespace adaptcomm {
+namespace {
+
+using shm::Counter;
+using shm::Segment;
+
+// Counters count modulo 2^32; `value` has reached `target` when it is at most 2^31 ahead.
+inline bool Reached(uint32_t value, uint32_t target) {
+  return static_cast<int32_t>(value - target) >= 0;
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+inline int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// Written before waking: a sleeper is woken only when one has announced itself (the seq_cst store
+// and load on both sides make sure either the writer sees the waiter or the waiter sees the value).
+inline void Publish(Counter& c, uint32_t v) {
+  c.value.store(v, std::memory_order_seq_cst);
+  if (c.waiters.load(std::memory_order_seq_cst) != 0) shm::FutexWakeAll(&c.value);
+}
+
+bool IsReduction(OpKind kind) {
+  return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
+}
+bool UsesInput(OpKind kind) {
+  return kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
+         kind == OpKind::kAlltoall || kind == OpKind::kSend;
+}
+bool UsesOutput(OpKind kind) { return kind != OpKind::kBarrier && kind != OpKind::kSend; }
+
+struct OpCtx {
+  const OpDesc& op;
+  absl::Time start;
+  absl::Time deadline;
+};
+
+class ShmBackend final : public Backend {
+ public:
+  ShmBackend(std::unique_ptr<Segment> segment, const ShmBackendOptions& o)
+      : seg_(std::move(segment)),
+        rank_(o.rank),
+        size_(o.size),
+        flat_max_(o.flat_max_bytes),
+        chunk_(o.chunk_bytes == 0 ? seg_->slot_half_bytes()
+                                  : std::min(o.chunk_bytes, seg_->slot_half_bytes())),
+        spin_ns_(absl::ToInt64Nanoseconds(o.spin)),
+        liveness_interval_(o.liveness_interval),
+        sent_(o.size, 0),
+        received_(o.size, 0),
+        srcs_(o.size, nullptr) {}
+
+  ~ShmBackend() override = default;
+
+  const char* name() const override { return "shm"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Capabilities capabilities() const override {
+    Capabilities caps;
+    caps.host_memory = true;
+    caps.device_memory = false;
+    caps.native_bf16 = true;  // reduced in fp32 by shm_reduce
+    caps.native_avg = true;
+    caps.send_recv = true;
+    caps.abortable = true;
+    return caps;
+  }
+
+  absl::Status Supports(const OpDesc& op) const override;
+  absl::Status Run(const OpDesc& op) override;
+  void Abort(const absl::Status& reason) override;
+  absl::Status health() const override {
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+
+ private:
+  absl::Status Dispatch(const OpCtx& ctx);
+  absl::Status Reduction(const OpCtx& ctx, unsigned char* data, size_t count, int root);
+  absl::Status ReduceFlat(const OpCtx& ctx, unsigned char* data, size_t count, int root);
+  absl::Status ReduceChunk(const OpCtx& ctx, unsigned char* data, size_t count, int root);
+  absl::Status Broadcast(const OpCtx& ctx);
+  absl::Status Allgather(const OpCtx& ctx);
+  // reduce_scatter (reduce = true) and alltoall: each step stages one chunk of every block.
+  absl::Status BlockExchange(const OpCtx& ctx, bool reduce);
+  absl::Status Barrier(const OpCtx& ctx);
+  absl::Status Send(const OpCtx& ctx);
+  absl::Status Recv(const OpCtx& ctx);
+
+  // Starts a collective step; when this rank will write its slot half, first waits until every
+  // rank is done with the step that last used that half.
+  absl::Status BeginStep(const OpCtx& ctx, bool writes);
+  void EndStep() { Publish(seg_->done(rank_), step_); }
+  unsigned char* Half(int r) const { return seg_->slot(r, static_cast<int>(step_ & 1)); }
+  absl::Status WaitAllPosted(const OpCtx& ctx, uint32_t target);
+
+  // Waits until c.value reaches target; `peer` is the rank that writes it.
+  absl::Status Wait(const OpCtx& ctx, Counter& c, uint32_t target, int peer);
+  // Non-OK when this backend was aborted or a peer broke the group.
+  absl::Status Interrupted(const OpCtx& ctx);
+  std::string What(const OpCtx& ctx) const {
+    return absl::StrCat(OpKindName(ctx.op.kind), " #", ctx.op.seq, " on rank ", rank_, ": shm: ");
+  }
+  std::string Waited(const OpCtx& ctx) const {
+    return absl::StrCat("waited ", absl::FormatDuration(absl::Now() - ctx.start), " of ",
+                        absl::FormatDuration(ctx.op.timeout));
+  }
+  // Records `status` as what broke this backend and tells every peer through the segment.
+  absl::Status Break(absl::Status status);
+  void MarkGroupBroken(const absl::Status& status);
+
+  const std::unique_ptr<Segment> seg_;
+  const int rank_;
+  const int size_;
+  const size_t flat_max_;
+  const size_t chunk_;
+  const int64_t spin_ns_;
+  const absl::Duration liveness_interval_;
+
+  // Only Run()'s thread touches these.
+  uint32_t step_ = 0;               // collective steps begun; the same on every rank
+  std::vector<uint32_t> sent_;      // chunks sent to each peer
+  std::vector<uint32_t> received_;  // chunks received from each peer
+  std::vector<const void*> srcs_;   // reduction sources, rank order
+
+  std::atomic<bool> aborted_{false};
+  mutable absl::Mutex mu_;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status ShmBackend::Supports(const OpDesc& op) const {
+  const char* kind = OpKindName(op.kind);
+  auto check_view = [&](const TensorView& v, const char* which) -> absl::Status {
+    if (v.device.is_cuda()) {
+      return absl::InvalidArgumentError(absl::StrCat("shm backend needs host memory; view ", which,
+                                                     " of ", kind, " is on cuda:", v.device.index));
+    }
+    if (DTypeSize(v.dtype) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shm backend: ", kind, " ", which, " has unknown dtype ", static_cast<int>(v.dtype)));
+    }
+    return absl::OkStatus();
+  };
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+    case OpKind::kBroadcast:
+    case OpKind::kReduce:
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAlltoall:
+    case OpKind::kBarrier:
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm backend: unknown op kind ", static_cast<int>(op.kind)));
+  }
+  if (UsesInput(op.kind)) {
+    if (absl::Status s = check_view(op.input, "input"); !s.ok()) return s;
+  }
+  if (UsesOutput(op.kind)) {
+    if (absl::Status s = check_view(op.output, "output"); !s.ok()) return s;
+  }
+  if (IsReduction(op.kind) && !shm::CanReduce(op.output.dtype, op.reduce)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm backend: ", kind, " ", ReduceOpName(op.reduce),
+                     op.reduce == ReduceOp::kAvg ? " is defined for floating-point dtypes only"
+                                                 : " has no kernel",
+                     ", not ", DTypeName(op.output.dtype)));
+  }
+  if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) &&
+      (op.peer < 0 || op.peer >= size_ || op.peer == rank_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm backend: ", kind, " peer ", op.peer, " out of range on rank ", rank_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::Run(const OpDesc& op) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("shm backend is broken; ",
+                                                        OpKindName(op.kind), " seq ", op.seq,
+                                                        " not run: ", broken_.ToString()));
+    }
+  }
+  if (absl::Status s = Supports(op); !s.ok()) return s;
+  const absl::Time start = absl::Now();
+  const OpCtx ctx{op, start, start + op.timeout};
+  // A peer that broke the group fails this op before it touches the slots.
+  if (absl::Status s = Interrupted(ctx); !s.ok()) return Break(std::move(s));
+  absl::Status s = Dispatch(ctx);
+  if (s.ok() || absl::IsInvalidArgument(s)) return s;
+  return Break(std::move(s));
+}
+
+absl::Status ShmBackend::Dispatch(const OpCtx& ctx) {
+  const OpDesc& op = ctx.op;
+  auto* out = static_cast<unsigned char*>(op.output.data);
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+      return Reduction(ctx, out, op.output.count, -1);
+    case OpKind::kReduce:
+      return Reduction(ctx, out, op.output.count, op.root);
+    case OpKind::kBroadcast:
+      return Broadcast(ctx);
+    case OpKind::kAllgather:
+      return Allgather(ctx);
+    case OpKind::kReduceScatter:
+      return BlockExchange(ctx, /*reduce=*/true);
+    case OpKind::kAlltoall:
+      return BlockExchange(ctx, /*reduce=*/false);
+    case OpKind::kBarrier:
+      return Barrier(ctx);
+    case OpKind::kSend:
+      return Send(ctx);
+    case OpKind::kRecv:
+      return Recv(ctx);
+  }
+  return absl::InvalidArgumentError("shm backend: unknown op kind");
+}
+
+absl::Status ShmBackend::BeginStep(const OpCtx& ctx, bool writes) {
+  ++step_;
+  if (!writes) return absl::OkStatus();
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    if (absl::Status s = Wait(ctx, seg_->done(p), step_ - 2, p); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::WaitAllPosted(const OpCtx& ctx, uint32_t target) {
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    if (absl::Status s = Wait(ctx, seg_->post(p), target, p); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::Reduction(const OpCtx& ctx, unsigned char* data, size_t count, int root) {
+  const size_t esz = DTypeSize(ctx.op.output.dtype);
+  if (count == 0) return absl::OkStatus();
+  if (count * esz <= std::min(flat_max_, seg_->slot_half_bytes())) {
+    return ReduceFlat(ctx, data, count, root);
+  }
+  const size_t per_chunk = std::max<size_t>(1, chunk_ / esz);
+  for (size_t off = 0; off < count; off += per_chunk) {
+    const size_t m = std::min(per_chunk, count - off);
+    if (absl::Status s = ReduceChunk(ctx, data + off * esz, m, root); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::ReduceFlat(const OpCtx& ctx, unsigned char* data, size_t count, int root) {
+  const OpDesc& op = ctx.op;
+  if (absl::Status s = BeginStep(ctx, true); !s.ok()) return s;
+  std::memcpy(Half(rank_), data, count * DTypeSize(op.output.dtype));
+  Publish(seg_->post(rank_), 2 * step_ - 1);
+  if (root < 0 || root == rank_) {
+    if (absl::Status s = WaitAllPosted(ctx, 2 * step_ - 1); !s.ok()) return s;
+    for (int p = 0; p < size_; ++p) srcs_[p] = Half(p);
+    shm::ReduceSlots(op.output.dtype, op.reduce, srcs_.data(), size_, data, count);
+  }
+  EndStep();
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::ReduceChunk(const OpCtx& ctx, unsigned char* data, size_t count,
+                                     int root) {
+  const OpDesc& op = ctx.op;
+  const size_t esz = DTypeSize(op.output.dtype);
+  // Slices on cache-line boundaries; the last ones may be short or empty.
+  const size_t line = std::max<size_t>(1, 64 / esz);
+  const size_t per = (count + size_ - 1) / size_;
+  const size_t slice = (per + line - 1) / line * line;
+  auto lo = [&](int p) { return std::min(count, slice * static_cast<size_t>(p)); };
+
+  if (absl::Status s = BeginStep(ctx, true); !s.ok()) return s;
+  std::memcpy(Half(rank_), data, count * esz);
+  Publish(seg_->post(rank_), 2 * step_ - 1);
+  if (absl::Status s = WaitAllPosted(ctx, 2 * step_ - 1); !s.ok()) return s;
+  const size_t mine = lo(rank_ + 1) - lo(rank_);
+  for (int p = 0; p < size_; ++p) srcs_[p] = Half(p) + lo(rank_) * esz;
+  // The reduced slice replaces this rank's own copy of it: no peer reads that part of our half.
+  shm::ReduceSlots(op.output.dtype, op.reduce, srcs_.data(), size_, Half(rank_) + lo(rank_) * esz,
+                   mine);
+  Publish(seg_->post(rank_), 2 * step_);
+  if (root < 0 || root == rank_) {
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) {
+        if (absl::Status s = Wait(ctx, seg_->post(p), 2 * step_, p); !s.ok()) return s;
+      }
+      std::memcpy(data + lo(p) * esz, Half(p) + lo(p) * esz, (lo(p + 1) - lo(p)) * esz);
+    }
+  }
+  EndStep();
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::Broadcast(const OpCtx& ctx) {
+  const OpDesc& op = ctx.op;
+  const int root = op.root;
+  auto* data = static_cast<unsigned char*>(op.output.data);
+  const size_t bytes = op.output.bytes();
+  const size_t per_chunk = seg_->slot_half_bytes();
+  for (size_t off = 0; off < bytes; off += per_chunk) {
+    const size_t m = std::min(per_chunk, bytes - off);
+    if (absl::Status s = BeginStep(ctx, rank_ == root); !s.ok()) return s;
+    if (rank_ == root) {
+      std::memcpy(Half(rank_), data + off, m);
+      Publish(seg_->post(rank_), 2 * step_ - 1);
+    } else {
+      if (absl::Status s = Wait(ctx, seg_->post(root), 2 * step_ - 1, root); !s.ok()) return s;
+      std::memcpy(data + off, Half(root), m);
+    }
+    EndStep();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::Allgather(const OpCtx& ctx) {
+  const OpDesc& op = ctx.op;
+  const auto* in = static_cast<const unsigned char*>(op.input.data);
+  auto* out = static_cast<unsigned char*>(op.output.data);
+  const size_t bytes = op.input.bytes();
+  const size_t per_chunk = seg_->slot_half_bytes();
+  for (size_t off = 0; off < bytes; off += per_chunk) {
+    const size_t m = std::min(per_chunk, bytes - off);
+    if (absl::Status s = BeginStep(ctx, true); !s.ok()) return s;
+    std::memcpy(Half(rank_), in + off, m);
+    Publish(seg_->post(rank_), 2 * step_ - 1);
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) {
+        if (absl::Status s = Wait(ctx, seg_->post(p), 2 * step_ - 1, p); !s.ok()) return s;
+      }
+      std::memcpy(out + p * bytes + off, Half(p), m);
+    }
+    EndStep();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::BlockExchange(const OpCtx& ctx, bool reduce) {
+  const OpDesc& op = ctx.op;
+  const DType dtype = op.output.dtype;
+  const size_t esz = DTypeSize(dtype);
+  const auto* in = static_cast<const unsigned char*>(op.input.data);
+  auto* out = static_cast<unsigned char*>(op.output.data);
+  // Elements per block: the output holds one block (reduce_scatter) or `size_` blocks (alltoall).
+  const size_t count = reduce ? op.output.count : op.output.count / size_;
+  const size_t per_chunk = std::max<size_t>(1, seg_->slot_half_bytes() / (size_ * esz));
+  for (size_t off = 0; off < count; off += per_chunk) {
+    const size_t m = std::min(per_chunk, count - off);
+    if (absl::Status s = BeginStep(ctx, true); !s.ok()) return s;
+    unsigned char* mine = Half(rank_);
+    for (int b = 0; b < size_; ++b) {
+      std::memcpy(mine + b * m * esz, in + (b * count + off) * esz, m * esz);
+    }
+    Publish(seg_->post(rank_), 2 * step_ - 1);
+    if (reduce) {
+      if (absl::Status s = WaitAllPosted(ctx, 2 * step_ - 1); !s.ok()) return s;
+      for (int p = 0; p < size_; ++p) srcs_[p] = Half(p) + rank_ * m * esz;
+      shm::ReduceSlots(dtype, op.reduce, srcs_.data(), size_, out + off * esz, m);
+    } else {
+      for (int p = 0; p < size_; ++p) {
+        if (p != rank_) {
+          if (absl::Status s = Wait(ctx, seg_->post(p), 2 * step_ - 1, p); !s.ok()) return s;
+        }
+        std::memcpy(out + (p * count + off) * esz, Half(p) + rank_ * m * esz, m * esz);
+      }
+    }
+    EndStep();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::Barrier(const OpCtx& ctx) {
+  if (absl::Status s = BeginStep(ctx, false); !s.ok()) return s;
+  Publish(seg_->post(rank_), 2 * step_ - 1);
+  if (absl::Status s = WaitAllPosted(ctx, 2 * step_ - 1); !s.ok()) return s;
+  EndStep();
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::Send(const OpCtx& ctx) {
+  const OpDesc& op = ctx.op;
+  const int dst = op.peer;
+  shm::Channel& ch = seg_->channel(rank_, dst);
+  const auto* data = static_cast<const unsigned char*>(op.input.data);
+  const size_t bytes = op.input.bytes();
+  const size_t half = seg_->p2p_half_bytes();
+  size_t off = 0;
+  do {
+    const size_t m = std::min(half, bytes - off);
+    const uint32_t k = ++sent_[dst];
+    if (absl::Status s = Wait(ctx, ch.consumed, k - 2, dst); !s.ok()) return s;
+    const int h = static_cast<int>(k & 1);
+    ch.desc[h] = shm::ChunkDesc{op.tag, bytes, m};
+    std::memcpy(seg_->p2p(rank_, dst, h), data + off, m);
+    Publish(ch.sent, k);
+    off += m;
+  } while (off < bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::Recv(const OpCtx& ctx) {
+  const OpDesc& op = ctx.op;
+  const int src = op.peer;
+  shm::Channel& ch = seg_->channel(src, rank_);
+  auto* data = static_cast<unsigned char*>(op.output.data);
+  const size_t bytes = op.output.bytes();
+  size_t off = 0;
+  do {
+    const uint32_t k = ++received_[src];
+    if (absl::Status s = Wait(ctx, ch.sent, k, src); !s.ok()) return s;
+    const int h = static_cast<int>(k & 1);
+    const shm::ChunkDesc d = ch.desc[h];
+    if (d.tag != op.tag || d.total_bytes != bytes || d.chunk_bytes > bytes - off) {
+      // The channel is out of step now: this backend cannot continue.
+      return absl::InternalError(
+          absl::StrCat(What(ctx), "expected tag ", op.tag, " with ", bytes, " bytes from rank ",
+                       src, ", but its next message has tag ", d.tag, " with ", d.total_bytes,
+                       " bytes (shm matches sends and receives of a pair in order)"));
+    }
+    std::memcpy(data + off, seg_->p2p(src, rank_, h), d.chunk_bytes);
+    Publish(ch.consumed, k);
+    off += d.chunk_bytes;
+  } while (off < bytes);
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::Interrupted(const OpCtx& ctx) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    absl::MutexLock lock(&mu_);
+    return broken_.ok() ? absl::AbortedError(absl::StrCat(What(ctx), "aborted")) : broken_;
+  }
+  const uint32_t by = seg_->header().broken_by.load(std::memory_order_acquire);
+  if (by == 0) return absl::OkStatus();
+  const int r = static_cast<int>(by) - 1;
+  const shm::RankInfo& info = seg_->info(r);
+  const auto code = static_cast<absl::StatusCode>(info.broken_code.load(std::memory_order_acquire));
+  std::string reason(info.broken_reason, strnlen(info.broken_reason, sizeof(info.broken_reason)));
+  if (r == rank_) return absl::Status(code, reason);
+  return absl::Status(
+      code == absl::StatusCode::kDeadlineExceeded ? code : absl::StatusCode::kUnavailable,
+      absl::StrCat(What(ctx), "peer rank ", r, " failed: ", reason));
+}
+
+absl::Status ShmBackend::Wait(const OpCtx& ctx, Counter& c, uint32_t target, int peer) {
+  if (Reached(c.value.load(std::memory_order_acquire), target)) return absl::OkStatus();
+  // Spin briefly: a peer a few microseconds behind costs no syscall and no sleep.
+  const int64_t spin_until = MonotonicNs() + spin_ns_;
+  do {
+    for (int i = 0; i < 64; ++i) {
+      CpuRelax();
+      if (Reached(c.value.load(std::memory_order_acquire), target)) return absl::OkStatus();
+    }
+  } while (MonotonicNs() < spin_until);
+
+  const shm::RankInfo& info = seg_->info(peer);
+  absl::Time next_probe = absl::Now() + liveness_interval_;
+  bool stopped = false;
+  c.waiters.fetch_add(1, std::memory_order_seq_cst);
+  absl::Status result;
+  while (true) {
+    const uint32_t v = c.value.load(std::memory_order_seq_cst);
+    if (Reached(v, target)) break;
+    if (result = Interrupted(ctx); !result.ok()) break;
+    const absl::Time now = absl::Now();
+    const pid_t pid = info.pid.load(std::memory_order_acquire);
+    if (now >= next_probe) {
+      next_probe = now + liveness_interval_;
+      const shm::ProcessState state = shm::ProbeProcess(pid, info.start_time);
+      if (state == shm::ProcessState::kGone) {
+        result = absl::UnavailableError(
+            absl::StrCat(What(ctx), "peer rank ", peer, " (pid ", pid, ") exited; ", Waited(ctx)));
+        break;
+      }
+      stopped = state == shm::ProcessState::kStopped;
+    }
+    if (now >= ctx.deadline) {
+      result = absl::DeadlineExceededError(
+          absl::StrCat(What(ctx), "timed out waiting for peer rank ", peer, " (pid ", pid,
+                       stopped ? ", stopped" : "", "); ", Waited(ctx)));
+      break;
+    }
+    shm::FutexWait(&c.value, v, std::min(next_probe, ctx.deadline) - now);
+  }
+  c.waiters.fetch_sub(1, std::memory_order_seq_cst);
+  return result;
+}
+
+void ShmBackend::MarkGroupBroken(const absl::Status& status) {
+  shm::RankInfo& me = seg_->info(rank_);
+  uint32_t expected = 0;
+  // Only the first rank to break the group writes its reason there (its own record).
+  if (seg_->header().broken_by.load(std::memory_order_acquire) == 0) {
+    const std::string text(status.message());
+    const size_t n = std::min(text.size(), sizeof(me.broken_reason) - 1);
+    std::memcpy(me.broken_reason, text.data(), n);
+    me.broken_reason[n] = '\0';
+    me.broken_code.store(static_cast<int32_t>(status.code()), std::memory_order_release);
+    seg_->header().broken_by.compare_exchange_strong(expected, static_cast<uint32_t>(rank_) + 1,
+                                                     std::memory_order_acq_rel);
+  }
+  seg_->WakeAll();
+}
+
+absl::Status ShmBackend::Break(absl::Status status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) broken_ = status;
+  }
+  MarkGroupBroken(status);
+  return status;
+}
+
+void ShmBackend::Abort(const absl::Status& reason) {
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.exchange(true)) return;
+    const std::string why = reason.ok() ? std::string("no reason given") : reason.ToString();
+    // A backend already broken keeps the error that broke it.
+    if (broken_.ok()) broken_ = absl::AbortedError(absl::StrCat("shm backend aborted: ", why));
+    status = broken_;
+  }
+  ADAPTCOMM_LOG(kInfo, "shm backend rank ", rank_, " aborting: ", reason.ToString());
+  MarkGroupBroken(status);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateShmBackend(const ShmBackendOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm backend: rank ", o.rank, " not in a world of ", o.size));
+  }
+  if (o.store == nullptr) return absl::InvalidArgumentError("shm backend: no store");
+  if (o.slot_bytes < (size_t{64} << 10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm backend: slot of ", o.slot_bytes, " bytes is below 64 KiB"));
+  }
+  shm::SegmentOptions so;
+  so.rank = o.rank;
+  so.world = o.size;
+  so.store = o.store;
+  so.timeout = o.init_timeout;
+  so.slot_bytes = o.slot_bytes;
+  const size_t world2 = static_cast<size_t>(o.size) * o.size;
+  so.p2p_bytes = o.p2p_bytes != 0
+                     ? o.p2p_bytes
+                     : std::clamp<size_t>((size_t{16} << 20) / world2, 64u << 10, size_t{1} << 20);
+  so.max_bytes = o.max_segment_bytes;
+  so.layout_version =
+      o.layout_version_for_testing != 0 ? o.layout_version_for_testing : shm::kLayoutVersion;
+  absl::StatusOr<std::unique_ptr<Segment>> seg = Segment::Create(so);
+  if (!seg.ok()) return seg.status();
+  return std::unique_ptr<Backend>(new ShmBackend(std::move(*seg), o));
+}
+
+}  // namespace adaptcomm

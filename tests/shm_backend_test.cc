@@ -1,0 +1,457 @@
+// The shm backend on its own (no communicator): every op x dtype x reduce op at sizes that cross
+// the flat/chunked threshold and the slot size, on threads and processes; a killed, a stopped and
+// an aborted rank; segments that leak nothing; layout skew and size limits refused at creation.
+// The same matrix through the Communicator runs in collectives_test (backend shm).
+#include "lib/shm/shm_backend.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "adaptcomm/adaptcomm.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/dtype_values.h"
+#include "tests/harness.h"
+
+namespace adaptcomm {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RankMode;
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/shm_backend_test.XXXXXX";
+  const char* dir = mkdtemp(tmpl);
+  return dir != nullptr ? dir : "";
+}
+
+// Options with a 64 KiB slot (32 KiB per step), so a few thousand elements already run chunked.
+ShmBackendOptions SmallOptions(int rank, int world, std::shared_ptr<Store> store) {
+  ShmBackendOptions o;
+  o.rank = rank;
+  o.size = world;
+  o.store = std::move(store);
+  o.init_timeout = absl::Seconds(20);
+  o.slot_bytes = 64 << 10;
+  o.p2p_bytes = 16 << 10;
+  o.flat_max_bytes = 1 << 10;
+  o.chunk_bytes = 8 << 10;
+  return o;
+}
+
+using Body = std::function<void(int rank, int world, const std::string& store_dir)>;
+
+// Runs body on `world` ranks (threads or forked processes) sharing a file store directory.
+void RunShm(RankMode mode, int world, const Body& body) {
+  const std::string dir = TempDir();
+  ASSERT_FALSE(dir.empty());
+  if (mode == RankMode::kThreads) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { body(r, world, dir); });
+    for (auto& t : threads) t.join();
+    return;
+  }
+  testing::RunRanks(
+      mode, world, [&](const testing::RankEnv& env) { body(env.rank, world, dir); },
+      absl::Seconds(120));
+}
+
+std::unique_ptr<Backend> Create(const ShmBackendOptions& o) {
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateShmBackend(o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+std::shared_ptr<Store> FileStore(const std::string& dir) {
+  absl::StatusOr<std::shared_ptr<Store>> s = CreateFileStore(dir);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : CreateHashStore();
+}
+
+double InputValue(ReduceOp op, int rank, size_t i) {
+  if (op == ReduceOp::kProd) return 1 + static_cast<double>((rank + i) % 2);
+  return static_cast<double>((rank + 1) * 3 + static_cast<int>(i % 5));
+}
+double Tagged(int rank, size_t i) { return static_cast<double>((rank * 7 + i) % 100); }
+
+struct Buf {
+  Buf(DType t, size_t n) : dtype(t), count(n), bytes(std::max<size_t>(1, n * DTypeSize(t))) {}
+  TensorView view() { return TensorView{bytes.data(), count, dtype}; }
+  void Set(size_t i, double v) { testing::StoreAs(dtype, v, bytes.data() + i * DTypeSize(dtype)); }
+  double Get(size_t i) const { return testing::LoadAs(dtype, bytes.data() + i * DTypeSize(dtype)); }
+  DType dtype;
+  size_t count;
+  std::vector<unsigned char> bytes;
+};
+
+double Reduced(ReduceOp op, DType t, size_t i, int world) {
+  double acc = InputValue(op, 0, i);
+  for (int r = 1; r < world; ++r) acc = testing::Combine(op, acc, InputValue(op, r, i));
+  if (op == ReduceOp::kAvg) acc /= world;
+  return testing::RoundTo(t, acc);
+}
+
+void Expect(double got, double want, DType t, ReduceOp op, const std::string& where) {
+  if (op == ReduceOp::kAvg) {
+    const double tol = t == DType::kF16 || t == DType::kBF16 ? 1e-2 : 1e-6;
+    ASSERT_NEAR(got, want, tol * std::abs(want)) << where;
+  } else {
+    ASSERT_EQ(got, want) << where;
+  }
+}
+
+// OpDesc grows fields (the engine adds some): build it by member, not by aggregate.
+OpDesc Op(OpKind kind, TensorView in = {}, TensorView out = {}, ReduceOp op = ReduceOp::kSum) {
+  OpDesc d;
+  d.kind = kind;
+  d.input = in;
+  d.output = out;
+  d.reduce = op;
+  return d;
+}
+
+class Runner {
+ public:
+  Runner(Backend& b, int rank, int world) : b_(b), rank_(rank), world_(world) {}
+  absl::Status Run(OpDesc op) {
+    op.seq = ++seq_;
+    op.timeout = absl::Seconds(30);
+    return b_.Run(op);
+  }
+
+  void Reductions(DType t, ReduceOp op, size_t n) {
+    const std::string what = absl::StrCat(DTypeName(t), " ", ReduceOpName(op), " n=", n,
+                                          " world=", world_, " rank=", rank_);
+    Buf data(t, n);
+    for (size_t i = 0; i < n; ++i) data.Set(i, InputValue(op, rank_, i));
+    OpDesc d = Op(OpKind::kAllreduce, data.view(), data.view(), op);
+    ASSERT_TRUE(Run(d).ok()) << "allreduce " << what;
+    for (size_t i = 0; i < n; ++i)
+      Expect(data.Get(i), Reduced(op, t, i, world_), t, op, absl::StrCat("allreduce ", what, i));
+    const int root = world_ - 1;
+    for (size_t i = 0; i < n; ++i) data.Set(i, InputValue(op, rank_, i));
+    d.kind = OpKind::kReduce;
+    d.root = root;
+    ASSERT_TRUE(Run(d).ok()) << "reduce " << what;
+    if (rank_ == root) {
+      for (size_t i = 0; i < n; ++i)
+        Expect(data.Get(i), Reduced(op, t, i, world_), t, op, absl::StrCat("reduce ", what, i));
+    }
+    Buf in(t, n * world_), out(t, n);
+    for (size_t i = 0; i < n * world_; ++i) in.Set(i, InputValue(op, rank_, i));
+    ASSERT_TRUE(Run(Op(OpKind::kReduceScatter, in.view(), out.view(), op)).ok())
+        << "reduce_scatter " << what;
+    for (size_t j = 0; j < n; ++j)
+      Expect(out.Get(j), Reduced(op, t, rank_ * n + j, world_), t, op,
+             absl::StrCat("reduce_scatter ", what, j));
+  }
+
+  void DataMovement(DType t, size_t n) {
+    const std::string what = absl::StrCat(DTypeName(t), " n=", n, " rank=", rank_);
+    const int root = 1 % world_;
+    Buf b(t, n);
+    for (size_t i = 0; i < n; ++i) b.Set(i, Tagged(rank_, i));
+    OpDesc bc = Op(OpKind::kBroadcast, b.view(), b.view());
+    bc.root = root;
+    ASSERT_TRUE(Run(bc).ok()) << "broadcast " << what;
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(b.Get(i), testing::RoundTo(t, Tagged(root, i))) << "broadcast " << what;
+    Buf mine(t, n), all(t, n * world_);
+    for (size_t i = 0; i < n; ++i) mine.Set(i, Tagged(rank_, i));
+    ASSERT_TRUE(Run(Op(OpKind::kAllgather, mine.view(), all.view())).ok());
+    for (int r = 0; r < world_; ++r)
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_EQ(all.Get(r * n + i), testing::RoundTo(t, Tagged(r, i))) << "allgather " << what;
+    Buf send(t, n * world_), recv(t, n * world_);
+    for (size_t i = 0; i < n * world_; ++i) send.Set(i, Tagged(rank_, i));
+    ASSERT_TRUE(Run(Op(OpKind::kAlltoall, send.view(), recv.view())).ok());
+    for (int r = 0; r < world_; ++r)
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_EQ(recv.Get(r * n + i), testing::RoundTo(t, Tagged(r, rank_ * n + i)))
+            << "alltoall " << what;
+    // A ring of send/recv, even ranks sending first; two messages per pair, tags in order.
+    const int next = (rank_ + 1) % world_, prev = (rank_ + world_ - 1) % world_;
+    Buf out(t, n), in(t, n), in2(t, n);
+    for (size_t i = 0; i < n; ++i) out.Set(i, Tagged(rank_, i));
+    OpDesc s = Op(OpKind::kSend, out.view(), {});
+    s.peer = next;
+    OpDesc r = Op(OpKind::kRecv, {}, in.view());
+    r.peer = prev;
+    auto do_send = [&] {
+      s.tag = 5;
+      ASSERT_TRUE(Run(s).ok()) << "send " << what;
+      s.tag = 6;
+      ASSERT_TRUE(Run(s).ok()) << "send " << what;
+    };
+    auto do_recv = [&] {
+      r.tag = 5;
+      r.output = in.view();
+      ASSERT_TRUE(Run(r).ok()) << "recv " << what;
+      r.tag = 6;
+      r.output = in2.view();
+      ASSERT_TRUE(Run(r).ok()) << "recv " << what;
+    };
+    if (rank_ % 2 == 0) {
+      do_send();
+      do_recv();
+    } else {
+      do_recv();
+      do_send();
+    }
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(in.Get(i), testing::RoundTo(t, Tagged(prev, i))) << "recv " << what;
+      ASSERT_EQ(in2.Get(i), testing::RoundTo(t, Tagged(prev, i))) << "recv " << what;
+    }
+    ASSERT_TRUE(Run(Op(OpKind::kBarrier)).ok());
+  }
+
+ private:
+  Backend& b_;
+  int rank_, world_;
+  uint64_t seq_ = 0;
+};
+
+// 0 and 1 element, odd sizes, and sizes past the 32 KiB step of the small slot (chunked,
+// pipelined through both halves, uneven slices).
+constexpr size_t kCounts[] = {0, 1, 7, 1031, 40013};
+
+void Matrix(int rank, int world, const std::string& dir) {
+  std::unique_ptr<Backend> b = Create(SmallOptions(rank, world, FileStore(dir)));
+  ASSERT_NE(b, nullptr);
+  Runner run(*b, rank, world);
+  for (DType t : kAllDTypes) {
+    for (size_t n : kCounts) {
+      for (ReduceOp op : kAllReduceOps) {
+        if (op != ReduceOp::kAvg || IsFloatingPoint(t)) run.Reductions(t, op, n);
+      }
+      run.DataMovement(t, n);
+    }
+  }
+  EXPECT_TRUE(b->health().ok());
+}
+
+struct Param {
+  RankMode mode;
+  int world;
+};
+class ShmMatrixTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(ShmMatrixTest, EveryOpDTypeReduceOpAndSizeMatchesReference) {
+  RunShm(GetParam().mode, GetParam().world, Matrix);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ranks, ShmMatrixTest,
+    ::testing::Values(Param{RankMode::kThreads, 2}, Param{RankMode::kThreads, 3},
+                      Param{RankMode::kProcesses, 2}, Param{RankMode::kProcesses, 4}),
+    [](const ::testing::TestParamInfo<Param>& info) {
+      return absl::StrCat(testing::RankModeName(info.param.mode), info.param.world);
+    });
+
+TEST(ShmBackend, IntegerAvgIsRefusedAtTheCall) {
+  RunShm(RankMode::kThreads, 2, [](int rank, int world, const std::string& dir) {
+    std::unique_ptr<Backend> b = Create(SmallOptions(rank, world, FileStore(dir)));
+    ASSERT_NE(b, nullptr);
+    std::vector<int32_t> x(4);
+    OpDesc d = Op(OpKind::kAllreduce, HostView(x.data(), 4), HostView(x.data(), 4), ReduceOp::kAvg);
+    const absl::Status s = b->Supports(d);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("i32"));
+    EXPECT_TRUE(absl::IsInvalidArgument(b->Run(d)));
+    EXPECT_TRUE(b->health().ok());
+  });
+}
+
+std::set<std::string> DevShm() {
+  std::set<std::string> names;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) names.insert(e->d_name);
+    closedir(d);
+  }
+  return names;
+}
+
+// Rank `victim` dies (SIGKILL) before the allreduce the others are in: they fail with
+// Unavailable naming it within a couple of seconds, not at the 30 s timeout.
+TEST(ShmBackend, KilledPeerFailsSurvivorsFastAndLeaksNothing) {
+  const std::set<std::string> before = DevShm();
+  const std::string dir = TempDir();
+  constexpr int kVictim = 2;
+  std::vector<int> status = testing::RunRankProcesses(
+      3,
+      [&](const testing::RankEnv& env) {
+        std::unique_ptr<Backend> b = Create(SmallOptions(env.rank, 3, FileStore(dir)));
+        ASSERT_NE(b, nullptr);
+        std::vector<float> x(100000, 1.0f);
+        OpDesc d =
+            Op(OpKind::kAllreduce, HostView(x.data(), x.size()), HostView(x.data(), x.size()));
+        d.seq = 1;
+        d.timeout = absl::Seconds(30);
+        ASSERT_TRUE(b->Run(d).ok());
+        if (env.rank == kVictim) raise(SIGKILL);
+        d.seq = 2;
+        const absl::Time start = absl::Now();
+        const absl::Status s = b->Run(d);
+        const absl::Duration took = absl::Now() - start;
+        EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+        EXPECT_THAT(std::string(s.message()), HasSubstr("rank 2 (pid "));
+        EXPECT_THAT(std::string(s.message()), HasSubstr("exited"));
+        EXPECT_THAT(std::string(s.message()), HasSubstr("allreduce #2"));
+        EXPECT_LT(took, absl::Seconds(2));
+        EXPECT_FALSE(b->health().ok());
+        EXPECT_FALSE(b->Run(d).ok());
+      },
+      absl::Seconds(60));
+  for (int r = 0; r < 3; ++r) {
+    if (r == kVictim) {
+      EXPECT_TRUE(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL) << status[r];
+    } else {
+      EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+    }
+  }
+  EXPECT_EQ(DevShm(), before);
+}
+
+// A stopped rank (SIGSTOP) is not dead: its peers wait out the op's timeout, then fail with
+// DeadlineExceeded saying it is stopped.
+TEST(ShmBackend, StoppedPeerIsNamedAtTheTimeout) {
+  const std::string dir = TempDir();
+  std::vector<int> status = testing::RunRankProcesses(
+      2,
+      [&](const testing::RankEnv& env) {
+        std::shared_ptr<Store> store = FileStore(dir);
+        std::unique_ptr<Backend> b = Create(SmallOptions(env.rank, 2, store));
+        ASSERT_NE(b, nullptr);
+        if (env.rank == 1) {
+          ASSERT_TRUE(store->Set("victim", absl::StrCat(getpid())).ok());
+          raise(SIGSTOP);
+          _exit(3);  // never resumed: killed by rank 0
+        }
+        absl::StatusOr<std::string> victim = store->Get("victim", absl::Seconds(20));
+        ASSERT_TRUE(victim.ok()) << victim.status();
+        absl::SleepFor(absl::Milliseconds(100));  // let it stop
+        std::vector<float> x(10, 1.0f);
+        OpDesc d =
+            Op(OpKind::kAllreduce, HostView(x.data(), x.size()), HostView(x.data(), x.size()));
+        d.seq = 1;
+        d.timeout = absl::Seconds(1);
+        const absl::Time start = absl::Now();
+        const absl::Status s = b->Run(d);
+        const absl::Duration took = absl::Now() - start;
+        int pid = 0;
+        ASSERT_TRUE(absl::SimpleAtoi(*victim, &pid));
+        kill(pid, SIGKILL);
+        EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+        EXPECT_THAT(std::string(s.message()),
+                    HasSubstr(absl::StrCat("peer rank 1 (pid ", pid, ", stopped)")));
+        EXPECT_GE(took, absl::Milliseconds(990));
+        EXPECT_LT(took, absl::Seconds(3));
+      },
+      absl::Seconds(60));
+  EXPECT_TRUE(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0);
+  EXPECT_TRUE(WIFSIGNALED(status[1])) << status[1];
+}
+
+// Abort() from another thread wakes a rank blocked in an op within 100 ms; its peer's next op
+// then fails at once with the reason instead of waiting for its timeout.
+TEST(ShmBackend, AbortWakesAWaiterPromptlyAndBreaksThePeers) {
+  std::shared_ptr<Store> store = CreateHashStore();
+  std::unique_ptr<Backend> b0, b1;
+  std::thread t([&] { b1 = Create(SmallOptions(1, 2, store)); });
+  b0 = Create(SmallOptions(0, 2, store));
+  t.join();
+  ASSERT_NE(b0, nullptr);
+  ASSERT_NE(b1, nullptr);
+  std::vector<float> x(10, 1.0f);
+  OpDesc d = Op(OpKind::kAllreduce, HostView(x.data(), 10), HostView(x.data(), 10));
+  d.seq = 1;
+  d.timeout = absl::Seconds(30);
+  std::atomic<int64_t> returned_ns{0};
+  absl::Status s0;
+  std::thread waiter([&] {
+    s0 = b0->Run(d);
+    returned_ns = absl::ToUnixNanos(absl::Now());
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // well into the futex sleep
+  const absl::Time aborted = absl::Now();
+  b0->Abort(absl::CancelledError("test abort"));
+  waiter.join();
+  EXPECT_LT(absl::FromUnixNanos(returned_ns) - aborted, absl::Milliseconds(100));
+  EXPECT_TRUE(absl::IsAborted(s0)) << s0;
+  EXPECT_THAT(std::string(s0.message()), HasSubstr("test abort"));
+  const absl::Time start = absl::Now();
+  const absl::Status s1 = b1->Run(d);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_TRUE(absl::IsUnavailable(s1)) << s1;
+  EXPECT_THAT(std::string(s1.message()), HasSubstr("peer rank 0 failed"));
+  EXPECT_THAT(std::string(s1.message()), HasSubstr("test abort"));
+}
+
+TEST(ShmBackend, LayoutVersionSkewIsRefusedOnEveryRankByName) {
+  std::shared_ptr<Store> store = CreateHashStore();
+  absl::Status s[2];
+  std::thread t([&] {
+    ShmBackendOptions o = SmallOptions(1, 2, store);
+    o.layout_version_for_testing = 99;
+    s[1] = CreateShmBackend(o).status();
+  });
+  s[0] = CreateShmBackend(SmallOptions(0, 2, store)).status();
+  t.join();
+  for (const absl::Status& st : s) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("layout version 1, rank 1 has version 99"));
+  }
+}
+
+TEST(ShmBackend, SegmentPastTheLimitNamesSizeAndLimit) {
+  std::shared_ptr<Store> store = CreateHashStore();
+  absl::Status s[2];
+  auto create = [&](int r) {
+    ShmBackendOptions o = SmallOptions(r, 2, store);
+    o.slot_bytes = 8 << 20;
+    o.max_segment_bytes = 4 << 20;
+    s[r] = CreateShmBackend(o).status();
+  };
+  std::thread t(create, 1);
+  create(0);
+  t.join();
+  for (const absl::Status& st : s) {
+    EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("over the limit of 4 MiB"));
+  }
+  EXPECT_THAT(std::string(s[0].message()), HasSubstr("needs 16.1 MiB ("));
+}
+
+// Selection: backend=shm and auto (no NCCL here) both pick shm for ranks of one host, and say so.
+TEST(ShmSelection, ShmAndAutoPickShmOnOneHost) {
+  for (BackendChoice choice : {BackendChoice::kShm, BackendChoice::kAuto}) {
+    testing::RunRanks(RankMode::kThreads, 2, [choice](const testing::RankEnv& env) {
+      CommunicatorOptions o = env.options;
+      o.backend = choice;
+      auto comm = Communicator::Create(o);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      EXPECT_EQ(std::string((*comm)->backend_name()), "shm");
+      EXPECT_THAT((*comm)->selection_reason(), HasSubstr("shm: all 2 ranks on host "));
+      std::vector<float> x = {1.0f + env.rank, 5.0f};
+      ASSERT_TRUE((*comm)->Allreduce(HostView(x.data(), 2)).Wait().ok());
+      EXPECT_EQ(x[0], 3.0f);
+      EXPECT_EQ(x[1], 10.0f);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace adaptcomm
