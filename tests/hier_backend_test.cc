@@ -26,6 +26,10 @@
 #include "lib/gloo/gloo_backend.h"
 #include "tests/dtype_values.h"
 #include "tests/harness.h"
+#if __has_include("lib/shm/shm_backend.h")
+#include "lib/shm/shm_backend.h"
+#define ADAPTCOMM_TEST_HAVE_SHM 1
+#endif
 
 namespace adaptcomm {
 namespace {
@@ -125,16 +129,34 @@ struct Wrappers {
   std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>, int rank)> inter;
 };
 
+// The shared-memory backend inside each host, where it is built (null where it is not).
+std::unique_ptr<Backend> Shm(std::shared_ptr<Store> store, int rank, int size) {
+#ifdef ADAPTCOMM_TEST_HAVE_SHM
+  ShmBackendOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.store = std::move(store);
+  o.init_timeout = absl::Seconds(30);
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateShmBackend(o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *std::move(b) : nullptr;
+#else
+  (void)store, (void)rank, (void)size;
+  return nullptr;
+#endif
+}
+
 std::unique_ptr<Backend> ConnectHier(const RankEnv& env, const std::vector<int>& host_of,
-                                     const std::string& prefix, const Wrappers& wrap = {}) {
+                                     const std::string& prefix, const Wrappers& wrap = {},
+                                     bool intra_shm = false) {
   const Place p = PlaceOf(host_of, env.rank);
   HierBackendOptions o;
   o.topology.rank = env.rank;
   o.topology.world_size = env.world_size;
   o.topology.host_of = host_of;
   o.topology.local_rank = p.local;
-  o.intra = Gloo(CreatePrefixStore(absl::StrCat(prefix, "/intra/", p.host), env.options.store),
-                 p.local, p.locals);
+  auto intra_store = CreatePrefixStore(absl::StrCat(prefix, "/intra/", p.host), env.options.store);
+  o.intra = intra_shm ? Shm(intra_store, p.local, p.locals) : Gloo(intra_store, p.local, p.locals);
   if (o.intra == nullptr) return nullptr;
   if (wrap.intra) o.intra = wrap.intra(std::move(o.intra), env.rank);
   if (p.local == 0 && p.hosts > 1) {
@@ -372,6 +394,7 @@ struct Topology {
   std::vector<int> host_of;
   bool intra_without_send_recv = false;
   bool full_dtypes = false;
+  bool intra_shm = false;
 };
 
 class HierCollectivesTest : public ::testing::TestWithParam<Topology> {};
@@ -385,9 +408,12 @@ TEST_P(HierCollectivesTest, EveryOpDtypeAndReduceOpMatchesReference) {
       return std::unique_ptr<Backend>(new NoSendRecv(std::move(b)));
     };
   }
+#ifndef ADAPTCOMM_TEST_HAVE_SHM
+  if (topo.intra_shm) GTEST_SKIP() << "this build has no shared-memory backend";
+#endif
   const std::vector<Case> cases = AllCases(topo.full_dtypes);
   RunRanks(RankMode::kThreads, n, [&](const RankEnv& env) {
-    std::unique_ptr<Backend> b = ConnectHier(env, topo.host_of, topo.name, wrap);
+    std::unique_ptr<Backend> b = ConnectHier(env, topo.host_of, topo.name, wrap, topo.intra_shm);
     ASSERT_NE(b, nullptr);
     EXPECT_STREQ(b->name(), "hier");
     EXPECT_FALSE(b->capabilities().device_memory);
@@ -400,15 +426,18 @@ TEST_P(HierCollectivesTest, EveryOpDtypeAndReduceOpMatchesReference) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Topologies, HierCollectivesTest,
-                         ::testing::Values(Topology{"two_by_two", {0, 0, 1, 1}, false, true},
-                                           Topology{"interleaved", {0, 1, 0, 1}},
-                                           Topology{"uneven_three_plus_one", {0, 0, 0, 1}},
-                                           Topology{"uneven_interleaved", {0, 0, 1, 0}},
-                                           Topology{"one_rank_per_host_permuted", {2, 0, 1}},
-                                           Topology{"single_host", {0, 0, 0}},
-                                           Topology{"no_intra_send_recv", {0, 1, 1, 0}, true}),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(
+    Topologies, HierCollectivesTest,
+    ::testing::Values(Topology{"two_by_two", {0, 0, 1, 1}, false, true},
+                      Topology{"interleaved", {0, 1, 0, 1}},
+                      Topology{"uneven_three_plus_one", {0, 0, 0, 1}},
+                      Topology{"uneven_interleaved", {0, 0, 1, 0}},
+                      Topology{"one_rank_per_host_permuted", {2, 0, 1}},
+                      Topology{"single_host", {0, 0, 0}},
+                      Topology{"no_intra_send_recv", {0, 1, 1, 0}, true},
+                      Topology{"shm_within_hosts", {0, 0, 1, 1}, false, true, true},
+                      Topology{"shm_within_uneven_interleaved", {0, 1, 0, 0}, false, false, true}),
+    [](const auto& info) { return info.param.name; });
 
 // ---- refusals ----
 
