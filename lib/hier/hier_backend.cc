@@ -259,6 +259,14 @@ absl::Status HierBackend::Step(const Outer& o, Level level, absl::string_view st
   Backend& b = level == Level::kIntra ? *intra_ : *inter_;
   absl::Status s = b.Run(inner);
   if (s.ok()) return s;
+  if (absl::IsInvalidArgument(s) && o.op.kind != OpKind::kSend && o.op.kind != OpKind::kRecv) {
+    // Supports() let the op through, and other ranks may be past this step already: a refusal
+    // now is our bug, and the backend must break like on any other failure mid-op.
+    s = absl::InternalError(absl::StrCat("refused by the ", b.name(),
+                                         " backend after Supports() "
+                                         "accepted the op: ",
+                                         s.message()));
+  }
   return Reword(o, level, step, s);
 }
 
@@ -352,7 +360,8 @@ absl::Status HierBackend::Run(const OpDesc& op) {
   const absl::Time start = absl::Now();
   const Outer o{op, start, start + op.timeout};
   absl::Status s = Dispatch(o);
-  if (s.ok()) return s;
+  // A point-to-point op refused by the inner backend moved no data: nothing to break.
+  if (s.ok() || absl::IsInvalidArgument(s)) return s;
   return Break(std::move(s));
 }
 
@@ -699,6 +708,8 @@ absl::Status HierBackend::SendRecv(const Outer& o) {
       o, same_host ? Level::kIntra : Level::kInter,
       absl::StrCat(d.kind == OpKind::kSend ? "send to" : "receive from", " rank ", o.op.peer), d);
 }
+
+#undef HIER_RETURN_IF_ERROR
 
 }  // namespace
 
