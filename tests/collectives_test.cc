@@ -183,8 +183,8 @@ class CollectivesTest : public ::testing::TestWithParam<MatrixParam> {};
 TEST_P(CollectivesTest, EveryOpDTypeAndSizeMatchesReference) {
   const BackendChoice backend = GetParam().backend;
   testing::RunRanks(
-      GetParam().mode, GetParam().world,
-      [backend](const RankEnv& env) { RunMatrix(env, backend); }, absl::Seconds(240));
+      GetParam().mode, GetParam().world, [backend](const RankEnv& env) { RunMatrix(env, backend); },
+      absl::Seconds(240));
 }
 
 // The same matrix on every host-memory backend (Gloo; shm for ranks of one host).

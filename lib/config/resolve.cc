@@ -10,10 +10,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "adaptcomm/profile.h"
+#include "lib/base/log.h"
 #include "lib/config/profile_schema.h"
 #include "lib/config/resolve_internal.h"
 #include "lib/config/units.h"
-#include "lib/base/log.h"
 
 namespace adaptcomm::config {
 namespace {

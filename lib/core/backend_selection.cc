@@ -184,8 +184,7 @@ std::string LocalHostIdentity() {
   return absl::StrCat(HostName(), "|", ReadTrimmed("/proc/sys/kernel/random/boot_id"), "|", ns);
 }
 
-absl::StatusOr<HostAgreement> AgreeOnHost(Store& store, int rank, int world,
-                                          absl::Time deadline) {
+absl::StatusOr<HostAgreement> AgreeOnHost(Store& store, int rank, int world, absl::Time deadline) {
   const std::string name = HostName();
   const std::string mine = LocalHostIdentity();
   if (absl::Status s = store.Set(absl::StrCat("select/host/", rank), mine); !s.ok()) return s;
@@ -194,7 +193,8 @@ absl::StatusOr<HostAgreement> AgreeOnHost(Store& store, int rank, int world,
   if (absl::Status s = store.Wait(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("backend selection (host): not every rank "
-                                               "reported: ", s.message()));
+                                               "reported: ",
+                                               s.message()));
   }
   HostAgreement a;
   a.hostname = name;
@@ -272,17 +272,15 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
                                           const std::string& why_not_nccl) {
   std::string staging;
   const bool forced = o.backend == BackendChoice::kShm;
-  absl::StatusOr<HostAgreement> hosts =
-      AgreeOnHost(*rv.store, o.rank, o.world_size, deadline);
+  absl::StatusOr<HostAgreement> hosts = AgreeOnHost(*rv.store, o.rank, o.world_size, deadline);
   if (!hosts.ok()) return hosts.status();
   std::string not_shm;
   if (hosts->same_host && (o.world_size > 1 || forced)) {
     absl::StatusOr<std::unique_ptr<Backend>> shm = BuildShm(o, rv, deadline, apis, &staging);
     if (shm.ok()) {
-      return SelectedBackend{std::move(*shm),
-                             absl::StrCat(asked, forced ? "" : ": shm", ": all ", o.world_size,
-                                          " ranks on host ", hosts->hostname, why_not_nccl,
-                                          staging)};
+      return SelectedBackend{
+          std::move(*shm), absl::StrCat(asked, forced ? "" : ": shm", ": all ", o.world_size,
+                                        " ranks on host ", hosts->hostname, why_not_nccl, staging)};
     }
     if (forced && o.fallback == Fallback::kDeny) {
       return absl::Status(shm.status().code(),
@@ -293,8 +291,7 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
   } else if (forced) {
     not_shm = absl::StrCat("the ranks are not on one host: ", hosts->differs);
     if (o.fallback == Fallback::kDeny) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(asked, " with fallback deny: ", not_shm));
+      return absl::FailedPreconditionError(absl::StrCat(asked, " with fallback deny: ", not_shm));
     }
     ADAPTCOMM_LOG(kWarning, asked, ": every rank falls back to gloo: ", not_shm);
   } else if (!hosts->same_host) {
@@ -306,8 +303,8 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
     return SelectedBackend{std::move(*gloo),
                            absl::StrCat(asked, ": gloo on every rank because ", not_shm, staging)};
   }
-  return SelectedBackend{std::move(*gloo), absl::StrCat(asked, ": gloo on every rank",
-                                                        why_not_nccl, not_shm, staging)};
+  return SelectedBackend{std::move(*gloo), absl::StrCat(asked, ": gloo on every rank", why_not_nccl,
+                                                        not_shm, staging)};
 }
 
 }  // namespace
