@@ -13,6 +13,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -396,6 +397,11 @@ struct Topology {
   bool full_dtypes = false;
   bool intra_shm = false;
 };
+
+// Names the parameter in test output (and keeps ctest's names free of raw bytes).
+void PrintTo(const Topology& t, std::ostream* os) {
+  *os << t.name << " {" << absl::StrJoin(t.host_of, ",") << "}";
+}
 
 class HierCollectivesTest : public ::testing::TestWithParam<Topology> {};
 
