@@ -16,8 +16,8 @@
 #include "adaptcomm/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/nccl/nccl_backend.h"
 #include "lib/base/cast_kernels.h"
+#include "lib/nccl/nccl_backend.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 
@@ -321,8 +321,22 @@ TEST(DeviceMixed, StreamBarrierCallOrder) {
     EXPECT_NE(b, s) << "the collective runs on the context's communication stream";
     const int coll = Find(c, wait1, [&](const FakeCall& f) { return f.name == "AllReduce"; });
     ASSERT_GT(coll, wait1);
-    EXPECT_EQ(c[coll].stream, b);
     EXPECT_EQ(c[coll].detail, std::to_string(static_cast<int>(nccl::NcclDataType::kBfloat16)));
+    // The collective is stream-ordered behind B: its place in B is recorded, the communicator's
+    // own stream waits for it and runs the collective, and B waits for that (Work::Wait).
+    const int issued =
+        Find(c, wait1, [&](const FakeCall& f) { return f.name == "EventRecord" && f.stream == b; });
+    ASSERT_GT(issued, wait1);
+    ASSERT_LT(issued, coll);
+    const int comm_waits = Find(c, issued, [&](const FakeCall& f) {
+      return f.name == "StreamWaitEvent" && f.event == c[issued].event;
+    });
+    ASSERT_GT(comm_waits, issued);
+    ASSERT_LT(comm_waits, coll);
+    EXPECT_EQ(c[comm_waits].stream, c[coll].stream);
+    const int b_waits = Find(
+        c, coll, [&](const FakeCall& f) { return f.name == "StreamWaitEvent" && f.stream == b; });
+    ASSERT_GT(b_waits, coll);
     const int wait2 = Find(
         c, coll, [&](const FakeCall& f) { return f.name == "StreamWaitEvent" && f.stream == s; });
     ASSERT_GT(wait2, coll);
@@ -331,7 +345,7 @@ TEST(DeviceMixed, StreamBarrierCallOrder) {
     const int rec2 = Find(c, coll, [&](const FakeCall& f) {
       return f.name == "EventRecord" && f.event == coll_done;
     });
-    ASSERT_GT(rec2, coll);
+    ASSERT_GT(rec2, b_waits);
     EXPECT_LT(rec2, wait2);
     EXPECT_EQ(c[rec2].stream, b);
     const int back = Find(c, wait2, [&](const FakeCall& f) {
@@ -359,7 +373,13 @@ TEST(DeviceMixed, HostBarrierWaitsOnTheHostAndNeverOnAnEvent) {
     ASSERT_GE(cast, 0);
     EXPECT_GT(read, cast);  // counters read back and waited for: the cast is done
     EXPECT_GT(coll, read);
-    EXPECT_EQ(Find(c, 0, [](const FakeCall& f) { return f.name == "StreamWaitEvent"; }), -1);
+    // The only stream waits before the collective are the communicator's own stream waiting for
+    // the op's place in the caller's stream (stream ordering), never a barrier on the cast.
+    for (int i = cast; i < coll; ++i) {
+      if (c[i].name == "StreamWaitEvent") {
+        EXPECT_EQ(c[i].stream, c[coll].stream) << i;
+      }
+    }
   });
 }
 

@@ -66,6 +66,10 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
   }
   desc.seq = next_seq_++;
   auto work = std::make_shared<WorkImpl>(std::move(desc));
+  if (work->desc().issued_at != nullptr && CanLaunchInlineLocked()) {
+    LaunchInlineLocked(work);
+    return work;
+  }
   if (!aborted_.ok()) {
     work->Finish(absl::Status(aborted_.code(),
                               absl::StrCat("communicator was aborted: ", aborted_.message())));
@@ -76,6 +80,33 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
     queue_.push_back(work);
   }
   return work;
+}
+
+bool OpExecutor::CanLaunchInlineLocked() const {
+  return aborted_.ok() && !stopping_ && queue_.empty() && !busy_ && device_failure_.ok() &&
+         requested_generation_ <= generation_ && in_flight_.size() < InFlightWindow() &&
+         !pre_run_check_;
+}
+
+void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
+  // Queuing a stream-ordered op on the device cannot block on the device or on peers, and nothing
+  // but this op runs here (the executor is idle and busy_ keeps the worker off): the caller pays
+  // for its own launch instead of a hand-off to the worker and back.
+  for (const auto& o : observers_) o->OnEnqueue(work->desc(), work->enqueue_time());
+  (void)work->MarkRunning();
+  busy_ = true;
+  running_ = work;
+  running_since_ = absl::Now();
+  mu_.Unlock();
+  for (const auto& o : observers_) o->OnStart(work->desc(), running_since_);
+  bool launched = false;
+  absl::Status status = RunWithRetry(work, &launched);
+  mu_.Lock();
+  running_ = nullptr;
+  busy_ = false;
+  // Not launched: refused before anything was queued (InvalidArgument), or the backend is no
+  // longer stream-ordered and ran it to completion.
+  if (!launched) CompleteLocked(work, std::move(status));
 }
 
 void OpExecutor::RunHeadLocked() {

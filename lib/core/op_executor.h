@@ -11,10 +11,12 @@
 //
 // Stream-ordered device ops (Backend::stream_ordered(), CUDA views): Submit marks the op's place
 // in the caller's stream on the caller's thread (one event record: it cannot block, and it is
-// what makes the op's position independent of when the worker gets to it); the worker queues the
-// op on the device and moves on to the next one without waiting for the device. Up to a window
-// of ops are in flight: 1024 with retries off; with coordinated retry on, 2, so that the retry
-// record (ReplayLog, 4 entries) covers every restart point a vote can produce (a rank's first
+// what makes the op's position independent of when the worker gets to it). When the executor is
+// idle the caller also queues the op on the device itself (a few non-blocking CUDA/NCCL calls for
+// its own op only; a hand-off to the worker and back would cost more than the op's launch);
+// otherwise the worker does, and moves on to the next op without waiting for the device. Up to a
+// window of ops are in flight: 1024 with retries off; with coordinated retry on, 2, so that the
+// retry record (ReplayLog, 4 entries) covers every restart point a vote can produce (a rank's first
 // unfinished op is at most a window behind another's). The watchdog polls the oldest op in
 // flight (every millisecond while any is) and finishes its Work when the device is done; a device
 // failure or an op past its timeout (counted from when it became the oldest) aborts the backend
@@ -137,6 +139,11 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // Pops the head and runs it on the worker. REQUIRES: mu_ held, queue non-empty, !busy_.
   // Releases mu_ around the backend call.
   void RunHeadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stream-ordered op may be queued on the device by its issuing thread: the executor is idle,
+  // the window has room and no check must run first. REQUIRES: mu_ held.
+  bool CanLaunchInlineLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Runs `work` (just submitted) on the issuing thread. REQUIRES: mu_ held; released meanwhile.
+  void LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `op` (recording it for replay when retries are on) and, on a retryable failure, joins or
   // starts a coordinated retry. Called while busy_, without mu_.
   // *launched: the op went to the device (stream-ordered) and is the watchdog's now.

@@ -141,6 +141,7 @@ class NcclBackend final : public Backend, public StreamOrdered {
   const std::shared_ptr<CommHealth> health_;
 
   std::atomic<bool> abort_requested_{false};
+  std::atomic<CudaStream> last_checked_stream_{nullptr};  // on options_.device (MarkIssue)
   mutable absl::Mutex mu_;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
@@ -386,8 +387,11 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
   const bool output = UsesOutput(op.kind);
   const TensorView& view = output ? op.output : op.input;
   const char* which = output ? "output" : "input";
-  int stream_device = -1;
-  const int g = api_->StreamGetDevice(view.stream, &stream_device);
+  int stream_device = options_.device;
+  // A training loop issues on the same stream or two: check each new one once.
+  const int g = view.stream == last_checked_stream_.load(std::memory_order_relaxed)
+                    ? kCudaSuccess
+                    : api_->StreamGetDevice(view.stream, &stream_device);
   if (g == kCudaSuccess && stream_device != options_.device) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl ", OpKindName(op.kind), " on rank ", options_.rank, ": the ", which,
@@ -399,6 +403,7 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
         "nccl ", OpKindName(op.kind), " on rank ", options_.rank, ": the ", which,
         " view's stream is not usable (cudaStreamGetDevice: ", api_->ErrorString(g), ")"));
   }
+  if (g == kCudaSuccess) last_checked_stream_.store(view.stream, std::memory_order_relaxed);
   absl::StatusOr<CudaEvent> event = events_->Take();
   if (!event.ok()) return event.status();
   if (int e = api_->EventRecord(*event, view.stream); e != kCudaSuccess) {
@@ -461,7 +466,12 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       return Break(absl::UnavailableError(
           absl::StrCat(What(op), ": cudaEventRecord: ", api_->ErrorString(e))));
     }
-    completion = std::make_shared<NcclCompletion>(events_, health_, *done, What(op));
+    completion = std::make_shared<NcclCompletion>(
+        events_, health_, *done,
+        [kind = op.kind, seq = op.seq, rank = options_.rank, device = options_.device] {
+          return absl::StrCat("nccl ", OpKindName(kind), " seq ", seq, " (rank ", rank,
+                              ", cuda:", device, ")");
+        });
     return absl::OkStatus();
   }());
   if (!status.ok()) return status;

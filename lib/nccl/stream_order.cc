@@ -37,14 +37,14 @@ void EventPool::Give(CudaEvent event) {
   free_.push_back(event);
 }
 
-absl::Status CommHealth::Check(const std::string& what) {
+absl::Status CommHealth::Check(const std::function<std::string()>& what) {
   absl::ReaderMutexLock lock(&mu_);
   if (!live_) return retired_;
   NcclResult state = NcclResult::kSuccess;
   NcclResult r = api_->CommGetAsyncError(comm_, &state);
   if (r != NcclResult::kSuccess) state = r;
   if (state == NcclResult::kSuccess || state == NcclResult::kInProgress) return absl::OkStatus();
-  return MapNcclResult(state, absl::StrCat(what, " (asynchronous error)"),
+  return MapNcclResult(state, absl::StrCat(what(), " (asynchronous error)"),
                        api_->GetLastError(comm_));
 }
 
@@ -63,13 +63,13 @@ absl::StatusOr<bool> NcclCompletion::Poll() {
   if (q == kCudaSuccess) return true;
   if (q == kCudaErrorNotReady) return false;
   return absl::UnavailableError(
-      absl::StrCat(what_, ": cudaEventQuery: ", pool_->api().ErrorString(q)));
+      absl::StrCat(what_(), ": cudaEventQuery: ", pool_->api().ErrorString(q)));
 }
 
 absl::Status NcclCompletion::MakeStreamWait(void* stream) {
   if (int e = pool_->api().StreamWaitEvent(stream, done_); e != kCudaSuccess) {
     return absl::UnavailableError(
-        absl::StrCat(what_, ": cudaStreamWaitEvent: ", pool_->api().ErrorString(e)));
+        absl::StrCat(what_(), ": cudaStreamWaitEvent: ", pool_->api().ErrorString(e)));
   }
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #ifndef ADAPTCOMM_LIB_NCCL_STREAM_ORDER_H_
 #define ADAPTCOMM_LIB_NCCL_STREAM_ORDER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +55,7 @@ class CommHealth {
   CommHealth(std::shared_ptr<NcclApi> api, NcclComm comm) : api_(std::move(api)), comm_(comm) {}
   // OK while the communicator is live and NCCL reports no asynchronous error (ncclInProgress is
   // no error); else the mapped NCCL error naming `what`, or why the communicator was retired.
-  absl::Status Check(const std::string& what);
+  absl::Status Check(const std::function<std::string()>& what);
   // After this returns no Check() touches the communicator; later ones return `why`. The first
   // reason wins.
   void Retire(absl::Status why);
@@ -83,8 +84,10 @@ class NcclStreamPosition final : public StreamPosition {
 // An op on the communicator's stream, done when the event recorded after it is.
 class NcclCompletion final : public DeviceCompletion {
  public:
+  // `what` names the op in errors ("nccl allreduce seq 12 (rank 1, cuda:1)"); built only when one
+  // is reported, so that a launch costs no string.
   NcclCompletion(std::shared_ptr<EventPool> pool, std::shared_ptr<CommHealth> health,
-                 CudaEvent done, std::string what)
+                 CudaEvent done, std::function<std::string()> what)
       : pool_(std::move(pool)), health_(std::move(health)), done_(done), what_(std::move(what)) {}
   ~NcclCompletion() override { pool_->Give(done_); }
   absl::StatusOr<bool> Poll() override;
@@ -94,7 +97,7 @@ class NcclCompletion final : public DeviceCompletion {
   const std::shared_ptr<EventPool> pool_;
   const std::shared_ptr<CommHealth> health_;
   const CudaEvent done_;
-  const std::string what_;  // "nccl allreduce seq 12 (rank 1, cuda:1)"
+  const std::function<std::string()> what_;
 };
 
 }  // namespace adaptcomm::nccl
