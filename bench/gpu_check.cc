@@ -10,7 +10,12 @@
 //      (every bf16 neighbourhood, fp16 rounding ties and limits, NaN payloads, random) narrowed,
 //      the overflow/NaN counters, aligned and unaligned buffers;
 //   5. the device AllreduceMixed (bf16 wire, stream and host barrier) checked and timed against
-//      the plain fp32 allreduce.
+//      the plain fp32 allreduce;
+//   6. host overhead of a stream-ordered allreduce (issue + Wait) against ncclAllReduce called
+//      directly on a communicator of our own: 8 bytes (target <= 5 us more per op) and the time
+//      to completion of back-to-back ops 1 MiB .. 1 GiB (target <= 2% slower);
+//   7. overlap: a stream held busy by "compute" (a 300 ms host function) does not delay a
+//      collective issued on another stream.
 // Without a GPU it prints "no GPU: <reason>" and exits 0. Uses only adaptcomm's CUDA seam (no CUDA
 // header here).
 #include <netinet/in.h>
@@ -19,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -231,9 +237,11 @@ void TimeoutCheck(Communicator& comm, int device, void* stream) {
   DevBuf a(1 << 20);
   if (comm.rank() == 0) cuda->LaunchHostFunc(stream, StallStream, &stall);
   const absl::Time start = absl::Now();
+  // Stream-ordered: the op queues behind the stall at once; the watchdog polling its completion
+  // event fails it 500 ms after it became the oldest op in flight.
   absl::Status s =
       comm.Allreduce(a.View(DType::kF32, device, stream), {.timeout = absl::Milliseconds(500)})
-          .Wait();
+          .Synchronize();
   const absl::Duration took = absl::Now() - start;
   std::printf("  timeout check r%d: %s after %s; health: %s\n", comm.rank(), s.ToString().c_str(),
               absl::FormatDuration(took).c_str(), comm.health().ToString().c_str());
@@ -491,6 +499,137 @@ void MixedCheck(Communicator& comm, int device, void* stream) {
               absl::ToDoubleMicroseconds(absl::Now() - t0) / 20);
 }
 
+// ---- [6] host overhead against ncclAllReduce itself ----
+
+// A raw NCCL communicator over the same ranks (its unique id through the store), for the
+// baseline: ncclAllReduce + an event record per op, as a hand-written loop does.
+struct RawNccl {
+  std::shared_ptr<nccl::NcclApi> api;
+  nccl::NcclComm comm = nullptr;
+  ~RawNccl() {
+    if (comm != nullptr) (void)api->CommDestroy(comm);
+  }
+};
+
+absl::Status MakeRaw(Store& store, int rank, int world, RawNccl* raw) {
+  absl::StatusOr<std::shared_ptr<nccl::NcclApi>> api = nccl::LoadNcclApi();
+  if (!api.ok()) return api.status();
+  raw->api = *api;
+  nccl::NcclUniqueId id;
+  if (rank == 0) {
+    (void)raw->api->GetUniqueId(&id);
+    if (absl::Status s =
+            store.Set("gpu_check/raw_uid", std::string(id.internal, sizeof(id.internal)));
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    absl::StatusOr<std::string> v = store.Get("gpu_check/raw_uid", absl::Seconds(60));
+    if (!v.ok()) return v.status();
+    std::memcpy(id.internal, v->data(), std::min(v->size(), sizeof(id.internal)));
+  }
+  nccl::NcclCommConfig config;  // blocking, as most hand-written loops
+  if (nccl::NcclResult r = raw->api->CommInitRankConfig(&raw->comm, world, id, rank, config);
+      r != nccl::NcclResult::kSuccess) {
+    return absl::UnavailableError(
+        absl::StrCat("ncclCommInitRankConfig: ", nccl::NcclResultName(r)));
+  }
+  return absl::OkStatus();
+}
+
+void OverheadCheck(Communicator& comm, Store& store, int device, void* stream) {
+  RawNccl raw;
+  if (absl::Status s = MakeRaw(store, comm.rank(), comm.size(), &raw); !s.ok()) {
+    ++failures;
+    std::printf("  FAIL raw NCCL communicator: %s\n", s.ToString().c_str());
+    return;
+  }
+  void* done = nullptr;
+  cuda->EventCreateDisableTiming(&done);
+  DevBuf buf(size_t{1} << 30);
+  // 8 bytes: host cost per op, 2000 ops issued back to back (the GPU runs them meanwhile).
+  constexpr int kSmallOps = 2000;
+  const TensorView small{buf.p, 2, DType::kF32, Device::Cuda(device), stream};
+  for (int i = 0; i < 50; ++i) CHECK_OK(comm.Allreduce(small).Wait(), "overhead warm-up");
+  Sync(stream);
+  absl::Time t0 = absl::Now();
+  for (int i = 0; i < kSmallOps; ++i) {
+    (void)raw.api->AllReduce(buf.p, buf.p, 2, nccl::NcclDataType::kFloat32, nccl::NcclRedOp::kSum,
+                             raw.comm, stream);
+    cuda->EventRecord(done, stream);
+  }
+  const double raw_us = absl::ToDoubleMicroseconds(absl::Now() - t0) / kSmallOps;
+  Sync(stream);
+  t0 = absl::Now();
+  Work last;
+  for (int i = 0; i < kSmallOps; ++i) {
+    last = comm.Allreduce(small);
+    CHECK_OK(last.Wait(), "overhead");
+  }
+  const double ours_us = absl::ToDoubleMicroseconds(absl::Now() - t0) / kSmallOps;
+  CHECK_OK(last.Synchronize(absl::Seconds(60)), "overhead sync");
+  std::printf("  8 B host cost per op: ncclAllReduce %.2f us, adaptcomm %.2f us (+%.2f us)\n",
+              raw_us, ours_us, ours_us - raw_us);
+  if (ours_us - raw_us > 5.0) {
+    ++failures;
+    std::printf("  FAIL host overhead above 5 us per op\n");
+  }
+  for (size_t bytes = size_t{1} << 20; bytes <= (size_t{1} << 30); bytes *= 4) {
+    const size_t n = bytes / 4;
+    const int iters = static_cast<int>(std::clamp<size_t>((size_t{2} << 30) / bytes, 5, 40));
+    const TensorView v{buf.p, n, DType::kF32, Device::Cuda(device), stream};
+    Sync(stream);
+    t0 = absl::Now();
+    for (int i = 0; i < iters; ++i) {
+      (void)raw.api->AllReduce(buf.p, buf.p, n, nccl::NcclDataType::kFloat32, nccl::NcclRedOp::kSum,
+                               raw.comm, stream);
+    }
+    Sync(stream);
+    const double raw_t = absl::ToDoubleMicroseconds(absl::Now() - t0) / iters;
+    t0 = absl::Now();
+    for (int i = 0; i < iters; ++i) {
+      last = comm.Allreduce(v);
+      CHECK_OK(last.Wait(), "overhead large");
+    }
+    CHECK_OK(last.Synchronize(absl::Seconds(120)), "overhead large sync");
+    const double ours_t = absl::ToDoubleMicroseconds(absl::Now() - t0) / iters;
+    std::printf("  %10zu B: ncclAllReduce %9.1f us, adaptcomm %9.1f us (%.3fx)\n", bytes, raw_t,
+                ours_t, ours_t / raw_t);
+    if (ours_t > raw_t * 1.02 + 5.0) {
+      ++failures;
+      std::printf("  FAIL more than 2%% slower than ncclAllReduce\n");
+    }
+  }
+  cuda->EventDestroy(done);
+}
+
+// ---- [7] overlap with compute on another stream ----
+
+void OverlapCheck(Communicator& comm, int device, void* stream) {
+  void* compute = nullptr;
+  if (cuda->StreamCreateNonBlocking(&compute) != nccl::kCudaSuccess) {
+    ++failures;
+    std::printf("  FAIL creating the compute stream\n");
+    return;
+  }
+  static absl::Duration busy = absl::Milliseconds(300);
+  DevBuf a(size_t{4} << 20);
+  cuda->LaunchHostFunc(compute, StallStream, &busy);  // "compute" holds its own stream
+  const absl::Time start = absl::Now();
+  absl::Status s =
+      comm.Allreduce(a.View(DType::kF32, device, stream)).Synchronize(absl::Seconds(10));
+  const absl::Duration took = absl::Now() - start;
+  CHECK_OK(s, "overlap allreduce");
+  std::printf("  4 MiB allreduce beside a 300 ms busy stream: done after %s\n",
+              absl::FormatDuration(took).c_str());
+  if (took >= absl::Milliseconds(250)) {
+    ++failures;
+    std::printf("  FAIL the collective waited for the other stream\n");
+  }
+  Sync(compute);
+  cuda->StreamDestroy(compute);
+}
+
 int RunRank(int rank, int world, int port) {
   setenv("ADAPTCOMM_CUDA_DEVICE", std::to_string(rank).c_str(), 1);
   const int device = rank;
@@ -557,6 +696,10 @@ int RunRank(int rank, int world, int port) {
       Busbw(**g, device, stream, size_t{256} << 20);
     }
   }
+  std::printf("[6] host overhead against ncclAllReduce (world %d)\n", world);
+  OverheadCheck(**a, *store, device, stream);
+  std::printf("[7] a collective overlaps compute on another stream\n");
+  OverlapCheck(**a, device, stream);
   std::printf("[2] a stalled stream times out and aborts\n");
   {
     auto t = Make("check_timeout", BackendChoice::kNccl, rank, world, port, store);

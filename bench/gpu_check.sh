@@ -2,8 +2,9 @@
 # GPU check of the NCCL backend: builds adaptcomm with CUDA (its own build directory) and runs
 # bench/gpu_check: every collective x dtype on NCCL (one process per GPU; with one GPU, world 1 and
 # two communicators in one process), a stalled stream that must time out and abort, allreduce busbw
-# 1 MiB..1 GiB (nccl-tests' definition) on NCCL and on the Gloo-staged path. Self-contained: no
-# downloads. Without a GPU it says "no GPU" and exits 0.
+# 1 MiB..1 GiB (nccl-tests' definition) on NCCL and on the Gloo-staged path, the host overhead of a
+# stream-ordered allreduce against ncclAllReduce itself, and its overlap with a busy stream.
+# Self-contained: no downloads. Without a GPU it says "no GPU" and exits 0.
 #   bench/gpu_check.sh [build-dir]        (default: build-gpu-check next to this tree's sources)
 set -euo pipefail
 src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
