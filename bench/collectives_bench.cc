@@ -3,6 +3,7 @@
 //   collectives_bench [--ranks 2,4] [--ops allreduce,allgather,reduce_scatter,broadcast]
 //                     [--min-bytes 4096] [--max-bytes 67108864] [--csv FILE] [--quick]
 //                     [--retries N]   (attempts per op; 1 = off, the default: raw Gloo has none)
+//                     [--backend gloo|shm|auto]   (adaptcomm's backend; default gloo)
 //
 // Ranks are forked processes on loopback. Every size runs in rounds that alternate adaptcomm and
 // raw Gloo (so drift of the machine hits both alike); the median time of each is reported with
@@ -45,6 +46,7 @@ struct Config {
   bool quick = false;
   // Coordinated retries copy each op's input first (see README); 1 = off, as raw Gloo has none.
   int retries = 1;
+  adaptcomm::BackendChoice backend = adaptcomm::BackendChoice::kGloo;
 };
 
 double BusFactor(const std::string& op, int n) {
@@ -144,7 +146,8 @@ void RankMain(const Config& cfg, int rank, int world, int port, FILE* report) {
   o.world_size = world;
   o.master_addr = "127.0.0.1";
   o.master_port = port;
-  o.backend = adaptcomm::BackendChoice::kGloo;
+  o.backend = cfg.backend;
+  o.fallback = adaptcomm::Fallback::kDeny;  // measure the backend asked for, or fail
   o.max_retry_attempts = cfg.retries;
   auto comm = adaptcomm::Communicator::Create(o);
   if (!comm.ok()) {
@@ -229,6 +232,18 @@ bool ParseArgs(int argc, char** argv, Config& cfg) {
     } else if (a == "--retries") {
       if (!absl::SimpleAtoi(v, &cfg.retries) || cfg.retries < 1) return false;
       ++i;
+    } else if (a == "--backend") {
+      const std::string b = v;
+      if (b == "gloo") {
+        cfg.backend = adaptcomm::BackendChoice::kGloo;
+      } else if (b == "shm") {
+        cfg.backend = adaptcomm::BackendChoice::kShm;
+      } else if (b == "auto") {
+        cfg.backend = adaptcomm::BackendChoice::kAuto;
+      } else {
+        return false;
+      }
+      ++i;
     } else if (a == "--quick") {
       cfg.quick = true;
     } else {
@@ -246,7 +261,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: collectives_bench [--ranks 2,4] [--ops allreduce,allgather,"
                  "reduce_scatter,broadcast] [--min-bytes N] [--max-bytes N] [--csv FILE] "
-                 "[--quick] [--retries N]\n");
+                 "[--quick] [--retries N] [--backend gloo|shm|auto]\n");
     return 2;
   }
   char tmpl[] = "/tmp/adaptcomm-bench-XXXXXX";
@@ -282,6 +297,7 @@ int main(int argc, char** argv) {
       "op,ranks,bytes,adaptcomm_us,adaptcomm_algbw_GBps,adaptcomm_busbw_GBps,gloo_us,"
       "gloo_busbw_GBps,time_ratio";
   if (csv) std::fprintf(csv, "%s\n", header);
+  std::printf("adaptcomm backend: %s\n", adaptcomm::BackendChoiceName(cfg.backend));
   std::printf("%-15s %5s %9s %12s %9s %9s %12s %9s %7s\n", "op", "ranks", "size", "adaptcomm_us",
               "algbw", "busbw", "raw_gloo_us", "busbw", "ratio");
   char line[512];

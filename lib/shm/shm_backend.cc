@@ -1,5 +1,6 @@
 #include "lib/shm/shm_backend.h"
 
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,6 +57,17 @@ bool UsesInput(OpKind kind) {
 }
 bool UsesOutput(OpKind kind) { return kind != OpKind::kBarrier && kind != OpKind::kSend; }
 
+// Spinning only pays when every rank has a core: with more ranks than CPUs the peer we wait for
+// is likely descheduled, and our spinning delays it further. Then we block right away.
+int64_t SpinNs(const ShmBackendOptions& o) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cpus = 0;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
+  if (cpus > 0 && o.size > cpus) return 0;
+  return absl::ToInt64Nanoseconds(o.spin);
+}
+
 struct OpCtx {
   const OpDesc& op;
   absl::Time start;
@@ -71,7 +83,7 @@ class ShmBackend final : public Backend {
         flat_max_(o.flat_max_bytes),
         chunk_(o.chunk_bytes == 0 ? seg_->slot_half_bytes()
                                   : std::min(o.chunk_bytes, seg_->slot_half_bytes())),
-        spin_ns_(absl::ToInt64Nanoseconds(o.spin)),
+        spin_ns_(SpinNs(o)),
         liveness_interval_(o.liveness_interval),
         sent_(o.size, 0),
         received_(o.size, 0),
@@ -306,14 +318,17 @@ absl::Status ShmBackend::ReduceChunk(const OpCtx& ctx, unsigned char* data, size
   auto lo = [&](int p) { return std::min(count, slice * static_cast<size_t>(p)); };
 
   if (absl::Status s = BeginStep(ctx, true); !s.ok()) return s;
-  std::memcpy(Half(rank_), data, count * esz);
+  // Peers read every slice but ours from our half; ours we reduce straight from `data`.
+  const size_t my_lo = lo(rank_), my_hi = lo(rank_ + 1);
+  std::memcpy(Half(rank_), data, my_lo * esz);
+  std::memcpy(Half(rank_) + my_hi * esz, data + my_hi * esz, (count - my_hi) * esz);
   Publish(seg_->post(rank_), 2 * step_ - 1);
   if (absl::Status s = WaitAllPosted(ctx, 2 * step_ - 1); !s.ok()) return s;
-  const size_t mine = lo(rank_ + 1) - lo(rank_);
-  for (int p = 0; p < size_; ++p) srcs_[p] = Half(p) + lo(rank_) * esz;
-  // The reduced slice replaces this rank's own copy of it: no peer reads that part of our half.
-  shm::ReduceSlots(op.output.dtype, op.reduce, srcs_.data(), size_, Half(rank_) + lo(rank_) * esz,
-                   mine);
+  for (int p = 0; p < size_; ++p) srcs_[p] = Half(p) + my_lo * esz;
+  srcs_[rank_] = data + my_lo * esz;
+  // The reduced slice goes where our copy of it would have been: no peer reads it before post 2.
+  shm::ReduceSlots(op.output.dtype, op.reduce, srcs_.data(), size_, Half(rank_) + my_lo * esz,
+                   my_hi - my_lo);
   Publish(seg_->post(rank_), 2 * step_);
   if (root < 0 || root == rank_) {
     for (int p = 0; p < size_; ++p) {

@@ -1,0 +1,37 @@
+#!/bin/bash
+# 2- and 4-rank float32 allreduce: the shm backend and the Gloo backend (bench/shm_bench) and
+# OpenMPI's shared-memory transport (vader), interleaved per round so machine drift hits all alike.
+# OpenMPI is a measurement peer only: apt-get install openmpi-bin libopenmpi-dev.
+#
+#   bench/shm_vs_mpi.sh [build dir] [rounds]
+set -euo pipefail
+build=${1:-build}
+rounds=${2:-6}
+here=$(cd "$(dirname "$0")" && pwd)
+out=$(mktemp -d /tmp/shm_vs_mpi.XXXXXX)
+mpicc -O2 -o "$out/mpi_allreduce_baseline" "$here/mpi_allreduce_baseline.c"
+sizes="4096 262144 4194304 67108864"
+for n in 2 4; do
+  for s in $sizes; do
+    for r in $(seq "$rounds"); do
+      "$build/bench/shm_bench" --ranks "$n" --sizes "$s" --rounds 1 >> "$out/ours.$n.$s"
+      mpirun --allow-run-as-root --oversubscribe -np "$n" --mca btl self,vader \
+        "$out/mpi_allreduce_baseline" 1 "$s" >> "$out/mpi.$n.$s"
+    done
+  done
+done
+# Median of the rounds per size and transport.
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+printf "%-6s %10s %12s %12s %12s %10s %10s %10s\n" ranks bytes shm_us gloo_us mpi_us shm_GBps gloo_GBps mpi_GBps
+for n in 2 4; do
+  for s in $sizes; do
+    shm=$(awk '{print $6}' "$out/ours.$n.$s" | median)
+    gloo=$(awk '{print $12}' "$out/ours.$n.$s" | median)
+    mpi=$(awk '{print $6}' "$out/mpi.$n.$s" | median)
+    awk -v n="$n" -v s="$s" -v a="$shm" -v g="$gloo" -v m="$mpi" 'BEGIN {
+      f = 2 * (n - 1) / n
+      printf "%-6d %10d %12.1f %12.1f %12.1f %10.3f %10.3f %10.3f\n", n, s, a, g, m,
+             s / a / 1e3 * f, s / g / 1e3 * f, s / m / 1e3 * f }'
+  done
+done
+rm -rf "$out"
