@@ -368,7 +368,11 @@ absl::Status HierBackend::Run(const OpDesc& op) {
 absl::Status HierBackend::Break(absl::Status s) {
   {
     absl::MutexLock lock(&mu_);
-    if (aborted_) return broken_;
+    if (aborted_) {
+      // Aborted: the op fails with the abort's reason, and says where it was interrupted.
+      return absl::Status(broken_.code(),
+                          absl::StrCat(broken_.message(), "; interrupted in ", s.message()));
+    }
     if (broken_.ok()) broken_ = s;
   }
   // The peers of this rank may be waiting on a step it will never run: make theirs fail now.
