@@ -21,10 +21,13 @@
 // op goes straight to the intra backend.
 //
 // Inner ops get consecutive sequence numbers of their own per inner backend; each gets what is left
-// of the outer op's timeout. Inner errors are re-worded to name the outer op, its seq and the level
-// ("allreduce #7: between hosts (leader of host 1, global rank 2), leaders allreduce: <inner>").
-// Any failure breaks this backend and aborts both inner ones, so the other ranks' steps fail
-// promptly instead of waiting for their own timeouts. Host memory only (the staging is on the CPU).
+// of the outer op's timeout. Inner errors keep their code and are re-worded to name the outer op,
+// its seq, the level and the step ("allreduce #7: between hosts (leader of host 1, global rank 2),
+// allreduce among leaders: <inner>"); an inner refusal of a collective that Supports() accepted
+// is Internal. Any failure breaks this backend and aborts both inner ones, so the peers waiting on
+// this rank fail promptly instead of waiting for their own timeouts (a rank waiting on someone
+// else still waits for its bound). Abort() aborts both inner backends; the op in flight returns
+// Aborted with the reason and the step it interrupted. Host memory only (staging is on the CPU).
 // Internal point-to-point steps use the tags from kHierInternalTagBase up; user send/recv tags
 // there are refused.
 #ifndef ADAPTCOMM_LIB_HIER_HIER_BACKEND_H_
