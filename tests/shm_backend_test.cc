@@ -23,6 +23,7 @@
 #include "adaptcomm/adaptcomm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/trace/culprit.h"
 #include "tests/dtype_values.h"
 #include "tests/harness.h"
 
@@ -398,6 +399,53 @@ TEST(ShmBackend, AbortWakesAWaiterPromptlyAndBreaksThePeers) {
   EXPECT_TRUE(absl::IsUnavailable(s1)) << s1;
   EXPECT_THAT(std::string(s1.message()), HasSubstr("peer rank 0 failed"));
   EXPECT_THAT(std::string(s1.message()), HasSubstr("test abort"));
+}
+
+// Through the communicator: the shm backend sees the killed rank within its liveness interval
+// and its error (naming the dead rank and its pid) is retryable like Gloo's, so the coordinated
+// retry runs; that retry waits for the dead rank's vote up to the op timeout (lib/core), and the
+// flight records name the dead rank.
+TEST(ShmCommunicator, KilledRankFailsSurvivorsFastWithARetryableErrorAndAVerdict) {
+  const std::string dir = TempDir();
+  constexpr int kVictim = 2;
+  constexpr absl::Duration kTimeout = absl::Seconds(4);
+  std::vector<int> status = testing::RunRankProcesses(
+      3,
+      [&](const testing::RankEnv& env) {
+        CommunicatorOptions o = env.options;
+        o.backend = BackendChoice::kShm;
+        o.fallback = Fallback::kDeny;
+        o.timeout = kTimeout;
+        o.failure_report_window = absl::Seconds(1);
+        o.flight_recorder_dir = dir;
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        ASSERT_EQ(std::string((*comm)->backend_name()), "shm");
+        std::vector<float> grad(64 << 10);
+        for (int step = 0; step < 1000; ++step) {
+          if (env.rank == kVictim && step == 20) raise(SIGKILL);
+          const absl::Time start = absl::Now();
+          absl::Status s = (*comm)->Allreduce(HostView(grad.data(), grad.size())).Wait();
+          if (!s.ok()) {
+            EXPECT_TRUE(IsRetryable(s)) << s;
+            EXPECT_THAT(std::string(s.message()), HasSubstr("rank(s) 2 did not vote"));
+            EXPECT_THAT(std::string(s.message()), HasSubstr("peer rank 2 (pid "));
+            EXPECT_THAT(std::string(s.message()), HasSubstr(") exited; waited "));
+            EXPECT_LT(absl::Now() - start, kTimeout + absl::Seconds(4)) << s;
+            return;
+          }
+        }
+        ADD_FAILURE() << "rank " << env.rank << " never saw the failure";
+      },
+      absl::Seconds(60));
+  for (int r = 0; r < 3; ++r) {
+    if (r != kVictim) {
+      EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+    }
+  }
+  absl::StatusOr<trace::CulpritReport> report = trace::AnalyzeFlightDumps(dir);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->missing, std::vector<int>{kVictim}) << report->ToText();
 }
 
 TEST(ShmBackend, LayoutVersionSkewIsRefusedOnEveryRankByName) {

@@ -163,6 +163,7 @@ class ShmBackend final : public Backend {
   std::vector<const void*> srcs_;   // reduction sources, rank order
 
   std::atomic<bool> aborted_{false};
+  absl::Mutex group_mu_;  // serializes writes of this rank's broken record in the segment
   mutable absl::Mutex mu_;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
@@ -536,6 +537,7 @@ absl::Status ShmBackend::Wait(const OpCtx& ctx, Counter& c, uint32_t target, int
 }
 
 void ShmBackend::MarkGroupBroken(const absl::Status& status) {
+  absl::MutexLock lock(&group_mu_);  // Run's thread and Abort may both get here
   shm::RankInfo& me = seg_->info(rank_);
   uint32_t expected = 0;
   // Only the first rank to break the group writes its reason there (its own record).
