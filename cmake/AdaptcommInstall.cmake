@@ -57,11 +57,13 @@ install(FILES ${PROJECT_BINARY_DIR}/adaptcomm.pc DESTINATION ${ADAPTCOMM_PKGCONF
 # YAML profiles and templates (3B/7B/30B, size tiers) for `adaptcomm profile` and trainers.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/configs/ DESTINATION ${ADAPTCOMM_INSTALL_CONFIGSDIR})
 
-# Installed programs find the installed library through a path relative to themselves, so they
-# work wherever the prefix is installed or moved (tools/ and examples/ install them into bin/).
+# The demo trainer (examples/) finds the installed library through a path relative to itself, so
+# it works wherever the prefix is installed or moved. The `adaptcomm` tool links the library's
+# objects statically (adaptcomm_internal) and finds the installed configs from bin/ itself
+# (lib/config/CMakeLists.txt).
 file(RELATIVE_PATH ADAPTCOMM_BIN_TO_LIBDIR "${CMAKE_INSTALL_PREFIX}/bin"
      "${CMAKE_INSTALL_FULL_LIBDIR}")
-foreach(program adaptcomm_cli adaptcomm_trainer)
+foreach(program adaptcomm_trainer)
   if(TARGET ${program})
     set_target_properties(${program} PROPERTIES INSTALL_RPATH "$ORIGIN/${ADAPTCOMM_BIN_TO_LIBDIR}")
   endif()

@@ -1,7 +1,7 @@
 # NCCL tests: the fault-injecting fake NcclApi is a small library linked into every
 # tests/nccl_*_test.cc binary (the library itself never contains it).
 add_library(adaptcomm_fake_nccl STATIC ${CMAKE_CURRENT_LIST_DIR}/fake_nccl_api.cc)
-target_link_libraries(adaptcomm_fake_nccl PUBLIC adaptcomm absl::synchronization absl::strings)
+target_link_libraries(adaptcomm_fake_nccl PUBLIC adaptcomm_internal absl::synchronization absl::strings)
 target_include_directories(adaptcomm_fake_nccl PUBLIC ${PROJECT_SOURCE_DIR})
 adaptcomm_warnings(adaptcomm_fake_nccl)
 

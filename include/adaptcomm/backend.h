@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "adaptcomm/export.h"
 #include "adaptcomm/types.h"
 
 namespace adaptcomm {
@@ -32,7 +33,7 @@ enum class OpKind : uint8_t {
   kSend,
   kRecv,
 };
-const char* OpKindName(OpKind kind);
+ADAPTCOMM_EXPORT const char* OpKindName(OpKind kind);
 
 class StreamPosition;  // below
 
@@ -74,14 +75,14 @@ struct Capabilities {
 
 // A point in a caller's CUDA stream (an event recorded there when the op was issued), opaque to
 // everyone but the backend that made it.
-class StreamPosition {
+class ADAPTCOMM_EXPORT StreamPosition {
  public:
   virtual ~StreamPosition() = default;
 };
 
 // A device op that a stream-ordered backend queued on the device.
 // Thread safety: every method may be called from any thread; none blocks.
-class DeviceCompletion {
+class ADAPTCOMM_EXPORT DeviceCompletion {
  public:
   virtual ~DeviceCompletion() = default;
   // true: the device finished the op; false: not yet; an error: the device or the transport
@@ -97,7 +98,7 @@ class DeviceCompletion {
 // without the host waiting for any of them (torchcomms' and c10d's model: the caller's stream
 // waits for the collective, not the caller).
 // Thread safety: MarkIssue may be called from any thread; Launch only where Run may be.
-class StreamOrdered {
+class ADAPTCOMM_EXPORT StreamOrdered {
  public:
   virtual ~StreamOrdered() = default;
   // On the issuing thread, at issue: records the op's place in its view's stream. Never blocks.
@@ -115,7 +116,7 @@ class StreamOrdered {
 // Ownership: shared; it must stay usable after the backend that returned it is destroyed (a
 // replay record outlives the backend generation that recorded it).
 // Thread safety: every method may be called from any thread.
-class DeviceMemory {
+class ADAPTCOMM_EXPORT DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
   // Queues a copy of `bytes` from `src` to `dst`, both in the memory of `device`, on `stream` (a
@@ -127,7 +128,7 @@ class DeviceMemory {
   virtual void Free(Device device, void* ptr) = 0;
 };
 
-class Backend {
+class ADAPTCOMM_EXPORT Backend {
  public:
   virtual ~Backend() = default;
 

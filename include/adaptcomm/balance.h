@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "adaptcomm/export.h"
 
 namespace adaptcomm {
 
@@ -33,13 +34,13 @@ struct Partitioning {
 // With equal_sizes, every group gets the same number of sequences (differing by at most one
 // when parts does not divide lengths.size()), as when each rank must run the same number of
 // micro-batches. InvalidArgument for parts < 1 or a negative length.
-[[nodiscard]] absl::StatusOr<Partitioning> BalancePartitions(const std::vector<int64_t>& lengths,
-                                                             int parts, bool equal_sizes = false);
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<Partitioning> BalancePartitions(
+    const std::vector<int64_t>& lengths, int parts, bool equal_sizes = false);
 
 // The baseline: longest-processing-time-first greedy (each sequence, longest first, goes to the
 // currently lightest group that may still take one). Same contract as BalancePartitions.
-[[nodiscard]] absl::StatusOr<Partitioning> GreedyPartitions(const std::vector<int64_t>& lengths,
-                                                            int parts, bool equal_sizes = false);
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<Partitioning> GreedyPartitions(
+    const std::vector<int64_t>& lengths, int parts, bool equal_sizes = false);
 
 }  // namespace adaptcomm
 

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "adaptcomm/backend.h"
+#include "adaptcomm/export.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
 #include "adaptcomm/types.h"
@@ -45,11 +46,11 @@ struct LaunchInfo {
 // OpenMPI (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK) or Slurm (SLURM_PROCID, SLURM_NTASKS,
 // SLURM_LOCALID), in that order; MASTER_ADDR/MASTER_PORT (or ADAPTCOMM_MASTER_ADDR/_PORT) give
 // the store address under every launcher. NotFound when no launcher is recognised.
-[[nodiscard]] absl::StatusOr<LaunchInfo> DetectLaunchEnvironment();
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<LaunchInfo> DetectLaunchEnvironment();
 // The CUDA device of this process's rank, as the NCCL backend picks it: ADAPTCOMM_CUDA_DEVICE,
 // else the launcher's local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else 0.
 // Allocate the tensors you pass to the communicator there.
-int DefaultCudaDevice();
+ADAPTCOMM_EXPORT int DefaultCudaDevice();
 
 struct CommunicatorOptions {
   int rank = -1;        // -1: from the launcher's environment
@@ -146,7 +147,7 @@ namespace internal {
 class CommunicatorImpl;
 }
 
-class Communicator {
+class ADAPTCOMM_EXPORT Communicator {
  public:
   // Rendezvous of all ranks and backend creation, bounded by options.init_timeout. A rank that
   // never joins makes the others fail with DeadlineExceeded naming it.
@@ -174,7 +175,7 @@ class Communicator {
   // While a LongOperationScope lives, operations issued without an explicit timeout get the
   // profile's long-operation bound instead of the collective one: wrap the collective that waits
   // for a checkpoint save (on every rank) so the save does not trip the watchdog.
-  class LongOperationScope {
+  class ADAPTCOMM_EXPORT LongOperationScope {
    public:
     explicit LongOperationScope(Communicator& comm);
     ~LongOperationScope();

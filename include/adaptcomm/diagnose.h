@@ -18,10 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "adaptcomm/export.h"
+
 namespace adaptcomm {
 
 enum class CheckStatus { kPass, kWarn, kFail };
-const char* CheckStatusName(CheckStatus status);  // "pass", "warn", "fail"
+ADAPTCOMM_EXPORT const char* CheckStatusName(CheckStatus status);  // "pass", "warn", "fail"
 
 struct CheckResult {
   std::string check;  // "gpu.count", "version.nccl", "env.NCCL_MAX_RINGS", "storage.fsync", ...
@@ -57,9 +59,9 @@ struct DiagnoseOptions {
 };
 
 // Runs every local check. Never throws; a check that cannot run reports why as warn or fail.
-std::vector<CheckResult> RunPreflightChecks(const DiagnoseOptions& options);
+ADAPTCOMM_EXPORT std::vector<CheckResult> RunPreflightChecks(const DiagnoseOptions& options);
 
-bool AnyFailed(const std::vector<CheckResult>& results);
+ADAPTCOMM_EXPORT bool AnyFailed(const std::vector<CheckResult>& results);
 
 }  // namespace adaptcomm
 

@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "adaptcomm/backend.h"
 #include "adaptcomm/communicator.h"
+#include "adaptcomm/export.h"
 #include "adaptcomm/types.h"
 
 namespace adaptcomm {
@@ -56,13 +57,13 @@ struct CastStats {
 
 // Buffers of `count` elements; src and dst must not overlap. Large buffers (>= 4 MiB of input)
 // are split across a small process-wide thread pool; the call returns when all of it is done.
-CastStats CastF32ToBF16(const float* src, uint16_t* dst, size_t count);
-CastStats CastF32ToF16(const float* src, uint16_t* dst, size_t count);
-CastStats CastBF16ToF32(const uint16_t* src, float* dst, size_t count);
-CastStats CastF16ToF32(const uint16_t* src, float* dst, size_t count);
+ADAPTCOMM_EXPORT CastStats CastF32ToBF16(const float* src, uint16_t* dst, size_t count);
+ADAPTCOMM_EXPORT CastStats CastF32ToF16(const float* src, uint16_t* dst, size_t count);
+ADAPTCOMM_EXPORT CastStats CastBF16ToF32(const uint16_t* src, float* dst, size_t count);
+ADAPTCOMM_EXPORT CastStats CastF16ToF32(const uint16_t* src, float* dst, size_t count);
 
 // The instruction set the casts use on this CPU: "avx512bf16", "avx512", "avx2_f16c", "scalar".
-const char* CastImplementationName();
+ADAPTCOMM_EXPORT const char* CastImplementationName();
 
 // ---- mixed-precision collectives ----
 
@@ -81,7 +82,7 @@ enum class BarrierLevel : uint8_t {
   // stream. For host buffers there is no stream: it behaves exactly as kHost.
   kStream,
 };
-const char* BarrierLevelName(BarrierLevel level);
+ADAPTCOMM_EXPORT const char* BarrierLevelName(BarrierLevel level);
 
 // What to do when a cast to an fp16 wire turns finite values into +-Inf (|x| >= 65520), or the
 // fp16 reduction itself overflows. Decided identically on every rank: with fp16 and a policy
@@ -94,10 +95,10 @@ enum class OverflowPolicy : uint8_t {
   // The communicator's profile decides (precision.fp16_overflow; built-in default: report).
   kFromProfile,
 };
-const char* OverflowPolicyName(OverflowPolicy policy);
+ADAPTCOMM_EXPORT const char* OverflowPolicyName(OverflowPolicy policy);
 
 enum class HookPoint : uint8_t { kBeforeCast, kAfterCast, kBeforeCollective, kAfterCollective };
-const char* HookPointName(HookPoint point);
+ADAPTCOMM_EXPORT const char* HookPointName(HookPoint point);
 
 // What a hook sees. Pointers are valid only during the hook call.
 struct HookInfo {
@@ -171,7 +172,7 @@ struct MixedStats {
 };
 
 // Removes its hook when destroyed (or on Remove()). May outlive the context.
-class HookHandle {
+class ADAPTCOMM_EXPORT HookHandle {
  public:
   HookHandle() = default;
   HookHandle(HookHandle&& other) noexcept;
@@ -192,7 +193,7 @@ class HookHandle {
 
 // Scratch, hooks and the sequence counter of mixed ops on one communicator. Scratch grows to the
 // largest op seen and is reused (first-touched once, not per call).
-class MixedPrecisionContext {
+class ADAPTCOMM_EXPORT MixedPrecisionContext {
  public:
   explicit MixedPrecisionContext(Communicator& comm);
   ~MixedPrecisionContext();
@@ -224,17 +225,15 @@ class MixedPrecisionContext {
 // Synchronous: returns when `data` holds the result. Errors: InvalidArgument (dtype not f32,
 // unsupported wire/op, fp16 overflow with kFail), FailedPrecondition (ranks mismatched),
 // Aborted (a hook threw, here or on another rank), and whatever the collective returns.
-[[nodiscard]] absl::StatusOr<MixedStats> AllreduceMixed(Communicator& comm, TensorView data,
-                                                        const MixedOptions& options);
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<MixedStats> AllreduceMixed(
+    Communicator& comm, TensorView data, const MixedOptions& options);
 // input: size() * output.count fp32 elements; output: the reduction of block rank().
-[[nodiscard]] absl::StatusOr<MixedStats> ReduceScatterMixed(Communicator& comm, TensorView input,
-                                                            TensorView output,
-                                                            const MixedOptions& options);
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<MixedStats> ReduceScatterMixed(
+    Communicator& comm, TensorView input, TensorView output, const MixedOptions& options);
 // output: size() * input.count fp32; rank i's input (rounded to the wire dtype) lands in block i.
 // op and scale are ignored.
-[[nodiscard]] absl::StatusOr<MixedStats> AllgatherMixed(Communicator& comm, TensorView input,
-                                                        TensorView output,
-                                                        const MixedOptions& options);
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<MixedStats> AllgatherMixed(
+    Communicator& comm, TensorView input, TensorView output, const MixedOptions& options);
 
 }  // namespace adaptcomm
 

@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "adaptcomm/export.h"
 
 namespace adaptcomm {
 
@@ -48,7 +49,7 @@ class Store;
 // kShm: the shared-memory backend, for ranks that all run on one host (auto picks it there when
 // NCCL is not usable).
 enum class BackendChoice : uint8_t { kAuto, kGloo, kNccl, kShm };
-const char* BackendChoiceName(BackendChoice choice);
+ADAPTCOMM_EXPORT const char* BackendChoiceName(BackendChoice choice);
 // What creation does when NCCL (auto or nccl) is not usable on every rank: build Gloo on every
 // rank (device buffers staged through host memory), or fail on every rank naming the reason.
 enum class Fallback : uint8_t { kAllow, kDeny };
@@ -158,7 +159,7 @@ struct SettingRecord {
   std::string applied_as;  // "ncclConfig_t.minCTAs (NCCL >= 2.17)", "process env", "Gloo option"
 };
 
-struct EffectiveConfig {
+struct ADAPTCOMM_EXPORT EffectiveConfig {
   std::string file;           // the profile file, as found
   std::string tier;           // selected tier name
   std::string tier_range;     // e.g. ">=100B"
@@ -190,10 +191,11 @@ struct EffectiveConfig {
 
 // Loads, validates and resolves a profile. InvalidArgument "file:line:column: ..." for a broken
 // file; FailedPrecondition for strict-mode refusals; NotFound for a missing file.
-[[nodiscard]] absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request);
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<EffectiveConfig> ResolveProfile(
+    const ProfileRequest& request);
 
 // The configuration directory (see ProfileRequest::file); empty if none exists.
-std::string DefaultConfigDir();
+ADAPTCOMM_EXPORT std::string DefaultConfigDir();
 
 // ---- NCCL application ----
 
@@ -225,7 +227,7 @@ struct NcclPlan {
 
 // Pure: splits cfg.nccl for the loaded NCCL (version code as NCCL_VERSION_CODE: 2.27.3 -> 22703).
 // Fields the version lacks go to the env instead, with a note.
-NcclPlan PlanNccl(const EffectiveConfig& cfg, int nccl_version_code);
+ADAPTCOMM_EXPORT NcclPlan PlanNccl(const EffectiveConfig& cfg, int nccl_version_code);
 
 struct NcclEnvReport {
   std::vector<std::string> set;        // NAME=value set now
@@ -237,7 +239,8 @@ struct NcclEnvReport {
 // exported is kept unless the setting is forced or came from the API. Read-once variables already
 // set by an earlier call are not changed; a different wanted value is logged as a warning and
 // listed in conflicts. Thread-safe.
-NcclEnvReport ApplyNcclEnvironment(const EffectiveConfig& cfg, int nccl_version_code);
+ADAPTCOMM_EXPORT NcclEnvReport ApplyNcclEnvironment(const EffectiveConfig& cfg,
+                                                    int nccl_version_code);
 
 // ---- consistency across ranks ----
 
@@ -246,9 +249,10 @@ NcclEnvReport ApplyNcclEnvironment(const EffectiveConfig& cfg, int nccl_version_
 // FailedPrecondition naming the ranks and the keys that differ, e.g.
 // "rank 2 differs from rank 0 on timeouts.collective (2400s vs 1200s)". Use a fresh store prefix
 // per communicator: keys are not deleted.
-[[nodiscard]] absl::Status CheckSameConfigOnAllRanks(Store& store, int rank, int world_size,
-                                                     const EffectiveConfig& cfg,
-                                                     absl::Duration timeout);
+[[nodiscard]] ADAPTCOMM_EXPORT absl::Status CheckSameConfigOnAllRanks(Store& store, int rank,
+                                                                      int world_size,
+                                                                      const EffectiveConfig& cfg,
+                                                                      absl::Duration timeout);
 
 }  // namespace adaptcomm
 

@@ -15,11 +15,12 @@
 #define ADAPTCOMM_STATUS_H_
 
 #include "absl/status/status.h"
+#include "adaptcomm/export.h"
 
 namespace adaptcomm {
 
 // True for Unavailable, Aborted and DeadlineExceeded: the codes a coordinated retry may fix.
-bool IsRetryable(const absl::Status& status);
+ADAPTCOMM_EXPORT bool IsRetryable(const absl::Status& status);
 
 // Process exit code used by adaptcomm's tools and by a trainer that ends because of a
 // communication failure (distinct from crashes, signals and generic errors 1 and 2).

@@ -17,10 +17,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "adaptcomm/export.h"
 
 namespace adaptcomm {
 
-class Store {
+class ADAPTCOMM_EXPORT Store {
  public:
   virtual ~Store() = default;
 
@@ -51,24 +52,26 @@ struct TcpStoreOptions {
 };
 
 // The server side. Runs its own threads; the destructor stops them and closes every connection.
-class TcpStoreServer {
+class ADAPTCOMM_EXPORT TcpStoreServer {
  public:
   virtual ~TcpStoreServer() = default;
   virtual int port() const = 0;
 };
-[[nodiscard]] absl::StatusOr<std::unique_ptr<TcpStoreServer>> StartTcpStoreServer(
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<std::unique_ptr<TcpStoreServer>> StartTcpStoreServer(
     const TcpStoreOptions& options);
 // A client. Unavailable after connect_timeout names host:port.
-[[nodiscard]] absl::StatusOr<std::shared_ptr<Store>> ConnectTcpStore(
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<std::shared_ptr<Store>> ConnectTcpStore(
     const TcpStoreOptions& options);
 
 // ---- other stores ----
 // Keys are files in `directory` (created if missing); suits a shared file system.
-[[nodiscard]] absl::StatusOr<std::shared_ptr<Store>> CreateFileStore(const std::string& directory);
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<std::shared_ptr<Store>> CreateFileStore(
+    const std::string& directory);
 // In-process store, for ranks run as threads of one process.
-std::shared_ptr<Store> CreateHashStore();
+ADAPTCOMM_EXPORT std::shared_ptr<Store> CreateHashStore();
 // A view of `base` in which every key is prefixed with `prefix` + "/".
-std::shared_ptr<Store> CreatePrefixStore(std::string prefix, std::shared_ptr<Store> base);
+ADAPTCOMM_EXPORT std::shared_ptr<Store> CreatePrefixStore(std::string prefix,
+                                                          std::shared_ptr<Store> base);
 
 }  // namespace adaptcomm
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "adaptcomm/export.h"
+
 namespace adaptcomm {
 
 enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI8, kU8, kI32, kI64 };
@@ -36,14 +38,14 @@ constexpr size_t DTypeSize(DType t) {
 constexpr bool IsFloatingPoint(DType t) {
   return t == DType::kF32 || t == DType::kF64 || t == DType::kF16 || t == DType::kBF16;
 }
-const char* DTypeName(DType t);  // "f32", "bf16", ...
+ADAPTCOMM_EXPORT const char* DTypeName(DType t);  // "f32", "bf16", ...
 
 // kAvg is defined for floating-point types only (sum, then scale by 1/world_size in the element
 // type); integer averages would silently truncate, so they are refused with InvalidArgument.
 enum class ReduceOp : uint8_t { kSum, kProd, kMin, kMax, kAvg };
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
                                              ReduceOp::kMax, ReduceOp::kAvg};
-const char* ReduceOpName(ReduceOp op);  // "sum", "avg", ...
+ADAPTCOMM_EXPORT const char* ReduceOpName(ReduceOp op);  // "sum", "avg", ...
 
 enum class DeviceType : uint8_t { kCpu, kCuda };
 

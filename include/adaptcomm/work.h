@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "adaptcomm/export.h"
 
 namespace adaptcomm {
 
@@ -23,14 +24,14 @@ enum class WorkState : uint8_t {
   kFailed,    // finished with an error (status() says which)
   kTimedOut,  // ran past its timeout; status() is DeadlineExceeded naming op, seq and timeout
 };
-const char* WorkStateName(WorkState state);
+ADAPTCOMM_EXPORT const char* WorkStateName(WorkState state);
 inline bool IsTerminal(WorkState s) { return s != WorkState::kPending && s != WorkState::kRunning; }
 
 namespace internal {
 class WorkImpl;
 }
 
-class [[nodiscard]] Work {
+class ADAPTCOMM_EXPORT [[nodiscard]] Work {
  public:
   Work() = default;  // an empty handle; Wait() returns FailedPrecondition
   explicit Work(std::shared_ptr<internal::WorkImpl> impl);

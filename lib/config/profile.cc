@@ -75,20 +75,24 @@ absl::StatusOr<std::string> FindRegistry(const std::string& profile_file) {
 
 }  // namespace
 
-// An installed library finds the configs installed with it, wherever its prefix is now; the
-// source tree's configs serve only the build tree's own library, so an install never reads the
-// checkout it was built from.
+// An installed library (or an installed program linked with adaptcomm_internal, the `adaptcomm`
+// tool) finds the configs installed with it, wherever its prefix is now; the source tree's configs
+// serve only the build tree's own modules, so an install never reads the checkout it was built
+// from.
 std::string DefaultConfigDir() {
   std::string dir = Env("ADAPTCOMM_CONFIG_DIR");
   if (!dir.empty()) return dir;
-  const std::string library_dir = LoadedLibraryDir();
-  if (library_dir.empty()) return "";
-#ifdef ADAPTCOMM_LIBRARY_TO_CONFIG_DIR
-  std::string installed = RealPath(library_dir + "/" + ADAPTCOMM_LIBRARY_TO_CONFIG_DIR);
-  if (FileExists(installed + "/profiles.yaml")) return installed;
+  const std::string module_dir = LoadedLibraryDir();
+  if (module_dir.empty()) return "";
+#if defined(ADAPTCOMM_LIBRARY_TO_CONFIG_DIR) && defined(ADAPTCOMM_PROGRAM_TO_CONFIG_DIR)
+  for (const char* relative : {ADAPTCOMM_LIBRARY_TO_CONFIG_DIR, ADAPTCOMM_PROGRAM_TO_CONFIG_DIR}) {
+    std::string installed = RealPath(module_dir + "/" + relative);
+    if (FileExists(installed + "/profiles.yaml")) return installed;
+  }
 #endif
-#if defined(ADAPTCOMM_BUILD_LIBRARY_DIR) && defined(ADAPTCOMM_SOURCE_CONFIG_DIR)
-  if (library_dir == RealPath(ADAPTCOMM_BUILD_LIBRARY_DIR) &&
+#if defined(ADAPTCOMM_BUILD_DIR) && defined(ADAPTCOMM_SOURCE_CONFIG_DIR)
+  const std::string build_dir = RealPath(ADAPTCOMM_BUILD_DIR);
+  if (!build_dir.empty() && absl::StartsWith(module_dir + "/", build_dir + "/") &&
       FileExists(std::string(ADAPTCOMM_SOURCE_CONFIG_DIR) + "/profiles.yaml")) {
     return ADAPTCOMM_SOURCE_CONFIG_DIR;
   }
