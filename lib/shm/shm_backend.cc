@@ -57,17 +57,6 @@ bool UsesInput(OpKind kind) {
 }
 bool UsesOutput(OpKind kind) { return kind != OpKind::kBarrier && kind != OpKind::kSend; }
 
-// Spinning only pays when every rank has a core: with more ranks than CPUs the peer we wait for
-// is likely descheduled, and our spinning delays it further. Then we block right away.
-int64_t SpinNs(const ShmBackendOptions& o) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  int cpus = 0;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
-  if (cpus > 0 && o.size > cpus) return 0;
-  return absl::ToInt64Nanoseconds(o.spin);
-}
-
 struct OpCtx {
   const OpDesc& op;
   absl::Time start;
@@ -83,7 +72,7 @@ class ShmBackend final : public Backend {
         flat_max_(o.flat_max_bytes),
         chunk_(o.chunk_bytes == 0 ? seg_->slot_half_bytes()
                                   : std::min(o.chunk_bytes, seg_->slot_half_bytes())),
-        spin_ns_(SpinNs(o)),
+        spin_ns_(absl::ToInt64Nanoseconds(o.spin)),
         liveness_interval_(o.liveness_interval),
         sent_(o.size, 0),
         received_(o.size, 0),
@@ -496,11 +485,15 @@ absl::Status ShmBackend::Wait(const OpCtx& ctx, Counter& c, uint32_t target, int
   if (Reached(c.value.load(std::memory_order_acquire), target)) return absl::OkStatus();
   // Spin briefly: a peer a few microseconds behind costs no syscall and no sleep.
   const int64_t spin_until = MonotonicNs() + spin_ns_;
+  // Yielding between short pause bursts: when the peer shares our CPU (more runnable threads
+  // than cores) a pure spin would hold the CPU it needs until the scheduler preempts us.
   do {
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < 16; ++i) {
       CpuRelax();
       if (Reached(c.value.load(std::memory_order_acquire), target)) return absl::OkStatus();
     }
+    sched_yield();
+    if (Reached(c.value.load(std::memory_order_acquire), target)) return absl::OkStatus();
   } while (MonotonicNs() < spin_until);
 
   const shm::RankInfo& info = seg_->info(peer);
