@@ -143,3 +143,51 @@ TEST(HostIdentityTest, AssignsHostsInOrderOfTheirLowestRank) {
 
 }  // namespace
 }  // namespace adaptcomm
+
+namespace adaptcomm {
+namespace {
+
+// backend=auto without NCCL decides by where the ranks run: one host -> shm, several hosts with
+// several ranks on one -> hierarchical (shm inside each host), one rank per host -> Gloo; and the
+// backend it picks computes exactly.
+absl::StatusOr<SelectedBackend> SelectAuto(const RankEnv& env, const std::string& host) {
+  CommunicatorOptions o = env.options;
+  o.timeout = absl::Seconds(30);
+  o.backend = BackendChoice::kAuto;
+  internal::Rendezvous rv;
+  rv.root_store = env.options.store;
+  rv.store = CreatePrefixStore("comm", env.options.store);
+  rv.transport_host = "127.0.0.1";
+  SelectionDeps deps;
+  deps.use_given_apis = true;  // no NCCL, no CUDA
+  deps.host_identity = host;
+  return internal::selection::SelectBackendWith(o, rv, absl::Now() + absl::Seconds(30), deps);
+}
+
+TEST(AutoSelectionTest, OneHostShmSeveralHostsHierarchicalOneRankPerHostGloo) {
+  struct Case {
+    std::vector<std::string> hosts;
+    const char* backend;
+    const char* reason;
+  };
+  const std::vector<Case> cases = {
+      {{"h/a", "h/a", "h/a", "h/a"}, "shm", "shm: all 4 ranks on one host"},
+      {{"h/a", "h/b", "h/a", "h/b"}, "hier", "shm within each host, gloo among the 2 host leaders"},
+      {{"h/a", "h/a", "h/a", "h/b"}, "hier", "4 ranks on 2 hosts (at most 3 per host"},
+      {{"h/a", "h/b", "h/c", "h/d"}, "gloo", "one rank per host (4 hosts)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.backend);
+    RunRanks(RankMode::kThreads, 4, [&](const RankEnv& env) {
+      absl::StatusOr<SelectedBackend> s = SelectAuto(env, c.hosts[static_cast<size_t>(env.rank)]);
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_STREQ(s->backend->name(), c.backend) << s->reason;
+      EXPECT_TRUE(absl::StrContains(s->reason, c.reason)) << s->reason;
+      EXPECT_TRUE(absl::StrContains(s->reason, "because NCCL is not usable")) << s->reason;
+      ExpectCollectivesWork(*s->backend);
+    });
+  }
+}
+
+}  // namespace
+}  // namespace adaptcomm

@@ -1,10 +1,7 @@
 #include "lib/core/backend_selection.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <utility>
 #include <vector>
@@ -155,62 +152,6 @@ std::string DescribeFailures(const std::vector<std::pair<int, std::string>>& fai
   return absl::StrJoin(parts, "; ");
 }
 
-// Whether every rank runs on this rank's host. A host is its boot id, host name and network
-// namespace: ranks in different namespaces count as different hosts (the netns fault tests).
-struct HostAgreement {
-  bool same_host = false;
-  std::string hostname;
-  std::string differs;  // "rank 2 on host b" when not the same
-};
-
-std::string ReadTrimmed(const std::string& path) {
-  std::ifstream in(path);
-  std::string s;
-  std::getline(in, s);
-  return s;
-}
-
-std::string HostName() {
-  char name[256] = {};
-  (void)gethostname(name, sizeof(name) - 1);
-  return name;
-}
-
-// "hostname|boot id|net:[inode]" (the host name first: messages show it).
-std::string LocalHostIdentity() {
-  char ns[128] = {};
-  const ssize_t n = readlink("/proc/self/ns/net", ns, sizeof(ns) - 1);
-  if (n > 0) ns[n] = '\0';
-  return absl::StrCat(HostName(), "|", ReadTrimmed("/proc/sys/kernel/random/boot_id"), "|", ns);
-}
-
-absl::StatusOr<HostAgreement> AgreeOnHost(Store& store, int rank, int world, absl::Time deadline) {
-  const std::string name = HostName();
-  const std::string mine = LocalHostIdentity();
-  if (absl::Status s = store.Set(absl::StrCat("select/host/", rank), mine); !s.ok()) return s;
-  std::vector<std::string> keys;
-  for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat("select/host/", r));
-  if (absl::Status s = store.Wait(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
-      !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("backend selection (host): not every rank "
-                                               "reported: ",
-                                               s.message()));
-  }
-  HostAgreement a;
-  a.hostname = name;
-  a.same_host = true;
-  for (int r = 0; r < world; ++r) {
-    absl::StatusOr<std::string> v = store.Get(keys[r], absl::Seconds(1));
-    if (!v.ok()) return v.status();
-    if (*v != mine && a.same_host) {
-      a.same_host = false;
-      a.differs = absl::StrCat("rank ", r, " is on '", *v, "', rank ", rank, " on '", mine,
-                               "' (host name|boot id|network namespace)");
-    }
-  }
-  return a;
-}
-
 // Host-memory backends serve CUDA views through pinned staging when a device is visible.
 absl::StatusOr<std::unique_ptr<Backend>> MaybeStaged(std::unique_ptr<Backend> backend,
                                                      const Apis& apis, std::string* staging_note) {
@@ -222,15 +163,22 @@ absl::StatusOr<std::unique_ptr<Backend>> MaybeStaged(std::unique_ptr<Backend> ba
   return staged;
 }
 
+// Shared memory among `size` ranks of one host (this one is `rank`), host buffers only.
+absl::StatusOr<std::unique_ptr<Backend>> CreateShm(int rank, int size, std::shared_ptr<Store> store,
+                                                   absl::Time deadline) {
+  ShmBackendOptions shm;
+  shm.rank = rank;
+  shm.size = size;
+  shm.store = std::move(store);
+  shm.init_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  return CreateShmBackend(shm);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> BuildShm(const CommunicatorOptions& o,
                                                   const Rendezvous& rv, absl::Time deadline,
                                                   const Apis& apis, std::string* staging_note) {
-  ShmBackendOptions shm;
-  shm.rank = o.rank;
-  shm.size = o.world_size;
-  shm.store = CreatePrefixStore("shm", rv.store);
-  shm.init_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateShmBackend(shm);
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateShm(o.rank, o.world_size, CreatePrefixStore("shm", rv.store), deadline);
   if (!backend.ok()) return backend.status();
   return MaybeStaged(std::move(*backend), apis, staging_note);
 }
@@ -263,8 +211,17 @@ absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
   return MaybeStaged(std::move(*backend), apis, staging_note);
 }
 
-// shm where every rank is on this rank's host (agreed through the store), else Gloo; with
-// fallback allowed, a failed shm creation (it fails on every rank alike) also gives Gloo.
+// The hierarchical backend over hosts already agreed on (`ids`: every rank's host identity).
+absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
+                                                  const Rendezvous& rv, absl::Time deadline,
+                                                  const SelectionDeps& deps,
+                                                  const HierarchicalDeps& hier,
+                                                  const std::vector<std::string>& ids);
+
+// Where the ranks run decides (hosts agreed through the store): all on this host -> shm; several
+// hosts with several ranks on one of them -> hierarchical (shm inside each host, Gloo among the
+// host leaders); one rank per host -> Gloo. backend=shm insists on shm. With fallback allowed, a
+// failed shm or hierarchical creation (it fails on every rank alike) gives Gloo.
 // `asked`/`why_not_nccl` prefix the reason.
 absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Rendezvous& rv,
                                           absl::Time deadline, const Apis& apis,
@@ -272,15 +229,25 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
                                           const std::string& why_not_nccl) {
   std::string staging;
   const bool forced = o.backend == BackendChoice::kShm;
-  absl::StatusOr<HostAgreement> hosts = AgreeOnHost(*rv.store, o.rank, o.world_size, deadline);
-  if (!hosts.ok()) return hosts.status();
+  const std::string mine = deps.host_identity.empty() ? LocalHostIdentity() : deps.host_identity;
+  absl::StatusOr<std::vector<std::string>> ids = ExchangeHostIdentities(
+      *CreatePrefixStore("select/host", rv.store), o.rank, o.world_size, mine, deadline);
+  if (!ids.ok()) return ids.status();
+  const HostAssignment hosts = AssignHosts(*ids, o.rank);
+  std::string differs;
+  for (int r = 0; r < o.world_size && differs.empty(); ++r) {
+    if ((*ids)[static_cast<size_t>(r)] != mine) {
+      differs = absl::StrCat("rank ", r, " is on '", (*ids)[static_cast<size_t>(r)], "', rank ",
+                             o.rank, " on '", mine, "' (boot id/host name/network namespace)");
+    }
+  }
   std::string not_shm;
-  if (hosts->same_host && (o.world_size > 1 || forced)) {
+  if (hosts.hosts == 1 && (o.world_size > 1 || forced)) {
     absl::StatusOr<std::unique_ptr<Backend>> shm = BuildShm(o, rv, deadline, apis, &staging);
     if (shm.ok()) {
-      return SelectedBackend{
-          std::move(*shm), absl::StrCat(asked, forced ? "" : ": shm", ": all ", o.world_size,
-                                        " ranks on host ", hosts->hostname, why_not_nccl, staging)};
+      return SelectedBackend{std::move(*shm),
+                             absl::StrCat(asked, forced ? "" : ": shm", ": all ", o.world_size,
+                                          " ranks on one host", why_not_nccl, staging)};
     }
     if (forced && o.fallback == Fallback::kDeny) {
       return absl::Status(shm.status().code(),
@@ -289,13 +256,30 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
     not_shm = absl::StrCat("shm could not be created: ", shm.status().message());
     ADAPTCOMM_LOG(kWarning, asked, ": every rank falls back to gloo: ", not_shm);
   } else if (forced) {
-    not_shm = absl::StrCat("the ranks are not on one host: ", hosts->differs);
+    not_shm = absl::StrCat("the ranks are not on one host: ", differs);
     if (o.fallback == Fallback::kDeny) {
       return absl::FailedPreconditionError(absl::StrCat(asked, " with fallback deny: ", not_shm));
     }
     ADAPTCOMM_LOG(kWarning, asked, ": every rank falls back to gloo: ", not_shm);
-  } else if (!hosts->same_host) {
-    not_shm = absl::StrCat("; the ranks span hosts (", hosts->differs, ")");
+  } else if (hosts.max_local > 1) {
+    HierarchicalDeps hier;
+    hier.intra = [](const IntraHostGroup& g) {
+      return CreateShm(g.local_rank, g.local_size, g.store, g.deadline);
+    };
+    absl::StatusOr<SelectedBackend> h = BuildHierarchical(o, rv, deadline, deps, hier, *ids);
+    if (h.ok()) {
+      absl::StatusOr<std::unique_ptr<Backend>> staged =
+          MaybeStaged(std::move(h->backend), apis, &staging);
+      if (!staged.ok()) return staged.status();
+      return SelectedBackend{*std::move(staged),
+                             absl::StrCat(asked, ": ", h->reason, why_not_nccl, staging)};
+    }
+    if (o.fallback == Fallback::kDeny) return h.status();
+    not_shm =
+        absl::StrCat("; the hierarchical backend could not be created: ", h.status().message());
+    ADAPTCOMM_LOG(kWarning, asked, ": every rank falls back to gloo", not_shm);
+  } else if (hosts.hosts > 1) {
+    not_shm = absl::StrCat("; one rank per host (", hosts.hosts, " hosts)");
   }
   absl::StatusOr<std::unique_ptr<Backend>> gloo = BuildGloo(o, rv, deadline, apis, deps, &staging);
   if (!gloo.ok()) return gloo.status();
@@ -414,7 +398,17 @@ absl::StatusOr<SelectedBackend> CreateHierarchicalWith(const CommunicatorOptions
   absl::StatusOr<std::vector<std::string>> ids = ExchangeHostIdentities(
       *CreatePrefixStore("hier", rv.store), o.rank, o.world_size, mine, deadline);
   if (!ids.ok()) return ids.status();
-  const HostAssignment a = AssignHosts(*ids, o.rank);
+  return BuildHierarchical(o, rv, deadline, deps, hier, *ids);
+}
+
+namespace {
+
+absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
+                                                  const Rendezvous& rv, absl::Time deadline,
+                                                  const SelectionDeps& deps,
+                                                  const HierarchicalDeps& hier,
+                                                  const std::vector<std::string>& ids) {
+  const HostAssignment a = AssignHosts(ids, o.rank);
   const int host = a.host_of[static_cast<size_t>(o.rank)];
   IntraHostGroup group;
   group.host = host;
@@ -456,6 +450,8 @@ absl::StatusOr<SelectedBackend> CreateHierarchicalWith(const CommunicatorOptions
                    " on host ", host, "); ", intra_name, " within each host, gloo among the ",
                    a.hosts, " host leaders")};
 }
+
+}  // namespace
 
 namespace {
 absl::Mutex provider_mu;

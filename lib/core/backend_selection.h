@@ -1,4 +1,5 @@
-// Backend selection: NCCL where every rank can use it, otherwise Gloo on every rank alike.
+// Backend selection: NCCL where every rank can use it, otherwise a host backend (shm, hierarchical
+// or Gloo) on every rank alike.
 //
 // backend=auto or nccl: each rank publishes to the communicator's store what it can do (the CUDA
 // runtime is built in, NCCL loads, its version is recent enough, a CUDA device is visible); every
@@ -8,8 +9,11 @@
 // log the reasons with the ranks they came from ("rank 3: libnccl.so.2: cannot open shared object
 // file: ..."), or, with Fallback::kDeny, makes creation fail on every rank with those reasons.
 // backend=gloo: Gloo without asking NCCL anything (staged when CUDA devices are visible).
-// With NCCL not usable, auto (fallback allowed) picks shm when every rank reports the same host
-// (boot id, host name and network namespace) and the world has more than one rank, else Gloo.
+// With NCCL not usable, auto (fallback allowed) decides by where the ranks run (boot id, host
+// name and network namespace, agreed through the store): every rank on one host -> shm; several
+// hosts with more than one rank on some host -> hierarchical (shm inside each host, Gloo among
+// one leader per host); one rank per host -> Gloo. A failed shm or hierarchical creation falls
+// back to Gloo on every rank (logged once).
 // backend=shm: shm when every rank is on one host; otherwise, or when the segment cannot be
 // created, Gloo on every rank (logged once) or, with Fallback::kDeny, an error on every rank.
 //
@@ -58,6 +62,9 @@ struct SelectionDeps {
   // The profile's Gloo allreduce algorithm ("ring", "bcube") and segment size (0: default).
   std::string gloo_algorithm = "ring";
   size_t gloo_max_segment_bytes = 0;
+  // This rank's host identity (lib/hier/host_identity.h); empty: the real one. Tests fake hosts
+  // here to drive the shm / hierarchical / Gloo choice.
+  std::string host_identity;
   // CUDA device of this rank; -1: $ADAPTCOMM_CUDA_DEVICE, else the launcher's local rank
   // (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else 0.
   int device = -1;

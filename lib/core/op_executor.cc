@@ -373,9 +373,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
     // The new generation failed too: everything queued again is unfinished again.
     if (status.ok()) status = device_failure_;
     device_failure_ = absl::OkStatus();
-    std::deque<std::shared_ptr<WorkImpl>> again;
-    for (InFlight& f : in_flight_) again.push_back(std::move(f.work));
-    in_flight_.clear();
+    std::deque<std::shared_ptr<WorkImpl>> again = TakeUnfinishedInFlightLocked();
     for (size_t i = relaunched; i < failed.size(); ++i) again.push_back(std::move(failed[i]));
     failed.swap(again);
     if (failed.empty()) return;
@@ -392,6 +390,22 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
                                            absl::StrCat(OpKindName(d.kind), " #", d.seq,
                                                         " did not complete: ", status.message())));
   }
+}
+
+std::deque<std::shared_ptr<WorkImpl>> OpExecutor::TakeUnfinishedInFlightLocked() {
+  std::deque<std::shared_ptr<WorkImpl>> unfinished;
+  for (InFlight& f : in_flight_) {
+    // Synchronize() saw the device finish it (and returned its result to the caller): it is
+    // complete here, whatever failed after it; re-running it would write into buffers that are
+    // the caller's again.
+    if (f.work->state() == WorkState::kDone) {
+      CompleteLocked(f.work, absl::OkStatus());
+    } else {
+      unfinished.push_back(std::move(f.work));
+    }
+  }
+  in_flight_.clear();
+  return unfinished;
 }
 
 void OpExecutor::WorkerLoop() {
@@ -414,9 +428,8 @@ void OpExecutor::WorkerLoop() {
     if (!device_failure_.ok()) {
       absl::Status cause = std::move(device_failure_);
       device_failure_ = absl::OkStatus();
-      std::deque<std::shared_ptr<WorkImpl>> failed;
-      for (InFlight& f : in_flight_) failed.push_back(std::move(f.work));
-      in_flight_.clear();
+      std::deque<std::shared_ptr<WorkImpl>> failed = TakeUnfinishedInFlightLocked();
+      if (failed.empty()) continue;  // all done after all; the broken backend fails the next op
       busy_ = true;
       mu_.Unlock();
       HandleDeviceFailure(std::move(failed), std::move(cause));

@@ -167,6 +167,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t InFlightWindow() const;
+  // Empties in_flight_: the ops the device finished are completed, the others returned in order.
+  // REQUIRES: mu_ held.
+  std::deque<std::shared_ptr<WorkImpl>> TakeUnfinishedInFlightLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InstallBackend(std::unique_ptr<Backend> backend, int generation);
 
   // The current backend. Replaced only by the executing thread (busy_) during a retry; earlier
