@@ -43,7 +43,7 @@ struct ShmBackendOptions {
   // A segment larger than this is refused at creation (ResourceExhausted naming both).
   size_t max_segment_bytes = size_t{1} << 30;
   // Allreduce/reduce of at most this many bytes: flat exchange; above: reduce-scatter/allgather.
-  size_t flat_max_bytes = size_t{32} << 10;
+  size_t flat_max_bytes = size_t{64} << 10;
   // Pipeline chunk of the large paths; 0 or more than half a slot: half a slot.
   size_t chunk_bytes = size_t{1} << 20;
   absl::Duration spin = absl::Microseconds(20);
