@@ -81,8 +81,8 @@ const std::vector<KeySpec>& Schema() {
        0,
        {"auto", "nccl", "gloo", "shm"},
        "auto",
-       "backend selection (auto: NCCL for CUDA tensors, else shm when every rank is on one host, "
-       "else Gloo)"},
+       "backend selection (auto: NCCL for CUDA tensors; else shm on one host, hierarchical "
+       "across hosts with several ranks each, else Gloo)"},
       {"backend.fallback",
        Kind::kEnum,
        0,
