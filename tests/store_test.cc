@@ -464,7 +464,9 @@ TEST_F(TcpStoreTest, IdleConnectionFloodDoesNotLockOutTheJob) {
   }
   const absl::Time start = absl::Now();
   ExpectServerHealthy();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  // Well inside a client's connect timeout; under ASan on a loaded 2-core machine the 64 oldest
+  // handshakes' evictions take seconds, not minutes (the old server refused the job outright).
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
 TEST(LogThrottleTest, OneLinePerIntervalThenTheCountOfSuppressedOnes) {
