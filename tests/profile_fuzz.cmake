@@ -37,7 +37,8 @@ if(ADAPTCOMM_CLANGXX)
   # A launcher is passed only when ccache exists: a fresh machine has none (issue #11 item 1).
   set(fuzz_launcher_arg "")
   if(ADAPTCOMM_CCACHE)
-    set(fuzz_launcher_arg -DCMAKE_CXX_COMPILER_LAUNCHER=${ADAPTCOMM_CCACHE})
+    set(fuzz_launcher "${ADAPTCOMM_CCACHE}")  # a found path here, never ...-NOTFOUND
+    set(fuzz_launcher_arg -DCMAKE_CXX_COMPILER_LAUNCHER=${fuzz_launcher})
   endif()
   ExternalProject_Add(profile_fuzz
     SOURCE_DIR ${CMAKE_CURRENT_SOURCE_DIR}/fuzz

@@ -29,20 +29,6 @@ absl::StatusCode CodeFromName(const std::string& name) {
   return absl::StatusCode::kUnknown;
 }
 
-std::string BackendText(BackendChoice c) {
-  switch (c) {
-    case BackendChoice::kAuto:
-      return "auto";
-    case BackendChoice::kGloo:
-      return "gloo";
-    case BackendChoice::kNccl:
-      return "nccl";
-    case BackendChoice::kShm:
-      return "shm";
-  }
-  return "auto";
-}
-
 // Typed accessors over the merged values; canonical text was validated when parsed.
 class Values {
  public:
@@ -136,7 +122,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
                         std::pair{&o.long_operation_timeout, "timeouts.long_operation"}}) {
     if (absl::Status s = api_duration(*d, key); !s.ok()) return s;
   }
-  if (o.backend.has_value()) v.Set("backend.choice", BackendText(*o.backend), "API");
+  if (o.backend.has_value()) v.Set("backend.choice", BackendChoiceName(*o.backend), "API");
   if (o.allow_fallback.has_value()) {
     v.Set("backend.fallback", *o.allow_fallback ? "allow" : "deny", "API");
   }

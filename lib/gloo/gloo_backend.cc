@@ -27,6 +27,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "lib/base/log.h"
+#include "lib/base/op_views.h"
 #include "lib/gloo/gloo_reduce.h"
 #include "lib/gloo/gloo_store_adapter.h"
 
@@ -133,14 +134,6 @@ class ScopedSigpipeBlock {
   sigset_t previous_;
 };
 
-bool IsReduction(OpKind kind) {
-  return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
-}
-bool UsesInput(OpKind kind) {
-  return kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
-         kind == OpKind::kAlltoall || kind == OpKind::kSend;
-}
-bool UsesOutput(OpKind kind) { return kind != OpKind::kBarrier && kind != OpKind::kSend; }
 bool ValidDType(DType t) { return DTypeSize(t) != 0; }
 
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "lib/base/cast_bits.h"
+#include "lib/base/op_views.h"
 
 namespace adaptcomm {
 namespace {
@@ -117,10 +118,6 @@ OpDesc Inner(OpKind kind, TensorView input, TensorView output, ReduceOp reduce =
   d.reduce = reduce == ReduceOp::kAvg ? ReduceOp::kSum : reduce;
   d.root = root;
   return d;
-}
-
-bool IsReduction(OpKind k) {
-  return k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter;
 }
 
 class HierBackend final : public Backend {

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "lib/base/log.h"
+#include "lib/base/op_views.h"
 #include "lib/nccl/device_memory.h"
 #include "lib/nccl/nccl_internal.h"
 #include "lib/nccl/stream_order.h"
@@ -18,15 +19,6 @@ namespace adaptcomm::nccl {
 namespace {
 
 constexpr char kUidKey[] = "nccl/uid";
-
-bool UsesInput(OpKind kind) {
-  return kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
-         kind == OpKind::kAlltoall || kind == OpKind::kSend;
-}
-bool UsesOutput(OpKind kind) { return kind != OpKind::kBarrier && kind != OpKind::kSend; }
-bool IsReduction(OpKind kind) {
-  return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
-}
 
 NcclDataType ToNccl(DType t) {
   switch (t) {

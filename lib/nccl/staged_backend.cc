@@ -10,17 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/base/log.h"
+#include "lib/base/op_views.h"
 #include "lib/nccl/device_memory.h"
 #include "lib/nccl/nccl_internal.h"
 
 namespace adaptcomm::nccl {
 namespace {
 
-bool UsesInput(OpKind kind) {
-  return kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
-         kind == OpKind::kAlltoall || kind == OpKind::kSend;
-}
-bool UsesOutput(OpKind kind) { return kind != OpKind::kBarrier && kind != OpKind::kSend; }
 // In-place ops read `output` as their input.
 bool ReadsOutput(const OpDesc& op, int rank) {
   switch (op.kind) {

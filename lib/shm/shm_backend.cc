@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/base/log.h"
+#include "lib/base/op_views.h"
 #include "lib/shm/shm_reduce.h"
 #include "lib/shm/shm_segment.h"
 
@@ -47,15 +48,6 @@ inline void Publish(Counter& c, uint32_t v) {
   c.value.store(v, std::memory_order_seq_cst);
   if (c.waiters.load(std::memory_order_seq_cst) != 0) shm::FutexWakeAll(&c.value);
 }
-
-bool IsReduction(OpKind kind) {
-  return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
-}
-bool UsesInput(OpKind kind) {
-  return kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
-         kind == OpKind::kAlltoall || kind == OpKind::kSend;
-}
-bool UsesOutput(OpKind kind) { return kind != OpKind::kBarrier && kind != OpKind::kSend; }
 
 struct OpCtx {
   const OpDesc& op;
