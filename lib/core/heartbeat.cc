@@ -62,8 +62,6 @@ void HeartbeatMonitor::Unregister(int id) {
   // The thread notices the empty registry and ends.
 }
 
-void HeartbeatMonitor::RequestDump() { g_dump_requested.store(true); }
-
 void HeartbeatMonitor::Run() {
   while (true) {
     std::vector<std::function<void()>> calls;

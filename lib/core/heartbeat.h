@@ -33,8 +33,6 @@ class HeartbeatMonitor {
   int Register(Watch watch);
   void Beat(int id);
   void Unregister(int id);
-  // Asks every watch to dump (what SIGUSR2 does).
-  void RequestDump();
 
   // How often the monitor looks (tests shorten it).
   static constexpr absl::Duration kPoll = absl::Milliseconds(100);
