@@ -4,6 +4,7 @@
 //                     [--min-bytes 4096] [--max-bytes 67108864] [--csv FILE] [--quick]
 //                     [--retries N]   (attempts per op; 1 = off, the default: raw Gloo has none)
 //                     [--backend gloo|shm|auto]   (adaptcomm's backend; default gloo)
+//                     [--no-baseline]   (adaptcomm alone: profiling, or its cost per op alone)
 //
 // Ranks are forked processes on loopback. Every size runs in rounds that alternate adaptcomm and
 // raw Gloo (so drift of the machine hits both alike); the median time of each is reported with
@@ -47,6 +48,7 @@ struct Config {
   // Coordinated retries copy each op's input first (see README); 1 = off, as raw Gloo has none.
   int retries = 1;
   adaptcomm::BackendChoice backend = adaptcomm::BackendChoice::kGloo;
+  bool baseline = true;  // raw Gloo in the same rounds
 };
 
 double BusFactor(const std::string& op, int n) {
@@ -68,6 +70,7 @@ struct Buffers {
 // the full buffer for allreduce/broadcast and the gathered/scattered total for the others).
 class Runner {
  public:
+  // `raw`: null runs no baseline (Raw() returns 0).
   Runner(adaptcomm::Communicator& comm, std::shared_ptr<gloo::Context> raw)
       : comm_(comm), raw_(std::move(raw)) {}
 
@@ -108,6 +111,7 @@ class Runner {
   }
 
   double Raw(const std::string& op) {
+    if (raw_ == nullptr) return 0;
     auto t0 = Clock::now();
     if (op == "allreduce" || op == "reduce_scatter") {
       gloo::AllreduceOptions o(raw_);
@@ -140,6 +144,22 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Raw Gloo on its own context and pairs, rendezvous through the same TCP store.
+std::shared_ptr<gloo::rendezvous::Context> ConnectRawGloo(int rank, int world, int port) {
+  adaptcomm::TcpStoreOptions so;
+  so.port = port;
+  auto store = adaptcomm::ConnectTcpStore(so);
+  if (!store.ok()) _exit(1);
+  adaptcomm::gloo_backend::GlooStoreAdapter adapter(
+      adaptcomm::CreatePrefixStore("raw-gloo", *store), absl::Seconds(60));
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  auto raw = std::make_shared<gloo::rendezvous::Context>(rank, world);
+  raw->connectFullMesh(adapter, device);
+  return raw;
+}
+
 void RankMain(const Config& cfg, int rank, int world, int port, FILE* report) {
   adaptcomm::CommunicatorOptions o;
   o.rank = rank;
@@ -154,19 +174,8 @@ void RankMain(const Config& cfg, int rank, int world, int port, FILE* report) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
     _exit(1);
   }
-  // Raw Gloo on its own context and pairs, rendezvous through the same TCP store.
-  adaptcomm::TcpStoreOptions so;
-  so.port = port;
-  auto store = adaptcomm::ConnectTcpStore(so);
-  if (!store.ok()) _exit(1);
-  adaptcomm::gloo_backend::GlooStoreAdapter adapter(
-      adaptcomm::CreatePrefixStore("raw-gloo", *store), absl::Seconds(60));
-  gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
-  auto device = gloo::transport::tcp::CreateDevice(attr);
-  auto raw = std::make_shared<gloo::rendezvous::Context>(rank, world);
-  raw->connectFullMesh(adapter, device);
-
+  std::shared_ptr<gloo::rendezvous::Context> raw;
+  if (cfg.baseline) raw = ConnectRawGloo(rank, world, port);
   Runner runner(**comm, raw);
   for (const std::string& op : cfg.ops) {
     for (size_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= 4) {
@@ -193,7 +202,8 @@ void RankMain(const Config& cfg, int rank, int world, int port, FILE* report) {
         double algbw = bytes / t_ours / 1e3, raw_algbw = bytes / t_raw / 1e3;  // GB/s
         double f = BusFactor(op, world);
         std::fprintf(report, "%s,%d,%zu,%.1f,%.3f,%.3f,%.1f,%.3f,%.3f\n", op.c_str(), world, bytes,
-                     t_ours, algbw, algbw * f, t_raw, raw_algbw * f, t_ours / t_raw);
+                     t_ours, algbw, algbw * f, t_raw, raw ? raw_algbw * f : 0,
+                     raw ? t_ours / t_raw : 0);
         std::fflush(report);
       }
     }
@@ -226,6 +236,8 @@ bool ParseArgs(int argc, char** argv, Config& cfg) {
     } else if (a == "--max-bytes") {
       if (!absl::SimpleAtoi(v, &cfg.max_bytes)) return false;
       ++i;
+    } else if (a == "--no-baseline") {
+      cfg.baseline = false;
     } else if (a == "--csv") {
       cfg.csv = v;
       ++i;
@@ -261,7 +273,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: collectives_bench [--ranks 2,4] [--ops allreduce,allgather,"
                  "reduce_scatter,broadcast] [--min-bytes N] [--max-bytes N] [--csv FILE] "
-                 "[--quick] [--retries N] [--backend gloo|shm|auto]\n");
+                 "[--quick] [--retries N] [--backend gloo|shm|auto] [--no-baseline]\n");
     return 2;
   }
   char tmpl[] = "/tmp/adaptcomm-bench-XXXXXX";

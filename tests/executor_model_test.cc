@@ -1,5 +1,7 @@
-// The execution model (#12): backend code runs only on threads the library owns, and
+// The execution model (#12): backend code runs only on threads the library owns (except a
+// caller's own op when it waits without a bound on a backend that runs on any thread), and
 // Work::Wait(d) returns within d whatever the ops ahead of the waited one do.
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -17,14 +19,19 @@ using ::testing::HasSubstr;
 
 // A one-rank backend that records which thread ran each op; the op with seq `hang_seq` sleeps
 // `hang_for` and ignores Abort() (a backend call that does not return when asked).
+// `any_thread`: Capabilities::runs_on_any_thread (as shared memory declares).
 class ObservedBackend final : public Backend {
  public:
-  ObservedBackend(uint64_t hang_seq, absl::Duration hang_for)
-      : hang_seq_(hang_seq), hang_for_(hang_for) {}
+  ObservedBackend(uint64_t hang_seq, absl::Duration hang_for, bool any_thread = false)
+      : hang_seq_(hang_seq), hang_for_(hang_for), any_thread_(any_thread) {}
   const char* name() const override { return "observed"; }
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  Capabilities capabilities() const override { return {}; }
+  Capabilities capabilities() const override {
+    Capabilities caps;
+    caps.runs_on_any_thread = any_thread_;
+    return caps;
+  }
   absl::Status Supports(const OpDesc&) const override { return absl::OkStatus(); }
   absl::Status Run(const OpDesc& op) override {
     {
@@ -45,6 +52,7 @@ class ObservedBackend final : public Backend {
  private:
   const uint64_t hang_seq_;
   const absl::Duration hang_for_;
+  const bool any_thread_;
   mutable absl::Mutex mu_;
   std::vector<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
 };
@@ -57,7 +65,7 @@ std::unique_ptr<Communicator> Create(std::unique_ptr<Backend> backend) {
   return comm.ok() ? std::move(*comm) : nullptr;
 }
 
-TEST(ExecutionModel, BackendCodeNeverRunsOnTheCallersThread) {
+TEST(ExecutionModel, BackendWithThreadStateNeverRunsOnTheCallersThread) {
   auto owned = std::make_unique<ObservedBackend>(0, absl::ZeroDuration());
   ObservedBackend* backend = owned.get();
   auto comm = Create(std::move(owned));
@@ -98,6 +106,45 @@ TEST(ExecutionModel, WaitReturnsWithinItsBoundBehindAHungOp) {
   EXPECT_TRUE(first.Wait(absl::Seconds(10)).ok());
   EXPECT_TRUE(second.Wait(absl::Seconds(10)).ok());
   EXPECT_TRUE(third.Wait(absl::Seconds(10)).ok());
+}
+
+// Shared memory's case: the hand-off to the worker and back costs more than the op, so a caller
+// that waits without a bound runs its own op when nothing else could run meanwhile.
+TEST(ExecutionModel, UnboundedWaiterRunsItsOwnOpWhenTheExecutorIsIdle) {
+  auto owned = std::make_unique<ObservedBackend>(0, absl::ZeroDuration(), /*any_thread=*/true);
+  ObservedBackend* backend = owned.get();
+  auto comm = Create(std::move(owned));
+  ASSERT_NE(comm, nullptr);
+  float x = 1.0f;
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(comm->Allreduce(HostView(&x, 1)).Wait().ok());
+  std::vector<std::thread::id> threads = backend->threads();
+  ASSERT_EQ(threads.size(), 200u);
+  // The worker wakes for each op too and takes those the caller has not reached yet (the caller
+  // can be preempted between issuing and waiting), so not every op; but most.
+  const size_t on_caller = std::count(threads.begin(), threads.end(), std::this_thread::get_id());
+  EXPECT_GE(on_caller, 100u);
+}
+
+TEST(ExecutionModel, BoundedWaitAndOpsQueuedBehindOthersStayOnTheWorker) {
+  constexpr absl::Duration kHang = absl::Milliseconds(300);
+  auto owned = std::make_unique<ObservedBackend>(1, kHang, /*any_thread=*/true);
+  ObservedBackend* backend = owned.get();
+  auto comm = Create(std::move(owned));
+  ASSERT_NE(comm, nullptr);
+  float a = 1, b = 2;
+  Work first = comm->Allreduce(HostView(&a, 1));  // runs kHang on the worker
+  Work second = comm->Allreduce(HostView(&b, 1));
+  // Pending behind a running op: the waiter only waits (it would otherwise run ops ahead of its
+  // own, or hold its thread while another op could start).
+  ASSERT_TRUE(second.Wait().ok());
+  ASSERT_TRUE(first.Wait().ok());
+  for (int i = 0; i < 50; ++i)
+    ASSERT_TRUE(comm->Allreduce(HostView(&a, 1)).Wait(absl::Seconds(10)).ok());
+  std::vector<std::thread::id> threads = backend->threads();
+  ASSERT_EQ(threads.size(), 52u);
+  for (size_t i = 0; i < threads.size(); ++i) {
+    EXPECT_NE(threads[i], std::this_thread::get_id()) << "op #" << i + 1 << " ran on the caller";
+  }
 }
 
 }  // namespace

@@ -71,6 +71,10 @@ struct Capabilities {
   bool abortable = true;  // Abort() interrupts an op in flight
   // Device ops are queued on the device in issue order and complete later (stream_ordered()).
   bool stream_ordered = false;
+  // Run() on host views may execute on any thread, a trainer's included: it leaves no state on the
+  // thread (signal mask, CUDA device, thread-locals) and Abort() from another thread ends it. The
+  // executor then lets a caller that waits without a bound run its own op (see Work::Wait()).
+  bool runs_on_any_thread = false;
 };
 
 // A point in a caller's CUDA stream (an event recorded there when the op was issued), opaque to

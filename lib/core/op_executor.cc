@@ -65,7 +65,7 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
     }
   }
   desc.seq = next_seq_++;
-  auto work = std::make_shared<WorkImpl>(std::move(desc));
+  auto work = std::make_shared<WorkImpl>(std::move(desc), weak_from_this());
   if (work->desc().issued_at != nullptr && CanLaunchInlineLocked()) {
     LaunchInlineLocked(work);
     return work;
@@ -80,6 +80,17 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
     queue_.push_back(work);
   }
   return work;
+}
+
+bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.ok() || stopping_ || busy_ || queue_.empty() || queue_.front().get() != work ||
+      !device_failure_.ok() || requested_generation_ > generation_ || !in_flight_.empty() ||
+      OnDevice(work->desc()) || !backend().capabilities().runs_on_any_thread) {
+    return false;
+  }
+  RunHeadLocked();
+  return true;
 }
 
 bool OpExecutor::CanLaunchInlineLocked() const {

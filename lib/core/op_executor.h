@@ -124,6 +124,14 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // Queues `desc` (seq assigned here) and returns its work. For a stream-ordered device op also
   // records its place in the caller's stream (StreamOrdered::MarkIssue).
   std::shared_ptr<WorkImpl> Submit(OpDesc desc);
+  // A caller that waits for `work` without a bound runs it on its own thread when nothing else can
+  // run in the meantime: `work` is next in the queue, the executor is idle (no op running, none in
+  // flight, no retry pending), it is a host op and the backend runs on any thread
+  // (Capabilities::runs_on_any_thread). The op then runs exactly as on the worker (watchdog,
+  // failure handler, coordinated retry); it saves the hand-off to the worker and back, which costs
+  // more than a small op on shared memory. Returns whether it ran the op (finished when it
+  // returns).
+  bool RunOnWaiter(const WorkImpl* work);
   // Fails every queued op with `reason`, aborts the running one. Idempotent.
   void Abort(const absl::Status& reason);
   // Lets queued ops finish (each within its bound), then stops the threads.

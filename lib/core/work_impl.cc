@@ -4,10 +4,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "lib/core/op_executor.h"
 
 namespace adaptcomm::internal {
 
-WorkImpl::WorkImpl(OpDesc desc) : desc_(std::move(desc)), enqueue_time_(absl::Now()) {}
+WorkImpl::WorkImpl(OpDesc desc, std::weak_ptr<OpExecutor> executor)
+    : desc_(std::move(desc)), executor_(std::move(executor)), enqueue_time_(absl::Now()) {}
 
 std::shared_ptr<WorkImpl> WorkImpl::Failed(OpDesc desc, absl::Status status) {
   auto work = std::make_shared<WorkImpl>(std::move(desc));
@@ -64,7 +66,12 @@ std::string StillThere(const OpDesc& desc, absl::Duration bound, WorkState state
 }  // namespace
 
 absl::Status WorkImpl::Wait(absl::Duration bound) {
-  // Only waits: the op runs on the executor's worker, so nothing here can outlast `bound`.
+  // Without a bound the caller may run its own op when nothing else could run meanwhile: it then
+  // waits exactly as long as it would for the worker, minus the hand-off. With a bound it only
+  // waits (the op runs on the worker), so nothing here can outlast `bound`.
+  if (bound == absl::InfiniteDuration()) {
+    if (std::shared_ptr<OpExecutor> executor = executor_.lock()) (void)executor->RunOnWaiter(this);
+  }
   const absl::Time deadline = absl::Now() + bound;
   absl::MutexLock lock(&mu_);
   auto waited_for = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {

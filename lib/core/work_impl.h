@@ -15,9 +15,13 @@
 
 namespace adaptcomm::internal {
 
+class OpExecutor;
+
 class WorkImpl {
  public:
-  explicit WorkImpl(OpDesc desc);
+  // `executor`: the one that runs it (Wait() without a bound may run the op on the waiting thread,
+  // OpExecutor::RunOnWaiter); empty for a Work that never runs.
+  explicit WorkImpl(OpDesc desc, std::weak_ptr<OpExecutor> executor = {});
   // A Work that failed before being queued (bad input, broken communicator).
   static std::shared_ptr<WorkImpl> Failed(OpDesc desc, absl::Status status);
 
@@ -45,6 +49,7 @@ class WorkImpl {
 
  private:
   const OpDesc desc_;
+  const std::weak_ptr<OpExecutor> executor_;
   const absl::Time enqueue_time_;
   mutable absl::Mutex mu_;
   WorkState state_ ABSL_GUARDED_BY(mu_) = WorkState::kPending;

@@ -83,6 +83,7 @@ class ShmBackend final : public Backend {
     caps.native_avg = true;
     caps.send_recv = true;
     caps.abortable = true;
+    caps.runs_on_any_thread = true;  // memory, futexes and the pids of peers: no thread state
     return caps;
   }
 
