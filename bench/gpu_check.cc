@@ -37,6 +37,7 @@
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/precision.h"
 #include "lib/base/cast_kernels.h"
+#include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 #include "tests/dtype_values.h"
 
@@ -55,7 +56,8 @@ int failures = 0;
     }                                                                                   \
   } while (0)
 
-std::shared_ptr<nccl::CudaApi> cuda;
+// The process's CUDA runtime (set by main).
+std::shared_ptr<cuda::CudaApi> g_cuda;
 
 // Host <-> device copies of small test vectors, encoded in `t` from doubles.
 std::vector<char> Encode(DType t, const std::vector<double>& v) {
@@ -70,33 +72,33 @@ double DecodeAt(DType t, const std::vector<char>& b, size_t i) {
 
 void Sync(void* stream) {
   void* ev = nullptr;
-  cuda->EventCreateDisableTiming(&ev);
-  cuda->EventRecord(ev, stream);
+  g_cuda->EventCreateDisableTiming(&ev);
+  g_cuda->EventRecord(ev, stream);
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (cuda->EventQuery(ev) == nccl::kCudaErrorNotReady && absl::Now() < deadline) {
+  while (g_cuda->EventQuery(ev) == cuda::kCudaErrorNotReady && absl::Now() < deadline) {
   }
-  cuda->EventDestroy(ev);
+  g_cuda->EventDestroy(ev);
 }
 
 struct DevBuf {
   void* p = nullptr;
   size_t bytes = 0;
   DevBuf(size_t n) : bytes(n) {
-    if (cuda->Malloc(&p, n == 0 ? 1 : n) != nccl::kCudaSuccess) p = nullptr;
+    if (g_cuda->Malloc(&p, n == 0 ? 1 : n) != cuda::kCudaSuccess) p = nullptr;
   }
   ~DevBuf() {
-    if (p) cuda->Free(p);
+    if (p) g_cuda->Free(p);
   }
   TensorView View(DType t, int device, void* stream) const {
     return TensorView{p, bytes / DTypeSize(t), t, Device::Cuda(device), stream};
   }
   void Put(const std::vector<char>& h, void* stream) {
-    cuda->MemcpyAsync(p, h.data(), h.size(), nccl::MemcpyKind::kHostToDevice, stream);
+    g_cuda->MemcpyAsync(p, h.data(), h.size(), cuda::MemcpyKind::kHostToDevice, stream);
     Sync(stream);
   }
   std::vector<char> Get(void* stream) const {
     std::vector<char> h(bytes);
-    cuda->MemcpyAsync(h.data(), p, bytes, nccl::MemcpyKind::kDeviceToHost, stream);
+    g_cuda->MemcpyAsync(h.data(), p, bytes, cuda::MemcpyKind::kDeviceToHost, stream);
     Sync(stream);
     return h;
   }
@@ -235,7 +237,7 @@ void TimeoutCheck(Communicator& comm, int device, void* stream) {
   // The host function holds the stream for 4 s; the op's 500 ms bound fires first.
   static absl::Duration stall = absl::Seconds(4);
   DevBuf a(1 << 20);
-  if (comm.rank() == 0) cuda->LaunchHostFunc(stream, StallStream, &stall);
+  if (comm.rank() == 0) g_cuda->LaunchHostFunc(stream, StallStream, &stall);
   const absl::Time start = absl::Now();
   // Stream-ordered: the op queues behind the stall at once; the watchdog polling its completion
   // event fails it 500 ms after it became the oldest op in flight.
@@ -297,24 +299,24 @@ void Busbw(Communicator& comm, int device, void* stream, size_t max_bytes) {
 // Runs one device cast of host `src` (`in_bytes`) into `out_bytes`, `offset` bytes into both
 // device buffers (offset 0: the vectorized path; 2 or 4: the scalar one). Returns the output and
 // the two counters.
-std::vector<char> DeviceCast(nccl::CastDirection dir, const void* src, size_t in_bytes,
+std::vector<char> DeviceCast(cuda::CastDirection dir, const void* src, size_t in_bytes,
                              size_t out_bytes, size_t count, float scale, size_t offset,
-                             void* stream, nccl::DeviceCastCounters* counts) {
-  DevBuf in(in_bytes + offset), out(out_bytes + offset), ctr(sizeof(nccl::DeviceCastCounters));
+                             void* stream, cuda::DeviceCastCounters* counts) {
+  DevBuf in(in_bytes + offset), out(out_bytes + offset), ctr(sizeof(cuda::DeviceCastCounters));
   std::vector<char> h(static_cast<const char*>(src), static_cast<const char*>(src) + in_bytes);
-  cuda->MemcpyAsync(static_cast<char*>(in.p) + offset, h.data(), in_bytes,
-                    nccl::MemcpyKind::kHostToDevice, stream);
-  cuda->MemsetAsync(ctr.p, 0, sizeof(nccl::DeviceCastCounters), stream);
+  g_cuda->MemcpyAsync(static_cast<char*>(in.p) + offset, h.data(), in_bytes,
+                      cuda::MemcpyKind::kHostToDevice, stream);
+  g_cuda->MemsetAsync(ctr.p, 0, sizeof(cuda::DeviceCastCounters), stream);
   void* dst = static_cast<char*>(out.p) + offset;
-  const int e = cuda->LaunchCast(dir, static_cast<char*>(in.p) + offset, dst, count, scale, stream,
-                                 static_cast<nccl::DeviceCastCounters*>(ctr.p));
-  if (e != nccl::kCudaSuccess) {
+  const int e = g_cuda->LaunchCast(dir, static_cast<char*>(in.p) + offset, dst, count, scale,
+                                   stream, static_cast<cuda::DeviceCastCounters*>(ctr.p));
+  if (e != cuda::kCudaSuccess) {
     ++failures;
-    std::printf("  FAIL LaunchCast: %s\n", cuda->ErrorString(e).c_str());
+    std::printf("  FAIL LaunchCast: %s\n", g_cuda->ErrorString(e).c_str());
   }
   std::vector<char> got(out_bytes);
-  cuda->MemcpyAsync(got.data(), dst, out_bytes, nccl::MemcpyKind::kDeviceToHost, stream);
-  cuda->MemcpyAsync(counts, ctr.p, sizeof(*counts), nccl::MemcpyKind::kDeviceToHost, stream);
+  g_cuda->MemcpyAsync(got.data(), dst, out_bytes, cuda::MemcpyKind::kDeviceToHost, stream);
+  g_cuda->MemcpyAsync(counts, ctr.p, sizeof(*counts), cuda::MemcpyKind::kDeviceToHost, stream);
   Sync(stream);
   return got;
 }
@@ -341,7 +343,7 @@ void CompareBits(const std::string& what, const std::vector<char>& got, const T*
   }
 }
 
-void CheckCounts(const std::string& what, const nccl::DeviceCastCounters& got,
+void CheckCounts(const std::string& what, const cuda::DeviceCastCounters& got,
                  const CastStats& want) {
   if (got.overflow != want.overflow || got.nonfinite != want.nonfinite_inputs) {
     ++failures;
@@ -352,7 +354,7 @@ void CheckCounts(const std::string& what, const nccl::DeviceCastCounters& got,
 
 void CastKernelCheck(void* stream) {
   namespace p = precision;
-  if (!nccl::CastKernelsBuiltIn()) {
+  if (!cuda::CastKernelsBuiltIn()) {
     ++failures;
     std::printf("  FAIL: this build has no CUDA cast kernels (nvcc did not work at build time)\n");
     return;
@@ -367,9 +369,9 @@ void CastKernelCheck(void* stream) {
         const CastStats cs =
             f16 ? p::F16ToF32Scalar(halves.data(), want.data(), halves.size(), scale)
                 : p::BF16ToF32Scalar(halves.data(), want.data(), halves.size(), scale);
-        nccl::DeviceCastCounters counts{};
+        cuda::DeviceCastCounters counts{};
         const std::vector<char> got = DeviceCast(
-            f16 ? nccl::CastDirection::kF16ToF32 : nccl::CastDirection::kBF16ToF32, halves.data(),
+            f16 ? cuda::CastDirection::kF16ToF32 : cuda::CastDirection::kBF16ToF32, halves.data(),
             halves.size() * 2, halves.size() * 4, halves.size(), scale, offset, stream, &counts);
         std::vector<uint32_t> want_bits(want.size());
         std::memcpy(want_bits.data(), want.data(), want.size() * 4);
@@ -411,9 +413,9 @@ void CastKernelCheck(void* stream) {
       std::vector<uint16_t> want(f32.size());
       const CastStats cs = f16 ? p::F32ToF16Scalar(f32.data(), want.data(), f32.size())
                                : p::F32ToBF16Scalar(f32.data(), want.data(), f32.size());
-      nccl::DeviceCastCounters counts{};
+      cuda::DeviceCastCounters counts{};
       const std::vector<char> got = DeviceCast(
-          f16 ? nccl::CastDirection::kF32ToF16 : nccl::CastDirection::kF32ToBF16, f32.data(),
+          f16 ? cuda::CastDirection::kF32ToF16 : cuda::CastDirection::kF32ToBF16, f32.data(),
           f32.size() * 4, f32.size() * 2, f32.size(), 1.0f, offset * 2, stream, &counts);
       const std::string what =
           absl::StrCat("f32->", f16 ? "f16" : "bf16", offset ? " unaligned" : "");
@@ -429,9 +431,9 @@ void CastKernelCheck(void* stream) {
       const float r = f32[i] * scale;
       std::memcpy(&want[i], &r, 4);
     }
-    nccl::DeviceCastCounters counts{};
+    cuda::DeviceCastCounters counts{};
     const std::vector<char> got =
-        DeviceCast(nccl::CastDirection::kF32ToF32, f32.data(), f32.size() * 4, f32.size() * 4,
+        DeviceCast(cuda::CastDirection::kF32ToF32, f32.data(), f32.size() * 4, f32.size() * 4,
                    f32.size(), scale, 0, stream, &counts);
     CompareBits("f32 x 0.37", got, want.data(), want.size(), f32.data(), 4);
   }
@@ -545,7 +547,7 @@ void OverheadCheck(Communicator& comm, Store& store, int device, void* stream) {
     return;
   }
   void* done = nullptr;
-  cuda->EventCreateDisableTiming(&done);
+  g_cuda->EventCreateDisableTiming(&done);
   DevBuf buf(size_t{1} << 30);
   // 8 bytes: host cost per op, 2000 ops issued back to back (the GPU runs them meanwhile).
   constexpr int kSmallOps = 2000;
@@ -556,7 +558,7 @@ void OverheadCheck(Communicator& comm, Store& store, int device, void* stream) {
   for (int i = 0; i < kSmallOps; ++i) {
     (void)raw.api->AllReduce(buf.p, buf.p, 2, nccl::NcclDataType::kFloat32, nccl::NcclRedOp::kSum,
                              raw.comm, stream);
-    cuda->EventRecord(done, stream);
+    g_cuda->EventRecord(done, stream);
   }
   const double raw_us = absl::ToDoubleMicroseconds(absl::Now() - t0) / kSmallOps;
   Sync(stream);
@@ -600,21 +602,21 @@ void OverheadCheck(Communicator& comm, Store& store, int device, void* stream) {
       std::printf("  FAIL more than 2%% slower than ncclAllReduce\n");
     }
   }
-  cuda->EventDestroy(done);
+  g_cuda->EventDestroy(done);
 }
 
 // ---- [7] overlap with compute on another stream ----
 
 void OverlapCheck(Communicator& comm, int device, void* stream) {
   void* compute = nullptr;
-  if (cuda->StreamCreateNonBlocking(&compute) != nccl::kCudaSuccess) {
+  if (g_cuda->StreamCreateNonBlocking(&compute) != cuda::kCudaSuccess) {
     ++failures;
     std::printf("  FAIL creating the compute stream\n");
     return;
   }
   static absl::Duration busy = absl::Milliseconds(300);
   DevBuf a(size_t{4} << 20);
-  cuda->LaunchHostFunc(compute, StallStream, &busy);  // "compute" holds its own stream
+  g_cuda->LaunchHostFunc(compute, StallStream, &busy);  // "compute" holds its own stream
   const absl::Time start = absl::Now();
   absl::Status s =
       comm.Allreduce(a.View(DType::kF32, device, stream)).Synchronize(absl::Seconds(10));
@@ -627,15 +629,15 @@ void OverlapCheck(Communicator& comm, int device, void* stream) {
     std::printf("  FAIL the collective waited for the other stream\n");
   }
   Sync(compute);
-  cuda->StreamDestroy(compute);
+  g_cuda->StreamDestroy(compute);
 }
 
 int RunRank(int rank, int world, int port) {
   setenv("ADAPTCOMM_CUDA_DEVICE", std::to_string(rank).c_str(), 1);
   const int device = rank;
-  cuda->SetDevice(device);
+  g_cuda->SetDevice(device);
   void* stream = nullptr;
-  cuda->StreamCreateNonBlocking(&stream);
+  g_cuda->StreamCreateNonBlocking(&stream);
   // One job store for all the communicators below (each Create would otherwise serve its own).
   std::unique_ptr<TcpStoreServer> server;
   std::shared_ptr<Store> store = CreateHashStore();
@@ -733,20 +735,20 @@ int FreePort() {
 
 int main(int argc, char** argv) {
   using namespace adaptcomm;
-  auto c = nccl::LoadCudaApi();
+  auto c = cuda::LoadCudaApi();
   if (!c.ok()) {
     std::printf("no GPU: %s\n", std::string(c.status().message()).c_str());
     return 0;
   }
-  cuda = *c;
+  g_cuda = *c;
   if (argc == 4 && std::string(argv[1]) == "--rank") {
     return RunRank(std::atoi(argv[2]), std::atoi(argv[3]),
                    std::atoi(std::getenv("GPU_CHECK_PORT")));
   }
   int devices = 0;
-  if (int e = cuda->GetDeviceCount(&devices); e != nccl::kCudaSuccess || devices == 0) {
+  if (int e = g_cuda->GetDeviceCount(&devices); e != cuda::kCudaSuccess || devices == 0) {
     std::printf("no GPU: no CUDA device visible (%s); nothing to check\n",
-                e != nccl::kCudaSuccess ? cuda->ErrorString(e).c_str() : "0 devices");
+                e != cuda::kCudaSuccess ? g_cuda->ErrorString(e).c_str() : "0 devices");
     return 0;
   }
   auto api = nccl::LoadNcclApi();
@@ -757,8 +759,8 @@ int main(int argc, char** argv) {
   }
   int version = 0, driver = 0, runtime = 0;
   (*api)->GetVersion(&version);
-  cuda->DriverVersion(&driver);
-  cuda->RuntimeVersion(&runtime);
+  g_cuda->DriverVersion(&driver);
+  g_cuda->RuntimeVersion(&runtime);
   std::printf("%d GPU(s); NCCL %s from %s; CUDA driver %d, runtime %d\n", devices,
               nccl::NcclVersionString(version).c_str(), (*api)->library_path().c_str(), driver,
               runtime);

@@ -1,4 +1,4 @@
-# CUDA toolkit and NCCL headers for lib/nccl (and bench/gpu_check).
+# CUDA toolkit and NCCL headers for lib/cuda and lib/nccl (and bench/gpu_check).
 #
 # ADAPTCOMM_WITH_CUDA: AUTO (default: on when the toolkit and nccl.h are found), ON (required),
 # OFF. The CUDA runtime is linked statically (CUDA::cudart_static) so that the library needs no
@@ -36,7 +36,7 @@ if(NOT _adaptcomm_with_cuda STREQUAL "OFF")
   endif()
 endif()
 
-# The CUDA cast kernels of the device mixed-precision path (lib/nccl/cast_kernels.cu) need nvcc
+# The CUDA cast kernels of the device mixed-precision path (lib/cuda/cast_kernels.cu) need nvcc
 # working with the host compiler: the CUDA language is enabled only when check_language(CUDA)
 # succeeds. Without it (or with ADAPTCOMM_CUDA_KERNELS=OFF) the NCCL backend is still built, and
 # the device mixed-precision ops return FailedPrecondition. ADAPTCOMM_CUDA_KERNELS_FOUND says

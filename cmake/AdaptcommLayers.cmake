@@ -19,7 +19,7 @@ function(adaptcomm_layer layer)
 endfunction()
 
 # An object library whose objects go into both libraries without being a layer of its own (the
-# nvcc-compiled cast kernels of lib/nccl).
+# nvcc-compiled cast kernels of lib/cuda).
 function(adaptcomm_layer_objects target)
   set_property(GLOBAL APPEND PROPERTY ADAPTCOMM_LAYER_TARGETS ${target})
 endfunction()

@@ -5,14 +5,16 @@
 #
 # Layers, bottom to top (a folder may include its own and those listed for it):
 #   base                      (CPU kernels, non-temporal copies, logging, names)
+#   cuda                      base                         (the CUDA runtime seam)
 #   store, config             base
-#   gloo, nccl, hier, shm     base store config            (siblings: never each other)
+#   gloo, hier, shm           base store config            (siblings: never each other)
+#   nccl                      base store config cuda       (a sibling too; the NCCL seam and backend)
 #   trace                     base store config
-#   core (runtime)            base store config trace, and gloo/nccl/hier/shm only in the composition
-#                             root (lib/core/backend_selection.*), the one code that knows the
-#                             concrete backends
-#   precision                 base store config nccl trace core
-#   diag                      base store config nccl trace core precision
+#   core (runtime)            base cuda store config trace, and gloo/nccl/hier/shm only in the
+#                             composition root (lib/core/backend_selection.*), the one code that
+#                             knows the concrete backends
+#   precision                 base cuda store config trace core
+#   diag                      base cuda store config nccl trace core precision
 # Public headers (include/adaptcomm) include no lib/ header and no CUDA, NCCL, Gloo or yaml-cpp
 # header.
 cmake_minimum_required(VERSION 3.22)
@@ -21,16 +23,17 @@ if(NOT SOURCE_DIR)
 endif()
 
 set(allowed_base "base")
+set(allowed_cuda "base;cuda")
 set(allowed_store "base;store")
 set(allowed_config "base;config")
 set(allowed_gloo "base;store;config;gloo")
-set(allowed_nccl "base;store;config;nccl")
+set(allowed_nccl "base;cuda;store;config;nccl")
 set(allowed_shm "base;store;config;shm")
 set(allowed_hier "base;store;config;hier")
 set(allowed_trace "base;store;config;trace")
-set(allowed_core "base;store;config;trace;core")
-set(allowed_precision "base;store;config;nccl;trace;core;precision")
-set(allowed_diag "base;store;config;nccl;trace;core;precision;diag")
+set(allowed_core "base;cuda;store;config;trace;core")
+set(allowed_precision "base;cuda;store;config;trace;core;precision")
+set(allowed_diag "base;cuda;store;config;nccl;trace;core;precision;diag")
 set(composition_root_files "lib/core/backend_selection.cc;lib/core/backend_selection.h")
 set(composition_root_may "gloo;nccl;hier;shm")
 

@@ -37,12 +37,12 @@ struct FakeOp {
 struct HeldCollective;  // a collective queued on its stream (FakeNcclApi::HoldStreams)
 struct Deferred {
   enum class Kind { kCast, kWait, kMarker, kCollective } kind = Kind::kCast;
-  nccl::CastDirection direction = nccl::CastDirection::kF32ToBF16;
+  cuda::CastDirection direction = cuda::CastDirection::kF32ToBF16;
   const void* src = nullptr;
   void* dst = nullptr;
   size_t count = 0;
   float scale = 1.0f;
-  nccl::DeviceCastCounters* counters = nullptr;
+  cuda::DeviceCastCounters* counters = nullptr;
   std::shared_ptr<FakeOp> op;            // kWait: what it waits for; kMarker: the event's op;
                                          // kCollective: the op the launch becomes
   std::shared_ptr<HeldCollective> held;  // kCollective
@@ -56,25 +56,25 @@ void RunCast(const Deferred& d) {
   namespace p = precision;
   CastStats st;
   switch (d.direction) {
-    case nccl::CastDirection::kF32ToBF16:
+    case cuda::CastDirection::kF32ToBF16:
       st = p::F32ToBF16Scalar(static_cast<const float*>(d.src), static_cast<uint16_t*>(d.dst),
                               d.count);
       break;
-    case nccl::CastDirection::kF32ToF16:
+    case cuda::CastDirection::kF32ToF16:
       st = p::F32ToF16Scalar(static_cast<const float*>(d.src), static_cast<uint16_t*>(d.dst),
                              d.count);
       break;
-    case nccl::CastDirection::kBF16ToF32:
-    case nccl::CastDirection::kF16ToF32: {
+    case cuda::CastDirection::kBF16ToF32:
+    case cuda::CastDirection::kF16ToF32: {
       std::vector<float> sink(d.dst == nullptr ? d.count : 0);  // null dst: count only
       float* dst = d.dst == nullptr ? sink.data() : static_cast<float*>(d.dst);
       const auto* src = static_cast<const uint16_t*>(d.src);
-      st = d.direction == nccl::CastDirection::kBF16ToF32
+      st = d.direction == cuda::CastDirection::kBF16ToF32
                ? p::BF16ToF32Scalar(src, dst, d.count, d.scale)
                : p::F16ToF32Scalar(src, dst, d.count, d.scale);
       break;
     }
-    case nccl::CastDirection::kF32ToF32: {
+    case cuda::CastDirection::kF32ToF32: {
       const auto* src = static_cast<const float*>(d.src);
       auto* dst = static_cast<float*>(d.dst);
       for (size_t i = 0; i < d.count; ++i) {
@@ -90,17 +90,17 @@ void RunCast(const Deferred& d) {
   }
 }
 
-const char* DirectionName(nccl::CastDirection d) {
+const char* DirectionName(cuda::CastDirection d) {
   switch (d) {
-    case nccl::CastDirection::kF32ToBF16:
+    case cuda::CastDirection::kF32ToBF16:
       return "f32->bf16";
-    case nccl::CastDirection::kF32ToF16:
+    case cuda::CastDirection::kF32ToF16:
       return "f32->f16";
-    case nccl::CastDirection::kBF16ToF32:
+    case cuda::CastDirection::kBF16ToF32:
       return "bf16->f32";
-    case nccl::CastDirection::kF16ToF32:
+    case cuda::CastDirection::kF16ToF32:
       return "f16->f32";
-    case nccl::CastDirection::kF32ToF32:
+    case cuda::CastDirection::kF32ToF32:
       return "f32*scale";
   }
   return "?";
@@ -377,7 +377,7 @@ void FakeNcclApi::MarkHost(const void* p, size_t bytes) {
 }
 
 int FakeNcclApi::GetDeviceCount(int* count) {
-  *count = faults_.device_count_error == nccl::kCudaSuccess ? faults_.device_count : 0;
+  *count = faults_.device_count_error == cuda::kCudaSuccess ? faults_.device_count : 0;
   return faults_.device_count_error;
 }
 namespace {
@@ -386,21 +386,21 @@ thread_local int current_device = 0;
 int FakeNcclApi::SetDevice(int device) {
   if (device < 0 || device >= faults_.device_count) return 101;  // cudaErrorInvalidDevice
   current_device = device;
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
 int FakeNcclApi::GetDevice(int* device) {
   *device = current_device;
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
 int FakeNcclApi::DriverVersion(int* version) {
   *version = 13000;
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
 int FakeNcclApi::RuntimeVersion(int* version) {
   *version = 13000;
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::PointerGetAttributes(const void* ptr, nccl::PointerInfo* info) {
+int FakeNcclApi::PointerGetAttributes(const void* ptr, cuda::PointerInfo* info) {
   absl::MutexLock lock(&world_->mu);
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   info->is_device = true;
@@ -411,20 +411,20 @@ int FakeNcclApi::PointerGetAttributes(const void* ptr, nccl::PointerInfo* info) 
       info->device = -1;
     }
   }
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::StreamCreateNonBlocking(nccl::CudaStream* stream) {
+int FakeNcclApi::StreamCreateNonBlocking(cuda::CudaStream* stream) {
   absl::MutexLock lock(&world_->mu);
   *stream = reinterpret_cast<void*>(state_->next_handle++);
   state_->stream_devices[*stream] = current_device;
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::StreamGetDevice(nccl::CudaStream stream, int* device) {
+int FakeNcclApi::StreamGetDevice(cuda::CudaStream stream, int* device) {
   absl::MutexLock lock(&world_->mu);
   auto it = state_->stream_devices.find(stream);
-  if (it == state_->stream_devices.end()) return nccl::kCudaErrorNotSupported;  // a test's handle
+  if (it == state_->stream_devices.end()) return cuda::kCudaErrorNotSupported;  // a test's handle
   *device = it->second;
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
 void FakeNcclApi::HoldStreams(bool hold) {
   absl::MutexLock lock(&world_->mu);
@@ -434,21 +434,21 @@ int FakeNcclApi::collectives_started() const {
   absl::MutexLock lock(&world_->mu);
   return state_->collectives_started;
 }
-int FakeNcclApi::StreamDestroy(nccl::CudaStream stream) {
+int FakeNcclApi::StreamDestroy(cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   state_->Flush(world_->mu, stream, /*blocking=*/false);
   state_->deferred.erase(stream);
   state_->stream_last.erase(stream);
   state_->stream_devices.erase(stream);
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::EventCreateDisableTiming(nccl::CudaEvent* event) {
+int FakeNcclApi::EventCreateDisableTiming(cuda::CudaEvent* event) {
   absl::MutexLock lock(&world_->mu);
   *event = reinterpret_cast<void*>(state_->next_handle++);
   state_->events[*event] = nullptr;
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::EventRecord(nccl::CudaEvent event, nccl::CudaStream stream) {
+int FakeNcclApi::EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   State& st = *state_;
   st.Log("EventRecord", stream, event);
@@ -457,7 +457,7 @@ int FakeNcclApi::EventRecord(nccl::CudaEvent event, nccl::CudaStream stream) {
   auto q = st.deferred.find(stream);
   if (q == st.deferred.end() || q->second.empty()) {
     st.events[event] = last;
-    return nccl::kCudaSuccess;
+    return cuda::kCudaSuccess;
   }
   // Behind deferred work: the event completes when the stream is forced up to here.
   if (last != nullptr && !last->done()) {
@@ -470,27 +470,27 @@ int FakeNcclApi::EventRecord(nccl::CudaEvent event, nccl::CudaStream stream) {
   q->second.push_back(
       Deferred{Deferred::Kind::kMarker, {}, nullptr, nullptr, 0, 1.0f, nullptr, marker, nullptr});
   st.events[event] = marker;
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::EventQuery(nccl::CudaEvent event) {
+int FakeNcclApi::EventQuery(cuda::CudaEvent event) {
   absl::MutexLock lock(&world_->mu);
   auto it = state_->events.find(event);
   if (it == state_->events.end()) return 400;  // cudaErrorInvalidResourceHandle
   if (it->second != nullptr && !it->second->done() && it->second->marker_stream != nullptr) {
     std::shared_ptr<FakeOp> op = it->second;
     state_->Flush(world_->mu, op->marker_stream, /*blocking=*/false);
-    return op->done() ? nccl::kCudaSuccess : nccl::kCudaErrorNotReady;
+    return op->done() ? cuda::kCudaSuccess : cuda::kCudaErrorNotReady;
   }
-  return it->second == nullptr || it->second->done() ? nccl::kCudaSuccess
-                                                     : nccl::kCudaErrorNotReady;
+  return it->second == nullptr || it->second->done() ? cuda::kCudaSuccess
+                                                     : cuda::kCudaErrorNotReady;
 }
-int FakeNcclApi::EventDestroy(nccl::CudaEvent event) {
+int FakeNcclApi::EventDestroy(cuda::CudaEvent event) {
   absl::MutexLock lock(&world_->mu);
   state_->events.erase(event);
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, nccl::MemcpyKind,
-                             nccl::CudaStream stream) {
+int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, cuda::MemcpyKind,
+                             cuda::CudaStream stream) {
   memcpy_calls_.fetch_add(1);
   {
     absl::MutexLock lock(&world_->mu);
@@ -498,16 +498,16 @@ int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, nccl::Mem
     if (!state_->Flush(world_->mu, stream, /*blocking=*/true)) return 999;  // cudaErrorUnknown
   }
   std::memmove(dst, src, bytes);
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
 int FakeNcclApi::Malloc(void** ptr, size_t bytes) {
   malloc_calls_.fetch_add(1);
   *ptr = std::calloc(1, bytes);
-  return *ptr != nullptr ? nccl::kCudaSuccess : 2;
+  return *ptr != nullptr ? cuda::kCudaSuccess : 2;
 }
 int FakeNcclApi::Free(void* ptr) {
   std::free(ptr);
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
 int FakeNcclApi::HostAlloc(void** ptr, size_t bytes) {
   if (faults_.host_alloc_fails) {
@@ -518,75 +518,75 @@ int FakeNcclApi::HostAlloc(void** ptr, size_t bytes) {
   *ptr = p;
   absl::MutexLock lock(&world_->mu);
   state_->host_ranges.push_back({reinterpret_cast<uintptr_t>(p), bytes});
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
 int FakeNcclApi::FreeHost(void* ptr) {
   std::free(ptr);
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::LaunchHostFunc(nccl::CudaStream stream, void (*fn)(void*), void* arg) {
+int FakeNcclApi::LaunchHostFunc(cuda::CudaStream stream, void (*fn)(void*), void* arg) {
   {
     absl::MutexLock lock(&world_->mu);
     if (!state_->Flush(world_->mu, stream, /*blocking=*/true)) return 999;
   }
   fn(arg);  // the fake's streams have nothing else to wait for
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
 std::string FakeNcclApi::ErrorString(int error) {
-  if (error == nccl::kCudaErrorNoDevice) return "cudaErrorNoDevice: no CUDA-capable device";
+  if (error == cuda::kCudaErrorNoDevice) return "cudaErrorNoDevice: no CUDA-capable device";
   return absl::StrCat("fake cuda error ", error);
 }
-int FakeNcclApi::StreamWaitEvent(nccl::CudaStream stream, nccl::CudaEvent event) {
+int FakeNcclApi::StreamWaitEvent(cuda::CudaStream stream, cuda::CudaEvent event) {
   absl::MutexLock lock(&world_->mu);
   State& st = *state_;
   st.Log("StreamWaitEvent", stream, event);
   auto it = st.events.find(event);
   if (it == st.events.end()) return 400;
   std::shared_ptr<FakeOp> op = it->second;
-  if (op == nullptr || op->done()) return nccl::kCudaSuccess;
+  if (op == nullptr || op->done()) return cuda::kCudaSuccess;
   // The waiting stream's later work needs the event's work: force that stream (casts run now).
   if (op->marker_stream != nullptr) st.Flush(world_->mu, op->marker_stream, /*blocking=*/false);
   if (!op->done()) {
     st.deferred[stream].push_back(
         Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, op, nullptr});
   }
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::StreamSynchronize(nccl::CudaStream stream) {
+int FakeNcclApi::StreamSynchronize(cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   State& st = *state_;
   st.Log("StreamSynchronize", stream);
   if (!st.Flush(world_->mu, stream, /*blocking=*/true)) return 999;
   auto it = st.stream_last.find(stream);
-  if (it == st.stream_last.end() || it->second == nullptr) return nccl::kCudaSuccess;
+  if (it == st.stream_last.end() || it->second == nullptr) return cuda::kCudaSuccess;
   std::shared_ptr<FakeOp> op = it->second;
   return world_->mu.AwaitWithTimeout(absl::Condition(op.get(), &FakeOp::done), kFlushBound)
-             ? nccl::kCudaSuccess
+             ? cuda::kCudaSuccess
              : 999;
 }
-int FakeNcclApi::MemsetAsync(void* ptr, int value, size_t bytes, nccl::CudaStream stream) {
+int FakeNcclApi::MemsetAsync(void* ptr, int value, size_t bytes, cuda::CudaStream stream) {
   {
     absl::MutexLock lock(&world_->mu);
     state_->Log("MemsetAsync", stream);
     if (!state_->Flush(world_->mu, stream, /*blocking=*/true)) return 999;
   }
   std::memset(ptr, value, bytes);
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
-int FakeNcclApi::LaunchCast(nccl::CastDirection direction, const void* src, void* dst, size_t count,
-                            float scale, nccl::CudaStream stream,
-                            nccl::DeviceCastCounters* counters) {
+int FakeNcclApi::LaunchCast(cuda::CastDirection direction, const void* src, void* dst, size_t count,
+                            float scale, cuda::CudaStream stream,
+                            cuda::DeviceCastCounters* counters) {
   cast_calls_.fetch_add(1);
   absl::MutexLock lock(&world_->mu);
   State& st = *state_;
   st.Log("LaunchCast", stream, nullptr, DirectionName(direction));
-  if (faults_.launch_cast_error != nccl::kCudaSuccess) return faults_.launch_cast_error;
+  if (faults_.launch_cast_error != cuda::kCudaSuccess) return faults_.launch_cast_error;
   const bool widen =
-      direction == nccl::CastDirection::kBF16ToF32 || direction == nccl::CastDirection::kF16ToF32;
+      direction == cuda::CastDirection::kBF16ToF32 || direction == cuda::CastDirection::kF16ToF32;
   if (count > 0 && (src == nullptr || (dst == nullptr && !widen))) return 1;  // InvalidValue
   st.deferred[stream].push_back(Deferred{Deferred::Kind::kCast, direction, src, dst, count, scale,
                                          counters, nullptr, nullptr});
-  return nccl::kCudaSuccess;
+  return cuda::kCudaSuccess;
 }
 std::vector<FakeCall> FakeNcclApi::calls() const {
   absl::MutexLock lock(&world_->mu);
@@ -610,7 +610,7 @@ NcclResult FakeNcclApi::GetUniqueId(nccl::NcclUniqueId* id) {
 }
 NcclResult FakeNcclApi::CommInitRankConfig(NcclComm* comm, int nranks, const nccl::NcclUniqueId& id,
                                            int rank, const nccl::NcclCommConfig& config) {
-  init_calls_.fetch_add(1);
+  const int call = init_calls_.fetch_add(1) + 1;
   absl::MutexLock lock(&world_->mu);
   state_->last_config = config;
   *comm = nullptr;
@@ -625,7 +625,7 @@ NcclResult FakeNcclApi::CommInitRankConfig(NcclComm* comm, int nranks, const ncc
   c->group = g;
   c->rank = rank;
   c->nranks = nranks;
-  c->init_failed = faults_.init_fails;
+  c->init_failed = faults_.init_fails || call <= faults_.init_fails_first;
   c->init_never = faults_.init_never_finishes;
   if (!c->init_failed && !c->init_never) ++g->joined;
   *comm = reinterpret_cast<NcclComm>(c.get());
@@ -780,7 +780,7 @@ NcclResult Post([[maybe_unused]] absl::Mutex& mu, FakeNcclApi::State& st,
 }  // namespace
 
 NcclResult FakeNcclApi::AllReduce(const void* send, void* recv, size_t count, NcclDataType dtype,
-                                  NcclRedOp op, NcclComm comm, nccl::CudaStream stream) {
+                                  NcclRedOp op, NcclComm comm, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
   state_->ops.push_back(op);
@@ -788,14 +788,14 @@ NcclResult FakeNcclApi::AllReduce(const void* send, void* recv, size_t count, Nc
               Part{Kind::kAllReduce, send, recv, count, dtype, op, 0, nullptr});
 }
 NcclResult FakeNcclApi::Broadcast(const void* send, void* recv, size_t count, NcclDataType dtype,
-                                  int root, NcclComm comm, nccl::CudaStream stream) {
+                                  int root, NcclComm comm, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
   return Post(world_->mu, *state_, faults_, Comm(comm), stream, "Broadcast",
               Part{Kind::kBroadcast, send, recv, count, dtype, NcclRedOp::kSum, root, nullptr});
 }
 NcclResult FakeNcclApi::Reduce(const void* send, void* recv, size_t count, NcclDataType dtype,
-                               NcclRedOp op, int root, NcclComm comm, nccl::CudaStream stream) {
+                               NcclRedOp op, int root, NcclComm comm, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
   state_->ops.push_back(op);
@@ -803,7 +803,7 @@ NcclResult FakeNcclApi::Reduce(const void* send, void* recv, size_t count, NcclD
               Part{Kind::kReduce, send, recv, count, dtype, op, root, nullptr});
 }
 NcclResult FakeNcclApi::AllGather(const void* send, void* recv, size_t send_count,
-                                  NcclDataType dtype, NcclComm comm, nccl::CudaStream stream) {
+                                  NcclDataType dtype, NcclComm comm, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
   return Post(world_->mu, *state_, faults_, Comm(comm), stream, "AllGather",
@@ -811,7 +811,7 @@ NcclResult FakeNcclApi::AllGather(const void* send, void* recv, size_t send_coun
 }
 NcclResult FakeNcclApi::ReduceScatter(const void* send, void* recv, size_t recv_count,
                                       NcclDataType dtype, NcclRedOp op, NcclComm comm,
-                                      nccl::CudaStream stream) {
+                                      cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   state_->dtypes.push_back(dtype);
   state_->ops.push_back(op);
@@ -819,7 +819,7 @@ NcclResult FakeNcclApi::ReduceScatter(const void* send, void* recv, size_t recv_
               Part{Kind::kReduceScatter, send, recv, recv_count, dtype, op, 0, nullptr});
 }
 NcclResult FakeNcclApi::Send(const void* send, size_t count, NcclDataType dtype, int peer,
-                             NcclComm comm, nccl::CudaStream stream) {
+                             NcclComm comm, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   if (!state_->in_group) return NcclResult::kInvalidUsage;  // the backend always groups p2p
   state_->group_comm = Comm(comm);
@@ -829,7 +829,7 @@ NcclResult FakeNcclApi::Send(const void* send, size_t count, NcclDataType dtype,
   return NcclResult::kSuccess;
 }
 NcclResult FakeNcclApi::Recv(void* recv, size_t count, NcclDataType dtype, int peer, NcclComm comm,
-                             nccl::CudaStream stream) {
+                             cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   if (!state_->in_group) return NcclResult::kInvalidUsage;
   state_->group_comm = Comm(comm);

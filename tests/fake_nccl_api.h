@@ -1,7 +1,9 @@
-// A fault-injecting NcclApi for CPU-only tests. "Device memory" is ordinary host memory (tagged
-// cuda:N by the test); copies are memcpy; collectives are computed across the ranks of one
-// FakeNcclWorld (ranks are threads) once every rank has launched its part, so an op launched by
-// one rank completes only when its peers launch theirs, as on a GPU.
+// A fault-injecting fake GPU of one rank for CPU-only tests: it implements both seams, the CUDA
+// runtime (cuda::CudaApi) and NCCL (nccl::NcclApi), over one fake device state, so a test hands the
+// same object to whoever takes either (CreateNcclBackend, internal::CommunicatorDeps). "Device
+// memory" is ordinary host memory (tagged cuda:N by the test); copies are memcpy; collectives are
+// computed across the ranks of one FakeNcclWorld (ranks are threads) once every rank has launched
+// its part, so an op launched by one rank completes only when its peers launch theirs, as on a GPU.
 //
 // Streams are modelled only as far as the device mixed-precision path needs to show that its
 // barriers matter: LaunchCast is DEFERRED, queued on its stream, and runs (on the CPU reference
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 
 namespace adaptcomm::testing {
@@ -34,9 +37,10 @@ std::shared_ptr<FakeNcclWorld> MakeFakeNcclWorld();
 struct FakeNcclFaults {
   int version = 22809;  // what ncclGetVersion reports
   int device_count = 1;
-  int device_count_error = nccl::kCudaSuccess;  // e.g. kCudaErrorNoDevice
+  int device_count_error = cuda::kCudaSuccess;  // e.g. kCudaErrorNoDevice
   std::string library_path = "fake://libnccl.so.2";
   bool init_fails = false;           // init's asynchronous result becomes ncclSystemError
+  int init_fails_first = 0;          // ... for only the first this many inits of this fake
   bool init_never_finishes = false;  // init stays ncclInProgress until aborted
   bool init_invalid_usage = false;   // ncclCommInitRankConfig returns ncclInvalidUsage
   int async_error_at_launch = 0;     // 1-based launch that fails asynchronously (never completes)
@@ -44,7 +48,7 @@ struct FakeNcclFaults {
   int hang_at_launch = 0;  // 1-based launch that never completes, without any error
   absl::Duration abort_hangs_for = absl::ZeroDuration();  // ncclCommAbort blocks this long
   bool host_alloc_fails = false;
-  int launch_cast_error = nccl::kCudaSuccess;  // LaunchCast returns this (nothing is queued)
+  int launch_cast_error = cuda::kCudaSuccess;  // LaunchCast returns this (nothing is queued)
 };
 
 // One call on the seam, in the order this rank made them (FakeNcclApi::calls()).
@@ -55,7 +59,7 @@ struct FakeCall {
   std::string detail;     // LaunchCast: "f32->bf16" etc.; collectives: the dtype code
 };
 
-class FakeNcclApi final : public nccl::NcclApi {
+class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
  public:
   FakeNcclApi(std::shared_ptr<FakeNcclWorld> world, FakeNcclFaults faults);
   ~FakeNcclApi() override;
@@ -86,27 +90,27 @@ class FakeNcclApi final : public nccl::NcclApi {
   int GetDevice(int* device) override;  // per thread, as CUDA's (0 until set)
   int DriverVersion(int* version) override;
   int RuntimeVersion(int* version) override;
-  int PointerGetAttributes(const void* ptr, nccl::PointerInfo* info) override;
-  int StreamCreateNonBlocking(nccl::CudaStream* stream) override;
-  int StreamDestroy(nccl::CudaStream stream) override;
-  int EventCreateDisableTiming(nccl::CudaEvent* event) override;
-  int EventRecord(nccl::CudaEvent event, nccl::CudaStream stream) override;
-  int EventQuery(nccl::CudaEvent event) override;
-  int EventDestroy(nccl::CudaEvent event) override;
-  int MemcpyAsync(void* dst, const void* src, size_t bytes, nccl::MemcpyKind kind,
-                  nccl::CudaStream stream) override;
+  int PointerGetAttributes(const void* ptr, cuda::PointerInfo* info) override;
+  int StreamCreateNonBlocking(cuda::CudaStream* stream) override;
+  int StreamDestroy(cuda::CudaStream stream) override;
+  int EventCreateDisableTiming(cuda::CudaEvent* event) override;
+  int EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) override;
+  int EventQuery(cuda::CudaEvent event) override;
+  int EventDestroy(cuda::CudaEvent event) override;
+  int MemcpyAsync(void* dst, const void* src, size_t bytes, cuda::MemcpyKind kind,
+                  cuda::CudaStream stream) override;
   int Malloc(void** ptr, size_t bytes) override;
   int Free(void* ptr) override;
   int HostAlloc(void** ptr, size_t bytes) override;
   int FreeHost(void* ptr) override;
-  int LaunchHostFunc(nccl::CudaStream stream, void (*fn)(void*), void* arg) override;
+  int LaunchHostFunc(cuda::CudaStream stream, void (*fn)(void*), void* arg) override;
   std::string ErrorString(int error) override;
-  int StreamWaitEvent(nccl::CudaStream stream, nccl::CudaEvent event) override;
-  int StreamSynchronize(nccl::CudaStream stream) override;
-  int StreamGetDevice(nccl::CudaStream stream, int* device) override;
-  int MemsetAsync(void* ptr, int value, size_t bytes, nccl::CudaStream stream) override;
-  int LaunchCast(nccl::CastDirection direction, const void* src, void* dst, size_t count,
-                 float scale, nccl::CudaStream stream, nccl::DeviceCastCounters* counters) override;
+  int StreamWaitEvent(cuda::CudaStream stream, cuda::CudaEvent event) override;
+  int StreamSynchronize(cuda::CudaStream stream) override;
+  int StreamGetDevice(cuda::CudaStream stream, int* device) override;
+  int MemsetAsync(void* ptr, int value, size_t bytes, cuda::CudaStream stream) override;
+  int LaunchCast(cuda::CastDirection direction, const void* src, void* dst, size_t count,
+                 float scale, cuda::CudaStream stream, cuda::DeviceCastCounters* counters) override;
 
   // NcclApi
   std::string library_path() const override { return faults_.library_path; }
@@ -125,22 +129,22 @@ class FakeNcclApi final : public nccl::NcclApi {
   nccl::NcclResult GroupEnd() override;
   nccl::NcclResult AllReduce(const void* send, void* recv, size_t count, nccl::NcclDataType dtype,
                              nccl::NcclRedOp op, nccl::NcclComm comm,
-                             nccl::CudaStream stream) override;
+                             cuda::CudaStream stream) override;
   nccl::NcclResult Broadcast(const void* send, void* recv, size_t count, nccl::NcclDataType dtype,
-                             int root, nccl::NcclComm comm, nccl::CudaStream stream) override;
+                             int root, nccl::NcclComm comm, cuda::CudaStream stream) override;
   nccl::NcclResult Reduce(const void* send, void* recv, size_t count, nccl::NcclDataType dtype,
                           nccl::NcclRedOp op, int root, nccl::NcclComm comm,
-                          nccl::CudaStream stream) override;
+                          cuda::CudaStream stream) override;
   nccl::NcclResult AllGather(const void* send, void* recv, size_t send_count,
                              nccl::NcclDataType dtype, nccl::NcclComm comm,
-                             nccl::CudaStream stream) override;
+                             cuda::CudaStream stream) override;
   nccl::NcclResult ReduceScatter(const void* send, void* recv, size_t recv_count,
                                  nccl::NcclDataType dtype, nccl::NcclRedOp op, nccl::NcclComm comm,
-                                 nccl::CudaStream stream) override;
+                                 cuda::CudaStream stream) override;
   nccl::NcclResult Send(const void* send, size_t count, nccl::NcclDataType dtype, int peer,
-                        nccl::NcclComm comm, nccl::CudaStream stream) override;
+                        nccl::NcclComm comm, cuda::CudaStream stream) override;
   nccl::NcclResult Recv(void* recv, size_t count, nccl::NcclDataType dtype, int peer,
-                        nccl::NcclComm comm, nccl::CudaStream stream) override;
+                        nccl::NcclComm comm, cuda::CudaStream stream) override;
 
   struct State;  // in the .cc
 

@@ -8,4 +8,4 @@ add_test(NAME layer_check_refuses_upward_includes
                  -P ${PROJECT_SOURCE_DIR}/cmake/CheckLayers.cmake)
 set_tests_properties(layer_check_refuses_upward_includes PROPERTIES
   PASS_REGULAR_EXPRESSION
-  "lib/store/upward.cc:2: lib/store may not include lib/core.*include/adaptcomm/leaky.h: a public header includes")
+  "lib/cuda/upward.cc:2: lib/cuda may not include lib/nccl.*lib/store/upward.cc:2: lib/store may not include lib/core.*include/adaptcomm/leaky.h: a public header includes")

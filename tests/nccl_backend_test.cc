@@ -55,7 +55,7 @@ Ranks Create(int n, const std::function<void(int, FakeNcclFaults&)>& faults = nu
       o.init_timeout = init_timeout;
       o.config = config;
       o.abort_timeout = absl::Milliseconds(500);
-      auto b = nccl::CreateNcclBackend(r.apis[i], o);
+      auto b = nccl::CreateNcclBackend(r.apis[i], r.apis[i], o);
       r.init[i] = b.status();
       if (b.ok()) r.backends[i] = std::move(*b);
     });
@@ -453,10 +453,10 @@ TEST(NcclBackend, RunRestoresTheCallersCurrentDevice) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kN; ++i) {
     threads.emplace_back([&, i] {
-      ASSERT_EQ(r.apis[i]->SetDevice(1), nccl::kCudaSuccess);  // the trainer's own device
+      ASSERT_EQ(r.apis[i]->SetDevice(1), cuda::kCudaSuccess);  // the trainer's own device
       status[i] = r.backends[i]->Run(
           Op(OpKind::kAllreduce, Dev(data[i].data(), 4), Dev(data[i].data(), 4)));
-      ASSERT_EQ(r.apis[i]->GetDevice(&after[i]), nccl::kCudaSuccess);
+      ASSERT_EQ(r.apis[i]->GetDevice(&after[i]), cuda::kCudaSuccess);
     });
   }
   for (auto& t : threads) t.join();

@@ -1,9 +1,10 @@
-// Coordinated retry and degrade on the NCCL path, end to end through Communicator::Create, with
-// the fault-injecting fake NCCL (ranks are threads; "device" buffers are host memory the fake
-// reports as CUDA memory). A rank's NCCL communicator fails asynchronously mid-stream; every rank
-// agrees on the retry, rebuilds (on Gloo with staging after K failures, or on NCCL again when the
-// policy forbids degrading), restores the failed op's device input from the replay log, and the
-// stream of allreduces ends with every result exact.
+// Coordinated retry and degrade on the NCCL path, end to end through Communicator::Create's
+// internal factory (internal::CreateCommunicatorWith) with each rank's fault-injecting fake CUDA
+// runtime and NCCL injected (ranks are threads; "device" buffers are host memory the fake reports
+// as CUDA memory). A rank's NCCL communicator fails asynchronously mid-stream; every rank agrees on
+// the retry, rebuilds (on Gloo with staging after K failures, or on NCCL again when the policy
+// forbids degrading), restores the failed op's device input from the replay log, and the stream of
+// allreduces ends with every result exact.
 #include <stdlib.h>
 
 #include <fstream>
@@ -12,10 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "adaptcomm/communicator.h"
 #include "gtest/gtest.h"
-#include "lib/core/backend_selection.h"
+#include "lib/core/communicator_factory.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 
@@ -58,6 +58,15 @@ float Input(int rank, int op, size_t i) {
   return static_cast<float>((rank + 1) * 1000 + op * 10 + static_cast<int>(i % 7));
 }
 
+// This rank's fake as its CUDA runtime and its NCCL, for creation and every rebuild.
+internal::CommunicatorDeps Seams(const std::shared_ptr<FakeNcclApi>& fake) {
+  internal::CommunicatorDeps deps;
+  deps.use_given_apis = true;
+  deps.cuda = fake;
+  deps.nccl = fake;
+  return deps;
+}
+
 struct StreamRun {
   std::vector<std::shared_ptr<FakeNcclApi>> apis;
   std::vector<std::string> final_backend = std::vector<std::string>(kWorld);
@@ -72,7 +81,6 @@ StreamRun RunStream(const std::string& fallback) {
     if (r == kFailingRank) f.async_error_at_launch = kFaultAtLaunch;
     run.apis.push_back(std::make_shared<FakeNcclApi>(world, f));
   }
-  internal::selection::SetNcclProviderForTesting([&run](int rank) { return run.apis[rank]; });
   const std::string profile = WriteProfile(fallback);
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
@@ -82,7 +90,7 @@ StreamRun RunStream(const std::string& fallback) {
         o.backend = BackendChoice::kAuto;
         o.timeout = absl::Seconds(10);
         o.failure_report_window = absl::Seconds(5);
-        auto comm = Communicator::Create(o);
+        auto comm = internal::CreateCommunicatorWith(o, Seams(run.apis[env.rank]));
         ASSERT_TRUE(comm.ok()) << comm.status();
         ASSERT_STREQ((*comm)->backend_name(), "nccl");
         for (int op = 0; op < kOps; ++op) {
@@ -102,7 +110,6 @@ StreamRun RunStream(const std::string& fallback) {
         run.final_backend[static_cast<size_t>(env.rank)] = (*comm)->backend_name();
       },
       absl::Seconds(60));
-  internal::selection::SetNcclProviderForTesting(nullptr);
   return run;
 }
 
@@ -125,21 +132,16 @@ TEST(NcclRetry, PolicyThatForbidsDegradingRebuildsOnNcclWithExactResults) {
 }
 
 // NCCL init fails on rank 1 at the first attempt only; with fallback deny the whole creation
-// fails there, and every rank retries it together.
+// fails there, and every rank retries it together. `inits`: each rank's NCCL init calls.
 std::vector<absl::StatusOr<std::string>> CreateWithFlakyInit(int max_retry_attempts,
-                                                             std::vector<int>* provided) {
+                                                             std::vector<int>* inits) {
   auto world = testing::MakeFakeNcclWorld();
-  absl::Mutex mu;
-  provided->assign(kWorld, 0);
-  std::vector<std::shared_ptr<FakeNcclApi>> keep;
-  internal::selection::SetNcclProviderForTesting([&](int rank) {
-    absl::MutexLock lock(&mu);
+  std::vector<std::shared_ptr<FakeNcclApi>> fakes;
+  for (int r = 0; r < kWorld; ++r) {
     FakeNcclFaults f;
-    f.init_fails = rank == kFailingRank && (*provided)[static_cast<size_t>(rank)] == 0;
-    ++(*provided)[static_cast<size_t>(rank)];
-    keep.push_back(std::make_shared<FakeNcclApi>(world, f));
-    return keep.back();
-  });
+    if (r == kFailingRank) f.init_fails_first = 1;
+    fakes.push_back(std::make_shared<FakeNcclApi>(world, f));
+  }
   const std::string profile = WriteProfile("deny");
   std::vector<absl::StatusOr<std::string>> outcome(kWorld, absl::UnknownError("not run"));
   testing::RunRanks(
@@ -150,7 +152,7 @@ std::vector<absl::StatusOr<std::string>> CreateWithFlakyInit(int max_retry_attem
         o.backend = BackendChoice::kNccl;
         o.max_retry_attempts = max_retry_attempts;
         o.init_timeout = absl::Seconds(4);
-        auto comm = Communicator::Create(o);
+        auto comm = internal::CreateCommunicatorWith(o, Seams(fakes[env.rank]));
         if (!comm.ok()) {
           outcome[static_cast<size_t>(env.rank)] = comm.status();
           return;
@@ -164,30 +166,31 @@ std::vector<absl::StatusOr<std::string>> CreateWithFlakyInit(int max_retry_attem
         outcome[static_cast<size_t>(env.rank)] = std::string((*comm)->backend_name());
       },
       absl::Seconds(60));
-  internal::selection::SetNcclProviderForTesting(nullptr);
+  inits->clear();
+  for (const auto& fake : fakes) inits->push_back(fake->init_calls());
   return outcome;
 }
 
 TEST(NcclRetry, InitFailureOnOneRankIsRetriedByEveryRank) {
-  std::vector<int> provided;
-  std::vector<absl::StatusOr<std::string>> outcome = CreateWithFlakyInit(3, &provided);
+  std::vector<int> inits;
+  std::vector<absl::StatusOr<std::string>> outcome = CreateWithFlakyInit(3, &inits);
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(outcome[static_cast<size_t>(r)].ok()) << outcome[static_cast<size_t>(r)].status();
     EXPECT_EQ(*outcome[static_cast<size_t>(r)], "nccl");
-    EXPECT_EQ(provided[static_cast<size_t>(r)], 2) << "rank " << r << " attempts";
+    EXPECT_EQ(inits[static_cast<size_t>(r)], 2) << "rank " << r << " attempts";
   }
 }
 
 TEST(NcclRetry, InitFailureWithRetriesOffFailsEveryRankNamingTheRank) {
-  std::vector<int> provided;
-  std::vector<absl::StatusOr<std::string>> outcome = CreateWithFlakyInit(1, &provided);
+  std::vector<int> inits;
+  std::vector<absl::StatusOr<std::string>> outcome = CreateWithFlakyInit(1, &inits);
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_FALSE(outcome[static_cast<size_t>(r)].ok()) << "rank " << r;
     EXPECT_TRUE(absl::IsUnavailable(outcome[static_cast<size_t>(r)].status()));
     EXPECT_NE(outcome[static_cast<size_t>(r)].status().message().find("rank 1: "),
               absl::string_view::npos)
         << outcome[static_cast<size_t>(r)].status();
-    EXPECT_EQ(provided[static_cast<size_t>(r)], 1);
+    EXPECT_EQ(inits[static_cast<size_t>(r)], 1);
   }
 }
 

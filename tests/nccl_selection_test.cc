@@ -141,7 +141,7 @@ TEST(NcclSelection, DenyFailsOnEveryRankWithTheReason) {
   o.backend = BackendChoice::kNccl;
   o.fallback = Fallback::kDeny;
   Outcome out = Select(3, o, [](int i, FakeNcclFaults& f) {
-    if (i == 1) f.device_count_error = nccl::kCudaErrorNoDevice;
+    if (i == 1) f.device_count_error = cuda::kCudaErrorNoDevice;
   });
   for (int i = 0; i < 3; ++i) {
     ASSERT_FALSE(out.result[i].ok()) << "rank " << i;
@@ -232,7 +232,7 @@ TEST(NcclSelection, GlooRequestedNeverTouchesNccl) {
 TEST(NcclSelection, LibraryMissingASymbolIsReportedByName) {
   absl::StatusOr<std::shared_ptr<nccl::NcclApi>> api = nccl::LoadNcclApi("libm.so.6");
   ASSERT_FALSE(api.ok());
-  if (!nccl::CudaBuiltIn()) {
+  if (!cuda::CudaBuiltIn()) {
     EXPECT_THAT(api.status().message(), HasSubstr("NCCL backend not built"));
     return;
   }
@@ -257,14 +257,14 @@ TEST(NcclSelection, LibraryMissingASymbolIsReportedByName) {
 
 TEST(NcclSelection, RealLoaderOnThisMachineFallsBackWithTheRealReason) {
   // This machine: NCCL installed, no GPU (a GPU machine runs bench/gpu_check.sh instead).
-  auto cuda = nccl::LoadCudaApi();
+  auto cuda = cuda::LoadCudaApi();
   int devices = 0;
-  if (cuda.ok() && (*cuda)->GetDeviceCount(&devices) == nccl::kCudaSuccess && devices > 0) {
+  if (cuda.ok() && (*cuda)->GetDeviceCount(&devices) == cuda::kCudaSuccess && devices > 0) {
     GTEST_SKIP() << "a CUDA device is visible; covered by bench/gpu_check.sh";
   }
   absl::StatusOr<std::shared_ptr<nccl::NcclApi>> api = nccl::LoadNcclApi();
   std::string path;
-  if (nccl::CudaBuiltIn() && api.ok()) {
+  if (cuda::CudaBuiltIn() && api.ok()) {
     path = (*api)->library_path();
     struct stat st;
     EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
@@ -289,7 +289,7 @@ TEST(NcclSelection, RealLoaderOnThisMachineFallsBackWithTheRealReason) {
   });
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(names[i], "shm");  // both ranks on this host
-    if (!nccl::CudaBuiltIn()) {
+    if (!cuda::CudaBuiltIn()) {
       EXPECT_THAT(reasons[i], HasSubstr("ranks 0, 1: NCCL backend not built"));
     } else if (api.ok()) {
       EXPECT_THAT(reasons[i], HasSubstr("ranks 0, 1: no CUDA device (cudaGetDeviceCount: "));

@@ -1,5 +1,6 @@
 // Stream-ordered device collectives (adaptcomm/backend.h, StreamOrdered), end to end through
-// Communicator::Create with the fake NCCL. HoldStreams(true) models a GPU that has not run
+// Communicator::Create's internal factory (internal::CreateCommunicatorWith) with each rank's fake
+// CUDA runtime and NCCL. HoldStreams(true) models a GPU that has not run
 // anything yet: a collective issued and waited for must come back to the caller anyway (Wait only
 // makes the caller's stream wait), in issue order on the communicator's stream, and the results
 // appear once the "device" runs (Synchronize). The watchdog catches a collective the device
@@ -17,7 +18,7 @@
 #include "adaptcomm/communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/core/backend_selection.h"
+#include "lib/core/communicator_factory.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 
@@ -30,16 +31,22 @@ using ::testing::HasSubstr;
 
 constexpr int kWorld = 2;
 
-// Installs one fake per rank for the scope (Communicator::Create then selects NCCL on it).
+// One fake per rank, of one fake world; Create() builds a rank's communicator on its fake (which
+// backend selection then finds NCCL-capable).
 class FakeRanks {
  public:
   explicit FakeRanks(const std::vector<FakeNcclFaults>& faults) {
     auto world = testing::MakeFakeNcclWorld();
     for (const FakeNcclFaults& f : faults) apis_.push_back(std::make_shared<FakeNcclApi>(world, f));
-    internal::selection::SetNcclProviderForTesting([this](int rank) { return apis_[rank]; });
   }
-  ~FakeRanks() { internal::selection::SetNcclProviderForTesting(nullptr); }
   FakeNcclApi& api(int rank) { return *apis_[static_cast<size_t>(rank)]; }
+  absl::StatusOr<std::unique_ptr<Communicator>> Create(int rank, const CommunicatorOptions& o) {
+    internal::CommunicatorDeps deps;
+    deps.use_given_apis = true;
+    deps.cuda = apis_[static_cast<size_t>(rank)];
+    deps.nccl = apis_[static_cast<size_t>(rank)];
+    return internal::CreateCommunicatorWith(o, deps);
+  }
 
  private:
   std::vector<std::shared_ptr<FakeNcclApi>> apis_;
@@ -69,11 +76,11 @@ TEST(StreamOrder, ThousandAllreducesReturnBeforeTheDeviceRunsAny) {
       [&](const testing::RankEnv& env) {
         FakeNcclApi& fake = fakes.api(env.rank);
         fake.HoldStreams(true);
-        auto comm = Communicator::Create(Options(env, 1, absl::Seconds(30)));
+        auto comm = fakes.Create(env.rank, Options(env, 1, absl::Seconds(30)));
         ASSERT_TRUE(comm.ok()) << comm.status();
         ASSERT_STREQ((*comm)->backend_name(), "nccl");
-        nccl::CudaStream caller = nullptr;
-        ASSERT_EQ(fake.StreamCreateNonBlocking(&caller), nccl::kCudaSuccess);
+        cuda::CudaStream caller = nullptr;
+        ASSERT_EQ(fake.StreamCreateNonBlocking(&caller), cuda::kCudaSuccess);
         fake.ClearCalls();
 
         std::vector<std::vector<float>> bufs(kOps, std::vector<float>(kCount));
@@ -146,7 +153,7 @@ TEST(StreamOrder, CollectiveTheDeviceNeverFinishesIsCaughtByTheWatchdog) {
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
-        auto comm = Communicator::Create(Options(env, 1, absl::Seconds(1)));
+        auto comm = fakes.Create(env.rank, Options(env, 1, absl::Seconds(1)));
         ASSERT_TRUE(comm.ok()) << comm.status();
         std::vector<std::vector<float>> bufs(5, std::vector<float>(16, 1.0f));
         std::vector<Work> works;
@@ -185,7 +192,7 @@ TEST(StreamOrder, SynchronizeAfterAbortReturnsTheAbortAtOnce) {
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
         fakes.api(env.rank).HoldStreams(true);
-        auto comm = Communicator::Create(Options(env, 1, absl::Seconds(30)));
+        auto comm = fakes.Create(env.rank, Options(env, 1, absl::Seconds(30)));
         ASSERT_TRUE(comm.ok()) << comm.status();
         std::vector<float> buf(64, 1.0f);
         Work work =
@@ -211,13 +218,13 @@ TEST(StreamOrder, ViewWhoseStreamIsOnAnotherDeviceIsInvalidArgument) {
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
         CommunicatorOptions o = Options(env, 1, absl::Seconds(10));
-        auto comm = Communicator::Create(o);
+        auto comm = fakes.Create(env.rank, o);
         ASSERT_TRUE(comm.ok()) << comm.status();
         FakeNcclApi& fake = fakes.api(env.rank);
-        nccl::CudaStream other = nullptr;
-        ASSERT_EQ(fake.SetDevice(1), nccl::kCudaSuccess);
-        ASSERT_EQ(fake.StreamCreateNonBlocking(&other), nccl::kCudaSuccess);
-        ASSERT_EQ(fake.SetDevice(0), nccl::kCudaSuccess);
+        cuda::CudaStream other = nullptr;
+        ASSERT_EQ(fake.SetDevice(1), cuda::kCudaSuccess);
+        ASSERT_EQ(fake.StreamCreateNonBlocking(&other), cuda::kCudaSuccess);
+        ASSERT_EQ(fake.SetDevice(0), cuda::kCudaSuccess);
         std::vector<float> buf(8, 1.0f);
         absl::Status s =
             (*comm)

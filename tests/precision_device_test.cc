@@ -1,7 +1,8 @@
 // The device (CUDA view) path of the mixed-precision collectives, on the fake CUDA/NCCL seam
 // (tests/fake_nccl_api.h: casts are deferred on their stream until something forces it, so a
 // collective that does not wait for the cast reads a stale wire buffer). Ranks are threads; each
-// uses its own fake as its process's CUDA runtime (SetThreadCudaApiForTesting).
+// rank's communicator is built with its own fake as its CUDA runtime
+// (internal::CreateCommunicatorWithBackend), which the device path takes from the communicator.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/base/cast_kernels.h"
+#include "lib/core/communicator_factory.h"
 #include "lib/nccl/nccl_backend.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
@@ -51,7 +53,7 @@ DeviceWorld MakeDeviceWorld(int n, const FakeNcclFaults& faults = {}) {
       o.store = store;
       o.init_timeout = absl::Seconds(10);
       o.abort_timeout = absl::Milliseconds(500);
-      auto b = nccl::CreateNcclBackend(w.apis[i], o);
+      auto b = nccl::CreateNcclBackend(w.apis[i], w.apis[i], o);
       EXPECT_TRUE(b.ok()) << b.status();
       if (b.ok()) backends[i] = std::move(*b);
     });
@@ -62,7 +64,10 @@ DeviceWorld MakeDeviceWorld(int n, const FakeNcclFaults& faults = {}) {
     CommunicatorOptions o;
     o.timeout = absl::Seconds(10);
     o.max_retry_attempts = 1;  // no replay copies: Malloc counts are the mixed path's
-    auto comm = Communicator::CreateWithBackend(std::move(backends[i]), o);
+    internal::CommunicatorDeps deps;
+    deps.use_given_apis = true;
+    deps.cuda = w.apis[i];
+    auto comm = internal::CreateCommunicatorWithBackend(std::move(backends[i]), o, deps);
     EXPECT_TRUE(comm.ok()) << comm.status();
     if (!comm.ok()) return DeviceWorld{};
     w.comms.push_back(std::move(*comm));
@@ -70,16 +75,12 @@ DeviceWorld MakeDeviceWorld(int n, const FakeNcclFaults& faults = {}) {
   return w;
 }
 
-// Runs body(rank, comm, fake) on every rank as a thread whose CUDA runtime is its fake.
+// Runs body(rank, comm, fake) on every rank as a thread.
 void OnRanks(DeviceWorld& w, const std::function<void(int, Communicator&, FakeNcclApi&)>& body) {
   ASSERT_FALSE(w.comms.empty());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < w.comms.size(); ++r) {
-    threads.emplace_back([&, r] {
-      nccl::SetThreadCudaApiForTesting(w.apis[r]);
-      body(static_cast<int>(r), *w.comms[r], *w.apis[r]);
-      nccl::SetThreadCudaApiForTesting(nullptr);
-    });
+    threads.emplace_back([&, r] { body(static_cast<int>(r), *w.comms[r], *w.apis[r]); });
   }
   for (auto& t : threads) t.join();
 }
@@ -550,7 +551,7 @@ TEST(DeviceMixed, BadViewsAreRefusedNamingTheProblem) {
 
 TEST(DeviceMixed, FailingCastLaunchIsReported) {
   FakeNcclFaults f;
-  f.launch_cast_error = nccl::kCudaErrorNotSupported;
+  f.launch_cast_error = cuda::kCudaErrorNotSupported;
   DeviceWorld w = MakeDeviceWorld(1, f);
   OnRanks(w, [&](int r, Communicator& comm, FakeNcclApi&) {
     std::vector<float> x(8, 1.0f);

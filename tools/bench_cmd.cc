@@ -35,9 +35,9 @@
 #include "adaptcomm/communicator.h"
 #include "lib/base/cast_kernels.h"
 #include "lib/config/units.h"
+#include "lib/cuda/cuda_api.h"
 #include "lib/diag/collective_timing.h"
 #include "lib/diag/rank_group.h"
-#include "lib/nccl/nccl_api.h"
 #include "nlohmann/json.hpp"
 #include "tools/subcommands.h"
 
@@ -164,7 +164,7 @@ struct Pattern {
 // ---- buffers: host memory, or CUDA memory with a host mirror to fill and check ----
 
 struct DeviceContext {
-  std::shared_ptr<nccl::CudaApi> cuda;
+  std::shared_ptr<cuda::CudaApi> cuda;
   int device = 0;
   absl::Duration timeout;
 };
@@ -182,7 +182,7 @@ class Buffer {
   absl::Status Init() {
     if (dev_ == nullptr) return absl::OkStatus();
     const int rc = dev_->cuda->Malloc(&device_data_, std::max<size_t>(1, host_.size()));
-    if (rc != nccl::kCudaSuccess) {
+    if (rc != cuda::kCudaSuccess) {
       device_data_ = nullptr;
       return absl::ResourceExhaustedError(
           absl::StrCat("cudaMalloc(", host_.size(), "): ", dev_->cuda->ErrorString(rc)));
@@ -195,33 +195,33 @@ class Buffer {
     if (dev_ == nullptr) return TensorView{host_.data(), count_, dtype_, Device::Cpu(), nullptr};
     return TensorView{device_data_, count_, dtype_, Device::Cuda(dev_->device), nullptr};
   }
-  absl::Status Upload() { return Copy(nccl::MemcpyKind::kHostToDevice); }
-  absl::Status Download() { return Copy(nccl::MemcpyKind::kDeviceToHost); }
+  absl::Status Upload() { return Copy(cuda::MemcpyKind::kHostToDevice); }
+  absl::Status Download() { return Copy(cuda::MemcpyKind::kDeviceToHost); }
 
  private:
   // On the legacy default stream, which orders it with the collectives' streams; waited for.
-  absl::Status Copy(nccl::MemcpyKind kind) {
+  absl::Status Copy(cuda::MemcpyKind kind) {
     if (dev_ == nullptr || host_.empty()) return absl::OkStatus();
-    nccl::CudaApi& c = *dev_->cuda;
-    void* dst = kind == nccl::MemcpyKind::kHostToDevice ? device_data_ : host_.data();
+    cuda::CudaApi& c = *dev_->cuda;
+    void* dst = kind == cuda::MemcpyKind::kHostToDevice ? device_data_ : host_.data();
     const void* src =
-        kind == nccl::MemcpyKind::kHostToDevice ? static_cast<void*>(host_.data()) : device_data_;
-    if (int rc = c.MemcpyAsync(dst, src, host_.size(), kind, nullptr); rc != nccl::kCudaSuccess) {
+        kind == cuda::MemcpyKind::kHostToDevice ? static_cast<void*>(host_.data()) : device_data_;
+    if (int rc = c.MemcpyAsync(dst, src, host_.size(), kind, nullptr); rc != cuda::kCudaSuccess) {
       return absl::InternalError(absl::StrCat("cudaMemcpyAsync: ", c.ErrorString(rc)));
     }
-    nccl::CudaEvent ev = nullptr;
-    if (int rc = c.EventCreateDisableTiming(&ev); rc != nccl::kCudaSuccess) {
+    cuda::CudaEvent ev = nullptr;
+    if (int rc = c.EventCreateDisableTiming(&ev); rc != cuda::kCudaSuccess) {
       return absl::InternalError(absl::StrCat("cudaEventCreate: ", c.ErrorString(rc)));
     }
     absl::Status s;
-    if (int rc = c.EventRecord(ev, nullptr); rc != nccl::kCudaSuccess) {
+    if (int rc = c.EventRecord(ev, nullptr); rc != cuda::kCudaSuccess) {
       s = absl::InternalError(absl::StrCat("cudaEventRecord: ", c.ErrorString(rc)));
     }
     const absl::Time deadline = absl::Now() + dev_->timeout;
     while (s.ok()) {
       const int q = c.EventQuery(ev);
-      if (q == nccl::kCudaSuccess) break;
-      if (q != nccl::kCudaErrorNotReady) {
+      if (q == cuda::kCudaSuccess) break;
+      if (q != cuda::kCudaErrorNotReady) {
         s = absl::InternalError(absl::StrCat("cudaEventQuery: ", c.ErrorString(q)));
       } else if (absl::Now() > deadline) {
         s = absl::DeadlineExceededError(absl::StrCat("a host/device copy did not finish within ",
@@ -524,10 +524,10 @@ absl::Status RunRank(Communicator& comm, const Plan& plan, const BenchArgs& a, R
   DeviceContext dev_ctx;
   const DeviceContext* dev = nullptr;
   if (!comm.capabilities().host_memory) {  // NCCL: CUDA buffers
-    auto cuda = nccl::LoadCudaApi();
+    auto cuda = cuda::LoadCudaApi();
     if (!cuda.ok()) return cuda.status();
     dev_ctx = {*cuda, DefaultCudaDevice(), timeout};
-    if (int rc = dev_ctx.cuda->SetDevice(dev_ctx.device); rc != nccl::kCudaSuccess) {
+    if (int rc = dev_ctx.cuda->SetDevice(dev_ctx.device); rc != cuda::kCudaSuccess) {
       return absl::FailedPreconditionError(
           absl::StrCat("cudaSetDevice(", dev_ctx.device, "): ", dev_ctx.cuda->ErrorString(rc)));
     }

@@ -145,7 +145,8 @@ struct P2POptions {
 
 namespace internal {
 class CommunicatorImpl;
-}
+struct CommunicatorAccess;
+}  // namespace internal
 
 class ADAPTCOMM_EXPORT Communicator {
  public:
@@ -216,6 +217,8 @@ class ADAPTCOMM_EXPORT Communicator {
   void Abort(const absl::Status& reason);
 
  private:
+  // The library's internal factories (injected CUDA/NCCL seams, tests), not part of the API.
+  friend struct internal::CommunicatorAccess;
   explicit Communicator(std::unique_ptr<internal::CommunicatorImpl> impl);
   std::unique_ptr<internal::CommunicatorImpl> impl_;
 };

@@ -1,5 +1,5 @@
 // The one definition of the fp32 <-> bf16/fp16 bit conversions, compiled for the CPU (the scalar
-// reference, lib/base/cast_scalar.cc) and for CUDA (lib/nccl/cast_kernels.cu), so the two can
+// reference, lib/base/cast_scalar.cc) and for CUDA (lib/cuda/cast_kernels.cu), so the two can
 // never drift apart. Integer arithmetic only: neither the rounding mode nor flush-to-zero changes a
 // bit. Round to nearest, ties to even; NaN stays NaN (quieted, sign and top payload bits kept);
 // values at or past the halfway point above the largest finite value become Inf.

@@ -9,7 +9,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "lib/base/log.h"
 #include "lib/gloo/gloo_backend.h"
 #include "lib/hier/hier_backend.h"
@@ -26,7 +25,7 @@ constexpr char kNoPrefix[] = "no:";
 
 // The APIs this rank can use; a null one comes with the reason it is missing.
 struct Apis {
-  std::shared_ptr<nccl::CudaApi> cuda;
+  std::shared_ptr<cuda::CudaApi> cuda;
   std::string cuda_error;
   std::shared_ptr<nccl::NcclApi> nccl;
   std::string nccl_error;
@@ -36,16 +35,16 @@ Apis LoadApis(const SelectionDeps& deps, bool want_nccl) {
   Apis a;
   if (deps.use_given_apis) {
     a.nccl = deps.nccl;
-    a.cuda = deps.cuda != nullptr ? deps.cuda : std::shared_ptr<nccl::CudaApi>(deps.nccl);
+    a.cuda = deps.cuda;
     if (a.cuda == nullptr) a.cuda_error = "no CUDA runtime given";
     if (a.nccl == nullptr) a.nccl_error = std::string(deps.nccl_load_error.message());
     return a;
   }
-  absl::StatusOr<std::shared_ptr<nccl::CudaApi>> cuda = nccl::LoadCudaApi();
-  if (cuda.ok()) {
-    a.cuda = *cuda;
+  absl::StatusOr<std::shared_ptr<cuda::CudaApi>> runtime = cuda::LoadCudaApi();
+  if (runtime.ok()) {
+    a.cuda = *runtime;
   } else {
-    a.cuda_error = std::string(cuda.status().message());
+    a.cuda_error = std::string(runtime.status().message());
   }
   if (want_nccl) {
     absl::StatusOr<std::shared_ptr<nccl::NcclApi>> api = nccl::LoadNcclApi(deps.nccl_library);
@@ -62,9 +61,9 @@ int ChooseDevice(const SelectionDeps& deps) {
   return deps.device >= 0 ? deps.device : DefaultCudaDevice();
 }
 
-int VisibleDevices(nccl::CudaApi* cuda) {
+int VisibleDevices(cuda::CudaApi* runtime) {
   int count = 0;
-  if (cuda == nullptr || cuda->GetDeviceCount(&count) != nccl::kCudaSuccess) return 0;
+  if (runtime == nullptr || runtime->GetDeviceCount(&count) != cuda::kCudaSuccess) return 0;
   return count;
 }
 
@@ -86,10 +85,10 @@ absl::Status LocalCapability(const Apis& apis, const SelectionDeps& deps, int de
                      nccl::NcclVersionString(deps.min_nccl_version)));
   }
   int count = 0;
-  if (int e = apis.cuda->GetDeviceCount(&count); e != nccl::kCudaSuccess || count == 0) {
+  if (int e = apis.cuda->GetDeviceCount(&count); e != cuda::kCudaSuccess || count == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("no CUDA device (cudaGetDeviceCount: ",
-                     e != nccl::kCudaSuccess ? apis.cuda->ErrorString(e) : std::string("0 devices"),
+                     e != cuda::kCudaSuccess ? apis.cuda->ErrorString(e) : std::string("0 devices"),
                      "); ", *found));
   }
   if (device >= count) {
@@ -349,7 +348,8 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
         deps.configure_nccl ? deps.configure_nccl(version) : deps.nccl_config;
     no.config = nccl::TranslateNcclConfig(wanted, version, &notes);
     for (const std::string& note : notes) ADAPTCOMM_LOG(kInfo, "nccl config: ", note);
-    absl::StatusOr<std::unique_ptr<Backend>> created = nccl::CreateNcclBackend(apis.nccl, no);
+    absl::StatusOr<std::unique_ptr<Backend>> created =
+        nccl::CreateNcclBackend(apis.nccl, apis.cuda, no);
     init = created.status();
     if (created.ok()) nccl_backend = std::move(*created);
     failed = Exchange(*rv.store, "init", o.rank, o.world_size, init, deadline);
@@ -452,27 +452,5 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
 }
 
 }  // namespace
-
-namespace {
-absl::Mutex provider_mu;
-std::function<std::shared_ptr<nccl::NcclApi>(int)>& Provider()
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(provider_mu) {
-  static auto* provider = new std::function<std::shared_ptr<nccl::NcclApi>(int)>();
-  return *provider;
-}
-}  // namespace
-
-void SetNcclProviderForTesting(std::function<std::shared_ptr<nccl::NcclApi>(int rank)> provider) {
-  absl::MutexLock lock(&provider_mu);
-  Provider() = std::move(provider);
-}
-
-void ApplyNcclProviderForTesting(int rank, SelectionDeps& deps) {
-  absl::MutexLock lock(&provider_mu);
-  if (!Provider()) return;
-  deps.use_given_apis = true;
-  deps.nccl = Provider()(rank);
-  deps.cuda = nullptr;
-}
 
 }  // namespace adaptcomm::internal::selection

@@ -32,6 +32,7 @@
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
 #include "lib/core/rendezvous.h"
+#include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 
 namespace adaptcomm::internal::selection {
@@ -43,11 +44,12 @@ struct SelectedBackend {
 
 // What selection uses besides the options; the defaults are the real loaders.
 struct SelectionDeps {
-  // Tests: use `nccl` / `cuda` as given instead of loading anything. A null `nccl` then means NCCL
-  // failed to load with `nccl_load_error`; a null `cuda` with a non-null `nccl` uses `nccl`.
+  // Use `nccl` / `cuda` as given instead of loading anything (a communicator built with injected
+  // seams, lib/core/communicator_factory.h; tests). A null `nccl` then means NCCL failed to load
+  // with `nccl_load_error`; a null `cuda`, that there is no CUDA runtime.
   bool use_given_apis = false;
   std::shared_ptr<nccl::NcclApi> nccl;
-  std::shared_ptr<nccl::CudaApi> cuda;
+  std::shared_ptr<cuda::CudaApi> cuda;
   absl::Status nccl_load_error = absl::UnavailableError("NCCL not loaded");
   // NCCL library for the real loader; empty: $ADAPTCOMM_NCCL_LIBRARY, else "libnccl.so.2".
   std::string nccl_library;
@@ -97,13 +99,6 @@ struct HierarchicalDeps {
 [[nodiscard]] absl::StatusOr<SelectedBackend> CreateHierarchicalWith(
     const CommunicatorOptions& options, const Rendezvous& rendezvous, absl::Time deadline,
     const SelectionDeps& deps, const HierarchicalDeps& hier = {});
-
-// TEST ONLY (the NCCL/CUDA seam, where no GPU exists): every later Communicator::Create in this
-// process, and every backend rebuild of a retry, selects with provider(rank)'s NCCL and CUDA
-// instead of loading the real ones. An empty function restores the loaders. Thread-safe.
-void SetNcclProviderForTesting(std::function<std::shared_ptr<nccl::NcclApi>(int rank)> provider);
-// Applies the provider set above, if any, to `deps` for `rank`.
-void ApplyNcclProviderForTesting(int rank, SelectionDeps& deps);
 
 }  // namespace adaptcomm::internal::selection
 

@@ -6,12 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/status.h"
+#include "lib/base/log.h"
 #include "lib/core/backend_selection.h"
 #include "lib/core/collective_check.h"
 #include "lib/core/communicator_impl.h"
 #include "lib/core/heartbeat.h"
 #include "lib/core/init_agreement.h"
-#include "lib/base/log.h"
 #include "lib/core/validate.h"
 
 namespace adaptcomm {
@@ -19,9 +19,10 @@ namespace internal {
 
 CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig config,
                                    Rendezvous rendezvous, std::unique_ptr<Backend> backend,
-                                   std::string selection_reason)
+                                   std::string selection_reason, CommunicatorDeps deps)
     : options_(std::move(options)),
       config_(std::move(config)),
+      deps_(std::move(deps)),
       rendezvous_(std::move(rendezvous)),
       selection_reason_(std::move(selection_reason)) {
   trace::FlightRecorderOptions fr;
@@ -126,6 +127,15 @@ CommunicatorImpl::~CommunicatorImpl() {
                   std::max(deadline - absl::Now(), absl::ZeroDuration()));
 }
 
+absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorImpl::cuda_api() const {
+  if (!deps_.use_given_apis) return cuda::LoadCudaApi();  // one runtime per process
+  if (deps_.cuda == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("communicator '", options_.name, "' was built without a CUDA runtime"));
+  }
+  return deps_.cuda;
+}
+
 Work CommunicatorImpl::Submit(OpDesc desc) {
   if (desc.timeout == absl::ZeroDuration()) {
     desc.timeout =
@@ -212,9 +222,12 @@ struct BackendSelection {
 
 absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
                                                const EffectiveConfig& config, const Rendezvous& rv,
-                                               absl::Time deadline) {
+                                               absl::Time deadline, const CommunicatorDeps& seams) {
   // NCCL where every rank can use it, else Gloo on every rank (lib/core/backend_selection.h).
   selection::SelectionDeps deps;
+  deps.use_given_apis = seams.use_given_apis;
+  deps.cuda = seams.cuda;
+  deps.nccl = seams.nccl;
   deps.gloo_algorithm = config.gloo.algorithm;
   deps.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
   deps.configure_nccl = [&config](int version) {
@@ -223,7 +236,6 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
     for (const std::string& c : env.conflicts) ADAPTCOMM_LOG(kWarning, "nccl env: ", c);
     return PlanNccl(config, version).config;
   };
-  selection::ApplyNcclProviderForTesting(o.rank, deps);
   absl::StatusOr<selection::SelectedBackend> selected =
       selection::SelectBackendWith(o, rv, deadline, deps);
   if (!selected.ok()) return selected.status();
@@ -235,7 +247,8 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
 // (lib/core/init_agreement.h). With retries off there is no extra store round.
 absl::StatusOr<BackendSelection> CreateBackendAgreed(const CommunicatorOptions& o,
                                                      const EffectiveConfig& config,
-                                                     const Rendezvous& rv, absl::Time deadline) {
+                                                     const Rendezvous& rv, absl::Time deadline,
+                                                     const CommunicatorDeps& deps) {
   const int attempts = o.max_retry_attempts > 0 ? o.max_retry_attempts : config.retry.max_attempts;
   absl::Duration backoff = config.retry.initial_backoff;
   for (int attempt = 1;; ++attempt) {
@@ -246,7 +259,7 @@ absl::StatusOr<BackendSelection> CreateBackendAgreed(const CommunicatorOptions& 
       retry.transport_iface = rv.transport_iface;
     }
     absl::StatusOr<BackendSelection> selected =
-        SelectBackend(o, config, attempt > 1 ? retry : rv, deadline);
+        SelectBackend(o, config, attempt > 1 ? retry : rv, deadline, deps);
     if (attempts <= 1) return selected;
     absl::Status agreed = AgreeOnInit(*rv.store, o.rank, o.world_size, attempt, selected.status(),
                                       config.retry.retryable, deadline);
@@ -293,39 +306,44 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int ge
                   " (profile backend.degrade_after_failures / degrade_window)");
   }
   absl::StatusOr<BackendSelection> selected =
-      SelectBackend(o, config_, next, absl::Now() + options_.init_timeout);
+      SelectBackend(o, config_, next, absl::Now() + options_.init_timeout, deps_);
   if (!selected.ok()) return selected.status();
   ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' rebuilt its backend as generation ",
                 generation, ": ", selected->backend->name(), " (", selected->reason, ")");
   return std::move(selected->backend);
 }
 
-}  // namespace internal
+// The one code besides Communicator itself that reaches its private parts
+// (include/adaptcomm/communicator.h befriends it).
+struct CommunicatorAccess {
+  static std::unique_ptr<Communicator> Wrap(std::unique_ptr<CommunicatorImpl> impl) {
+    return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+  }
+  static const CommunicatorImpl& Impl(const Communicator& comm) { return *comm.impl_; }
+};
 
-absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
-    const CommunicatorOptions& options) {
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
+    const CommunicatorOptions& options, const CommunicatorDeps& deps) {
   CommunicatorOptions o = options;
   std::string launch_source;
-  if (absl::Status s = internal::ResolveOptions(o, launch_source); !s.ok()) return s;
+  if (absl::Status s = ResolveOptions(o, launch_source); !s.ok()) return s;
   log::SetProcessRank(o.rank);
-  absl::StatusOr<EffectiveConfig> config = internal::ApplyProfile(o);
+  absl::StatusOr<EffectiveConfig> config = ApplyProfile(o);
   if (!config.ok()) return config.status();
   const absl::Time deadline = absl::Now() + o.init_timeout;
 
-  absl::StatusOr<internal::Rendezvous> rv =
-      internal::JoinRendezvous(o, config->timeouts.store_connect, deadline);
+  absl::StatusOr<Rendezvous> rv = JoinRendezvous(o, config->timeouts.store_connect, deadline);
   if (!rv.ok()) return rv.status();
   if (absl::Status same =
           CheckSameConfigOnAllRanks(*rv->store, o.rank, o.world_size, *config,
                                     std::max(deadline - absl::Now(), absl::Milliseconds(1)));
       !same.ok()) {
-    internal::LeaveRendezvous(std::move(*rv), o, /*healthy=*/false, config->timeouts.abort);
+    LeaveRendezvous(std::move(*rv), o, /*healthy=*/false, config->timeouts.abort);
     return same;
   }
-  absl::StatusOr<internal::BackendSelection> selected =
-      internal::CreateBackendAgreed(o, *config, *rv, deadline);
+  absl::StatusOr<BackendSelection> selected = CreateBackendAgreed(o, *config, *rv, deadline, deps);
   if (!selected.ok()) {
-    internal::LeaveRendezvous(std::move(*rv), o, /*healthy=*/false, config->timeouts.abort);
+    LeaveRendezvous(std::move(*rv), o, /*healthy=*/false, config->timeouts.abort);
     return selected.status();
   }
   ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "' rank ", o.rank, " of ", o.world_size,
@@ -333,27 +351,42 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
                 rv->description, ", rank/world from ", launch_source, ", profile tier '",
                 config->tier, "' (", config->file, "), op timeout ",
                 absl::FormatDuration(o.timeout), " (Communicator::Explain() lists every setting)");
-  return std::unique_ptr<Communicator>(
-      new Communicator(std::make_unique<internal::CommunicatorImpl>(
-          std::move(o), std::move(*config), std::move(*rv), std::move(selected->backend),
-          std::move(selected->reason))));
+  return CommunicatorAccess::Wrap(std::make_unique<CommunicatorImpl>(
+      std::move(o), std::move(*config), std::move(*rv), std::move(selected->backend),
+      std::move(selected->reason), deps));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> Communicator::CreateWithBackend(
-    std::unique_ptr<Backend> backend, const CommunicatorOptions& options) {
+absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWithBackend(
+    std::unique_ptr<Backend> backend, const CommunicatorOptions& options,
+    const CommunicatorDeps& deps) {
   if (backend == nullptr) return absl::InvalidArgumentError("CreateWithBackend: backend is null");
   CommunicatorOptions o = options;
   o.rank = backend->rank();
   o.world_size = backend->size();
   std::string unused;
-  if (absl::Status s = internal::ResolveOptions(o, unused); !s.ok()) return s;
-  absl::StatusOr<EffectiveConfig> config = internal::ApplyProfile(o);
+  if (absl::Status s = ResolveOptions(o, unused); !s.ok()) return s;
+  absl::StatusOr<EffectiveConfig> config = ApplyProfile(o);
   if (!config.ok()) return config.status();
   std::string reason = absl::StrCat("backend ", backend->name(), " given by the caller");
-  return std::unique_ptr<Communicator>(
-      new Communicator(std::make_unique<internal::CommunicatorImpl>(
-          std::move(o), std::move(*config), internal::Rendezvous{}, std::move(backend),
-          std::move(reason))));
+  return CommunicatorAccess::Wrap(std::make_unique<CommunicatorImpl>(
+      std::move(o), std::move(*config), Rendezvous{}, std::move(backend), std::move(reason), deps));
+}
+
+absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorCudaApi(const Communicator& comm) {
+  return CommunicatorAccess::Impl(comm).cuda_api();
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
+    const CommunicatorOptions& options) {
+  return internal::CreateCommunicatorWith(options, internal::CommunicatorDeps{});
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::CreateWithBackend(
+    std::unique_ptr<Backend> backend, const CommunicatorOptions& options) {
+  return internal::CreateCommunicatorWithBackend(std::move(backend), options,
+                                                 internal::CommunicatorDeps{});
 }
 
 Communicator::Communicator(std::unique_ptr<internal::CommunicatorImpl> impl)

@@ -10,6 +10,7 @@
 
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
+#include "lib/core/communicator_factory.h"
 #include "lib/core/failure_coordinator.h"
 #include "lib/core/op_executor.h"
 #include "lib/core/rendezvous.h"
@@ -21,9 +22,11 @@ namespace adaptcomm::internal {
 class CommunicatorImpl {
  public:
   // Builds the executor (with its flight recorder and, when there is a store, the failure
-  // coordinator) around `backend` and starts it.
+  // coordinator) around `backend` and starts it. `deps`: the seams `backend` was selected with,
+  // which rebuilds and the device mixed-precision path use too.
   CommunicatorImpl(CommunicatorOptions options, EffectiveConfig config, Rendezvous rendezvous,
-                   std::unique_ptr<Backend> backend, std::string selection_reason);
+                   std::unique_ptr<Backend> backend, std::string selection_reason,
+                   CommunicatorDeps deps);
   ~CommunicatorImpl();
 
   // Validates `desc` (generic rules, then the backend's), fills in the default timeout, queues it.
@@ -35,6 +38,8 @@ class CommunicatorImpl {
   const std::string& selection_reason() const { return selection_reason_; }
   trace::FlightRecorder& recorder() { return *recorder_; }
   const EffectiveConfig& config() const { return config_; }
+  // The CUDA runtime of this communicator (CommunicatorCudaApi).
+  absl::StatusOr<std::shared_ptr<cuda::CudaApi>> cuda_api() const;
   // A coordinated retry's new backend: the same selection as at creation, on a store scope of
   // its own generation.
   // This rank's view of the degrade rule, counting one more retry (see BackendRebuilder).
@@ -46,6 +51,7 @@ class CommunicatorImpl {
  private:
   const CommunicatorOptions options_;
   const EffectiveConfig config_;
+  const CommunicatorDeps deps_;
   std::atomic<int> long_operation_scopes_{0};
   int heartbeat_id_ = 0;
   std::deque<absl::Time> recoveries_;  // times of coordinated retries (rebuilds), for degrade

@@ -1,7 +1,6 @@
-// The real seam: the statically linked CUDA runtime, and NCCL loaded with dlopen() so that one
-// build of adaptcomm runs on nodes with and without NCCL (and with whatever NCCL version the node
-// has, from kMinNcclVersion on; the version check is the caller's).
-#include <cuda_runtime_api.h>
+// The real NCCL seam: NCCL loaded with dlopen() so that one build of adaptcomm runs on nodes with
+// and without NCCL (and with whatever NCCL version the node has, from kMinNcclVersion on; the
+// version check is the caller's). nccl.h is compiled against only for its types and constants.
 #include <dlfcn.h>
 #include <link.h>
 #include <nccl.h>
@@ -14,9 +13,6 @@
 #include "absl/synchronization/mutex.h"
 #include "lib/base/log.h"
 #include "lib/nccl/nccl_api.h"
-#ifdef ADAPTCOMM_HAVE_CAST_KERNELS
-#include "lib/nccl/cast_kernels_cuda.h"
-#endif
 
 namespace adaptcomm::nccl {
 namespace {
@@ -26,118 +22,8 @@ static_assert(static_cast<int>(NcclResult::kRemoteError) == ncclRemoteError);
 static_assert(static_cast<int>(NcclDataType::kBfloat16) == ncclBfloat16);
 static_assert(static_cast<int>(NcclDataType::kFloat16) == ncclFloat16);
 static_assert(static_cast<int>(NcclRedOp::kAvg) == ncclAvg);
-static_assert(kCudaErrorNotReady == cudaErrorNotReady);
-static_assert(kCudaErrorNoDevice == cudaErrorNoDevice);
-static_assert(kCudaErrorInsufficientDriver == cudaErrorInsufficientDriver);
 static_assert(kUndefInt == NCCL_CONFIG_UNDEF_INT);
 static_assert(sizeof(NcclUniqueId) == sizeof(ncclUniqueId));
-static_assert(kCudaErrorNotSupported == cudaErrorNotSupported);
-#ifdef ADAPTCOMM_HAVE_CAST_KERNELS
-static_assert(static_cast<int>(CastDirection::kF32ToBF16) == cuda::kCastF32ToBF16);
-static_assert(static_cast<int>(CastDirection::kF32ToF16) == cuda::kCastF32ToF16);
-static_assert(static_cast<int>(CastDirection::kBF16ToF32) == cuda::kCastBF16ToF32);
-static_assert(static_cast<int>(CastDirection::kF16ToF32) == cuda::kCastF16ToF32);
-static_assert(static_cast<int>(CastDirection::kF32ToF32) == cuda::kCastF32ToF32);
-static_assert(sizeof(DeviceCastCounters) == 2 * sizeof(unsigned long long));
-#endif
-
-// The CUDA half, shared by the plain CUDA runtime object and the NCCL one.
-template <typename Base>
-class CudaRuntime : public Base {
- public:
-  int GetDeviceCount(int* count) override { return cudaGetDeviceCount(count); }
-  int SetDevice(int device) override { return cudaSetDevice(device); }
-  int GetDevice(int* device) override { return cudaGetDevice(device); }
-  int DriverVersion(int* version) override { return cudaDriverGetVersion(version); }
-  int RuntimeVersion(int* version) override { return cudaRuntimeGetVersion(version); }
-  int PointerGetAttributes(const void* ptr, PointerInfo* info) override {
-    cudaPointerAttributes attr{};
-    cudaError_t e = cudaPointerGetAttributes(&attr, ptr);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky, but do not leave it for the next caller
-      return e;
-    }
-    info->is_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-    info->device = attr.device;
-    return cudaSuccess;
-  }
-  int StreamCreateNonBlocking(CudaStream* stream) override {
-    cudaStream_t s = nullptr;
-    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    *stream = s;
-    return e;
-  }
-  int StreamDestroy(CudaStream stream) override {
-    return cudaStreamDestroy(static_cast<cudaStream_t>(stream));
-  }
-  int EventCreateDisableTiming(CudaEvent* event) override {
-    cudaEvent_t ev = nullptr;
-    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    *event = ev;
-    return e;
-  }
-  int EventRecord(CudaEvent event, CudaStream stream) override {
-    return cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
-  }
-  int EventQuery(CudaEvent event) override {
-    return cudaEventQuery(static_cast<cudaEvent_t>(event));
-  }
-  int EventDestroy(CudaEvent event) override {
-    return cudaEventDestroy(static_cast<cudaEvent_t>(event));
-  }
-  int MemcpyAsync(void* dst, const void* src, size_t bytes, MemcpyKind kind,
-                  CudaStream stream) override {
-    cudaMemcpyKind k = cudaMemcpyDefault;
-    switch (kind) {
-      case MemcpyKind::kHostToDevice:
-        k = cudaMemcpyHostToDevice;
-        break;
-      case MemcpyKind::kDeviceToHost:
-        k = cudaMemcpyDeviceToHost;
-        break;
-      case MemcpyKind::kDeviceToDevice:
-        k = cudaMemcpyDeviceToDevice;
-        break;
-    }
-    return cudaMemcpyAsync(dst, src, bytes, k, static_cast<cudaStream_t>(stream));
-  }
-  int Malloc(void** ptr, size_t bytes) override { return cudaMalloc(ptr, bytes); }
-  int Free(void* ptr) override { return cudaFree(ptr); }
-  int HostAlloc(void** ptr, size_t bytes) override {
-    return cudaHostAlloc(ptr, bytes, cudaHostAllocPortable);
-  }
-  int FreeHost(void* ptr) override { return cudaFreeHost(ptr); }
-  int LaunchHostFunc(CudaStream stream, void (*fn)(void*), void* arg) override {
-    return cudaLaunchHostFunc(static_cast<cudaStream_t>(stream), fn, arg);
-  }
-  int StreamWaitEvent(CudaStream stream, CudaEvent event) override {
-    return cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event),
-                               0);
-  }
-  int StreamSynchronize(CudaStream stream) override {
-    return cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-  }
-  int StreamGetDevice(CudaStream stream, int* device) override {
-    return cudaStreamGetDevice(static_cast<cudaStream_t>(stream), device);
-  }
-  int MemsetAsync(void* ptr, int value, size_t bytes, CudaStream stream) override {
-    return cudaMemsetAsync(ptr, value, bytes, static_cast<cudaStream_t>(stream));
-  }
-  int LaunchCast(CastDirection direction, const void* src, void* dst, size_t count, float scale,
-                 CudaStream stream, DeviceCastCounters* counters) override {
-#ifdef ADAPTCOMM_HAVE_CAST_KERNELS
-    return cuda::LaunchCastKernel(static_cast<int>(direction), src, dst, count, scale, stream,
-                                  reinterpret_cast<unsigned long long*>(counters));
-#else
-    (void)direction, (void)src, (void)dst, (void)count, (void)scale, (void)stream, (void)counters;
-    return cudaErrorNotSupported;
-#endif
-  }
-  std::string ErrorString(int error) override {
-    return absl::StrCat(cudaGetErrorName(static_cast<cudaError_t>(error)), ": ",
-                        cudaGetErrorString(static_cast<cudaError_t>(error)));
-  }
-};
 
 // Every NCCL entry point the backend calls. A missing one fails the load, naming it.
 struct NcclSymbols {
@@ -168,10 +54,10 @@ struct NcclSymbols {
 ncclComm_t C(NcclComm c) { return reinterpret_cast<ncclComm_t>(c); }
 ncclDataType_t D(NcclDataType t) { return static_cast<ncclDataType_t>(t); }
 ncclRedOp_t O(NcclRedOp op) { return static_cast<ncclRedOp_t>(op); }
-cudaStream_t S(CudaStream s) { return static_cast<cudaStream_t>(s); }
+cudaStream_t S(cuda::CudaStream s) { return static_cast<cudaStream_t>(s); }
 NcclResult R(ncclResult_t r) { return static_cast<NcclResult>(r); }
 
-class DlopenNcclApi final : public CudaRuntime<NcclApi> {
+class DlopenNcclApi final : public NcclApi {
  public:
   DlopenNcclApi(void* handle, std::string path, const NcclSymbols& sym)
       : handle_(handle), path_(std::move(path)), sym_(sym) {}
@@ -228,31 +114,31 @@ class DlopenNcclApi final : public CudaRuntime<NcclApi> {
   NcclResult GroupStart() override { return R(sym_.GroupStart()); }
   NcclResult GroupEnd() override { return R(sym_.GroupEnd()); }
   NcclResult AllReduce(const void* send, void* recv, size_t count, NcclDataType dtype, NcclRedOp op,
-                       NcclComm comm, CudaStream stream) override {
+                       NcclComm comm, cuda::CudaStream stream) override {
     return R(sym_.AllReduce(send, recv, count, D(dtype), O(op), C(comm), S(stream)));
   }
   NcclResult Broadcast(const void* send, void* recv, size_t count, NcclDataType dtype, int root,
-                       NcclComm comm, CudaStream stream) override {
+                       NcclComm comm, cuda::CudaStream stream) override {
     return R(sym_.Broadcast(send, recv, count, D(dtype), root, C(comm), S(stream)));
   }
   NcclResult Reduce(const void* send, void* recv, size_t count, NcclDataType dtype, NcclRedOp op,
-                    int root, NcclComm comm, CudaStream stream) override {
+                    int root, NcclComm comm, cuda::CudaStream stream) override {
     return R(sym_.Reduce(send, recv, count, D(dtype), O(op), root, C(comm), S(stream)));
   }
   NcclResult AllGather(const void* send, void* recv, size_t send_count, NcclDataType dtype,
-                       NcclComm comm, CudaStream stream) override {
+                       NcclComm comm, cuda::CudaStream stream) override {
     return R(sym_.AllGather(send, recv, send_count, D(dtype), C(comm), S(stream)));
   }
   NcclResult ReduceScatter(const void* send, void* recv, size_t recv_count, NcclDataType dtype,
-                           NcclRedOp op, NcclComm comm, CudaStream stream) override {
+                           NcclRedOp op, NcclComm comm, cuda::CudaStream stream) override {
     return R(sym_.ReduceScatter(send, recv, recv_count, D(dtype), O(op), C(comm), S(stream)));
   }
   NcclResult Send(const void* send, size_t count, NcclDataType dtype, int peer, NcclComm comm,
-                  CudaStream stream) override {
+                  cuda::CudaStream stream) override {
     return R(sym_.Send(send, count, D(dtype), peer, C(comm), S(stream)));
   }
   NcclResult Recv(void* recv, size_t count, NcclDataType dtype, int peer, NcclComm comm,
-                  CudaStream stream) override {
+                  cuda::CudaStream stream) override {
     return R(sym_.Recv(recv, count, D(dtype), peer, C(comm), S(stream)));
   }
 
@@ -321,22 +207,6 @@ absl::StatusOr<std::shared_ptr<NcclApi>> Open(const std::string& name) {
 }
 
 }  // namespace
-
-bool CudaBuiltIn() { return true; }
-
-bool CastKernelsBuiltIn() {
-#ifdef ADAPTCOMM_HAVE_CAST_KERNELS
-  return true;
-#else
-  return false;
-#endif
-}
-
-absl::StatusOr<std::shared_ptr<CudaApi>> LoadCudaApi() {
-  static auto* const runtime =
-      new std::shared_ptr<CudaApi>(std::make_shared<CudaRuntime<CudaApi>>());
-  return *runtime;
-}
 
 absl::StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string& path) {
   std::string name = path;

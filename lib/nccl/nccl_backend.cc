@@ -11,12 +11,20 @@
 #include "absl/synchronization/notification.h"
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
-#include "lib/nccl/device_memory.h"
-#include "lib/nccl/nccl_internal.h"
+#include "lib/cuda/device_memory.h"
 #include "lib/nccl/stream_order.h"
 
 namespace adaptcomm::nccl {
 namespace {
+
+using cuda::CudaApi;
+using cuda::CudaEvent;
+using cuda::CudaStream;
+using cuda::kCudaErrorNotReady;
+using cuda::kCudaErrorNotSupported;
+using cuda::kCudaSuccess;
+using cuda::PointerInfo;
+using cuda::ScopedCudaDevice;
 
 constexpr char kUidKey[] = "nccl/uid";
 
@@ -58,21 +66,46 @@ NcclRedOp ToNccl(ReduceOp op) {
   return NcclRedOp::kSum;
 }
 
+// ncclCommAbort(comm) on a helper thread, waited for at most `bound`.
+absl::Status AbortBounded(const std::shared_ptr<NcclApi>& api, NcclComm comm,
+                          absl::Duration bound) {
+  // ncclCommAbort itself can hang (a peer stuck in a kernel): run it on its own thread and stop
+  // waiting at the bound. The thread keeps the API alive if it outlives this call.
+  auto done = std::make_shared<absl::Notification>();
+  auto result = std::make_shared<std::atomic<int>>(0);
+  std::thread([api, comm, done, result] {
+    result->store(static_cast<int>(api->CommAbort(comm)));
+    done->Notify();
+  }).detach();
+  if (!done->WaitForNotificationWithTimeout(bound)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("ncclCommAbort did not return within ", absl::FormatDuration(bound),
+                     "; abandoned (its resources leak until the process exits)"));
+  }
+  const auto r = static_cast<NcclResult>(result->load());
+  if (r != NcclResult::kSuccess) {
+    return absl::UnavailableError(absl::StrCat("ncclCommAbort: ", NcclResultName(r)));
+  }
+  return absl::OkStatus();
+}
+
 bool InFlight(NcclResult r) { return r == NcclResult::kSuccess || r == NcclResult::kInProgress; }
 
 class NcclBackend final : public Backend, public StreamOrdered {
  public:
-  NcclBackend(std::shared_ptr<NcclApi> api, const NcclBackendOptions& options, NcclComm comm,
-              int device_count, CudaEvent event, CudaStream stream, void* scratch)
+  NcclBackend(std::shared_ptr<NcclApi> api, std::shared_ptr<CudaApi> cuda,
+              const NcclBackendOptions& options, NcclComm comm, int device_count, CudaEvent event,
+              CudaStream stream, void* scratch)
       : api_(std::move(api)),
+        cuda_(std::move(cuda)),
         options_(options),
         comm_(comm),
         device_count_(device_count),
         event_(event),
         stream_(stream),
         scratch_(scratch),
-        device_memory_(MakeCudaDeviceMemory(api_)),
-        events_(std::make_shared<EventPool>(api_, options_.device)),
+        device_memory_(cuda::MakeCudaDeviceMemory(cuda_)),
+        events_(std::make_shared<EventPool>(cuda_, options_.device)),
         health_(std::make_shared<CommHealth>(api_, comm_)) {}
   ~NcclBackend() override;
 
@@ -122,6 +155,7 @@ class NcclBackend final : public Backend, public StreamOrdered {
   }
 
   const std::shared_ptr<NcclApi> api_;
+  const std::shared_ptr<CudaApi> cuda_;
   const NcclBackendOptions options_;
   const NcclComm comm_;
   const int device_count_;
@@ -150,7 +184,7 @@ NcclBackend::~NcclBackend() {
   }
   health_->Retire(absl::FailedPreconditionError(absl::StrCat(
       "nccl backend of rank ", options_.rank, " was destroyed before the op completed")));
-  (void)api_->SetDevice(options_.device);
+  (void)cuda_->SetDevice(options_.device);
   if (!aborted && broken) {
     AbortCommOnce();
     aborted = true;
@@ -163,7 +197,7 @@ NcclBackend::~NcclBackend() {
     while (r == NcclResult::kSuccess || r == NcclResult::kInProgress) {
       if (api_->CommGetAsyncError(comm_, &state) != NcclResult::kSuccess) break;
       if (state != NcclResult::kInProgress || absl::Now() > deadline) break;
-      internal::PollPause(1000);
+      cuda::PollPause(1000);
     }
     if (state == NcclResult::kSuccess) {
       r = api_->CommDestroy(comm_);
@@ -181,9 +215,9 @@ NcclBackend::~NcclBackend() {
       AbortCommOnce();
     }
   }
-  if (event_ != nullptr) (void)api_->EventDestroy(event_);
-  if (stream_ != nullptr) (void)api_->StreamDestroy(stream_);
-  if (scratch_ != nullptr) (void)api_->Free(scratch_);
+  if (event_ != nullptr) (void)cuda_->EventDestroy(event_);
+  if (stream_ != nullptr) (void)cuda_->StreamDestroy(stream_);
+  if (scratch_ != nullptr) (void)cuda_->Free(scratch_);
 }
 
 absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
@@ -211,12 +245,12 @@ absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
   }
   if (v.data != nullptr) {
     PointerInfo info;
-    const int e = api_->PointerGetAttributes(v.data, &info);
+    const int e = cuda_->PointerGetAttributes(v.data, &info);
     if (e != kCudaSuccess || !info.is_device) {
       return absl::InvalidArgumentError(absl::StrCat(
           "nccl backend: view ", which, " of ", kind, " is tagged cuda:", v.device.index,
           " but its pointer is host memory",
-          e != kCudaSuccess ? absl::StrCat(" (", api_->ErrorString(e), ")") : std::string()));
+          e != kCudaSuccess ? absl::StrCat(" (", cuda_->ErrorString(e), ")") : std::string()));
     }
     if (info.device != v.device.index) {
       return absl::InvalidArgumentError(absl::StrCat("nccl backend: view ", which, " of ", kind,
@@ -357,10 +391,10 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
   return FinishCall([&]() -> absl::Status {
     if (absl::Status s = Supports(op); !s.ok()) return s;
     const absl::Time deadline = absl::Now() + op.timeout;
-    ScopedCudaDevice device(*api_, options_.device);
+    ScopedCudaDevice device(*cuda_, options_.device);
     if (int e = device.error(); e != kCudaSuccess) {
       return Break(absl::UnavailableError(absl::StrCat(
-          What(op), ": cudaSetDevice(", options_.device, "): ", api_->ErrorString(e))));
+          What(op), ": cudaSetDevice(", options_.device, "): ", cuda_->ErrorString(e))));
     }
     CudaStream stream = op.kind == OpKind::kBarrier ? stream_
                         : UsesOutput(op.kind)       ? op.output.stream
@@ -383,7 +417,7 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
   // A training loop issues on the same stream or two: check each new one once.
   const int g = view.stream == last_checked_stream_.load(std::memory_order_relaxed)
                     ? kCudaSuccess
-                    : api_->StreamGetDevice(view.stream, &stream_device);
+                    : cuda_->StreamGetDevice(view.stream, &stream_device);
   if (g == kCudaSuccess && stream_device != options_.device) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl ", OpKindName(op.kind), " on rank ", options_.rank, ": the ", which,
@@ -393,16 +427,16 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
   if (g != kCudaSuccess && g != kCudaErrorNotSupported) {
     return absl::InvalidArgumentError(absl::StrCat(
         "nccl ", OpKindName(op.kind), " on rank ", options_.rank, ": the ", which,
-        " view's stream is not usable (cudaStreamGetDevice: ", api_->ErrorString(g), ")"));
+        " view's stream is not usable (cudaStreamGetDevice: ", cuda_->ErrorString(g), ")"));
   }
   if (g == kCudaSuccess) last_checked_stream_.store(view.stream, std::memory_order_relaxed);
   absl::StatusOr<CudaEvent> event = events_->Take();
   if (!event.ok()) return event.status();
-  if (int e = api_->EventRecord(*event, view.stream); e != kCudaSuccess) {
+  if (int e = cuda_->EventRecord(*event, view.stream); e != kCudaSuccess) {
     events_->Give(*event);
     return absl::UnavailableError(absl::StrCat("nccl ", OpKindName(op.kind), " on rank ",
                                                options_.rank, ": cudaEventRecord on the ", which,
-                                               " view's stream: ", api_->ErrorString(e)));
+                                               " view's stream: ", cuda_->ErrorString(e)));
   }
   return std::make_shared<NcclStreamPosition>(events_, *event);
 }
@@ -418,14 +452,14 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
   absl::Status status = FinishCall([&]() -> absl::Status {
     const absl::Time deadline = absl::Now() + op.timeout;
     // Only the library's own threads launch: the device stays current on them between ops.
-    ScopedCudaDevice device(*api_, options_.device);
+    ScopedCudaDevice device(*cuda_, options_.device);
     if (int e = device.error(); e != kCudaSuccess) {
       return Break(absl::UnavailableError(absl::StrCat(
-          What(op), ": cudaSetDevice(", options_.device, "): ", api_->ErrorString(e))));
+          What(op), ": cudaSetDevice(", options_.device, "): ", cuda_->ErrorString(e))));
     }
-    if (int e = api_->StreamWaitEvent(stream_, issued->event()); e != kCudaSuccess) {
+    if (int e = cuda_->StreamWaitEvent(stream_, issued->event()); e != kCudaSuccess) {
       return Break(absl::UnavailableError(
-          absl::StrCat(What(op), ": cudaStreamWaitEvent: ", api_->ErrorString(e))));
+          absl::StrCat(What(op), ": cudaStreamWaitEvent: ", cuda_->ErrorString(e))));
     }
     const NcclResult r = Enqueue(op, stream_);
     if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
@@ -449,14 +483,14 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
             absl::StrCat(What(op), " was still being launched after ",
                          absl::FormatDuration(op.timeout), "; the NCCL communicator was aborted")));
       }
-      internal::PollPause(i);
+      cuda::PollPause(i);
     }
     absl::StatusOr<CudaEvent> done = events_->Take();
     if (!done.ok()) return Break(done.status());
-    if (int e = api_->EventRecord(*done, stream_); e != kCudaSuccess) {
+    if (int e = cuda_->EventRecord(*done, stream_); e != kCudaSuccess) {
       events_->Give(*done);
       return Break(absl::UnavailableError(
-          absl::StrCat(What(op), ": cudaEventRecord: ", api_->ErrorString(e))));
+          absl::StrCat(What(op), ": cudaEventRecord: ", cuda_->ErrorString(e))));
     }
     completion = std::make_shared<NcclCompletion>(
         events_, health_, *done,
@@ -490,21 +524,21 @@ absl::Status NcclBackend::WaitDone(const OpDesc& op, absl::Time deadline) {
       CudaStream stream = op.kind == OpKind::kBarrier ? stream_
                           : UsesOutput(op.kind)       ? op.output.stream
                                                       : op.input.stream;
-      if (int e = api_->EventRecord(event_, stream); e != kCudaSuccess) {
+      if (int e = cuda_->EventRecord(event_, stream); e != kCudaSuccess) {
         return Break(absl::UnavailableError(
-            absl::StrCat(What(op), ": cudaEventRecord: ", api_->ErrorString(e))));
+            absl::StrCat(What(op), ": cudaEventRecord: ", cuda_->ErrorString(e))));
       }
       recorded = true;
     }
     if (recorded) {
-      const int q = api_->EventQuery(event_);
+      const int q = cuda_->EventQuery(event_);
       // An abort that raced the check above also completes the event (ncclCommAbort ends the
       // kernels): the op must then fail, not pass as done.
       if (q == kCudaSuccess && !abort_requested_.load()) return absl::OkStatus();
       if (q == kCudaSuccess) continue;
       if (q != kCudaErrorNotReady) {
         return Break(absl::UnavailableError(
-            absl::StrCat(What(op), ": cudaEventQuery: ", api_->ErrorString(q))));
+            absl::StrCat(What(op), ": cudaEventQuery: ", cuda_->ErrorString(q))));
       }
     }
     if (absl::Now() > deadline) {
@@ -512,7 +546,7 @@ absl::Status NcclBackend::WaitDone(const OpDesc& op, absl::Time deadline) {
           What(op), " did not complete within ", absl::FormatDuration(op.timeout),
           recorded ? "" : " (still being launched)", "; the NCCL communicator was aborted")));
     }
-    internal::PollPause(i);
+    cuda::PollPause(i);
   }
 }
 
@@ -554,46 +588,11 @@ void NcclBackend::AbortCommOnce() {
     comm_aborted_ = true;
   }
   health_->Retire(health().ok() ? absl::AbortedError("nccl communicator aborted") : health());
-  absl::Status s = internal::AbortBounded(api_, comm_, options_.abort_timeout);
+  absl::Status s = AbortBounded(api_, comm_, options_.abort_timeout);
   if (!s.ok()) ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank, ": ", s.message());
 }
 
 }  // namespace
-
-namespace internal {
-
-void PollPause(int iteration) {
-  if (iteration < 64) {
-    std::this_thread::yield();
-  } else {
-    const int shift = std::min(iteration - 64, 6);
-    absl::SleepFor(absl::Microseconds(10 << shift));  // 10 us .. 640 us
-  }
-}
-
-absl::Status AbortBounded(const std::shared_ptr<NcclApi>& api, NcclComm comm,
-                          absl::Duration bound) {
-  // ncclCommAbort itself can hang (a peer stuck in a kernel): run it on its own thread and stop
-  // waiting at the bound. The thread keeps the API alive if it outlives this call.
-  auto done = std::make_shared<absl::Notification>();
-  auto result = std::make_shared<std::atomic<int>>(0);
-  std::thread([api, comm, done, result] {
-    result->store(static_cast<int>(api->CommAbort(comm)));
-    done->Notify();
-  }).detach();
-  if (!done->WaitForNotificationWithTimeout(bound)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("ncclCommAbort did not return within ", absl::FormatDuration(bound),
-                     "; abandoned (its resources leak until the process exits)"));
-  }
-  const auto r = static_cast<NcclResult>(result->load());
-  if (r != NcclResult::kSuccess) {
-    return absl::UnavailableError(absl::StrCat("ncclCommAbort: ", NcclResultName(r)));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace internal
 
 absl::Status MapNcclResult(NcclResult result, const std::string& what, const std::string& detail) {
   const std::string text =
@@ -648,8 +647,10 @@ NcclCommConfig TranslateNcclConfig(const NcclConfigValues& v, int version,
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclApi> api,
+                                                           std::shared_ptr<cuda::CudaApi> cuda,
                                                            const NcclBackendOptions& options) {
   if (api == nullptr) return absl::InvalidArgumentError("CreateNcclBackend: api is null");
+  if (cuda == nullptr) return absl::InvalidArgumentError("CreateNcclBackend: cuda is null");
   if (options.store == nullptr) return absl::InvalidArgumentError("CreateNcclBackend: no store");
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
     return absl::InvalidArgumentError(
@@ -659,16 +660,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
   const std::string who =
       absl::StrCat("NCCL init of rank ", options.rank, " on cuda:", options.device);
   int device_count = 0;
-  if (int e = api->GetDeviceCount(&device_count); e != kCudaSuccess) {
+  if (int e = cuda->GetDeviceCount(&device_count); e != kCudaSuccess) {
     return absl::FailedPreconditionError(
-        absl::StrCat(who, ": no CUDA device (cudaGetDeviceCount: ", api->ErrorString(e), ")"));
+        absl::StrCat(who, ": no CUDA device (cudaGetDeviceCount: ", cuda->ErrorString(e), ")"));
   }
   if (options.device < 0 || options.device >= device_count) {
     return absl::FailedPreconditionError(absl::StrCat(
         who, ": device cuda:", options.device, " does not exist (", device_count, " visible)"));
   }
-  if (int e = api->SetDevice(options.device); e != kCudaSuccess) {
-    return absl::UnavailableError(absl::StrCat(who, ": cudaSetDevice: ", api->ErrorString(e)));
+  if (int e = cuda->SetDevice(options.device); e != kCudaSuccess) {
+    return absl::UnavailableError(absl::StrCat(who, ": cudaSetDevice: ", cuda->ErrorString(e)));
   }
 
   NcclUniqueId uid;
@@ -715,7 +716,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
       gave_up = o.peers_gave_up();
       if (!gave_up.ok()) break;
     }
-    internal::PollPause(64 + i);
+    cuda::PollPause(64 + i);
   }
   if (r != NcclResult::kSuccess && r != NcclResult::kInProgress) state = r;
   if (state != NcclResult::kSuccess) {
@@ -729,7 +730,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
                   absl::FormatDuration(absl::Trunc(options.init_timeout, absl::Milliseconds(1))),
                   "; ncclCommAbort called"));
     if (comm != nullptr) {
-      if (absl::Status a = internal::AbortBounded(api, comm, o.abort_timeout); !a.ok()) {
+      if (absl::Status a = AbortBounded(api, comm, o.abort_timeout); !a.ok()) {
         failed = absl::Status(failed.code(), absl::StrCat(failed.message(), "; ", a.message()));
       }
     }
@@ -739,21 +740,21 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
   CudaEvent event = nullptr;
   CudaStream stream = nullptr;
   void* scratch = nullptr;
-  int e = api->EventCreateDisableTiming(&event);
-  if (e == kCudaSuccess) e = api->StreamCreateNonBlocking(&stream);
-  if (e == kCudaSuccess) e = api->Malloc(&scratch, 256);
+  int e = cuda->EventCreateDisableTiming(&event);
+  if (e == kCudaSuccess) e = cuda->StreamCreateNonBlocking(&stream);
+  if (e == kCudaSuccess) e = cuda->Malloc(&scratch, 256);
   if (e != kCudaSuccess) {
     // The constructor takes what exists so that the destructor frees it with the communicator.
-    NcclBackend cleanup(api, o, comm, device_count, event, stream, scratch);
+    NcclBackend cleanup(api, cuda, o, comm, device_count, event, stream, scratch);
     return absl::ResourceExhaustedError(
-        absl::StrCat(who, ": creating its CUDA event/stream/scratch: ", api->ErrorString(e)));
+        absl::StrCat(who, ": creating its CUDA event/stream/scratch: ", cuda->ErrorString(e)));
   }
   int version = 0;
   (void)api->GetVersion(&version);
   ADAPTCOMM_LOG(kDebug, who, ": NCCL ", NcclVersionString(version), " from ", api->library_path(),
                 " ready, ", o.size, " ranks");
-  return std::unique_ptr<Backend>(
-      std::make_unique<NcclBackend>(std::move(api), o, comm, device_count, event, stream, scratch));
+  return std::unique_ptr<Backend>(std::make_unique<NcclBackend>(
+      std::move(api), std::move(cuda), o, comm, device_count, event, stream, scratch));
 }
 
 }  // namespace adaptcomm::nccl

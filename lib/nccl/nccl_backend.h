@@ -1,5 +1,5 @@
 // The NCCL backend: every collective and send/recv on device buffers over a nonblocking NCCL
-// communicator, through the NcclApi seam.
+// communicator, through the NcclApi seam and the CUDA runtime's (CudaApi) it is given.
 //
 // Nonblocking (config.blocking = 0) because only then can a hung init or collective be abandoned:
 // every wait polls ncclCommGetAsyncError (and a CUDA event for op completion) against a deadline
@@ -21,6 +21,7 @@
 #include "adaptcomm/backend.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
+#include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 
 namespace adaptcomm::nccl {
@@ -46,7 +47,8 @@ struct NcclBackendOptions {
 // FailedPrecondition (no such device), DeadlineExceeded (id or init not done by init_timeout;
 // ncclCommAbort was called), the mapped NCCL error otherwise.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(
-    std::shared_ptr<NcclApi> api, const NcclBackendOptions& options);
+    std::shared_ptr<NcclApi> api, std::shared_ptr<cuda::CudaApi> cuda,
+    const NcclBackendOptions& options);
 
 // The profile's ncclConfig_t values for NCCL `version` (a version code). A field the version lacks
 // is left unset with a note ("trafficClass needs NCCL 2.26, loaded 2.21.5: not applied"); blocking

@@ -11,11 +11,19 @@
 #include "absl/synchronization/mutex.h"
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
-#include "lib/nccl/device_memory.h"
-#include "lib/nccl/nccl_internal.h"
+#include "lib/cuda/device_memory.h"
 
 namespace adaptcomm::nccl {
 namespace {
+
+using cuda::CudaApi;
+using cuda::CudaEvent;
+using cuda::CudaStream;
+using cuda::kCudaErrorNotReady;
+using cuda::kCudaSuccess;
+using cuda::MemcpyKind;
+using cuda::PointerInfo;
+using cuda::ScopedCudaDevice;
 
 // In-place ops read `output` as their input.
 bool ReadsOutput(const OpDesc& op, int rank) {
@@ -53,7 +61,7 @@ class StagedBackend final : public Backend {
         cuda_(std::move(cuda)),
         device_count_(device_count),
         name_(absl::StrCat(inner_->name(), "+staged")),
-        device_memory_(MakeCudaDeviceMemory(cuda_)) {}
+        device_memory_(cuda::MakeCudaDeviceMemory(cuda_)) {}
   ~StagedBackend() override;
 
   absl::Status Init(size_t initial_bytes) {
@@ -217,7 +225,7 @@ absl::Status StagedBackend::Sync(int device, CudaStream stream, absl::Time deadl
       return Break(absl::DeadlineExceededError(
           absl::StrCat(what, ": the device copy did not finish in time")));
     }
-    internal::PollPause(i);
+    cuda::PollPause(i);
   }
 }
 

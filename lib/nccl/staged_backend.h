@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "adaptcomm/backend.h"
-#include "lib/nccl/nccl_api.h"
+#include "lib/cuda/cuda_api.h"
 
 namespace adaptcomm::nccl {
 
@@ -25,7 +25,7 @@ struct StagingOptions {
 // Wraps `inner` (which must accept host memory). Errors: InvalidArgument for a null argument,
 // ResourceExhausted when the pinned memory cannot be allocated.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateStagedBackend(
-    std::unique_ptr<Backend> inner, std::shared_ptr<CudaApi> cuda,
+    std::unique_ptr<Backend> inner, std::shared_ptr<cuda::CudaApi> cuda,
     const StagingOptions& options = {});
 
 }  // namespace adaptcomm::nccl

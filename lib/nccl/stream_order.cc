@@ -7,6 +7,11 @@
 
 namespace adaptcomm::nccl {
 
+using cuda::CudaEvent;
+using cuda::kCudaErrorNotReady;
+using cuda::kCudaSuccess;
+using cuda::ScopedCudaDevice;
+
 EventPool::~EventPool() {
   absl::MutexLock lock(&mu_);
   for (CudaEvent event : free_) (void)api_->EventDestroy(event);

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/backend.h"
+#include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 
 namespace adaptcomm::nccl {
@@ -28,23 +29,24 @@ namespace adaptcomm::nccl {
 // than the op's launch). Thread-safe; shared by a backend and everything it handed out.
 class EventPool {
  public:
-  EventPool(std::shared_ptr<CudaApi> api, int device) : api_(std::move(api)), device_(device) {}
+  EventPool(std::shared_ptr<cuda::CudaApi> api, int device)
+      : api_(std::move(api)), device_(device) {}
   ~EventPool();
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
 
   // A free event, else a new one (created on the pool's device; the calling thread's current
   // device is restored). Unavailable naming the CUDA error.
-  absl::StatusOr<CudaEvent> Take();
+  absl::StatusOr<cuda::CudaEvent> Take();
   // REQUIRES: `event` came from Take() and no one will record or wait on it through its holder.
-  void Give(CudaEvent event);
-  CudaApi& api() const { return *api_; }
+  void Give(cuda::CudaEvent event);
+  cuda::CudaApi& api() const { return *api_; }
 
  private:
-  const std::shared_ptr<CudaApi> api_;
+  const std::shared_ptr<cuda::CudaApi> api_;
   const int device_;
   absl::Mutex mu_;
-  std::vector<CudaEvent> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<cuda::CudaEvent> free_ ABSL_GUARDED_BY(mu_);
 };
 
 // Whether a communicator may still be asked about its asynchronous errors: a completion must not
@@ -71,14 +73,14 @@ class CommHealth {
 // The point of a caller's stream an op was issued at: an event recorded there.
 class NcclStreamPosition final : public StreamPosition {
  public:
-  NcclStreamPosition(std::shared_ptr<EventPool> pool, CudaEvent event)
+  NcclStreamPosition(std::shared_ptr<EventPool> pool, cuda::CudaEvent event)
       : pool_(std::move(pool)), event_(event) {}
   ~NcclStreamPosition() override { pool_->Give(event_); }
-  CudaEvent event() const { return event_; }
+  cuda::CudaEvent event() const { return event_; }
 
  private:
   const std::shared_ptr<EventPool> pool_;
-  const CudaEvent event_;
+  const cuda::CudaEvent event_;
 };
 
 // An op on the communicator's stream, done when the event recorded after it is.
@@ -87,7 +89,7 @@ class NcclCompletion final : public DeviceCompletion {
   // `what` names the op in errors ("nccl allreduce seq 12 (rank 1, cuda:1)"); built only when one
   // is reported, so that a launch costs no string.
   NcclCompletion(std::shared_ptr<EventPool> pool, std::shared_ptr<CommHealth> health,
-                 CudaEvent done, std::function<std::string()> what)
+                 cuda::CudaEvent done, std::function<std::string()> what)
       : pool_(std::move(pool)), health_(std::move(health)), done_(done), what_(std::move(what)) {}
   ~NcclCompletion() override { pool_->Give(done_); }
   absl::StatusOr<bool> Poll() override;
@@ -96,7 +98,7 @@ class NcclCompletion final : public DeviceCompletion {
  private:
   const std::shared_ptr<EventPool> pool_;
   const std::shared_ptr<CommHealth> health_;
-  const CudaEvent done_;
+  const cuda::CudaEvent done_;
   const std::function<std::string()> what_;
 };
 

@@ -10,18 +10,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "lib/nccl/nccl_api.h"
-#include "lib/nccl/nccl_internal.h"
+#include "lib/core/communicator_factory.h"
+#include "lib/cuda/cuda_api.h"
 #include "lib/precision/mixed_fingerprint.h"
 #include "lib/precision/mixed_internal.h"
 
 namespace adaptcomm {
 namespace {
 
-using nccl::CastDirection;
-using nccl::CudaApi;
-using nccl::DeviceCastCounters;
-using nccl::kCudaSuccess;
+using cuda::CastDirection;
+using cuda::CudaApi;
+using cuda::DeviceCastCounters;
+using cuda::kCudaSuccess;
 
 constexpr absl::Duration kDefaultStreamWait = absl::Minutes(5);
 constexpr size_t kFpFields = mixed::kFingerprintFields;
@@ -30,10 +30,10 @@ constexpr size_t kFpFields = mixed::kFingerprintFields;
 struct DeviceMixedState {
   std::shared_ptr<CudaApi> api;
   int device = -1;
-  nccl::CudaStream comm_stream = nullptr;
-  nccl::CudaEvent cast_done = nullptr;
-  nccl::CudaEvent coll_done = nullptr;
-  nccl::CudaEvent host_wait = nullptr;  // recorded for the bounded host waits
+  cuda::CudaStream comm_stream = nullptr;
+  cuda::CudaEvent cast_done = nullptr;
+  cuda::CudaEvent coll_done = nullptr;
+  cuda::CudaEvent host_wait = nullptr;  // recorded for the bounded host waits
   void* wire_in = nullptr;
   size_t wire_in_bytes = 0;
   void* wire_out = nullptr;
@@ -53,7 +53,7 @@ struct DeviceMixedState {
     for (void* p : {static_cast<void*>(host_counters), static_cast<void*>(fp_host)}) {
       if (p != nullptr) (void)api->FreeHost(p);
     }
-    for (nccl::CudaEvent e : {cast_done, coll_done, host_wait}) {
+    for (cuda::CudaEvent e : {cast_done, coll_done, host_wait}) {
       if (e != nullptr) (void)api->EventDestroy(e);
     }
     if (comm_stream != nullptr) (void)api->StreamDestroy(comm_stream);
@@ -80,16 +80,16 @@ class DeviceOp {
  private:
   absl::Status Cuda(int e, const char* what) {
     if (e == kCudaSuccess) return absl::OkStatus();
-    if (e == nccl::kCudaErrorNotSupported) {
+    if (e == cuda::kCudaErrorNotSupported) {
       return absl::FailedPreconditionError(
           absl::StrCat(name_, ": ", what, " is not available (", api_.ErrorString(e),
-                       "); CUDA cast kernels built: ", nccl::CastKernelsBuiltIn() ? "yes" : "no"));
+                       "); CUDA cast kernels built: ", cuda::CastKernelsBuiltIn() ? "yes" : "no"));
     }
     return absl::InternalError(absl::StrCat(name_, ": ", what, ": ", api_.ErrorString(e)));
   }
 
   // The host waits, bounded, for the work queued on `stream` so far.
-  absl::Status HostWait(nccl::CudaStream stream, const char* what) {
+  absl::Status HostWait(cuda::CudaStream stream, const char* what) {
     if (absl::Status s = Cuda(api_.EventRecord(ds_.host_wait, stream), "cudaEventRecord");
         !s.ok()) {
       return s;
@@ -100,12 +100,12 @@ class DeviceOp {
     for (int i = 0;; ++i) {
       const int q = api_.EventQuery(ds_.host_wait);
       if (q == kCudaSuccess) return absl::OkStatus();
-      if (q != nccl::kCudaErrorNotReady) return Cuda(q, "cudaEventQuery");
+      if (q != cuda::kCudaErrorNotReady) return Cuda(q, "cudaEventQuery");
       if (absl::Now() > deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             name_, ": ", what, " did not finish within ", absl::FormatDuration(bound)));
       }
-      nccl::internal::PollPause(i);
+      cuda::PollPause(i);
     }
   }
 
@@ -134,7 +134,7 @@ class DeviceOp {
   absl::Status ReadCounters() {
     if (absl::Status s =
             Cuda(api_.MemcpyAsync(ds_.host_counters, ds_.counters, 2 * sizeof(DeviceCastCounters),
-                                  nccl::MemcpyKind::kDeviceToHost, s_),
+                                  cuda::MemcpyKind::kDeviceToHost, s_),
                  "cudaMemcpyAsync of the cast counters");
         !s.ok()) {
       return s;
@@ -154,7 +154,7 @@ class DeviceOp {
   DeviceMixedState& ds_;
   CudaApi& api_;
   const int d_;
-  const nccl::CudaStream s_;
+  const cuda::CudaStream s_;
   const std::string name_;
 };
 
@@ -195,9 +195,9 @@ absl::Status DeviceOp::Exchange(DType wire, bool* resend) {
   fp.nonfinite = stats.nonfinite_inputs;
   mixed::EncodeFingerprint(fp, f);
   const size_t bytes = kFpFields * sizeof(int64_t);
-  nccl::CudaStream b = ds_.comm_stream;
+  cuda::CudaStream b = ds_.comm_stream;
   if (absl::Status s =
-          Cuda(api_.MemcpyAsync(ds_.fp_dev, f, bytes, nccl::MemcpyKind::kHostToDevice, b),
+          Cuda(api_.MemcpyAsync(ds_.fp_dev, f, bytes, cuda::MemcpyKind::kHostToDevice, b),
                "cudaMemcpyAsync of the fingerprint");
       !s.ok()) {
     return s;
@@ -208,7 +208,7 @@ absl::Status DeviceOp::Exchange(DType wire, bool* resend) {
   TensorView all{ds_.fp_dev + kFpFields, kFpFields * n, DType::kI64, Device::Cuda(d_), b};
   if (absl::Status s = comm_.Allgather(mine, all, ao).Wait(); !s.ok()) return s;
   if (absl::Status s = Cuda(api_.MemcpyAsync(f + kFpFields, ds_.fp_dev + kFpFields, bytes * n,
-                                             nccl::MemcpyKind::kDeviceToHost, b),
+                                             cuda::MemcpyKind::kDeviceToHost, b),
                             "cudaMemcpyAsync of the fingerprints");
       !s.ok()) {
     return s;
@@ -472,13 +472,14 @@ absl::StatusOr<MixedStats> RunMixedOnDevice(const DeviceMixedCall& call) {
   const int device = call.input.device.index;
   const std::string name =
       absl::StrCat("mixed ", OpKindName(call.kind), " seq ", call.seq, " on cuda:", device);
-  absl::StatusOr<std::shared_ptr<CudaApi>> api = nccl::ProcessCudaApi();
+  // The CUDA runtime the communicator was built with (the process's, unless injected).
+  absl::StatusOr<std::shared_ptr<CudaApi>> api = internal::CommunicatorCudaApi(*call.comm);
   if (!api.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, ": no CUDA runtime: ", api.status().message()));
   }
   // The caller's current device is restored when this returns.
-  nccl::ScopedCudaDevice current(**api, device);
+  cuda::ScopedCudaDevice current(**api, device);
   if (int e = current.error(); e != kCudaSuccess) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": cudaSetDevice(", device, "): ", (*api)->ErrorString(e)));

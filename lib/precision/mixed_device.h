@@ -1,6 +1,7 @@
 // The device (CUDA view) path of the mixed-precision collectives (adaptcomm/precision.h). It only
-// calls the CUDA seam (lib/nccl/nccl_api.h, nccl::ProcessCudaApi()), never CUDA itself, so it is
-// tested on the fake at that seam and needs no GPU to build.
+// calls the CUDA seam (lib/cuda/cuda_api.h) the communicator was built with
+// (internal::CommunicatorCudaApi), never CUDA itself, so it is tested on the fake at that seam and
+// needs no GPU to build.
 //
 // Per call, on the caller's stream S = input.stream and the context's communication stream B:
 //   cast fp32 -> wire on S (CUDA kernel) | barrier | collective on the wire buffer on B (NCCL

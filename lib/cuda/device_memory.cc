@@ -1,11 +1,11 @@
-#include "lib/nccl/device_memory.h"
+#include "lib/cuda/device_memory.h"
 
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
-namespace adaptcomm::nccl {
+namespace adaptcomm::cuda {
 namespace {
 
 class CudaDeviceMemory final : public DeviceMemory {
@@ -65,4 +65,4 @@ std::shared_ptr<DeviceMemory> MakeCudaDeviceMemory(std::shared_ptr<CudaApi> cuda
   return std::make_shared<CudaDeviceMemory>(std::move(cuda));
 }
 
-}  // namespace adaptcomm::nccl
+}  // namespace adaptcomm::cuda

@@ -7,10 +7,10 @@
 
 #include <cstdint>
 
-#include "lib/nccl/cast_kernels_cuda.h"
 #include "lib/base/cast_bits.h"
+#include "lib/cuda/cast_kernels_cuda.h"
 
-namespace adaptcomm::nccl::cuda {
+namespace adaptcomm::cuda::kernels {
 namespace {
 
 using precision::bits::kF32AbsMask;
@@ -221,4 +221,4 @@ int LaunchCastKernel(int direction, const void* src, void* dst, size_t count, fl
   return cudaGetLastError();
 }
 
-}  // namespace adaptcomm::nccl::cuda
+}  // namespace adaptcomm::cuda::kernels

@@ -1,13 +1,13 @@
-// The CUDA cast kernels (cast_kernels.cu), declared in plain C++ so that nccl_api_dlopen.cc calls
+// The CUDA cast kernels (cast_kernels.cu), declared in plain C++ so that cuda_api_runtime.cc calls
 // them without nvcc. Only built when nvcc works (ADAPTCOMM_HAVE_CAST_KERNELS).
-#ifndef ADAPTCOMM_LIB_NCCL_CAST_KERNELS_CUDA_H_
-#define ADAPTCOMM_LIB_NCCL_CAST_KERNELS_CUDA_H_
+#ifndef ADAPTCOMM_LIB_CUDA_CAST_KERNELS_CUDA_H_
+#define ADAPTCOMM_LIB_CUDA_CAST_KERNELS_CUDA_H_
 
 #include <cstddef>
 
-namespace adaptcomm::nccl::cuda {
+namespace adaptcomm::cuda::kernels {
 
-// Values of nccl::CastDirection (static_asserts in nccl_api_dlopen.cc keep them equal).
+// Values of cuda::CastDirection (static_asserts in cuda_api_runtime.cc keep them equal).
 inline constexpr int kCastF32ToBF16 = 0;
 inline constexpr int kCastF32ToF16 = 1;
 inline constexpr int kCastBF16ToF32 = 2;
@@ -21,6 +21,6 @@ inline constexpr int kCastF32ToF32 = 4;  // dst = src * scale (in place allowed)
 int LaunchCastKernel(int direction, const void* src, void* dst, size_t count, float scale,
                      void* stream, unsigned long long* counters);
 
-}  // namespace adaptcomm::nccl::cuda
+}  // namespace adaptcomm::cuda::kernels
 
-#endif  // ADAPTCOMM_LIB_NCCL_CAST_KERNELS_CUDA_H_
+#endif  // ADAPTCOMM_LIB_CUDA_CAST_KERNELS_CUDA_H_

@@ -1,0 +1,50 @@
+// The internal factories of Communicator: what Communicator::Create and CreateWithBackend do, with
+// the CUDA runtime and NCCL seams injected instead of loaded. The public functions call these with
+// the defaults (the real loaders). Tests that run ranks as threads, each with its own fake CUDA
+// runtime and NCCL (tests/fake_nccl_api.h), and benches reach them through the static
+// adaptcomm_internal; libadaptcomm.so does not export them (lib/exports.map, tests/exports.cmake).
+#ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_FACTORY_H_
+#define ADAPTCOMM_LIB_CORE_COMMUNICATOR_FACTORY_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "adaptcomm/backend.h"
+#include "adaptcomm/communicator.h"
+#include "lib/cuda/cuda_api.h"
+
+namespace adaptcomm::nccl {
+class NcclApi;  // lib/nccl/nccl_api.h: only the composition root (backend_selection.*) calls it
+}  // namespace adaptcomm::nccl
+
+namespace adaptcomm::internal {
+
+// The seams one rank's communicator uses: for backend selection at creation (every attempt), for
+// every backend rebuild of a coordinated retry, and (cuda) for the device mixed-precision path.
+struct CommunicatorDeps {
+  // False: the real loaders (cuda::LoadCudaApi, nccl::LoadNcclApi), as Communicator::Create.
+  // True: `cuda` and `nccl` as given; a null one means this rank has no CUDA runtime, or that
+  // NCCL did not load.
+  bool use_given_apis = false;
+  std::shared_ptr<cuda::CudaApi> cuda;
+  std::shared_ptr<nccl::NcclApi> nccl;
+};
+
+// Communicator::Create, with `deps`.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
+    const CommunicatorOptions& options, const CommunicatorDeps& deps);
+
+// Communicator::CreateWithBackend, with `deps` (the backend is the caller's; deps.cuda serves the
+// device mixed-precision path).
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWithBackend(
+    std::unique_ptr<Backend> backend, const CommunicatorOptions& options,
+    const CommunicatorDeps& deps);
+
+// The CUDA runtime `comm` was built with: the one given, else the process's (cuda::LoadCudaApi).
+// FailedPrecondition when there is none.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorCudaApi(
+    const Communicator& comm);
+
+}  // namespace adaptcomm::internal
+
+#endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_FACTORY_H_
