@@ -5,7 +5,7 @@
 //      multi-threaded public cast.
 //
 //   precision_bench [--ranks 2,4] [--mib 64] [--iters 15] [--chunk-mib M] [--skip-allreduce]
-//                   [--skip-cast]
+//                   [--skip-cast] [--backend gloo|shm]   (default gloo)
 // (--chunk-mib: MixedOptions::pipeline_chunk_bytes in MiB, default: the library's default.)
 //
 // Ranks are forked processes (forked before this process starts any thread) that rendezvous
@@ -46,6 +46,7 @@ struct Config {
   double chunk_mib = -1;  // MixedOptions::pipeline_chunk_bytes in MiB; < 0: the default
   bool allreduce = true;
   bool cast = true;
+  adaptcomm::BackendChoice backend = adaptcomm::BackendChoice::kGloo;
 };
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -65,7 +66,8 @@ int RankMain(int rank, int world, int port, const Config& cfg, int out_fd) {
   o.rank = rank;
   o.world_size = world;
   o.name = "precision_bench";
-  o.backend = adaptcomm::BackendChoice::kGloo;
+  o.backend = cfg.backend;
+  o.fallback = adaptcomm::Fallback::kDeny;  // measure the backend asked for, or fail
   o.master_addr = "127.0.0.1";
   o.master_port = port;
   o.timeout = absl::Seconds(120);
@@ -326,6 +328,15 @@ bool ParseArgs(int argc, char** argv, Config& cfg) {
       cfg.allreduce = false;
     } else if (a == "--skip-cast") {
       cfg.cast = false;
+    } else if (a == "--backend") {
+      const std::string b = next();
+      if (b == "gloo") {
+        cfg.backend = adaptcomm::BackendChoice::kGloo;
+      } else if (b == "shm") {
+        cfg.backend = adaptcomm::BackendChoice::kShm;
+      } else {
+        return false;
+      }
     } else {
       return false;
     }
@@ -340,7 +351,7 @@ int main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, cfg)) {
     std::fprintf(stderr,
                  "usage: precision_bench [--ranks 2,4] [--mib 64] [--iters 15] [--chunk-mib M] "
-                 "[--skip-allreduce] [--skip-cast]\n");
+                 "[--skip-allreduce] [--skip-cast] [--backend gloo|shm]\n");
     return 2;
   }
   // Timings on a shared machine mean little without its load: print it before and after.

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
@@ -23,6 +24,7 @@
 #include "adaptcomm/adaptcomm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/base/cast_kernels.h"
 #include "lib/trace/culprit.h"
 #include "tests/dtype_values.h"
 #include "tests/harness.h"
@@ -261,6 +263,102 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Param>& info) {
       return absl::StrCat(testing::RankModeName(info.param.mode), info.param.world);
     });
+
+// OpDesc::wire: f32 data sent as bf16/f16 through the slots. Every element must carry the bits of
+// precision.h's accumulate_fp32 semantics, computed here with the scalar reference casts.
+float WireInput(int rank, size_t i) {
+  if (i % 1000 == 7 && rank == 0) return std::nanf("");
+  if (i % 1000 == 11) return 70000.0f;  // past fp16's range: overflows the f16 wire only
+  return static_cast<float>(static_cast<int>((i * 7 + rank * 13) % 101) - 50) * 0.37f +
+         static_cast<float>(rank) * 1e-3f;
+}
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void WireMatrix(int rank, int world, const std::string& dir) {
+  namespace p = precision;
+  std::unique_ptr<Backend> b = Create(SmallOptions(rank, world, FileStore(dir)));
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->capabilities().wire_cast);
+  for (DType wire : {DType::kBF16, DType::kF16}) {
+    const bool bf16 = wire == DType::kBF16;
+    auto round = [&](float f) {
+      return bf16 ? p::F32BitsToBF16(Bits(f)) : p::F32BitsToF16(Bits(f));
+    };
+    auto widen = [&](uint16_t h) {
+      return FromBits(bf16 ? p::BF16ToF32Bits(h) : p::F16ToF32Bits(h));
+    };
+    // 4099 and 20000 elements span several 8 KiB chunks of the small options.
+    for (size_t n : {size_t{1}, size_t{37}, size_t{4099}, size_t{20000}}) {
+      std::vector<float> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = WireInput(rank, i);
+      OpDesc d = Op(OpKind::kAllreduce, HostView(x.data(), n), HostView(x.data(), n));
+      d.wire = wire;
+      d.wire_scale = 0.5f;
+      WireStats stats;
+      d.wire_stats = &stats;
+      ASSERT_TRUE(b->Run(d).ok()) << DTypeName(wire) << " n=" << n;
+      size_t overflow = 0, nonfinite_in = 0, result_nonfinite = 0, mismatches = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const float mine = WireInput(rank, i);
+        nonfinite_in += !std::isfinite(mine);
+        overflow += std::isfinite(mine) && !std::isfinite(widen(round(mine)));
+        float acc = widen(round(WireInput(0, i)));
+        for (int r = 1; r < world; ++r) acc += widen(round(WireInput(r, i)));
+        const uint16_t sum = round(acc);
+        result_nonfinite += !std::isfinite(widen(sum));
+        const float want = widen(sum) * 0.5f;
+        const bool same = std::isnan(want) ? std::isnan(x[i]) : Bits(x[i]) == Bits(want);
+        if (!same && mismatches++ < 5) {
+          ADD_FAILURE() << DTypeName(wire) << " n=" << n << " element " << i << ": got " << x[i]
+                        << ", want " << want;
+        }
+      }
+      EXPECT_EQ(mismatches, 0u);
+      EXPECT_EQ(stats.cast_overflow, overflow) << DTypeName(wire) << " n=" << n;
+      EXPECT_EQ(stats.nonfinite_inputs, nonfinite_in) << DTypeName(wire) << " n=" << n;
+      EXPECT_EQ(stats.result_nonfinite, result_nonfinite) << DTypeName(wire) << " n=" << n;
+    }
+  }
+  EXPECT_TRUE(b->health().ok());
+}
+
+TEST(ShmBackend, WireCastAllreduceMatchesTheFp32AccumulatingReferenceBitForBit) {
+  RunShm(RankMode::kThreads, 2, WireMatrix);
+  RunShm(RankMode::kThreads, 3, WireMatrix);
+  RunShm(RankMode::kProcesses, 4, WireMatrix);
+}
+
+TEST(ShmBackend, WireCastOfAnythingButAnF32SumAllreduceIsRefused) {
+  RunShm(RankMode::kThreads, 2, [](int rank, int world, const std::string& dir) {
+    std::unique_ptr<Backend> b = Create(SmallOptions(rank, world, FileStore(dir)));
+    ASSERT_NE(b, nullptr);
+    std::vector<float> f(8);
+    std::vector<double> g(8);
+    OpDesc max =
+        Op(OpKind::kAllreduce, HostView(f.data(), 8), HostView(f.data(), 8), ReduceOp::kMax);
+    max.wire = DType::kBF16;
+    OpDesc f64 = Op(OpKind::kAllreduce, HostView(g.data(), 8), HostView(g.data(), 8));
+    f64.wire = DType::kBF16;
+    OpDesc i8 = Op(OpKind::kAllreduce, HostView(f.data(), 8), HostView(f.data(), 8));
+    i8.wire = DType::kI8;
+    for (const OpDesc* d : {&max, &f64, &i8}) {
+      const absl::Status s = b->Run(*d);
+      EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+      EXPECT_THAT(std::string(s.message()), HasSubstr("wire-cast op must be an f32 sum allreduce"));
+    }
+    EXPECT_TRUE(b->health().ok());
+  });
+}
 
 TEST(ShmBackend, IntegerAvgIsRefusedAtTheCall) {
   RunShm(RankMode::kThreads, 2, [](int rank, int world, const std::string& dir) {

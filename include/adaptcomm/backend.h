@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -44,6 +45,13 @@ class StreamPosition;  // below
 //   reduce_scatter: input = world_size blocks, output = this rank's reduced block.
 //   alltoall: input and output both hold world_size equal blocks; block i goes to rank i.
 //   send: input; recv: output.
+// What a wire-cast op counted (OpDesc::wire_stats).
+struct WireStats {
+  size_t cast_overflow = 0;  // this rank: finite inputs that became +-Inf in the cast to the wire
+  size_t nonfinite_inputs = 0;  // this rank: NaN/Inf among its inputs
+  size_t result_nonfinite = 0;  // NaN/Inf in the reduced wire result (all of it)
+};
+
 struct OpDesc {
   OpKind kind = OpKind::kBarrier;
   TensorView input;
@@ -60,6 +68,14 @@ struct OpDesc {
   // Ops on CUDA views of a stream-ordered backend: where the op sits in its caller's stream,
   // taken when the op was issued (StreamOrdered::MarkIssue). Null otherwise.
   std::shared_ptr<const StreamPosition> issued_at;
+  // Allreduce (kSum) of f32 host data that travels as `wire` (kBF16 or kF16), on a backend with
+  // Capabilities::wire_cast; the mixed-precision collectives use it. Each rank's input is rounded
+  // once to the wire, the roundings are summed in fp32 in rank order, the sum is rounded once to
+  // the wire, widened back and multiplied by wire_scale: the accumulate_fp32 semantics of
+  // adaptcomm/precision.h, bit for bit. Unset: the data travels as it is.
+  std::optional<DType> wire;
+  float wire_scale = 1.0f;
+  WireStats* wire_stats = nullptr;  // written when Run returns OK, when non-null
 };
 
 struct Capabilities {
@@ -75,6 +91,8 @@ struct Capabilities {
   // thread (signal mask, CUDA device, thread-locals) and Abort() from another thread ends it. The
   // executor then lets a caller that waits without a bound run its own op (see Work::Wait()).
   bool runs_on_any_thread = false;
+  // Runs OpDesc::wire allreduces (the casts are the transport's copies).
+  bool wire_cast = false;
 };
 
 // A point in a caller's CUDA stream (an event recorded there when the op was issued), opaque to

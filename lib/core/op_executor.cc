@@ -172,6 +172,12 @@ size_t OpExecutor::InFlightWindow() const {
 absl::Status OpExecutor::Execute(const std::shared_ptr<WorkImpl>& work, bool* launched) {
   *launched = false;
   const OpDesc& desc = work->desc();
+  if (desc.wire.has_value() && !backend().capabilities().wire_cast) {
+    // A rebuilt backend of another kind would run it as a plain f32 allreduce.
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpKindName(desc.kind), " #", desc.seq, ": backend ", backend().name(),
+                     " cannot send f32 data as ", DTypeName(*desc.wire), " (no wire_cast)"));
+  }
   StreamOrdered* ordered = desc.issued_at != nullptr ? backend().stream_ordered() : nullptr;
   if (ordered == nullptr) return backend().Run(desc);  // e.g. degraded to staged Gloo
   absl::StatusOr<std::shared_ptr<DeviceCompletion>> completion;

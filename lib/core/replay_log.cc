@@ -140,6 +140,7 @@ absl::StatusOr<OpDesc> ReplayLog::DetachedCopy(uint64_t seq) {
     return absl::FailedPreconditionError(absl::StrCat("op #", seq, " was not recorded"));
   }
   OpDesc op = e->op;
+  op.wire_stats = nullptr;  // the caller took its op's counts when it completed
   const Device device = PrimaryView(op).device;
   if (InPlace(op.kind)) {
     // In place on a scratch copy of the record: the caller's buffer already holds the result, and

@@ -14,6 +14,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "lib/base/cast_kernels.h"
+#include "lib/base/fused_kernels.h"
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
 #include "lib/shm/shm_reduce.h"
@@ -84,6 +86,7 @@ class ShmBackend final : public Backend {
     caps.send_recv = true;
     caps.abortable = true;
     caps.runs_on_any_thread = true;  // memory, futexes and the pids of peers: no thread state
+    caps.wire_cast = true;
     return caps;
   }
 
@@ -100,6 +103,10 @@ class ShmBackend final : public Backend {
   absl::Status Reduction(const OpCtx& ctx, unsigned char* data, size_t count, int root);
   absl::Status ReduceFlat(const OpCtx& ctx, unsigned char* data, size_t count, int root);
   absl::Status ReduceChunk(const OpCtx& ctx, unsigned char* data, size_t count, int root);
+  // OpDesc::wire allreduce: reduce-scatter/allgather in which the casts are the copies into and
+  // out of the slots (the fp32 data never travels), in chunks of chunk_ wire bytes.
+  absl::Status ReduceWire(const OpCtx& ctx);
+  absl::Status ReduceWireChunk(const OpCtx& ctx, float* data, size_t count, WireStats& stats);
   absl::Status Broadcast(const OpCtx& ctx);
   absl::Status Allgather(const OpCtx& ctx);
   // reduce_scatter (reduce = true) and alltoall: each step stages one chunk of every block.
@@ -191,6 +198,14 @@ absl::Status ShmBackend::Supports(const OpDesc& op) const {
                                                  : " has no kernel",
                      ", not ", DTypeName(op.output.dtype)));
   }
+  if (op.wire.has_value() &&
+      (op.kind != OpKind::kAllreduce || op.output.dtype != DType::kF32 ||
+       op.reduce != ReduceOp::kSum || (*op.wire != DType::kBF16 && *op.wire != DType::kF16))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shm backend: a wire-cast op must be an f32 sum allreduce over a bf16 or f16 wire, not ",
+        kind, " ", DTypeName(op.output.dtype), " ", ReduceOpName(op.reduce), " over ",
+        DTypeName(*op.wire)));
+  }
   if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) &&
       (op.peer < 0 || op.peer >= size_ || op.peer == rank_)) {
     return absl::InvalidArgumentError(
@@ -223,6 +238,7 @@ absl::Status ShmBackend::Dispatch(const OpCtx& ctx) {
   auto* out = static_cast<unsigned char*>(op.output.data);
   switch (op.kind) {
     case OpKind::kAllreduce:
+      if (op.wire.has_value()) return ReduceWire(ctx);
       return Reduction(ctx, out, op.output.count, -1);
     case OpKind::kReduce:
       return Reduction(ctx, out, op.output.count, op.root);
@@ -320,6 +336,76 @@ absl::Status ShmBackend::ReduceChunk(const OpCtx& ctx, unsigned char* data, size
       }
       std::memcpy(data + lo(p) * esz, Half(p) + lo(p) * esz, (lo(p + 1) - lo(p)) * esz);
     }
+  }
+  EndStep();
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::ReduceWire(const OpCtx& ctx) {
+  const OpDesc& op = ctx.op;
+  float* data = static_cast<float*>(op.output.data);
+  const size_t count = op.output.count;
+  const size_t per_chunk = std::max<size_t>(1, chunk_ / sizeof(uint16_t));
+  WireStats stats;
+  for (size_t off = 0; off < count; off += per_chunk) {
+    const size_t m = std::min(per_chunk, count - off);
+    if (absl::Status s = ReduceWireChunk(ctx, data + off, m, stats); !s.ok()) return s;
+  }
+  if (op.wire_stats != nullptr) *op.wire_stats = stats;
+  return absl::OkStatus();
+}
+
+absl::Status ShmBackend::ReduceWireChunk(const OpCtx& ctx, float* data, size_t count,
+                                         WireStats& stats) {
+  namespace p = precision;
+  const OpDesc& op = ctx.op;
+  const bool bf16 = *op.wire == DType::kBF16;
+  const p::CastPath path = p::ActiveCastPath();
+  auto narrow = [&](const float* src, uint16_t* dst, size_t n) {
+    const CastStats c = bf16 ? p::F32ToBF16(path, src, dst, n) : p::F32ToF16(path, src, dst, n);
+    stats.cast_overflow += c.overflow;
+    stats.nonfinite_inputs += c.nonfinite_inputs;
+  };
+  // Slices on cache-line boundaries of the wire; the last ones may be short or empty.
+  const size_t line = 64 / sizeof(uint16_t);
+  const size_t per = (count + size_ - 1) / size_;
+  const size_t slice = (per + line - 1) / line * line;
+  auto lo = [&](int r) { return std::min(count, slice * static_cast<size_t>(r)); };
+  auto wire_half = [&](int r) { return reinterpret_cast<uint16_t*>(Half(r)); };
+
+  if (absl::Status s = BeginStep(ctx, true); !s.ok()) return s;
+  // The cast into our half is the copy the peers read; our own slice is rounded inside the sum.
+  const size_t my_lo = lo(rank_), my_hi = lo(rank_ + 1);
+  narrow(data, wire_half(rank_), my_lo);
+  narrow(data + my_hi, wire_half(rank_) + my_hi, count - my_hi);
+  Publish(seg_->post(rank_), 2 * step_ - 1);
+  if (absl::Status s = WaitAllPosted(ctx, 2 * step_ - 1); !s.ok()) return s;
+  std::vector<const uint16_t*> blocks(size_);
+  for (int r = 0; r < size_; ++r) blocks[r] = wire_half(r) + my_lo;
+  p::ReduceRoundArgs args;
+  args.blocks = blocks.data();
+  args.n = size_;
+  args.self = rank_;
+  args.own = data + my_lo;
+  args.sum = wire_half(rank_) + my_lo;  // no peer reads our slice of the half before post 2
+  args.out = data + my_lo;
+  args.count = my_hi - my_lo;
+  args.scale = op.wire_scale;
+  const p::ReduceRoundStats rr =
+      bf16 ? p::ReduceRoundBF16(path, args) : p::ReduceRoundF16(path, args);
+  stats.cast_overflow += rr.own.overflow;
+  stats.nonfinite_inputs += rr.own.nonfinite_inputs;
+  stats.result_nonfinite += rr.result_nonfinite;
+  Publish(seg_->post(rank_), 2 * step_);
+  // The widening out of the peers' halves is the copy out.
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    if (absl::Status s = Wait(ctx, seg_->post(r), 2 * step_, r); !s.ok()) return s;
+    const uint16_t* src = wire_half(r) + lo(r);
+    const size_t n = lo(r + 1) - lo(r);
+    const CastStats c = bf16 ? p::BF16ToF32(path, src, data + lo(r), n, op.wire_scale)
+                             : p::F16ToF32(path, src, data + lo(r), n, op.wire_scale);
+    stats.result_nonfinite += c.nonfinite_inputs;
   }
   EndStep();
   return absl::OkStatus();
