@@ -28,10 +28,12 @@ using testing::RankEnv;
 using testing::RankMode;
 using testing::RunRanks;
 
-std::unique_ptr<Communicator> MakeComm(const RankEnv& env, const std::string& profile = "") {
+std::unique_ptr<Communicator> MakeComm(const RankEnv& env, const std::string& profile = "",
+                                       BackendChoice backend = BackendChoice::kGloo) {
   CommunicatorOptions o = env.options;
   o.profile_file = profile;
-  o.backend = BackendChoice::kGloo;
+  o.backend = backend;
+  o.fallback = Fallback::kDeny;
   o.timeout = absl::Seconds(30);
   auto comm = Communicator::Create(o);
   if (!comm.ok()) {
@@ -280,11 +282,12 @@ class MixedSplitPath : public ::testing::TestWithParam<SplitCase> {};
 
 // The global barrier keeps RunNarrow's whole-buffer alltoall path; the host barrier takes the
 // split path, in one chunk or in chunks of 768-1024 elements (the last one partial, blocks not a
-// multiple of the world size). Every variant must give every rank the same bits.
-TEST_P(MixedSplitPath, ChunkedAndWholeGiveIdenticalBits) {
+// multiple of the world size); on shared memory the backend runs the whole op, casting in transit
+// (OpDesc::wire). Every variant must give every rank the same bits.
+TEST_P(MixedSplitPath, ChunkedWholeAndInTransitGiveIdenticalBits) {
   const SplitCase c = GetParam();
   const size_t n = 20000 + 3;
-  std::vector<std::vector<std::vector<float>>> results(3, std::vector<std::vector<float>>(c.world));
+  std::vector<std::vector<std::vector<float>>> results(4, std::vector<std::vector<float>>(c.world));
   RunRanks(RankMode::kThreads, c.world, [&](const RankEnv& env) {
     auto comm = MakeComm(env);
     if (!comm) return;
@@ -303,7 +306,26 @@ TEST_P(MixedSplitPath, ChunkedAndWholeGiveIdenticalBits) {
       results[variant][env.rank] = std::move(data);
     }
   });
-  for (int variant = 0; variant < 3; ++variant) {
+  RunRanks(RankMode::kThreads, c.world, [&](const RankEnv& env) {
+    auto shm = MakeComm(env, "", BackendChoice::kShm);
+    if (!shm) return;
+    ASSERT_TRUE(shm->capabilities().wire_cast);
+    std::vector<float> data = RankData(env.rank, n);
+    MixedOptions o;
+    o.wire = c.wire;
+    o.op = c.op;
+    o.overflow = OverflowPolicy::kReport;  // the other fp16 policies exchange counts first
+    auto st = AllreduceMixed(*shm, HostView(data.data(), n), o);
+    ASSERT_TRUE(st.ok()) << st.status();
+    // In transit: no cast of its own on either side of the collective.
+    EXPECT_EQ(st->cast_time, absl::ZeroDuration());
+    EXPECT_EQ(st->cast_back_time, absl::ZeroDuration());
+    EXPECT_GT(st->collective_time, absl::ZeroDuration());
+    EXPECT_EQ(st->cast_overflow, 0u);
+    EXPECT_EQ(st->result_nonfinite, 0u);
+    results[3][env.rank] = std::move(data);
+  });
+  for (int variant = 0; variant < 4; ++variant) {
     for (int r = 0; r < c.world; ++r) {
       ASSERT_EQ(results[variant][r].size(), n);
       ASSERT_EQ(std::memcmp(results[variant][r].data(), results[0][0].data(), n * 4), 0)

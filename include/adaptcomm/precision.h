@@ -166,9 +166,12 @@ struct MixedStats {
   int64_t global_cast_overflow = -1;  // summed over ranks when they exchanged counts, else -1
   size_t nonfinite_inputs = 0;        // this rank: NaN/Inf in the fp32 input
   size_t result_nonfinite = 0;        // NaN/Inf in this rank's reduced wire result
-  absl::Duration cast_time;           // fp32 -> wire, wall time on this rank
-  absl::Duration collective_time;     // barriers + collective
-  absl::Duration cast_back_time;      // wire -> fp32 incl. scaling
+  // On a backend that casts in transit (Capabilities::wire_cast: shared memory), an allreduce that
+  // would take the split path runs inside the backend: the casts are its copies into and out of the
+  // transport, counted in collective_time; cast_time and cast_back_time are then zero.
+  absl::Duration cast_time;        // fp32 -> wire, wall time on this rank
+  absl::Duration collective_time;  // barriers + collective
+  absl::Duration cast_back_time;   // wire -> fp32 incl. scaling
 };
 
 // Removes its hook when destroyed (or on Remove()). May outlive the context.

@@ -142,6 +142,11 @@ Work CommunicatorImpl::Submit(OpDesc desc) {
         long_operation_scopes_.load() > 0 ? config_.timeouts.long_operation : options_.timeout;
   }
   absl::Status valid = ValidateOp(desc, options_.rank, options_.world_size);
+  if (valid.ok() && desc.wire.has_value() && !executor_->backend().capabilities().wire_cast) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat(OpKindName(desc.kind), ": backend ", executor_->backend().name(),
+                     " cannot send f32 data as ", DTypeName(*desc.wire), " (no wire_cast)"));
+  }
   if (valid.ok()) valid = executor_->backend().Supports(desc);
   if (!valid.ok()) return Work(WorkImpl::Failed(std::move(desc), std::move(valid)));
   return Work(executor_->Submit(std::move(desc)));
@@ -320,6 +325,7 @@ struct CommunicatorAccess {
     return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
   }
   static const CommunicatorImpl& Impl(const Communicator& comm) { return *comm.impl_; }
+  static CommunicatorImpl& Impl(Communicator& comm) { return *comm.impl_; }
 };
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
@@ -370,6 +376,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWithBackend(
   std::string reason = absl::StrCat("backend ", backend->name(), " given by the caller");
   return CommunicatorAccess::Wrap(std::make_unique<CommunicatorImpl>(
       std::move(o), std::move(*config), Rendezvous{}, std::move(backend), std::move(reason), deps));
+}
+
+Work SubmitOp(Communicator& comm, OpDesc desc) {
+  return CommunicatorAccess::Impl(comm).Submit(std::move(desc));
 }
 
 absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorCudaApi(const Communicator& comm) {

@@ -40,6 +40,12 @@ struct CommunicatorDeps {
     std::unique_ptr<Backend> backend, const CommunicatorOptions& options,
     const CommunicatorDeps& deps);
 
+// Queues `desc` on `comm` exactly as its public collectives do (default timeout, validation,
+// order): for ops the public API has no words for, such as the OpDesc::wire allreduce of the
+// mixed-precision collectives (lib/precision). kind, views and the op's own fields are the
+// caller's; seq is assigned here.
+Work SubmitOp(Communicator& comm, OpDesc desc);
+
 // The CUDA runtime `comm` was built with: the one given, else the process's (cuda::LoadCudaApi).
 // FailedPrecondition when there is none.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorCudaApi(

@@ -19,8 +19,9 @@
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/precision.h"
 #include "lib/base/cast_kernels.h"
-#include "lib/precision/cast_parallel.h"
 #include "lib/base/fused_kernels.h"
+#include "lib/core/communicator_factory.h"
+#include "lib/precision/cast_parallel.h"
 #include "lib/precision/mixed_device.h"
 #include "lib/precision/mixed_fingerprint.h"
 #include "lib/precision/mixed_internal.h"
@@ -357,6 +358,39 @@ struct MixedOpRunner {
     return std::max<size_t>(1, opts.pipeline_chunk_bytes / sizeof(float) / align) * align;
   }
   bool Pipelines(DType wire) const { return PipelineChunk(wire) != 0; }
+
+  // Whether the backend runs this op whole (OpDesc::wire, Capabilities::wire_cast: shared memory),
+  // its casts being the copies into and out of the transport: the split allreduce's cases (same
+  // result bits), without hooks (they would see no wire buffer) or test knobs. Hooks are per rank,
+  // yet a rank with hooks still issues one allreduce per op, as its peers do: the collective
+  // sequence is the same either way.
+  bool Fuses(DType wire) const {
+    return Pipelines(wire) && comm.capabilities().wire_cast && st.hooks->Empty() &&
+           !opts.debug_skip_host_barrier && opts.debug_cast_delay == absl::ZeroDuration();
+  }
+
+  // One allreduce of the fp32 buffer over a `wire` wire inside the backend. No barrier is needed:
+  // a peer reads this rank's wire data only after the backend published it, cast complete.
+  absl::StatusOr<Outcome> RunFused(DType wire) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.call_mu) {
+    stats.wire_used = wire;
+    OpDesc d;
+    d.kind = OpKind::kAllreduce;
+    d.input = output;
+    d.output = output;
+    d.reduce = ReduceOp::kSum;
+    d.timeout = opts.timeout;
+    d.wire = wire;
+    d.wire_scale = Factor();
+    WireStats ws;
+    d.wire_stats = &ws;
+    const absl::Time t0 = absl::Now();
+    if (absl::Status s = internal::SubmitOp(comm, std::move(d)).Wait(); !s.ok()) return s;
+    stats.collective_time = absl::Now() - t0;
+    stats.cast_overflow = ws.cast_overflow;
+    stats.nonfinite_inputs = ws.nonfinite_inputs;
+    stats.result_nonfinite = ws.result_nonfinite;
+    return Outcome::kDone;
+  }
 
   // The fp32-accumulating allreduce in chunks (one chunk for buffers up to pipeline_chunk_bytes).
   // Chunk k (input elements [k*chunk, +len)) is split into size() blocks of B = ceil(len/n):
@@ -697,6 +731,7 @@ absl::StatusOr<MixedStats> MixedOpRunner::Run(Communicator& comm, OpKind kind, T
   bool resent = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     absl::StatusOr<Outcome> outcome = wire == DType::kF32      ? runner.RunF32()
+                                      : runner.Fuses(wire)     ? runner.RunFused(wire)
                                       : runner.Pipelines(wire) ? runner.RunPipelined(wire)
                                                                : runner.RunNarrow(wire);
     if (!outcome.ok()) return outcome.status();
