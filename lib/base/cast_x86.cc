@@ -140,7 +140,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) inline void StoreHalves(uint16_t* dst,
   if (kStream) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), h);
   } else {
-    _mm256_mask_storeu_epi16(dst, m, h);
+    StoreI16(dst, m, h);
   }
 }
 
@@ -155,7 +155,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToBF16Avx512T(const float
   const __m512i over = _mm512_set1_epi32(kBF16OverflowMinus1);
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    const __m512i x = _mm512_maskz_loadu_epi32(m, src + i);
+    const __m512i x = LoadI32(m, src + i);
     const __m512i abs = _mm512_and_si512(x, abs_mask);
     const __mmask16 nonfinite = _mm512_cmpgt_epi32_mask(abs, max_finite);
     const __mmask16 overflow = _mm512_mask_cmpgt_epi32_mask(~nonfinite, abs, over);
@@ -179,7 +179,7 @@ __attribute__((target(ADAPTCOMM_AVX512 ",avx512bf16"))) CastStats F32ToBF16Avx51
   const __m512i exp_mask = _mm512_set1_epi32(kInf);
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    const __m512i x = _mm512_maskz_loadu_epi32(m, src + i);
+    const __m512i x = LoadI32(m, src + i);
     const __m512i abs = _mm512_and_si512(x, abs_mask);
     const __mmask16 nonfinite = _mm512_cmpgt_epi32_mask(abs, max_finite);
     s.nonfinite_inputs += __builtin_popcount(nonfinite);
@@ -208,7 +208,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats F32ToF16Avx512T(const float*
   const __m512i over = _mm512_set1_epi32(kF16OverflowMinus1);
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    const __m512 v = _mm512_maskz_loadu_ps(m, src + i);
+    const __m512 v = LoadF32(m, src + i);
     const __m512i abs = _mm512_and_si512(_mm512_castps_si512(v), abs_mask);
     const __mmask16 nonfinite = _mm512_cmpgt_epi32_mask(abs, max_finite);
     s.nonfinite_inputs += __builtin_popcount(nonfinite);
@@ -273,7 +273,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) inline __m512 WidenVectorBF16(const ui
                                                                         __mmask16 m, __m512 scale,
                                                                         bool scaled,
                                                                         size_t& nonfinite) {
-  const __m256i h = _mm256_maskz_loadu_epi16(m, src);
+  const __m256i h = LoadI16(m, src);
   __m512i x = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
   const __m512i abs = _mm512_and_si512(x, _mm512_set1_epi32(kAbsMask));
   x = _mm512_mask_or_epi32(x, _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(kInf)), x,
@@ -288,7 +288,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) inline __m512 WidenVectorF16(const uin
                                                                        __mmask16 m, __m512 scale,
                                                                        bool scaled,
                                                                        size_t& nonfinite) {
-  const __m512 f = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src));
+  const __m512 f = _mm512_cvtph_ps(LoadI16(m, src));
   const __m512i abs = _mm512_and_si512(_mm512_castps_si512(f), _mm512_set1_epi32(kAbsMask));
   nonfinite +=
       __builtin_popcount(_mm512_mask_cmpgt_epi32_mask(m, abs, _mm512_set1_epi32(kMaxFinite)));
@@ -313,8 +313,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats WidenAvx512(const uint16_t* 
   const bool scaled = scale != 1.0f;
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    _mm512_mask_storeu_ps(dst + i, m,
-                          WidenVector<kBF16>(src + i, m, vscale, scaled, s.nonfinite_inputs));
+    StoreF32(dst + i, m, WidenVector<kBF16>(src + i, m, vscale, scaled, s.nonfinite_inputs));
   }
   return s;
 }
@@ -334,7 +333,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats WidenStreamAvx512(const uint
   const size_t head = std::min(n, ((64 - address % 64) % 64) / sizeof(float));
   if (head > 0) {
     const __mmask16 m = TailMask(head);
-    _mm512_mask_storeu_ps(dst, m, WidenVector<kBF16>(src, m, vscale, scaled, s.nonfinite_inputs));
+    StoreF32(dst, m, WidenVector<kBF16>(src, m, vscale, scaled, s.nonfinite_inputs));
   }
   size_t i = head;
   for (; i + 16 <= n; i += 16) {
@@ -343,8 +342,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) CastStats WidenStreamAvx512(const uint
   }
   if (i < n) {
     const __mmask16 m = TailMask(n - i);
-    _mm512_mask_storeu_ps(dst + i, m,
-                          WidenVector<kBF16>(src + i, m, vscale, scaled, s.nonfinite_inputs));
+    StoreF32(dst + i, m, WidenVector<kBF16>(src + i, m, vscale, scaled, s.nonfinite_inputs));
   }
   _mm_sfence();
   return s;
@@ -381,11 +379,10 @@ __attribute__((target(ADAPTCOMM_AVX512))) void AccumulateBF16Avx512(const uint16
   const __m512i quiet = _mm512_set1_epi32(0x00400000);
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    __m512i x = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src + i)), 16);
+    __m512i x = _mm512_slli_epi32(_mm512_cvtepu16_epi32(LoadI16(m, src + i)), 16);
     const __m512i abs = _mm512_and_si512(x, abs_mask);
     x = _mm512_mask_or_epi32(x, _mm512_cmpgt_epi32_mask(abs, inf), x, quiet);
-    _mm512_mask_storeu_ps(
-        acc + i, m, AddKeepingAccNaN512(_mm512_maskz_loadu_ps(m, acc + i), _mm512_castsi512_ps(x)));
+    StoreF32(acc + i, m, AddKeepingAccNaN512(LoadF32(m, acc + i), _mm512_castsi512_ps(x)));
   }
 }
 
@@ -393,8 +390,8 @@ __attribute__((target(ADAPTCOMM_AVX512))) void AccumulateF16Avx512(const uint16_
                                                                    size_t n) {
   for (size_t i = 0; i < n; i += 16) {
     const __mmask16 m = TailMask(n - i);
-    const __m512 w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i));
-    _mm512_mask_storeu_ps(acc + i, m, AddKeepingAccNaN512(_mm512_maskz_loadu_ps(m, acc + i), w));
+    const __m512 w = _mm512_cvtph_ps(LoadI16(m, src + i));
+    StoreF32(acc + i, m, AddKeepingAccNaN512(LoadF32(m, acc + i), w));
   }
 }
 

@@ -67,6 +67,35 @@ __attribute__((target(ADAPTCOMM_AVX512))) inline __mmask16 TailMask(size_t left)
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
 }
 
+// Loads and stores of up to 16 lanes: masked only for a partial (tail) vector. A masked access of
+// a whole vector can run far slower than a plain one from memory: on a virtualised AMD EPYC, an
+// f32 -> bf16 cast of 64 MiB ran at 5.5 GB/s with masked loads and 23.5 GB/s with plain ones.
+constexpr __mmask16 kFullMask = 0xffff;
+__attribute__((target(ADAPTCOMM_AVX512))) inline __m512i LoadI32(__mmask16 m, const void* p) {
+  return m == kFullMask ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(m, p);
+}
+__attribute__((target(ADAPTCOMM_AVX512))) inline __m512 LoadF32(__mmask16 m, const float* p) {
+  return m == kFullMask ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+}
+__attribute__((target(ADAPTCOMM_AVX512))) inline __m256i LoadI16(__mmask16 m, const void* p) {
+  return m == kFullMask ? _mm256_loadu_si256(static_cast<const __m256i*>(p))
+                        : _mm256_maskz_loadu_epi16(m, p);
+}
+__attribute__((target(ADAPTCOMM_AVX512))) inline void StoreF32(float* p, __mmask16 m, __m512 v) {
+  if (m == kFullMask) {
+    _mm512_storeu_ps(p, v);
+  } else {
+    _mm512_mask_storeu_ps(p, m, v);
+  }
+}
+__attribute__((target(ADAPTCOMM_AVX512))) inline void StoreI16(void* p, __mmask16 m, __m256i v) {
+  if (m == kFullMask) {
+    _mm256_storeu_si256(static_cast<__m256i*>(p), v);
+  } else {
+    _mm256_mask_storeu_epi16(p, m, v);
+  }
+}
+
 __attribute__((target(ADAPTCOMM_AVX512))) inline __m512i BF16Round16(__m512i x, __mmask16 is_nan) {
   const __m512i hi = _mm512_srli_epi32(x, 16);
   const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));

@@ -36,7 +36,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) inline void StoreSum(uint16_t* dst, __
   if (kStream) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), h);
   } else {
-    _mm256_mask_storeu_epi16(dst, m, h);
+    StoreI16(dst, m, h);
   }
 }
 
@@ -66,7 +66,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) void ExactVectorBF16(const ReduceRound
   for (int j = 0; j < a.n; ++j) {
     __m512i h;
     if (j == from_own) {
-      const __m512i x = _mm512_maskz_loadu_epi32(m, a.own + i);
+      const __m512i x = LoadI32(m, a.own + i);
       const __m512i abs = _mm512_and_si512(x, abs_mask);
       const __mmask16 nonfinite = _mm512_cmpgt_epi32_mask(abs, max_finite);
       s.own.nonfinite_inputs += __builtin_popcount(nonfinite);
@@ -74,21 +74,21 @@ __attribute__((target(ADAPTCOMM_AVX512))) void ExactVectorBF16(const ReduceRound
           _mm512_mask_cmpgt_epi32_mask(~nonfinite, abs, _mm512_set1_epi32(kBF16OverflowMinus1)));
       h = BF16Round16(x, _mm512_cmpgt_epi32_mask(abs, inf));
     } else {
-      h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a.blocks[j] + i));
+      h = _mm512_cvtepu16_epi32(LoadI16(m, a.blocks[j] + i));
     }
     const __m512 w = _mm512_castsi512_ps(WidenBF16Lanes512(h));
     acc = j == 0 ? w : AddKeepingAccNaN512(acc, w);
   }
   const __m512i x = _mm512_castps_si512(acc);
   const __m512i r = BF16Round16(x, _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, abs_mask), inf));
-  _mm256_mask_storeu_epi16(a.sum + i, m, _mm512_cvtepi32_epi16(r));
+  StoreI16(a.sum + i, m, _mm512_cvtepi32_epi16(r));
   const __m512i back = WidenBF16Lanes512(r);
   s.result_nonfinite += __builtin_popcount(
       _mm512_mask_cmpgt_epi32_mask(m, _mm512_and_si512(back, abs_mask), max_finite));
   if (a.out != nullptr) {
     __m512 f = _mm512_castsi512_ps(back);
     if (a.scale != 1.0f) f = _mm512_mul_ps(f, _mm512_set1_ps(a.scale));
-    _mm512_mask_storeu_ps(a.out + i, m, f);
+    StoreF32(a.out + i, m, f);
   }
 }
 
@@ -102,7 +102,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) void ExactVectorF16(const ReduceRoundA
   for (int j = 0; j < a.n; ++j) {
     __m256i h;
     if (j == from_own) {
-      const __m512 v = _mm512_maskz_loadu_ps(m, a.own + i);
+      const __m512 v = LoadF32(m, a.own + i);
       const __m512i abs = _mm512_and_si512(_mm512_castps_si512(v), abs_mask);
       const __mmask16 nonfinite = _mm512_cmpgt_epi32_mask(abs, max_finite);
       s.own.nonfinite_inputs += __builtin_popcount(nonfinite);
@@ -110,19 +110,19 @@ __attribute__((target(ADAPTCOMM_AVX512))) void ExactVectorF16(const ReduceRoundA
           _mm512_mask_cmpgt_epi32_mask(~nonfinite, abs, _mm512_set1_epi32(kF16OverflowMinus1)));
       h = _mm512_cvtps_ph(v, kRound);
     } else {
-      h = _mm256_maskz_loadu_epi16(m, a.blocks[j] + i);
+      h = LoadI16(m, a.blocks[j] + i);
     }
     const __m512 w = _mm512_cvtph_ps(h);
     acc = j == 0 ? w : AddKeepingAccNaN512(acc, w);
   }
   const __m256i r = _mm512_cvtps_ph(acc, kRound);
-  _mm256_mask_storeu_epi16(a.sum + i, m, r);
+  StoreI16(a.sum + i, m, r);
   __m512 f = _mm512_cvtph_ps(r);
   s.result_nonfinite += __builtin_popcount(_mm512_mask_cmpgt_epi32_mask(
       m, _mm512_and_si512(_mm512_castps_si512(f), abs_mask), max_finite));
   if (a.out != nullptr) {
     if (a.scale != 1.0f) f = _mm512_mul_ps(f, _mm512_set1_ps(a.scale));
-    _mm512_mask_storeu_ps(a.out + i, m, f);
+    StoreF32(a.out + i, m, f);
   }
 }
 
@@ -146,12 +146,11 @@ __attribute__((target(ADAPTCOMM_AVX512))) ReduceRoundStats FastBF16(const Reduce
     for (int j = 0; j < n; ++j) {
       __m512i w;
       if (kOwn && j == self) {
-        const __m512i x = _mm512_maskz_loadu_epi32(m, a.own + i);
+        const __m512i x = LoadI32(m, a.own + i);
         big |= _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, abs_mask), over);
         w = RoundedBF16Bits(x);
       } else {
-        w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a.blocks[j] + i)),
-                              16);
+        w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(LoadI16(m, a.blocks[j] + i)), 16);
       }
       acc = j == 0 ? _mm512_castsi512_ps(w) : _mm512_add_ps(acc, _mm512_castsi512_ps(w));
     }
@@ -166,7 +165,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) ReduceRoundStats FastBF16(const Reduce
     if (kOut) {
       __m512 f = _mm512_castsi512_ps(r);
       if (scaled) f = _mm512_mul_ps(f, vscale);
-      _mm512_mask_storeu_ps(a.out + i, m, f);
+      StoreF32(a.out + i, m, f);
     }
   }
   return s;
@@ -190,11 +189,11 @@ __attribute__((target(ADAPTCOMM_AVX512))) ReduceRoundStats FastF16(const ReduceR
     for (int j = 0; j < n; ++j) {
       __m512 w;
       if (kOwn && j == self) {
-        const __m512 v = _mm512_maskz_loadu_ps(m, a.own + i);
+        const __m512 v = LoadF32(m, a.own + i);
         big |= _mm512_cmpgt_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), abs_mask), over);
         w = _mm512_cvtph_ps(_mm512_cvtps_ph(v, kRound));
       } else {
-        w = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a.blocks[j] + i));
+        w = _mm512_cvtph_ps(LoadI16(m, a.blocks[j] + i));
       }
       acc = j == 0 ? w : _mm512_add_ps(acc, w);
     }
@@ -208,7 +207,7 @@ __attribute__((target(ADAPTCOMM_AVX512))) ReduceRoundStats FastF16(const ReduceR
     if (kOut) {
       __m512 f = _mm512_cvtph_ps(r);
       if (scaled) f = _mm512_mul_ps(f, vscale);
-      _mm512_mask_storeu_ps(a.out + i, m, f);
+      StoreF32(a.out + i, m, f);
     }
   }
   return s;
