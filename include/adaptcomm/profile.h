@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,9 @@
 namespace adaptcomm {
 
 class Store;
+namespace config {
+struct TunedTable;  // lib/config/tuned_table.h: internal, reached only through TuningSettings
+}
 
 // kShm: the shared-memory backend, for ranks that all run on one host (auto picks it there when
 // NCCL is not usable).
@@ -151,6 +155,19 @@ struct PrecisionSettings {
   std::string fp16_overflow = "report";
 };
 
+// The tuned table (issue #15, written by `adaptcomm tune`): the profile's `tuning.table`, or
+// ADAPTCOMM_TUNED_TABLE, which wins. A corrupt or hand-edited table (unknown knob, value out of
+// range...) is refused here with file:line and the reason, and the static profile applies. Its
+// values apply only on the topology it was measured on: checked at communicator creation, when
+// hosts and ranks per host are known (a table for another topology is refused by field).
+struct TuningSettings {
+  std::string table;    // path, "" for none (relative paths in a profile: to the profile's dir)
+  std::string source;   // "profiles.yaml:42", "env ADAPTCOMM_TUNED_TABLE"
+  std::string digest;   // FNV-1a 64 of the file's bytes ("" for none): every rank must agree
+  std::string refused;  // why the table is not used ("tuned.yaml:7:5: ..."); "" when it loaded
+  std::shared_ptr<const config::TunedTable> loaded;  // null when none or refused
+};
+
 // One row of the effective-configuration report.
 struct SettingRecord {
   std::string key;         // "timeouts.collective", "nccl.NCCL_MIN_CTAS"
@@ -175,6 +192,7 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
   FlightRecorderSettings flight_recorder;
   TraceSettings trace;
   PrecisionSettings precision;
+  TuningSettings tuning;
 
   std::vector<SettingRecord> settings;  // every setting, sorted by key
   std::vector<std::string> warnings;    // dead/deprecated variables, non-power-of-two buffers...

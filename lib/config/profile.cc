@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/config/profile_loader.h"
 #include "lib/config/resolve_internal.h"
+#include "lib/config/tuning.h"
 #include "lib/config/units.h"
 #include "lib/config/yaml_util.h"
 
@@ -166,6 +167,19 @@ absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request) {
   if (file_origin == "ADAPTCOMM_PROFILE") {
     cfg->notes.insert(cfg->notes.begin(), absl::StrCat("profile file from ADAPTCOMM_PROFILE"));
   }
+  // The tuned table: the exported variable wins over the profile's tuning.table, whose relative
+  // path is taken from the profile's directory.
+  std::string table = Env(config::kTunedTableEnv);
+  std::string table_source = absl::StrCat("env ", config::kTunedTableEnv);
+  if (table.empty()) {
+    for (const SettingRecord& s : cfg->settings) {
+      if (s.key != "tuning.table" || s.value.empty()) continue;
+      table = s.value[0] == '/' ? s.value : DirName(in.file) + "/" + s.value;
+      table_source = s.source;
+    }
+  }
+  // A refusal is one of cfg->warnings: communicator creation logs it once.
+  config::AttachTunedTable(*cfg, table, table_source);
   return cfg;
 }
 

@@ -142,6 +142,14 @@ const std::vector<KeySpec>& Schema() {
        {"report", "fail", "resend_bf16", "resend_f32"},
        "report",
        "mixed-precision fp16 wire overflow: report, fail the op, or resend it in bf16/fp32"},
+      {"tuning.table",
+       Kind::kString,
+       0,
+       0,
+       {},
+       "",
+       "tuned table from adaptcomm tune (ADAPTCOMM_TUNED_TABLE wins), per size band on the "
+       "topology it was measured on"},
       {"diagnose.min_busbw_gbps",
        Kind::kDouble,
        0,
@@ -163,7 +171,7 @@ const KeySpec* FindKey(const std::string& key) {
 const std::vector<std::string>& SectionNames() {
   static const auto* names = new std::vector<std::string>{
       "timeouts",        "world_scaling", "retry",    "backend",  "gloo",
-      "flight_recorder", "trace",         "diagnose", "precision"};
+      "flight_recorder", "trace",         "diagnose", "precision", "tuning"};
   return *names;
 }
 

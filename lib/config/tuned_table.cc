@@ -448,10 +448,12 @@ const std::vector<TunedKnobSpec>& TunedKnobs() {
        {"ring", "bcube"},
        {"allreduce"},
        "gloo::AllreduceOptions::setAlgorithm"},
+      // 0: Gloo's default segment (as the profile's gloo.max_segment_bytes), what a band keeps
+      // when the static profile wins it.
       {"gloo",
        "max_segment_bytes",
        KnobType::kBytes,
-       4 * 1024,
+       0,
        int64_t{1} << 30,
        {},
        {"allreduce"},
@@ -523,6 +525,17 @@ const TunedEntry* TunedTable::FindKnob(std::string_view backend, std::string_vie
   return nullptr;
 }
 
+SizeBands TunedTable::KnobBands(std::string_view backend, std::string_view op,
+                                std::string_view knob) const {
+  SizeBands bands;
+  for (const TunedEntry& e : entries) {
+    if (e.backend == backend && e.op == op && e.knob == knob) {
+      bands.push_back({e.min_bytes, e.max_bytes, e.number});
+    }
+  }
+  return bands;
+}
+
 absl::StatusOr<TunedTable> ParseTunedTable(const std::string& text, const std::string& file) {
   auto root_or = ParseYaml(text, file);
   if (!root_or.ok()) return root_or.status();
@@ -588,13 +601,18 @@ absl::StatusOr<TunedTable> LoadTunedTableFor(const std::string& path,
                                              const TopologyFingerprint& current) {
   auto table = LoadTunedTable(path);
   if (!table.ok()) return table.status();
-  if (auto diff = FirstDifference(table->fingerprint, current)) {
-    auto where = table->fingerprint_where.find(diff->field);
+  if (absl::Status s = CheckFingerprint(*table, current); !s.ok()) return s;
+  return table;
+}
+
+absl::Status CheckFingerprint(const TunedTable& table, const TopologyFingerprint& current) {
+  if (auto diff = FirstDifference(table.fingerprint, current)) {
+    auto where = table.fingerprint_where.find(diff->field);
     return absl::FailedPreconditionError(
-        absl::StrCat(where != table->fingerprint_where.end() ? where->second : path, ": ",
+        absl::StrCat(where != table.fingerprint_where.end() ? where->second : table.file, ": ",
                      diff->Describe(), " (re-run adaptcomm tune for this topology)"));
   }
-  return table;
+  return absl::OkStatus();
 }
 
 std::string FormatTunedTable(const TunedTable& table) {

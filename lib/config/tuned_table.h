@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "lib/config/size_bands.h"
 
 namespace adaptcomm::config {
 
@@ -144,6 +145,9 @@ struct TunedTable {
   // The entry of `knob` whose band holds `bytes`; null when none does.
   const TunedEntry* FindKnob(std::string_view backend, std::string_view op, std::string_view knob,
                              uint64_t bytes) const;
+  // Every band of `knob` for `op`, in order, with TunedEntry::number as the value: what a backend
+  // option takes (ShmBackendOptions, GlooBackendOptions). Empty when the table has none.
+  SizeBands KnobBands(std::string_view backend, std::string_view op, std::string_view knob) const;
 };
 
 // Parses and validates a table. InvalidArgument "file:line:column: reason" for a YAML error,
@@ -155,6 +159,11 @@ absl::StatusOr<TunedTable> LoadTunedTable(const std::string& path);
 // "tuned.yaml:5:20: tuned for ranks_per_host=4, this job has 2 (re-run adaptcomm tune)".
 absl::StatusOr<TunedTable> LoadTunedTableFor(const std::string& path,
                                              const TopologyFingerprint& current);
+
+// OK when `table` was tuned on `current`; else FailedPrecondition naming the first differing
+// field where the file sets it: "tuned.yaml:5:20: tuned for ranks_per_host=4, this job has 2
+// (re-run adaptcomm tune for this topology)".
+absl::Status CheckFingerprint(const TunedTable& table, const TopologyFingerprint& current);
 
 // YAML text that ParseTunedTable reads back to the same table (what `adaptcomm tune` writes).
 std::string FormatTunedTable(const TunedTable& table);

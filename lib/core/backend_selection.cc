@@ -1,5 +1,7 @@
 #include "lib/core/backend_selection.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -151,6 +153,63 @@ std::string DescribeFailures(const std::vector<std::pair<int, std::string>>& fai
   return absl::StrJoin(parts, "; ");
 }
 
+// The tuned table's values for the backend chosen, once every rank agreed that the table was
+// tuned for this job; empty (the static values) otherwise.
+struct AppliedTuning {
+  ShmBackendOptions::TunedBands shm_allreduce;
+  ShmBackendOptions::TunedBands shm_reduce;
+  config::SizeBands gloo_algorithm;
+  config::SizeBands gloo_max_segment_bytes;
+  std::string note;  // appended to the selection reason ("" without a table)
+};
+
+// Checks the table's fingerprint against this job's for `backend` on every rank and agrees on
+// the verdict (cores may differ between hosts): the values apply on all ranks or on none.
+absl::StatusOr<AppliedTuning> AgreeTuning(const CommunicatorOptions& o, const Rendezvous& rv,
+                                          absl::Time deadline, const SelectionDeps& deps,
+                                          const std::string& backend, int hosts, int per_host) {
+  AppliedTuning t;
+  const config::TunedTable* table = deps.tuned_table.get();
+  if (table == nullptr) return t;
+  const absl::Status mine =
+      config::CheckFingerprint(*table, CurrentFingerprint(backend, hosts, per_host));
+  absl::StatusOr<std::vector<std::pair<int, std::string>>> failed =
+      Exchange(*rv.store, absl::StrCat("tuned/", backend), o.rank, o.world_size, mine, deadline);
+  if (!failed.ok()) return failed.status();
+  if (!failed->empty()) {
+    t.note = absl::StrCat("; tuned table refused: ", DescribeFailures(*failed),
+                          "; the static profile applies");
+    ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "': tuned table ", table->file,
+                  " refused for ", backend, ": ", DescribeFailures(*failed),
+                  "; the static profile applies");
+    return t;
+  }
+  t.shm_allreduce.flat_max_bytes = table->KnobBands("shm", "allreduce", "flat_max_bytes");
+  t.shm_allreduce.chunk_bytes = table->KnobBands("shm", "allreduce", "chunk_bytes");
+  t.shm_reduce.flat_max_bytes = table->KnobBands("shm", "reduce", "flat_max_bytes");
+  t.shm_reduce.chunk_bytes = table->KnobBands("shm", "reduce", "chunk_bytes");
+  t.gloo_algorithm = table->KnobBands("gloo", "allreduce", "algorithm");
+  t.gloo_max_segment_bytes = table->KnobBands("gloo", "allreduce", "max_segment_bytes");
+  size_t values = 0;
+  for (const config::TunedEntry& e : table->entries) values += e.backend != "nccl";
+  t.note = absl::StrCat("; tuned table ", table->file, " (", values,
+                        " values per size band, fingerprint ", table->fingerprint.Describe(), ")");
+  return t;
+}
+
+// AgreeTuning for Gloo where selection did not learn the hosts (backend=gloo, or NCCL not
+// usable): one more host exchange, only when there is a table.
+absl::StatusOr<AppliedTuning> AgreeGlooTuning(const CommunicatorOptions& o, const Rendezvous& rv,
+                                              absl::Time deadline, const SelectionDeps& deps) {
+  if (deps.tuned_table == nullptr) return AppliedTuning{};
+  const std::string mine = deps.host_identity.empty() ? LocalHostIdentity() : deps.host_identity;
+  absl::StatusOr<std::vector<std::string>> ids = ExchangeHostIdentities(
+      *CreatePrefixStore("select/tuned-host", rv.store), o.rank, o.world_size, mine, deadline);
+  if (!ids.ok()) return ids.status();
+  const HostAssignment hosts = AssignHosts(*ids, o.rank);
+  return AgreeTuning(o, rv, deadline, deps, "gloo", hosts.hosts, hosts.max_local);
+}
+
 // Host-memory backends serve CUDA views through pinned staging when a device is visible.
 absl::StatusOr<std::unique_ptr<Backend>> MaybeStaged(std::unique_ptr<Backend> backend,
                                                      const Apis& apis, std::string* staging_note) {
@@ -164,28 +223,33 @@ absl::StatusOr<std::unique_ptr<Backend>> MaybeStaged(std::unique_ptr<Backend> ba
 
 // Shared memory among `size` ranks of one host (this one is `rank`), host buffers only.
 absl::StatusOr<std::unique_ptr<Backend>> CreateShm(int rank, int size, std::shared_ptr<Store> store,
-                                                   absl::Time deadline) {
+                                                   absl::Time deadline,
+                                                   const AppliedTuning& tuning) {
   ShmBackendOptions shm;
   shm.rank = rank;
   shm.size = size;
   shm.store = std::move(store);
   shm.init_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  shm.tuned_allreduce = tuning.shm_allreduce;
+  shm.tuned_reduce = tuning.shm_reduce;
   return CreateShmBackend(shm);
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> BuildShm(const CommunicatorOptions& o,
                                                   const Rendezvous& rv, absl::Time deadline,
-                                                  const Apis& apis, std::string* staging_note) {
+                                                  const Apis& apis, const AppliedTuning& tuning,
+                                                  std::string* staging_note) {
   absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateShm(o.rank, o.world_size, CreatePrefixStore("shm", rv.store), deadline);
+      CreateShm(o.rank, o.world_size, CreatePrefixStore("shm", rv.store), deadline, tuning);
   if (!backend.ok()) return backend.status();
   return MaybeStaged(std::move(*backend), apis, staging_note);
 }
 
 // Gloo among `size` ranks (this one is `rank`) over `store`, with the profile's settings.
 GlooBackendOptions GlooOptionsFor(const CommunicatorOptions& o, const Rendezvous& rv,
-                                  absl::Time deadline, const SelectionDeps& deps, int rank,
-                                  int size, std::shared_ptr<Store> store) {
+                                  absl::Time deadline, const SelectionDeps& deps,
+                                  const AppliedTuning& tuning, int rank, int size,
+                                  std::shared_ptr<Store> store) {
   GlooBackendOptions gloo;
   gloo.rank = rank;
   gloo.size = size;
@@ -197,15 +261,18 @@ GlooBackendOptions GlooOptionsFor(const CommunicatorOptions& o, const Rendezvous
   gloo.default_timeout = o.timeout;
   gloo.algorithm = deps.gloo_algorithm;
   gloo.max_segment_bytes = deps.gloo_max_segment_bytes;
+  gloo.tuned_algorithm = tuning.gloo_algorithm;
+  gloo.tuned_max_segment_bytes = tuning.gloo_max_segment_bytes;
   return gloo;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
                                                    const Rendezvous& rv, absl::Time deadline,
                                                    const Apis& apis, const SelectionDeps& deps,
+                                                   const AppliedTuning& tuning,
                                                    std::string* staging_note) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(GlooOptionsFor(
-      o, rv, deadline, deps, o.rank, o.world_size, CreatePrefixStore("gloo", rv.store)));
+      o, rv, deadline, deps, tuning, o.rank, o.world_size, CreatePrefixStore("gloo", rv.store)));
   if (!backend.ok()) return backend.status();
   return MaybeStaged(std::move(*backend), apis, staging_note);
 }
@@ -214,6 +281,7 @@ absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
 absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
                                                   const Rendezvous& rv, absl::Time deadline,
                                                   const SelectionDeps& deps,
+                                                  const AppliedTuning& tuning,
                                                   const HierarchicalDeps& hier,
                                                   const std::vector<std::string>& ids);
 
@@ -242,11 +310,15 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
   }
   std::string not_shm;
   if (hosts.hosts == 1 && (o.world_size > 1 || forced)) {
-    absl::StatusOr<std::unique_ptr<Backend>> shm = BuildShm(o, rv, deadline, apis, &staging);
+    absl::StatusOr<AppliedTuning> tuning =
+        AgreeTuning(o, rv, deadline, deps, "shm", hosts.hosts, hosts.max_local);
+    if (!tuning.ok()) return tuning.status();
+    absl::StatusOr<std::unique_ptr<Backend>> shm =
+        BuildShm(o, rv, deadline, apis, *tuning, &staging);
     if (shm.ok()) {
-      return SelectedBackend{std::move(*shm),
-                             absl::StrCat(asked, forced ? "" : ": shm", ": all ", o.world_size,
-                                          " ranks on one host", why_not_nccl, staging)};
+      return SelectedBackend{
+          std::move(*shm), absl::StrCat(asked, forced ? "" : ": shm", ": all ", o.world_size,
+                                        " ranks on one host", why_not_nccl, staging, tuning->note)};
     }
     if (forced && o.fallback == Fallback::kDeny) {
       return absl::Status(shm.status().code(),
@@ -261,17 +333,21 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
     }
     ADAPTCOMM_LOG(kWarning, asked, ": every rank falls back to gloo: ", not_shm);
   } else if (hosts.max_local > 1) {
+    absl::StatusOr<AppliedTuning> tuning =
+        AgreeTuning(o, rv, deadline, deps, "hier", hosts.hosts, hosts.max_local);
+    if (!tuning.ok()) return tuning.status();
     HierarchicalDeps hier;
-    hier.intra = [](const IntraHostGroup& g) {
-      return CreateShm(g.local_rank, g.local_size, g.store, g.deadline);
+    hier.intra = [&tuning](const IntraHostGroup& g) {
+      return CreateShm(g.local_rank, g.local_size, g.store, g.deadline, *tuning);
     };
-    absl::StatusOr<SelectedBackend> h = BuildHierarchical(o, rv, deadline, deps, hier, *ids);
+    absl::StatusOr<SelectedBackend> h =
+        BuildHierarchical(o, rv, deadline, deps, *tuning, hier, *ids);
     if (h.ok()) {
       absl::StatusOr<std::unique_ptr<Backend>> staged =
           MaybeStaged(std::move(h->backend), apis, &staging);
       if (!staged.ok()) return staged.status();
-      return SelectedBackend{*std::move(staged),
-                             absl::StrCat(asked, ": ", h->reason, why_not_nccl, staging)};
+      return SelectedBackend{*std::move(staged), absl::StrCat(asked, ": ", h->reason, why_not_nccl,
+                                                              staging, tuning->note)};
     }
     if (o.fallback == Fallback::kDeny) return h.status();
     not_shm =
@@ -280,14 +356,18 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
   } else if (hosts.hosts > 1) {
     not_shm = absl::StrCat("; one rank per host (", hosts.hosts, " hosts)");
   }
-  absl::StatusOr<std::unique_ptr<Backend>> gloo = BuildGloo(o, rv, deadline, apis, deps, &staging);
+  absl::StatusOr<AppliedTuning> tuning =
+      AgreeTuning(o, rv, deadline, deps, "gloo", hosts.hosts, hosts.max_local);
+  if (!tuning.ok()) return tuning.status();
+  absl::StatusOr<std::unique_ptr<Backend>> gloo =
+      BuildGloo(o, rv, deadline, apis, deps, *tuning, &staging);
   if (!gloo.ok()) return gloo.status();
   if (forced) {
-    return SelectedBackend{std::move(*gloo),
-                           absl::StrCat(asked, ": gloo on every rank because ", not_shm, staging)};
+    return SelectedBackend{std::move(*gloo), absl::StrCat(asked, ": gloo on every rank because ",
+                                                          not_shm, staging, tuning->note)};
   }
   return SelectedBackend{std::move(*gloo), absl::StrCat(asked, ": gloo on every rank", why_not_nccl,
-                                                        not_shm, staging)};
+                                                        not_shm, staging, tuning->note)};
 }
 
 }  // namespace
@@ -299,10 +379,13 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   std::string staging;
   if (o.backend == BackendChoice::kGloo) {
     Apis apis = LoadApis(deps, /*want_nccl=*/false);
+    absl::StatusOr<AppliedTuning> tuning = AgreeGlooTuning(o, rv, deadline, deps);
+    if (!tuning.ok()) return tuning.status();
     absl::StatusOr<std::unique_ptr<Backend>> gloo =
-        BuildGloo(o, rv, deadline, apis, deps, &staging);
+        BuildGloo(o, rv, deadline, apis, deps, *tuning, &staging);
     if (!gloo.ok()) return gloo.status();
-    return SelectedBackend{std::move(*gloo), absl::StrCat("backend=gloo requested", staging)};
+    return SelectedBackend{std::move(*gloo),
+                           absl::StrCat("backend=gloo requested", staging, tuning->note)};
   }
 
   const std::string asked = absl::StrCat("backend=", BackendChoiceName(o.backend));
@@ -382,11 +465,14 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   }
   ADAPTCOMM_LOG(kWarning, asked, ": NCCL is not usable on every rank, every rank falls back to ",
                 "gloo: ", why);
-  absl::StatusOr<std::unique_ptr<Backend>> gloo = BuildGloo(o, rv, deadline, apis, deps, &staging);
+  absl::StatusOr<AppliedTuning> tuning = AgreeGlooTuning(o, rv, deadline, deps);
+  if (!tuning.ok()) return tuning.status();
+  absl::StatusOr<std::unique_ptr<Backend>> gloo =
+      BuildGloo(o, rv, deadline, apis, deps, *tuning, &staging);
   if (!gloo.ok()) return gloo.status();
-  return SelectedBackend{
-      std::move(*gloo),
-      absl::StrCat(asked, ": gloo on every rank because NCCL is not usable: ", why, staging)};
+  return SelectedBackend{std::move(*gloo),
+                         absl::StrCat(asked, ": gloo on every rank because NCCL is not usable: ",
+                                      why, staging, tuning->note)};
 }
 
 absl::StatusOr<SelectedBackend> CreateHierarchicalWith(const CommunicatorOptions& o,
@@ -398,7 +484,7 @@ absl::StatusOr<SelectedBackend> CreateHierarchicalWith(const CommunicatorOptions
   absl::StatusOr<std::vector<std::string>> ids = ExchangeHostIdentities(
       *CreatePrefixStore("hier", rv.store), o.rank, o.world_size, mine, deadline);
   if (!ids.ok()) return ids.status();
-  return BuildHierarchical(o, rv, deadline, deps, hier, *ids);
+  return BuildHierarchical(o, rv, deadline, deps, AppliedTuning{}, hier, *ids);
 }
 
 namespace {
@@ -406,6 +492,7 @@ namespace {
 absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
                                                   const Rendezvous& rv, absl::Time deadline,
                                                   const SelectionDeps& deps,
+                                                  const AppliedTuning& tuning,
                                                   const HierarchicalDeps& hier,
                                                   const std::vector<std::string>& ids) {
   const HostAssignment a = AssignHosts(ids, o.rank);
@@ -427,7 +514,7 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
   } else {
     // Ranks of one host share its network namespace: loopback reaches them all.
     GlooBackendOptions g =
-        GlooOptionsFor(o, rv, deadline, deps, a.local_rank, a.local_size, group.store);
+        GlooOptionsFor(o, rv, deadline, deps, tuning, a.local_rank, a.local_size, group.store);
     g.iface.clear();
     g.hostname = "127.0.0.1";
     absl::StatusOr<std::unique_ptr<Backend>> intra = CreateGlooBackend(g);
@@ -436,7 +523,7 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
   }
   if (a.local_rank == 0 && a.hosts > 1) {
     absl::StatusOr<std::unique_ptr<Backend>> inter = CreateGlooBackend(GlooOptionsFor(
-        o, rv, deadline, deps, host, a.hosts, CreatePrefixStore("hier/inter", rv.store)));
+        o, rv, deadline, deps, tuning, host, a.hosts, CreatePrefixStore("hier/inter", rv.store)));
     if (!inter.ok()) return inter.status();
     h.inter = *std::move(inter);
   }
@@ -452,5 +539,16 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
 }
 
 }  // namespace
+
+config::TopologyFingerprint CurrentFingerprint(const std::string& backend, int hosts,
+                                               int ranks_per_host) {
+  config::TopologyFingerprint fp;
+  fp.hosts = hosts;
+  fp.ranks_per_host = ranks_per_host;
+  fp.cores = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  fp.backend = backend;
+  if (backend == "gloo" || backend == "hier") fp.gloo = GlooVersion();
+  return fp;
+}
 
 }  // namespace adaptcomm::internal::selection

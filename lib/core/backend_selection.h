@@ -31,6 +31,7 @@
 #include "adaptcomm/backend.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
+#include "lib/config/tuned_table.h"
 #include "lib/core/rendezvous.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
@@ -64,6 +65,12 @@ struct SelectionDeps {
   // The profile's Gloo allreduce algorithm ("ring", "bcube") and segment size (0: default).
   std::string gloo_algorithm = "ring";
   size_t gloo_max_segment_bytes = 0;
+  // The tuned table (EffectiveConfig::tuning.loaded); null: none. Its shm and Gloo values go into
+  // the backend's options per size band when its fingerprint is this job's (CurrentFingerprint
+  // of the backend chosen) on every rank, agreed through the store ("select/tuned/<backend>/<r>");
+  // otherwise every rank uses the static values and the reason is logged once and appended to
+  // the selection reason. Not consulted for NCCL (the NCCL tuner plugin reads its own table).
+  std::shared_ptr<const config::TunedTable> tuned_table;
   // This rank's host identity (lib/hier/host_identity.h); empty: the real one. Tests fake hosts
   // here to drive the shm / hierarchical / Gloo choice.
   std::string host_identity;
@@ -99,6 +106,13 @@ struct HierarchicalDeps {
 [[nodiscard]] absl::StatusOr<SelectedBackend> CreateHierarchicalWith(
     const CommunicatorOptions& options, const Rendezvous& rendezvous, absl::Time deadline,
     const SelectionDeps& deps, const HierarchicalDeps& hier = {});
+
+// This job's topology as a tuned table names it (lib/config/tuned_table.h): `backend` "shm",
+// "gloo" or "hier"; `hosts` and the ranks on the most crowded host; the CPU cores online here;
+// Gloo's version where Gloo carries traffic (gloo, hier), else "". No GPU model: the host
+// backends never use the GPU for transport (NCCL's fingerprint is the tuner plugin's).
+config::TopologyFingerprint CurrentFingerprint(const std::string& backend, int hosts,
+                                               int ranks_per_host);
 
 }  // namespace adaptcomm::internal::selection
 

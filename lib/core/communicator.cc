@@ -235,6 +235,7 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
   deps.nccl = seams.nccl;
   deps.gloo_algorithm = config.gloo.algorithm;
   deps.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
+  deps.tuned_table = config.tuning.loaded;
   deps.configure_nccl = [&config](int version) {
     // Read-once variables must be in the environment before the first NCCL init.
     NcclEnvReport env = ApplyNcclEnvironment(config, version);
@@ -413,7 +414,12 @@ Capabilities Communicator::capabilities() const {
 }
 absl::Status Communicator::health() const { return impl_->executor().backend().health(); }
 void Communicator::Abort(const absl::Status& reason) { impl_->executor().Abort(reason); }
-std::string Communicator::Explain() const { return impl_->config().Explain(); }
+std::string Communicator::Explain() const {
+  // The profile's settings, then what selection made of them (the backend, and whether a tuned
+  // table fit this topology: lib/core/backend_selection.h).
+  return absl::StrCat(impl_->config().Explain(), "\nbackend: ", backend_name(), " (",
+                      impl_->selection_reason(), ")\n");
+}
 
 Communicator::LongOperationScope::LongOperationScope(Communicator& comm) : comm_(comm) {
   comm_.impl_->EnterLongOperation();

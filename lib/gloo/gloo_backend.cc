@@ -22,6 +22,7 @@
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
+#include "gloo/config.h"
 #include "gloo/reduce.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
@@ -144,13 +145,15 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 class GlooBackend final : public Backend {
  public:
-  GlooBackend(std::shared_ptr<AbortableContext> context, bool bcube, size_t max_segment_bytes)
+  GlooBackend(std::shared_ptr<AbortableContext> context, const GlooBackendOptions& o)
       : context_(std::move(context)),
         gloo_context_(context_),
         rank_(context_->rank),
         size_(context_->size),
-        bcube_(bcube),
-        max_segment_bytes_(max_segment_bytes) {}
+        bcube_(o.algorithm == "bcube"),
+        max_segment_bytes_(o.max_segment_bytes),
+        tuned_algorithm_(o.tuned_algorithm),
+        tuned_max_segment_bytes_(o.tuned_max_segment_bytes) {}
 
   ~GlooBackend() override = default;
 
@@ -201,6 +204,9 @@ class GlooBackend final : public Backend {
   const int size_;
   const bool bcube_;                // profile gloo.algorithm: bcube instead of ring
   const size_t max_segment_bytes_;  // profile gloo.max_segment_bytes (0: Gloo default)
+  // Tuned per size band (GlooBackendOptions); empty: the two above for every size.
+  const config::SizeBands tuned_algorithm_;
+  const config::SizeBands tuned_max_segment_bytes_;
 
   mutable absl::Mutex mu_;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
@@ -430,8 +436,13 @@ void GlooBackend::Allreduce(const OpDesc& op) {
     opts.setReduceFunction(fn);
     opts.setTag(static_cast<uint32_t>(op.seq));
     opts.setTimeout(ToMs(op.timeout));
-    if (bcube_) opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
-    if (max_segment_bytes_ > 0) opts.setMaxSegmentSize(max_segment_bytes_);
+    const uint64_t bytes = v.bytes();
+    if (config::BandValue(tuned_algorithm_, bytes, bcube_ ? 1 : 0) == 1) {
+      opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
+    }
+    const auto segment = static_cast<size_t>(config::BandValue(
+        tuned_max_segment_bytes_, bytes, static_cast<int64_t>(max_segment_bytes_)));
+    if (segment > 0) opts.setMaxSegmentSize(segment);
     ::gloo::allreduce(opts);
   });
   if (op.reduce == ReduceOp::kAvg) gloo_backend::DivideInPlace(v.dtype, v.data, v.count, size_);
@@ -686,8 +697,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const GlooBackendOpti
   context->setTimeout(ToMs(options.default_timeout));
   ADAPTCOMM_LOG(kDebug, "gloo backend rank ", options.rank, " of ", options.size, " connected on ",
                 where);
-  return std::unique_ptr<Backend>(
-      new GlooBackend(std::move(context), options.algorithm == "bcube", options.max_segment_bytes));
+  return std::unique_ptr<Backend>(new GlooBackend(std::move(context), options));
+}
+
+std::string GlooVersion() {
+  return absl::StrCat(GLOO_VERSION_MAJOR, ".", GLOO_VERSION_MINOR, ".", GLOO_VERSION_PATCH);
 }
 
 }  // namespace adaptcomm

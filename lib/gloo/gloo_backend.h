@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "adaptcomm/backend.h"
 #include "adaptcomm/store.h"
+#include "lib/config/size_bands.h"
 
 namespace adaptcomm {
 
@@ -37,7 +38,16 @@ struct GlooBackendOptions {
   // profile's gloo block.
   std::string algorithm = "ring";
   size_t max_segment_bytes = 0;
+  // Per message-size band values of the two above for allreduce, from a tuned table
+  // (lib/config/tuned_table.h, `adaptcomm tune`): algorithm 0 ring, 1 bcube (the order of the
+  // knob's choices in TunedKnobs()); a size no band holds uses the static value. Looked up once
+  // per op.
+  config::SizeBands tuned_algorithm;
+  config::SizeBands tuned_max_segment_bytes;
 };
+
+// The Gloo this library was built with, "0.5.0" (the tuned table's fingerprint names it).
+std::string GlooVersion();
 
 // Connects a full mesh of TCP pairs among options.size ranks. Errors: InvalidArgument (bad
 // options), DeadlineExceeded (rendezvous or connect ran past init_timeout; names the ranks whose

@@ -66,6 +66,8 @@ class ShmBackend final : public Backend {
         flat_max_(o.flat_max_bytes),
         chunk_(o.chunk_bytes == 0 ? seg_->slot_half_bytes()
                                   : std::min(o.chunk_bytes, seg_->slot_half_bytes())),
+        tuned_allreduce_(o.tuned_allreduce),
+        tuned_reduce_(o.tuned_reduce),
         spin_ns_(absl::ToInt64Nanoseconds(o.spin)),
         liveness_interval_(o.liveness_interval),
         sent_(o.size, 0),
@@ -107,6 +109,10 @@ class ShmBackend final : public Backend {
   // out of the slots (the fp32 data never travels), in chunks of chunk_ wire bytes.
   absl::Status ReduceWire(const OpCtx& ctx);
   absl::Status ReduceWireChunk(const OpCtx& ctx, float* data, size_t count, WireStats& stats);
+  // The flat-exchange bound and the pipeline chunk for a reduction of `bytes`: a tuned band's
+  // values where one holds the size, else the static ones.
+  size_t FlatMaxFor(OpKind kind, size_t bytes) const;
+  size_t ChunkFor(OpKind kind, size_t bytes) const;
   absl::Status Broadcast(const OpCtx& ctx);
   absl::Status Allgather(const OpCtx& ctx);
   // reduce_scatter (reduce = true) and alltoall: each step stages one chunk of every block.
@@ -142,6 +148,8 @@ class ShmBackend final : public Backend {
   const int size_;
   const size_t flat_max_;
   const size_t chunk_;
+  const ShmBackendOptions::TunedBands tuned_allreduce_;
+  const ShmBackendOptions::TunedBands tuned_reduce_;
   const int64_t spin_ns_;
   const absl::Duration liveness_interval_;
 
@@ -278,13 +286,28 @@ absl::Status ShmBackend::WaitAllPosted(const OpCtx& ctx, uint32_t target) {
   return absl::OkStatus();
 }
 
+size_t ShmBackend::FlatMaxFor(OpKind kind, size_t bytes) const {
+  const auto& bands =
+      kind == OpKind::kReduce ? tuned_reduce_.flat_max_bytes : tuned_allreduce_.flat_max_bytes;
+  return static_cast<size_t>(config::BandValue(bands, bytes, static_cast<int64_t>(flat_max_)));
+}
+
+size_t ShmBackend::ChunkFor(OpKind kind, size_t bytes) const {
+  const auto& bands =
+      kind == OpKind::kReduce ? tuned_reduce_.chunk_bytes : tuned_allreduce_.chunk_bytes;
+  if (bands.empty()) return chunk_;
+  const auto chunk = static_cast<size_t>(config::BandValue(bands, bytes, 0));
+  return chunk == 0 ? chunk_ : std::min(chunk, seg_->slot_half_bytes());
+}
+
 absl::Status ShmBackend::Reduction(const OpCtx& ctx, unsigned char* data, size_t count, int root) {
   const size_t esz = DTypeSize(ctx.op.output.dtype);
   if (count == 0) return absl::OkStatus();
-  if (count * esz <= std::min(flat_max_, seg_->slot_half_bytes())) {
+  const size_t bytes = count * esz;
+  if (bytes <= std::min(FlatMaxFor(ctx.op.kind, bytes), seg_->slot_half_bytes())) {
     return ReduceFlat(ctx, data, count, root);
   }
-  const size_t per_chunk = std::max<size_t>(1, chunk_ / esz);
+  const size_t per_chunk = std::max<size_t>(1, ChunkFor(ctx.op.kind, bytes) / esz);
   for (size_t off = 0; off < count; off += per_chunk) {
     const size_t m = std::min(per_chunk, count - off);
     if (absl::Status s = ReduceChunk(ctx, data + off * esz, m, root); !s.ok()) return s;
@@ -345,7 +368,8 @@ absl::Status ShmBackend::ReduceWire(const OpCtx& ctx) {
   const OpDesc& op = ctx.op;
   float* data = static_cast<float*>(op.output.data);
   const size_t count = op.output.count;
-  const size_t per_chunk = std::max<size_t>(1, chunk_ / sizeof(uint16_t));
+  const size_t per_chunk =
+      std::max<size_t>(1, ChunkFor(op.kind, op.output.bytes()) / sizeof(uint16_t));
   WireStats stats;
   for (size_t off = 0; off < count; off += per_chunk) {
     const size_t m = std::min(per_chunk, count - off);

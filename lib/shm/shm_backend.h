@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "adaptcomm/backend.h"
 #include "adaptcomm/store.h"
+#include "lib/config/size_bands.h"
 
 namespace adaptcomm {
 
@@ -46,6 +47,15 @@ struct ShmBackendOptions {
   size_t flat_max_bytes = size_t{64} << 10;
   // Pipeline chunk of the large paths; 0 or more than half a slot: half a slot.
   size_t chunk_bytes = size_t{1} << 20;
+  // Per message-size band values of the two above, from a tuned table (lib/config/tuned_table.h,
+  // written by `adaptcomm tune`): an allreduce or reduce whose size a band holds uses the band's
+  // value, any other size the static one. Looked up once per op.
+  struct TunedBands {
+    config::SizeBands flat_max_bytes;
+    config::SizeBands chunk_bytes;
+  };
+  TunedBands tuned_allreduce;
+  TunedBands tuned_reduce;
   absl::Duration spin = absl::Microseconds(20);
   absl::Duration liveness_interval = absl::Milliseconds(50);
   // Tests: pretend this rank was built with another segment layout version (0: the real one).
