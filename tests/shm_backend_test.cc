@@ -12,13 +12,13 @@
 
 #include <atomic>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/adaptcomm.h"
@@ -273,16 +273,8 @@ float WireInput(int rank, size_t i) {
          static_cast<float>(rank) * 1e-3f;
 }
 
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+uint32_t Bits(float f) { return absl::bit_cast<uint32_t>(f); }
+float FromBits(uint32_t u) { return absl::bit_cast<float>(u); }
 
 void WireMatrix(int rank, int world, const std::string& dir) {
   namespace p = precision;
