@@ -10,10 +10,10 @@
 
 #include "adaptcomm/precision.h"
 #include "gtest/gtest.h"
-#include "lib/gloo/gloo_reduce.h"
 #include "lib/base/cast_kernels.h"
-#include "lib/precision/cast_parallel.h"
 #include "lib/base/fused_kernels.h"
+#include "lib/gloo/gloo_reduce.h"
+#include "lib/precision/cast_parallel.h"
 
 namespace adaptcomm::precision {
 
@@ -697,16 +697,21 @@ TEST(PublicCast, OverflowCountIsExactOnLargeParallelBuffer) {
   ASSERT_EQ(std::memcmp(wref.data(), wide.data(), n * 4), 0);
 }
 
-TEST(PublicCast, ForcedScalarPathGivesTheSameBits) {
+TEST(PublicCast, EveryPathThroughThePoolGivesTheSameBits) {
   const size_t n = 100003;
   const std::vector<float> src = RandomFloats(n, 77);
-  std::vector<uint16_t> fast(n), slow(n);
+  std::vector<uint16_t> fast(n);
   CastF32ToF16(src.data(), fast.data(), n);
-  SetCastPathForTesting(CastPath::kScalar);
-  EXPECT_STREQ(CastImplementationName(), "scalar");
-  CastF32ToF16(src.data(), slow.data(), n);
-  ResetCastPathForTesting();
-  EXPECT_EQ(fast, slow);
+  for (CastPath path : SupportedCastPaths()) {
+    std::vector<uint16_t> other(n);
+    CastRequest req{CastKind::kF32ToF16, src.data(), other.data(), n};
+    req.parallel_min_bytes = 0;
+    req.threads = 3;
+    req.path = path;
+    std::shared_ptr<CastJob> job = StartCast(req);
+    ASSERT_TRUE(job->Join().ok());
+    EXPECT_EQ(fast, other) << CastPathName(path);
+  }
 }
 
 TEST(CastJobTest, ChunksCoverTheBufferExactlyOnce) {
@@ -736,19 +741,19 @@ TEST(GlooReduce, VectorizedHalfSumsMatchTheScalarDefinition) {
   std::vector<uint16_t> b = a;
   std::shuffle(b.begin(), b.end(), std::mt19937(7));
   for (CastPath path : SupportedCastPaths()) {
-    SetCastPathForTesting(path);
     for (bool bf16 : {true, false}) {
       const gb::ReduceFn fn = gb::GetReduceFn(bf16 ? DType::kBF16 : DType::kF16, ReduceOp::kSum);
       ASSERT_EQ(fn, gb::GetReduceFn(bf16 ? DType::kBF16 : DType::kF16, ReduceOp::kAvg));
-      std::vector<uint16_t> out(a.size()), in_a = a, in_b = b;
-      fn(out.data(), a.data(), b.data(), a.size());
-      fn(in_a.data(), in_a.data(), b.data(), a.size());
-      fn(in_b.data(), a.data(), in_b.data(), a.size());
+      std::vector<uint16_t> out(a.size()), in_a = a, in_b = b, active(a.size());
+      gb::SumHalves(path, bf16, out.data(), a.data(), b.data(), a.size());
+      gb::SumHalves(path, bf16, in_a.data(), in_a.data(), b.data(), a.size());
+      gb::SumHalves(path, bf16, in_b.data(), a.data(), in_b.data(), a.size());
+      fn(active.data(), a.data(), b.data(), a.size());  // the measured path, through Gloo's API
       for (size_t i = 0; i < a.size(); ++i) {
         const uint16_t want = bf16 ? gb::FloatToBf16(gb::Bf16ToFloat(a[i]) + gb::Bf16ToFloat(b[i]))
                                    : gb::FloatToHalf(gb::HalfToFloat(a[i]) + gb::HalfToFloat(b[i]));
         const bool nan = bf16 ? IsBF16NaN(want) : IsF16NaN(want);
-        for (uint16_t got : {out[i], in_a[i], in_b[i]}) {
+        for (uint16_t got : {out[i], in_a[i], in_b[i], active[i]}) {
           if (nan) {  // which NaN payload survives NaN + NaN is the hardware's choice
             ASSERT_TRUE(bf16 ? IsBF16NaN(got) : IsF16NaN(got)) << CastPathName(path) << " " << i;
           } else {
@@ -758,7 +763,6 @@ TEST(GlooReduce, VectorizedHalfSumsMatchTheScalarDefinition) {
         }
       }
     }
-    ResetCastPathForTesting();
   }
 }
 

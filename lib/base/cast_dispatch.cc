@@ -5,7 +5,6 @@
 // every supported vector path on a cache-resident buffer and keeps the fastest. Every path gives
 // the same bits (cast_kernels.h), so ranks that choose differently still agree.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <vector>
 
@@ -13,9 +12,6 @@
 
 namespace adaptcomm::precision {
 namespace {
-
-// -1: no override. Relaxed is enough: tests set it before casting.
-std::atomic<int> g_forced_path{-1};
 
 // Best of a few runs of a narrowing and a widening cast over `n` elements, in seconds.
 double TimePath(CastPath path, std::vector<float>& f32, std::vector<uint16_t>& wire) {
@@ -94,15 +90,8 @@ std::vector<CastPath> SupportedCastPaths() {
 
 CastPath ActiveCastPath() {
   static const CastPath best = DetectBestPath();
-  const int forced = g_forced_path.load(std::memory_order_relaxed);
-  return forced >= 0 ? static_cast<CastPath>(forced) : best;
+  return best;
 }
-
-void SetCastPathForTesting(CastPath path) {
-  g_forced_path.store(CastPathSupported(path) ? static_cast<int>(path) : 0,
-                      std::memory_order_relaxed);
-}
-void ResetCastPathForTesting() { g_forced_path.store(-1, std::memory_order_relaxed); }
 
 CastStats F32ToBF16(CastPath path, const float* src, uint16_t* dst, size_t n) {
   switch (path) {

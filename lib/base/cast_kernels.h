@@ -18,11 +18,10 @@ const char* CastPathName(CastPath path);
 bool CastPathSupported(CastPath path);
 // Every path this CPU can run, scalar first.
 std::vector<CastPath> SupportedCastPaths();
-// The path the public functions use: the fastest supported one unless overridden for tests.
+// The path the public functions use: the fastest supported one, measured at the first call
+// (cast_dispatch.cc). Code that must run a given path takes it as an argument (the kernels below,
+// CastRequest::path).
 CastPath ActiveCastPath();
-// Forces `path` (must be supported) for every later public cast in this process; tests only.
-void SetCastPathForTesting(CastPath path);
-void ResetCastPathForTesting();
 
 // Kernels on one path. The widening ones multiply by `scale` in fp32 after the exact conversion
 // (skipped when scale == 1, which keeps NaN payloads exact).

@@ -196,25 +196,7 @@ void Kernel16(void* out, const void* a, const void* b, size_t n) {
 // times faster. Each block is read before it is written, so out may equal a or b.
 template <bool kBF16>
 void Sum16Vectorized(void* out, const void* a, const void* b, size_t n) {
-  namespace p = ::adaptcomm::precision;
-  const p::CastPath path = p::ActiveCastPath();
-  uint16_t* o = static_cast<uint16_t*>(out);
-  const uint16_t* x = static_cast<const uint16_t*>(a);
-  const uint16_t* y = static_cast<const uint16_t*>(b);
-  constexpr size_t kBlock = 2048;
-  alignas(64) float tmp[kBlock];
-  for (size_t i = 0; i < n; i += kBlock) {
-    const size_t m = std::min(kBlock, n - i);
-    if constexpr (kBF16) {
-      (void)p::BF16ToF32(path, x + i, tmp, m);
-      p::AccumulateBF16(path, y + i, tmp, m);
-      (void)p::F32ToBF16(path, tmp, o + i, m);
-    } else {
-      (void)p::F16ToF32(path, x + i, tmp, m);
-      p::AccumulateF16(path, y + i, tmp, m);
-      (void)p::F32ToF16(path, tmp, o + i, m);
-    }
-  }
+  SumHalves(::adaptcomm::precision::ActiveCastPath(), kBF16, out, a, b, n);
 }
 
 template <typename T>
@@ -286,6 +268,28 @@ ReduceFn GetReduceFn(DType dtype, ReduceOp op) {
       return avg ? nullptr : NativeFor<int64_t>(op);
   }
   return nullptr;
+}
+
+void SumHalves(precision::CastPath path, bool bf16, void* out, const void* a, const void* b,
+               size_t n) {
+  namespace p = ::adaptcomm::precision;
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  constexpr size_t kBlock = 2048;
+  alignas(64) float tmp[kBlock];
+  for (size_t i = 0; i < n; i += kBlock) {
+    const size_t m = std::min(kBlock, n - i);
+    if (bf16) {
+      (void)p::BF16ToF32(path, x + i, tmp, m);
+      p::AccumulateBF16(path, y + i, tmp, m);
+      (void)p::F32ToBF16(path, tmp, o + i, m);
+    } else {
+      (void)p::F16ToF32(path, x + i, tmp, m);
+      p::AccumulateF16(path, y + i, tmp, m);
+      (void)p::F32ToF16(path, tmp, o + i, m);
+    }
+  }
 }
 
 void DivideInPlace(DType dtype, void* data, size_t n, int divisor) {

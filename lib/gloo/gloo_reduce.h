@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "adaptcomm/types.h"
+#include "lib/base/cast_kernels.h"
 
 namespace adaptcomm::gloo_backend {
 
@@ -20,6 +21,11 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 // The kernel for dtype x op; kAvg gives the sum kernel (scale afterwards with DivideInPlace).
 // nullptr when the combination has no kernel (integer kAvg).
 ReduceFn GetReduceFn(DType dtype, ReduceOp op);
+
+// The f16/bf16 sum GetReduceFn returns, on a given instruction set of lib/base's cast kernels
+// (GetReduceFn's uses the measured one): every path gives the same bits.
+void SumHalves(precision::CastPath path, bool bf16, void* out, const void* a, const void* b,
+               size_t n);
 
 // data[i] /= divisor in the element type's precision (f16/bf16: in float, rounded back).
 // Floating-point dtypes only; a no-op for integer dtypes (avg is refused for them earlier).

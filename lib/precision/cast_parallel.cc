@@ -131,7 +131,7 @@ bool CastJob::RunOne() {
   const size_t per = (request_.count / chunks_ + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
   const size_t begin = std::min(request_.count, per * index);
   const size_t end = index == chunks_ - 1 ? request_.count : std::min(request_.count, begin + per);
-  const CastStats part = RunKernel(ActiveCastPath(), request_, begin, end);
+  const CastStats part = RunKernel(request_.path.value_or(ActiveCastPath()), request_, begin, end);
   absl::MutexLock lock(&mu_);
   Accumulate(totals_, part);
   ++finished_;
@@ -188,7 +188,7 @@ std::shared_ptr<CastJob> RunOnCaller(const CastRequest& request) {
 CastStats RunCast(const CastRequest& request) {
   if (InputBytes(request) < request.parallel_min_bytes) {
     // Small: no pool round trip.
-    return RunKernel(ActiveCastPath(), request, 0, request.count);
+    return RunKernel(request.path.value_or(ActiveCastPath()), request, 0, request.count);
   }
   std::shared_ptr<CastJob> job = StartCast(request);
   // The pool never loses a chunk, and the caller converts whatever is unclaimed, so the only way

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -15,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "adaptcomm/precision.h"
+#include "lib/base/cast_kernels.h"
 
 namespace adaptcomm::precision {
 
@@ -41,6 +43,8 @@ struct CastRequest {
   size_t parallel_min_bytes = size_t{4} << 20;
   int threads = 0;
   absl::Duration debug_delay = absl::ZeroDuration();  // each chunk sleeps first (tests)
+  // The kernels' instruction set; unset: ActiveCastPath(). REQUIRES: CastPathSupported(*path).
+  std::optional<CastPath> path = std::nullopt;
 };
 
 class CastJob {
