@@ -28,6 +28,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "lib/base/log.h"
+#include "lib/base/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/gloo/gloo_reduce.h"
 #include "lib/gloo/gloo_store_adapter.h"
@@ -135,8 +136,6 @@ class ScopedSigpipeBlock {
   sigset_t previous_;
 };
 
-bool ValidDType(DType t) { return DTypeSize(t) != 0; }
-
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   const auto pa = reinterpret_cast<uintptr_t>(a);
   const auto pb = reinterpret_cast<uintptr_t>(b);
@@ -229,44 +228,8 @@ uint8_t* GlooBackend::Scratch(size_t bytes) {
 
 absl::Status GlooBackend::Supports(const OpDesc& op) const {
   const char* kind = OpKindName(op.kind);
-  switch (op.kind) {
-    case OpKind::kAllreduce:
-    case OpKind::kBroadcast:
-    case OpKind::kReduce:
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAlltoall:
-    case OpKind::kBarrier:
-    case OpKind::kSend:
-    case OpKind::kRecv:
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("gloo backend: unknown op kind ", static_cast<int>(op.kind)));
-  }
-  auto check_view = [&](const TensorView& v, const char* which) -> absl::Status {
-    if (v.device.is_cuda()) {
-      return absl::InvalidArgumentError(absl::StrCat("gloo backend needs host memory; view ", which,
-                                                     " of ", kind, " is on cuda:", v.device.index));
-    }
-    if (!ValidDType(v.dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gloo backend: ", kind, " ", which, " has unknown dtype ", static_cast<int>(v.dtype)));
-    }
-    // Gloo's math and segment loops index with int.
-    if (v.count > kMaxElements) {
-      return absl::InvalidArgumentError(absl::StrCat("gloo backend: ", kind, " ", which, " has ",
-                                                     v.count, " elements; Gloo supports at most ",
-                                                     kMaxElements, " (2^31-1) per buffer"));
-    }
-    return absl::OkStatus();
-  };
-  if (UsesInput(op.kind)) {
-    if (absl::Status s = check_view(op.input, "input"); !s.ok()) return s;
-  }
-  if (UsesOutput(op.kind)) {
-    if (absl::Status s = check_view(op.output, "output"); !s.ok()) return s;
-  }
+  // Gloo's math and segment loops index with int.
+  if (absl::Status s = CheckHostOp(op, "gloo", rank_, size_, kMaxElements); !s.ok()) return s;
   if (IsReduction(op.kind)) {
     const DType dtype = op.output.dtype;
     if (GetReduceFn(dtype, op.reduce) == nullptr) {
@@ -278,13 +241,6 @@ absl::Status GlooBackend::Supports(const OpDesc& op) const {
       return absl::InvalidArgumentError(absl::StrCat("gloo backend: ", kind, " cannot reduce ",
                                                      DTypeName(dtype), " with op ",
                                                      static_cast<int>(op.reduce)));
-    }
-  }
-  if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
-    if (op.peer < 0 || op.peer >= size_ || op.peer == rank_) {
-      return absl::InvalidArgumentError(absl::StrCat("gloo backend: ", kind, " peer ", op.peer,
-                                                     " must be another rank in [0, ", size_,
-                                                     "), not this rank ", rank_));
     }
   }
   if ((op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce) &&

@@ -17,6 +17,7 @@
 #include "lib/base/cast_kernels.h"
 #include "lib/base/fused_kernels.h"
 #include "lib/base/log.h"
+#include "lib/base/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/shm/shm_reduce.h"
 #include "lib/shm/shm_segment.h"
@@ -167,38 +168,7 @@ class ShmBackend final : public Backend {
 
 absl::Status ShmBackend::Supports(const OpDesc& op) const {
   const char* kind = OpKindName(op.kind);
-  auto check_view = [&](const TensorView& v, const char* which) -> absl::Status {
-    if (v.device.is_cuda()) {
-      return absl::InvalidArgumentError(absl::StrCat("shm backend needs host memory; view ", which,
-                                                     " of ", kind, " is on cuda:", v.device.index));
-    }
-    if (DTypeSize(v.dtype) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "shm backend: ", kind, " ", which, " has unknown dtype ", static_cast<int>(v.dtype)));
-    }
-    return absl::OkStatus();
-  };
-  switch (op.kind) {
-    case OpKind::kAllreduce:
-    case OpKind::kBroadcast:
-    case OpKind::kReduce:
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAlltoall:
-    case OpKind::kBarrier:
-    case OpKind::kSend:
-    case OpKind::kRecv:
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("shm backend: unknown op kind ", static_cast<int>(op.kind)));
-  }
-  if (UsesInput(op.kind)) {
-    if (absl::Status s = check_view(op.input, "input"); !s.ok()) return s;
-  }
-  if (UsesOutput(op.kind)) {
-    if (absl::Status s = check_view(op.output, "output"); !s.ok()) return s;
-  }
+  if (absl::Status s = CheckHostOp(op, "shm", rank_, size_); !s.ok()) return s;
   if (IsReduction(op.kind) && !shm::CanReduce(op.output.dtype, op.reduce)) {
     return absl::InvalidArgumentError(
         absl::StrCat("shm backend: ", kind, " ", ReduceOpName(op.reduce),
@@ -213,11 +183,6 @@ absl::Status ShmBackend::Supports(const OpDesc& op) const {
         "shm backend: a wire-cast op must be an f32 sum allreduce over a bf16 or f16 wire, not ",
         kind, " ", DTypeName(op.output.dtype), " ", ReduceOpName(op.reduce), " over ",
         DTypeName(*op.wire)));
-  }
-  if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) &&
-      (op.peer < 0 || op.peer >= size_ || op.peer == rank_)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shm backend: ", kind, " peer ", op.peer, " out of range on rank ", rank_));
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,22 @@
+// The argument checks every host-memory backend makes in Backend::Supports(), in one place so
+// that gloo and shm refuse the same ops with the same words.
+#ifndef ADAPTCOMM_LIB_BASE_OP_CHECKS_H_
+#define ADAPTCOMM_LIB_BASE_OP_CHECKS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "adaptcomm/backend.h"
+
+namespace adaptcomm {
+
+// OK, or InvalidArgument starting "<backend> backend: " when `op` has an unknown kind, a view it
+// uses (op_views.h) in device memory, of an unknown dtype or with more than `max_elements`
+// elements, or a send/recv peer that is not another rank in [0, size).
+absl::Status CheckHostOp(const OpDesc& op, const char* backend, int rank, int size,
+                         size_t max_elements = SIZE_MAX);
+
+}  // namespace adaptcomm
+
+#endif  // ADAPTCOMM_LIB_BASE_OP_CHECKS_H_
