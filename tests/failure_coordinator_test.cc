@@ -65,7 +65,9 @@ std::vector<VoteResult> Vote(const std::vector<uint64_t>& positions,
                            result->built_degraded = degrade;
                            return absl::StatusOr<std::unique_ptr<Backend>>(
                                std::make_unique<IdleBackend>(r));
-                         }});
+                         },
+                         {},
+                         {}});
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {

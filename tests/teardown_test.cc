@@ -139,3 +139,101 @@ TEST(Teardown, IdleConnectionFloodAgainstRankZeroAtExit) {
 
 }  // namespace
 }  // namespace adaptcomm
+
+namespace adaptcomm {
+namespace {
+
+// The teardown matrix of #14 item 6: a communicator one of whose ranks is dead (SIGKILL) or
+// stopped (SIGSTOP), on Gloo and on shared memory. Each survivor has an allreduce pending on the
+// lost rank when it aborts; Abort() returns at once, the pending op fails promptly, and destroying
+// the communicator ends within the abort bound. Or, idle, it is destroyed straight away. (The link
+// down case is tests/netns_fault_test.cc's; NCCL's, through the fake, nccl_backend_test's
+// HungAbortStillLetsTheProcessExit.)
+enum class Loss { kKilled, kStopped };
+enum class Teardown { kAbortPendingThenDestroy, kDestroyIdle };
+struct MatrixCase {
+  BackendChoice backend;
+  Loss loss;
+  Teardown teardown;
+};
+std::string CaseName(const ::testing::TestParamInfo<MatrixCase>& info) {
+  return absl::StrCat(BackendChoiceName(info.param.backend), "_",
+                      info.param.loss == Loss::kKilled ? "killed" : "stopped", "_",
+                      info.param.teardown == Teardown::kDestroyIdle ? "destroy" : "abort");
+}
+
+class TeardownMatrix : public ::testing::TestWithParam<MatrixCase> {};
+
+TEST_P(TeardownMatrix, EndsWithinTheAbortBound) {
+  const MatrixCase c = GetParam();
+  const std::string profile = WriteShortAbortProfile();
+  const std::string pid_file = absl::StrCat(profile, ".victim");
+  constexpr int kWorld = 3, kVictim = 2;
+  std::vector<int> status = testing::RunRankProcesses(
+      kWorld,
+      [&](const testing::RankEnv& env) {
+        CommunicatorOptions o = env.options;
+        o.profile_file = profile;
+        o.backend = c.backend;
+        o.fallback = Fallback::kDeny;
+        o.timeout = absl::Seconds(20);                // the op would hang this long
+        o.failure_report_window = absl::Seconds(10);  // longer than the abort bound too
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        ASSERT_STREQ((*comm)->backend_name(), BackendChoiceName(c.backend));
+        ASSERT_TRUE((*comm)->Barrier().Wait().ok());
+        if (env.rank == kVictim) {
+          std::ofstream(pid_file) << getpid();
+          raise(c.loss == Loss::kKilled ? SIGKILL : SIGSTOP);
+          _exit(0);  // continued: nothing more to do
+        }
+        absl::SleepFor(absl::Milliseconds(300));  // the victim is gone or stopped by now
+        if (c.teardown == Teardown::kAbortPendingThenDestroy) {
+          std::vector<float> v(4096, 1.0f);
+          Work pending = (*comm)->Allreduce(HostView(v.data(), v.size()));
+          absl::SleepFor(absl::Milliseconds(200));
+          absl::Time start = absl::Now();
+          (*comm)->Abort(absl::CancelledError("test aborts"));
+          const absl::Duration abort_took = absl::Now() - start;
+          absl::Status s = pending.Wait(kAbortBound + kSlack);
+          const absl::Duration op_ended = absl::Now() - start;
+          EXPECT_FALSE(s.ok());
+          EXPECT_FALSE(absl::IsDeadlineExceeded(s) && op_ended >= kAbortBound + kSlack) << s;
+          std::fprintf(stderr, "rank %d: Abort() took %s, the pending op ended after %s: %s\n",
+                       env.rank, absl::FormatDuration(abort_took).c_str(),
+                       absl::FormatDuration(op_ended).c_str(), s.ToString().c_str());
+          EXPECT_LT(abort_took, absl::Seconds(1)) << "rank " << env.rank;
+          EXPECT_LT(op_ended, kAbortBound + kSlack) << "rank " << env.rank;
+        }
+        const absl::Time start = absl::Now();
+        comm->reset();
+        const absl::Duration took = absl::Now() - start;
+        std::fprintf(stderr, "rank %d: destroying the communicator took %s\n", env.rank,
+                     absl::FormatDuration(took).c_str());
+        EXPECT_LT(took, kAbortBound + kSlack) << "rank " << env.rank;
+        if (env.rank == 0) {
+          pid_t victim = 0;
+          std::ifstream(pid_file) >> victim;
+          if (victim > 0) kill(victim, SIGKILL);  // a stopped victim ends here
+        }
+      },
+      absl::Seconds(40));
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kVictim) continue;
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    DeadOrStoppedRank, TeardownMatrix,
+    ::testing::Values(
+        MatrixCase{BackendChoice::kGloo, Loss::kKilled, Teardown::kAbortPendingThenDestroy},
+        MatrixCase{BackendChoice::kGloo, Loss::kStopped, Teardown::kAbortPendingThenDestroy},
+        MatrixCase{BackendChoice::kShm, Loss::kKilled, Teardown::kAbortPendingThenDestroy},
+        MatrixCase{BackendChoice::kShm, Loss::kStopped, Teardown::kAbortPendingThenDestroy},
+        MatrixCase{BackendChoice::kGloo, Loss::kStopped, Teardown::kDestroyIdle},
+        MatrixCase{BackendChoice::kShm, Loss::kStopped, Teardown::kDestroyIdle}),
+    CaseName);
+
+}  // namespace
+}  // namespace adaptcomm

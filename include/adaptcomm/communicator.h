@@ -14,9 +14,12 @@
 #ifndef ADAPTCOMM_COMMUNICATOR_H_
 #define ADAPTCOMM_COMMUNICATOR_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -51,6 +54,48 @@ struct LaunchInfo {
 // else the launcher's local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else 0.
 // Allocate the tensors you pass to the communicator there.
 ADAPTCOMM_EXPORT int DefaultCudaDevice();
+
+// What a communicator does when a rank is lost for good: it did not vote in a coordinated retry
+// within the loss window (dead, stopped, or cut off from the store). See README, "Elastic
+// membership" (issue #14).
+enum class LossPolicy : uint8_t {
+  kProfile,  // the profile's elastic.on_loss (built-in default: fail)
+  kFail,     // every rank's op fails naming the lost ranks (the behaviour before #14)
+  kShrink,   // the survivors continue: renumbered densely in their old order, backend rebuilt
+  // Waits up to the replacement timeout for the lost ranks to vote after all (a stopped rank that
+  // resumes), then does `after_timeout` (shrink or fail). Admitting a new process is not built.
+  kWaitForReplacement,
+};
+
+// The communicator's current members, as a trainer sees them (Communicator::membership()).
+struct Membership {
+  int rank = 0;
+  int world_size = 1;
+  int generation = 0;  // of the backend; every coordinated retry or membership change adds one
+  int changes = 0;     // membership changes since creation
+  // The ranks lost in the last change, numbered as before it (empty if none happened).
+  std::vector<int> lost_ranks;
+  // initial_ranks[r]: what rank r was at creation.
+  std::vector<int> initial_ranks;
+  std::string reason;  // the last change, in words ("rank 2 lost (...); world 4 -> 3")
+};
+
+struct ElasticOptions {
+  LossPolicy on_loss = LossPolicy::kProfile;
+  // Never shrink below this many ranks (the change then fails every rank); 0: the profile's.
+  int min_world_size = 0;
+  // A rank that has not voted this long after a coordinated retry began is lost; zero: the
+  // profile's elastic.loss_window.
+  absl::Duration loss_window = absl::ZeroDuration();
+  // kWaitForReplacement: how long past the loss window to wait, then what to do (kShrink or
+  // kFail; kProfile: elastic.after_timeout).
+  absl::Duration replacement_timeout = absl::ZeroDuration();
+  LossPolicy after_timeout = LossPolicy::kProfile;
+  // Called once per membership change, on the communicator's worker thread, after the new backend
+  // is in place and before the interrupted op runs again. It may read membership() and queue ops
+  // but must not wait for one (that op runs only after the callback returns).
+  std::function<void(const Membership&)> on_change;
+};
 
 struct CommunicatorOptions {
   int rank = -1;        // -1: from the launcher's environment
@@ -98,6 +143,9 @@ struct CommunicatorOptions {
   // Also on when ADAPTCOMM_CHECK_COLLECTIVES=1. Off: a mismatch is still named, but only once it
   // made an op fail or time out (the retry vote compares the ops).
   bool check_collectives = false;
+  // Elastic membership (README, "Elastic membership"): what a permanently lost rank does to the
+  // job. Anything but fail turns coordinated retry on (at least 2 attempts).
+  ElasticOptions elastic;
 
   // Network interface for the Gloo transport. Empty: GLOO_SOCKET_IFNAME; if unset too, the local
   // address that routes to master_addr (loopback when the master is local).
@@ -163,8 +211,11 @@ class ADAPTCOMM_EXPORT Communicator {
   Communicator& operator=(const Communicator&) = delete;
   ~Communicator();
 
+  // The current rank and world size (they change when the communicator shrinks).
   int rank() const;
   int size() const;
+  // Rank, world size, generation and the ranks lost in the last membership change.
+  Membership membership() const;
   const char* backend_name() const;
   // Why this backend was chosen ("backend=gloo requested", "auto: NCCL not built", ...).
   const std::string& selection_reason() const;

@@ -155,6 +155,15 @@ struct PrecisionSettings {
   std::string fp16_overflow = "report";
 };
 
+// Elastic membership (README, "Elastic membership"; CommunicatorOptions::elastic wins).
+struct ElasticSettings {
+  std::string on_loss = "fail";                   // "fail", "shrink" or "wait_for_replacement"
+  int min_world_size = 1;                         // a shrink below it fails every rank instead
+  absl::Duration loss_window = absl::Seconds(5);  // a rank not voting this long is lost
+  absl::Duration replacement_timeout = absl::Seconds(60);
+  std::string after_timeout = "shrink";  // wait_for_replacement, once it ran out: shrink or fail
+};
+
 // The tuned table (issue #15, written by `adaptcomm tune`): the profile's `tuning.table`, or
 // ADAPTCOMM_TUNED_TABLE, which wins. A corrupt or hand-edited table (unknown knob, value out of
 // range...) is refused here with file:line and the reason, and the static profile applies. Its
@@ -192,6 +201,7 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
   FlightRecorderSettings flight_recorder;
   TraceSettings trace;
   PrecisionSettings precision;
+  ElasticSettings elastic;
   TuningSettings tuning;
 
   std::vector<SettingRecord> settings;  // every setting, sorted by key

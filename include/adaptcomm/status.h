@@ -10,6 +10,11 @@
 //                      Never retry: every attempt fails the same way.
 //   FailedPrecondition the communicator is not in a state for the call (already broken, name
 //                      already taken on the store, mismatched configuration). Not retryable as is.
+//   Aborted "membership changed: ..."  (IsMembershipChanged) a rank was lost for good and the
+//                      communicator shrank (elastic.on_loss: shrink): this op's meaning depends
+//                      on the old world (allgather, reduce_scatter, alltoall, a lost root or
+//                      peer) so it was not re-run. The communicator works on the new membership;
+//                      redo the step. Never retried by the library.
 //   Internal           a bug in adaptcomm or its dependencies; report it.
 #ifndef ADAPTCOMM_STATUS_H_
 #define ADAPTCOMM_STATUS_H_
@@ -21,6 +26,12 @@ namespace adaptcomm {
 
 // True for Unavailable, Aborted and DeadlineExceeded: the codes a coordinated retry may fix.
 ADAPTCOMM_EXPORT bool IsRetryable(const absl::Status& status);
+
+// The start of the message of a membership-changed status.
+inline constexpr char kMembershipChangedPrefix[] = "membership changed: ";
+// True for Aborted whose message starts with kMembershipChangedPrefix: the op was not run on the
+// communicator's new membership; the communicator itself is healthy.
+ADAPTCOMM_EXPORT bool IsMembershipChanged(const absl::Status& status);
 
 // Process exit code used by adaptcomm's tools and by a trainer that ends because of a
 // communication failure (distinct from crashes, signals and generic errors 1 and 2).

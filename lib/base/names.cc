@@ -1,4 +1,5 @@
 // Names of the public enums, and the retry classification of status codes.
+#include "absl/strings/match.h"
 #include "adaptcomm/backend.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/status.h"
@@ -97,6 +98,10 @@ const char* BackendChoiceName(BackendChoice choice) {
       return "shm";
   }
   return "unknown-backend";
+}
+
+bool IsMembershipChanged(const absl::Status& status) {
+  return absl::IsAborted(status) && absl::StartsWith(status.message(), kMembershipChangedPrefix);
 }
 
 bool IsRetryable(const absl::Status& status) {

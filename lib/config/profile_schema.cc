@@ -142,6 +142,41 @@ const std::vector<KeySpec>& Schema() {
        {"report", "fail", "resend_bf16", "resend_f32"},
        "report",
        "mixed-precision fp16 wire overflow: report, fail the op, or resend it in bf16/fp32"},
+      {"elastic.on_loss",
+       Kind::kEnum,
+       0,
+       0,
+       {"fail", "shrink", "wait_for_replacement"},
+       "fail",
+       "a rank lost for good: fail every rank, continue without it, or wait for it first"},
+      {"elastic.min_world_size",
+       Kind::kInt,
+       1,
+       1 << 24,
+       {},
+       "1",
+       "elastic: never shrink below this many ranks (fail instead)"},
+      {"elastic.loss_window",
+       Kind::kDuration,
+       0,
+       0,
+       {},
+       "5s",
+       "elastic: a rank that has not voted this long into a coordinated retry is lost"},
+      {"elastic.replacement_timeout",
+       Kind::kDuration,
+       0,
+       0,
+       {},
+       "60s",
+       "elastic wait_for_replacement: how long past the loss window to wait"},
+      {"elastic.after_timeout",
+       Kind::kEnum,
+       0,
+       0,
+       {"shrink", "fail"},
+       "shrink",
+       "elastic wait_for_replacement: what to do once the wait ran out"},
       {"tuning.table",
        Kind::kString,
        0,
@@ -170,8 +205,8 @@ const KeySpec* FindKey(const std::string& key) {
 
 const std::vector<std::string>& SectionNames() {
   static const auto* names = new std::vector<std::string>{
-      "timeouts",        "world_scaling", "retry",    "backend",  "gloo",
-      "flight_recorder", "trace",         "diagnose", "precision", "tuning"};
+      "timeouts", "world_scaling", "retry",     "backend", "gloo",  "flight_recorder",
+      "trace",    "diagnose",      "precision", "elastic", "tuning"};
   return *names;
 }
 

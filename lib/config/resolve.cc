@@ -257,6 +257,11 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   cfg.trace.enabled = v.At("trace.enabled").text == "true";
   cfg.trace.dir = v.At("trace.dir").text;
   cfg.precision.fp16_overflow = v.At("precision.fp16_overflow").text;
+  cfg.elastic.on_loss = v.At("elastic.on_loss").text;
+  cfg.elastic.min_world_size = static_cast<int>(v.Int("elastic.min_world_size"));
+  cfg.elastic.loss_window = v.Duration("elastic.loss_window");
+  cfg.elastic.replacement_timeout = v.Duration("elastic.replacement_timeout");
+  cfg.elastic.after_timeout = v.At("elastic.after_timeout").text;
 
   for (const auto& [key, l] : merge.values) {
     const KeySpec* spec = FindKey(key);

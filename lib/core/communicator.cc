@@ -25,6 +25,14 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
       deps_(std::move(deps)),
       rendezvous_(std::move(rendezvous)),
       selection_reason_(std::move(selection_reason)) {
+  // Checked at creation (CreateCommunicatorWith): the fallback is never taken there.
+  elastic_ = ResolveElasticPolicy(options_.elastic, config_.elastic).value_or(ElasticPolicy{});
+  {
+    absl::MutexLock lock(&membership_mu_);
+    membership_.rank = options_.rank;
+    membership_.world_size = options_.world_size;
+    for (int r = 0; r < options_.world_size; ++r) membership_.initial_ranks.push_back(r);
+  }
   trace::FlightRecorderOptions fr;
   fr.rank = options_.rank;
   fr.world_size = options_.world_size;
@@ -70,6 +78,9 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     fc.max_backoff = config_.retry.max_backoff;
     fc.jitter = config_.retry.jitter;
     fc.retryable = config_.retry.retryable;
+    fc.elastic = elastic_;
+    // A membership change is agreed by the coordinated retry's vote: elastic turns it on.
+    if (elastic_.elastic) fc.max_attempts = std::max(fc.max_attempts, 2);
     // A stalled rank gets its own op timeout to notice and vote, plus the report window.
     fc.vote_timeout = options_.timeout + options_.failure_report_window;
     fc.stop_bound = std::min(config_.timeouts.abort, absl::Seconds(2));
@@ -111,7 +122,9 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
         },
         BackendRebuilder{
             [this] { return WantsDegrade(); },
-            [this](int generation, bool degrade) { return RebuildBackend(generation, degrade); }});
+            [this](int generation, bool degrade) { return RebuildBackend(generation, degrade); },
+            [this](const MembershipChange& change) { ApplyMembership(change); },
+            [this](const MembershipChange& change) { MembershipInstalled(change); }});
   }
 }
 
@@ -123,7 +136,9 @@ CommunicatorImpl::~CommunicatorImpl() {
   if (coordinator_ != nullptr) coordinator_->Stop();
   executor_->Shutdown();
   if (timeline_ != nullptr) timeline_->Close().IgnoreError();  // the footer: a valid JSON file
-  LeaveRendezvous(std::move(rendezvous_), options_, executor_->backend().health().ok(),
+  CommunicatorOptions leaving = options_;
+  leaving.world_size = executor_->membership().world_size;  // the lost ranks never leave
+  LeaveRendezvous(std::move(rendezvous_), leaving, executor_->backend().health().ok(),
                   std::max(deadline - absl::Now(), absl::ZeroDuration()));
 }
 
@@ -141,7 +156,8 @@ Work CommunicatorImpl::Submit(OpDesc desc) {
     desc.timeout =
         long_operation_scopes_.load() > 0 ? config_.timeouts.long_operation : options_.timeout;
   }
-  absl::Status valid = ValidateOp(desc, options_.rank, options_.world_size);
+  const OpExecutor::MembershipSnapshot members = executor_->membership();
+  absl::Status valid = ValidateOp(desc, members.rank, members.world_size);
   if (valid.ok() && desc.wire.has_value() && !executor_->backend().capabilities().wire_cast) {
     valid = absl::InvalidArgumentError(
         absl::StrCat(OpKindName(desc.kind), ": backend ", executor_->backend().name(),
@@ -149,7 +165,42 @@ Work CommunicatorImpl::Submit(OpDesc desc) {
   }
   if (valid.ok()) valid = executor_->backend().Supports(desc);
   if (!valid.ok()) return Work(WorkImpl::Failed(std::move(desc), std::move(valid)));
-  return Work(executor_->Submit(std::move(desc)));
+  return Work(executor_->Submit(std::move(desc), members.epoch));
+}
+
+void CommunicatorImpl::ApplyMembership(const MembershipChange& change) {
+  absl::MutexLock lock(&membership_mu_);
+  std::vector<int> initial(change.new_world, -1);
+  for (int r = 0; r < change.old_world; ++r) {
+    if (change.old_to_new[r] >= 0) initial[change.old_to_new[r]] = membership_.initial_ranks[r];
+  }
+  membership_.initial_ranks = std::move(initial);
+  membership_.rank = change.new_rank;
+  membership_.world_size = change.new_world;
+  membership_.lost_ranks = change.lost;
+  membership_.reason = change.reason;
+  ++membership_.changes;
+}
+
+void CommunicatorImpl::MembershipInstalled(const MembershipChange& change) {
+  ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' goes on as rank ", change.new_rank,
+                " of ", change.new_world, " (", change.reason, ")");
+  if (options_.elastic.on_change) options_.elastic.on_change(membership());
+}
+
+void CommunicatorImpl::Abort(const absl::Status& reason) {
+  if (coordinator_ != nullptr) coordinator_->Cancel();  // a vote in progress ends too
+  executor_->Abort(reason);
+}
+
+Membership CommunicatorImpl::membership() const {
+  Membership m;
+  {
+    absl::MutexLock lock(&membership_mu_);
+    m = membership_;
+  }
+  m.generation = executor_->generation();
+  return m;
 }
 
 namespace {
@@ -303,6 +354,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int ge
   next.transport_host = rendezvous_.transport_host;
   next.transport_iface = rendezvous_.transport_iface;
   CommunicatorOptions o = options_;
+  {
+    absl::MutexLock lock(&membership_mu_);
+    o.rank = membership_.rank;  // changed by a shrink (ApplyMembership)
+    o.world_size = membership_.world_size;
+  }
   if (degrade) {
     o.backend = BackendChoice::kGloo;
     ADAPTCOMM_LOG(kError, "DEGRADING communicator '", options_.name,
@@ -338,6 +394,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
   absl::StatusOr<EffectiveConfig> config = ApplyProfile(o);
   if (!config.ok()) return config.status();
   const absl::Time deadline = absl::Now() + o.init_timeout;
+  if (absl::StatusOr<ElasticPolicy> elastic = ResolveElasticPolicy(o.elastic, config->elastic);
+      !elastic.ok()) {
+    return elastic.status();
+  }
 
   absl::StatusOr<Rendezvous> rv = JoinRendezvous(o, config->timeouts.store_connect, deadline);
   if (!rv.ok()) return rv.status();
@@ -404,8 +464,9 @@ Communicator::Communicator(std::unique_ptr<internal::CommunicatorImpl> impl)
     : impl_(std::move(impl)) {}
 Communicator::~Communicator() = default;
 
-int Communicator::rank() const { return impl_->options().rank; }
-int Communicator::size() const { return impl_->options().world_size; }
+int Communicator::rank() const { return impl_->executor().membership().rank; }
+int Communicator::size() const { return impl_->executor().membership().world_size; }
+Membership Communicator::membership() const { return impl_->membership(); }
 const EffectiveConfig& Communicator::config() const { return impl_->config(); }
 const char* Communicator::backend_name() const { return impl_->executor().backend().name(); }
 const std::string& Communicator::selection_reason() const { return impl_->selection_reason(); }
@@ -413,7 +474,7 @@ Capabilities Communicator::capabilities() const {
   return impl_->executor().backend().capabilities();
 }
 absl::Status Communicator::health() const { return impl_->executor().backend().health(); }
-void Communicator::Abort(const absl::Status& reason) { impl_->executor().Abort(reason); }
+void Communicator::Abort(const absl::Status& reason) { impl_->Abort(reason); }
 std::string Communicator::Explain() const {
   // The profile's settings, then what selection made of them (the backend, and whether a tuned
   // table fit this topology: lib/core/backend_selection.h).

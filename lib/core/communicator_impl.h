@@ -8,10 +8,12 @@
 #include <memory>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
 #include "lib/core/communicator_factory.h"
 #include "lib/core/failure_coordinator.h"
+#include "lib/core/membership.h"
 #include "lib/core/op_executor.h"
 #include "lib/core/rendezvous.h"
 #include "lib/trace/flight_recorder.h"
@@ -45,16 +47,27 @@ class CommunicatorImpl {
   // This rank's view of the degrade rule, counting one more retry (see BackendRebuilder).
   bool WantsDegrade();
   absl::StatusOr<std::unique_ptr<Backend>> RebuildBackend(int generation, bool degrade);
+  // Elastic: the agreed change (the next rebuild is for its rank and world), and its installation
+  // (the trainer's callback).
+  void ApplyMembership(const MembershipChange& change);
+  void MembershipInstalled(const MembershipChange& change);
+  Membership membership() const;
+  // Communicator::Abort: cancels a retry vote or failure report in progress, then aborts.
+  void Abort(const absl::Status& reason);
   void EnterLongOperation() { long_operation_scopes_.fetch_add(1); }
   void LeaveLongOperation() { long_operation_scopes_.fetch_sub(1); }
 
  private:
-  const CommunicatorOptions options_;
+  const CommunicatorOptions options_;  // as created (rank, world_size: at creation)
   const EffectiveConfig config_;
   const CommunicatorDeps deps_;
   std::atomic<int> long_operation_scopes_{0};
   int heartbeat_id_ = 0;
   std::deque<absl::Time> recoveries_;  // times of coordinated retries (rebuilds), for degrade
+  ElasticPolicy elastic_;
+  // The membership after the last agreed change (rank and world: what the next rebuild builds).
+  mutable absl::Mutex membership_mu_;
+  Membership membership_ ABSL_GUARDED_BY(membership_mu_);
   Rendezvous rendezvous_;
   std::shared_ptr<trace::FlightRecorder> recorder_;
   std::shared_ptr<trace::TimelineWriter> timeline_;  // null unless tracing is on

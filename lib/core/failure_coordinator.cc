@@ -1,8 +1,10 @@
 #include "lib/core/failure_coordinator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -29,6 +31,7 @@ std::string WakeKey(int rank, int64_t n) { return absl::StrCat("wake/", rank, "/
 std::string VoteKey(int generation, int rank) {
   return absl::StrCat("vote/", generation, "/", rank);
 }
+std::string MembersKey(int generation) { return absl::StrCat("members/", generation); }
 constexpr char kRetryPrefix[] = "retry:";
 constexpr char kFailPrefix[] = "fail:";
 
@@ -102,7 +105,15 @@ struct FailureCoordinator::Listener {
 FailureCoordinator::FailureCoordinator(FailureCoordinatorOptions options,
                                        std::shared_ptr<Store> store,
                                        trace::FlightRecorder* recorder)
-    : options_(std::move(options)), store_(std::move(store)), recorder_(recorder) {}
+    : options_(std::move(options)), store_(std::move(store)), recorder_(recorder) {
+  absl::MutexLock lock(&members_mu_);
+  for (int r = 0; r < options_.world_size; ++r) members_.push_back(r);
+}
+
+std::vector<int> FailureCoordinator::Members() const {
+  absl::MutexLock lock(&members_mu_);
+  return members_;
+}
 
 FailureCoordinator::~FailureCoordinator() { Stop(); }
 
@@ -121,6 +132,7 @@ void FailureCoordinator::Start(std::function<void(const absl::Status&)> abort,
 }
 
 void FailureCoordinator::Stop() {
+  Cancel();
   if (listener_ == nullptr) return;
   {
     absl::MutexLock lock(&listener_->mu);
@@ -218,6 +230,83 @@ absl::Status FailureCoordinator::CutOff(const absl::Status& store_error,
   return failed;
 }
 
+absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generation,
+                                                                   const std::vector<int>& members,
+                                                                   absl::Time deadline,
+                                                                   const absl::Status& cause) {
+  // The first rank to claim the decision writes the set it sees now; every other rank reads it.
+  // One key per generation, set once: every survivor applies the same set (no split brain).
+  const std::string key = MembersKey(generation);
+  absl::StatusOr<int64_t> claim = store_->Add(absl::StrCat(key, "/claim"), 1);
+  if (!claim.ok()) return CutOff(claim.status(), cause);
+  std::string decision;
+  if (*claim == 1) {
+    std::vector<int> present, lost;
+    for (size_t i = 0; i < members.size(); ++i) {
+      const bool voted = store_->Get(VoteKey(generation, members[i]), absl::ZeroDuration()).ok();
+      (voted ? present : lost).push_back(members[i]);
+    }
+    std::vector<int> lost_ranks;  // in the current numbering
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (std::find(lost.begin(), lost.end(), members[i]) != lost.end()) {
+        lost_ranks.push_back(static_cast<int>(i));
+      }
+    }
+    if (lost.empty()) {
+      decision = absl::StrCat("ok|", absl::StrJoin(present, ","));
+    } else if (!options_.elastic.shrink_on_loss) {
+      decision = absl::StrCat(
+          "fail|rank(s) ", absl::StrJoin(lost_ranks, ", "), " did not vote within ",
+          absl::FormatDuration(options_.elastic.loss_window),
+          " (dead or stalled; elastic.on_loss: ", options_.elastic.name, ", then fail)");
+    } else if (static_cast<int>(present.size()) < options_.elastic.min_world_size) {
+      decision = absl::StrCat(
+          "fail|rank(s) ", absl::StrJoin(lost_ranks, ", "), " lost (did not vote within ",
+          absl::FormatDuration(options_.elastic.loss_window), "); ", present.size(),
+          " rank(s) left, below elastic.min_world_size ", options_.elastic.min_world_size);
+    } else {
+      decision = absl::StrCat("ok|", absl::StrJoin(present, ","));
+    }
+    if (absl::Status s = Publish(*store_, key, decision, deadline); !s.ok()) {
+      return CutOff(s, cause);
+    }
+  } else {
+    absl::StatusOr<std::string> got =
+        store_->Get(key, std::max(deadline - absl::Now(), absl::Seconds(5)));
+    if (!got.ok()) {
+      if (StoreUnreachable(got.status()) && !absl::IsDeadlineExceeded(got.status())) {
+        return CutOff(got.status(), cause);
+      }
+      return absl::UnavailableError(absl::StrCat(
+          "membership of communicator '", options_.name, "' for generation ", generation,
+          " was never decided (the rank that claimed it is gone: ", got.status().message(),
+          "); first error here: ", cause.message()));
+    }
+    decision = *got;
+  }
+  std::vector<std::string> parts = absl::StrSplit(decision, absl::MaxSplits('|', 1));
+  if (parts.size() != 2 || parts[0] != "ok") {
+    vote_failed_.store(true);
+    return absl::UnavailableError(absl::StrCat(
+        "coordinated retry of communicator '", options_.name, "' impossible: ",
+        parts.size() == 2 ? parts[1] : decision, "; first error here: ", cause.message()));
+  }
+  std::vector<int> survivors;
+  for (absl::string_view id : absl::StrSplit(parts[1], ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (absl::SimpleAtoi(id, &v)) survivors.push_back(v);
+  }
+  if (std::find(survivors.begin(), survivors.end(), options_.rank) == survivors.end()) {
+    vote_failed_.store(true);
+    return absl::UnavailableError(absl::StrCat(
+        "communicator '", options_.name, "': this rank (rank ", options_.rank,
+        " at creation) did not vote within ", absl::FormatDuration(options_.elastic.loss_window),
+        " and the other ranks went on without it (elastic.on_loss: ", options_.elastic.name,
+        "); first error here: ", cause.message()));
+  }
+  return survivors;
+}
+
 absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_t position,
                                                          const std::string& fingerprint,
                                                          int attempt, const absl::Status& cause) {
@@ -229,47 +318,76 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
     (void)recorder_->Dump(
         absl::StrCat("coordinated retry to generation ", generation, ": ", cause.message()));
   }
-  const absl::Time vote_deadline = absl::Now() + options_.vote_timeout;
+  const std::vector<int> members = Members();
+  const bool elastic = options_.elastic.elastic;
+  const absl::Time started = absl::Now();
+  // Elastic: a rank that has not voted by the loss deadline is lost; the store requests around the
+  // decision get a little more than that.
+  const absl::Time loss_deadline = started + options_.elastic.loss_window;
+  const absl::Time vote_deadline =
+      started +
+      (elastic ? std::max(options_.vote_timeout, options_.elastic.loss_window + absl::Seconds(5))
+               : options_.vote_timeout);
   const bool wants_degrade = rebuilder_.wants_degrade && rebuilder_.wants_degrade();
   absl::Status store_error =
       Publish(*store_, VoteKey(generation, options_.rank),
               absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", fingerprint), vote_deadline);
   if (!store_error.ok()) return CutOff(store_error, cause);
-  for (int r = 0; r < options_.world_size && store_error.ok(); ++r) {
-    if (r != options_.rank) {
-      store_error = Wake(*store_, r, absl::StrCat(kRetryPrefix, generation), vote_deadline);
+  for (size_t i = 0; i < members.size() && store_error.ok(); ++i) {
+    if (members[i] != options_.rank) {
+      store_error =
+          Wake(*store_, members[i], absl::StrCat(kRetryPrefix, generation), vote_deadline);
     }
   }
   std::vector<std::string> keys;
-  for (int r = 0; r < options_.world_size; ++r) keys.push_back(VoteKey(generation, r));
+  for (int id : members) keys.push_back(VoteKey(generation, id));
   // Poll rather than Wait: a rank that already destroyed its communicator ("left/<r>") will never
   // vote, and saying so at once beats waiting out the vote timeout.
-  const absl::Time deadline = vote_deadline;
-  std::vector<int> missing, departed;
+  const absl::Time deadline = elastic ? loss_deadline : vote_deadline;
+  std::vector<int> missing, departed;  // current ranks
   // A round that cannot reach the store ends early and is tried again (a link may flap back
   // before the deadline); the last round's error decides whether this rank was cut off.
   while (true) {
     missing.clear();
     departed.clear();
     store_error = absl::OkStatus();
-    for (int r = 0; r < options_.world_size && store_error.ok(); ++r) {
+    for (size_t r = 0; r < members.size() && store_error.ok(); ++r) {
       absl::StatusOr<std::string> vote = store_->Get(keys[r], absl::ZeroDuration());
       if (vote.ok()) continue;
       if (StoreUnreachable(vote.status())) {
         store_error = vote.status();
         break;
       }
-      (store_->Get(absl::StrCat("left/", r), absl::ZeroDuration()).ok() ? departed : missing)
-          .push_back(r);
+      (store_->Get(absl::StrCat("left/", members[r]), absl::ZeroDuration()).ok() ? departed
+                                                                                 : missing)
+          .push_back(static_cast<int>(r));
     }
-    if ((store_error.ok() && missing.empty() && departed.empty()) || !departed.empty() ||
-        absl::Now() >= deadline) {
+    if (cancelled_.load()) {
+      return absl::AbortedError(absl::StrCat("communicator '", options_.name,
+                                             "' was aborted during a coordinated retry vote; "
+                                             "first error here: ",
+                                             cause.message()));
+    }
+    if ((store_error.ok() && missing.empty() && (elastic || departed.empty())) ||
+        (!elastic && !departed.empty()) || absl::Now() >= deadline) {
       break;
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
   if (!store_error.ok()) return CutOff(store_error, cause);
-  if (!missing.empty() || !departed.empty()) {
+  // Elastic: the members that go on, as the store decided (the same on every survivor).
+  std::vector<int> survivors = members;
+  if (elastic) {
+    absl::StatusOr<std::vector<int>> decided =
+        DecideMembers(generation, members, vote_deadline, cause);
+    if (!decided.ok()) {
+      if (recorder_ != nullptr) (void)recorder_->Dump(std::string(decided.status().message()));
+      return decided.status();
+    }
+    survivors = *std::move(decided);
+    keys.clear();
+    for (int id : survivors) keys.push_back(VoteKey(generation, id));
+  } else if (!missing.empty() || !departed.empty()) {
     std::string who;
     if (!departed.empty()) {
       absl::StrAppend(&who, "rank(s) ", absl::StrJoin(departed, ", "),
@@ -292,7 +410,7 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   // Ranks at the same position must be in the same op; if not, the collectives are mismatched
   // and no retry can help.
   std::map<uint64_t, std::map<std::string, std::vector<int>>> ops_at;
-  for (int r = 0; r < options_.world_size; ++r) {
+  for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
     absl::StatusOr<std::string> v = store_->Get(keys[r], absl::ZeroDuration());
     if (!v.ok()) continue;
     std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 2));
@@ -317,7 +435,54 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
     if (recorder_ != nullptr) (void)recorder_->Dump(std::string(mismatch.message()));
     return mismatch;
   }
-  absl::SleepFor(Backoff(attempt));
+  std::optional<MembershipChange> change;
+  if (survivors != members) {
+    MembershipChange c;
+    c.old_world = static_cast<int>(members.size());
+    c.new_world = static_cast<int>(survivors.size());
+    c.old_to_new.assign(members.size(), -1);
+    for (size_t i = 0; i < members.size(); ++i) {
+      auto it = std::find(survivors.begin(), survivors.end(), members[i]);
+      if (it == survivors.end()) {
+        c.lost.push_back(static_cast<int>(i));
+      } else {
+        c.old_to_new[i] = static_cast<int>(it - survivors.begin());
+      }
+      if (members[i] == options_.rank) c.new_rank = c.old_to_new[i];
+    }
+    std::vector<std::string> lost_names;
+    for (int r : c.lost) {
+      lost_names.push_back(members[r] == r
+                               ? absl::StrCat(r)
+                               : absl::StrCat(r, " (rank ", members[r], " at creation)"));
+    }
+    c.reason = absl::StrCat(
+        "rank(s) ", absl::StrJoin(lost_names, ", "), " of ", c.old_world, " lost (no vote within ",
+        absl::FormatDuration(options_.elastic.loss_window), ": dead, stalled or cut off); world ",
+        c.old_world, " -> ", c.new_world, " at generation ", generation,
+        " (elastic.on_loss: ", options_.elastic.name, ")");
+    ADAPTCOMM_LOG(kError, "communicator '", options_.name, "': ", c.reason, "; this rank is now ",
+                  c.new_rank, " (cause: ", cause.message(), ")");
+    if (recorder_ != nullptr) (void)recorder_->Dump(c.reason);
+    {
+      absl::MutexLock lock(&members_mu_);
+      members_ = survivors;
+    }
+    if (rebuilder_.apply_membership) rebuilder_.apply_membership(c);
+    change = std::move(c);
+  } else {
+    // A membership change rebuilds at once. The backoff ends early if the communicator is aborted.
+    const absl::Time until = absl::Now() + Backoff(attempt);
+    while (absl::Now() < until && !cancelled_.load()) {
+      absl::SleepFor(std::min(until - absl::Now(), absl::Milliseconds(10)));
+    }
+    if (cancelled_.load()) {
+      return absl::AbortedError(absl::StrCat("communicator '", options_.name,
+                                             "' was aborted during a coordinated retry; first "
+                                             "error here: ",
+                                             cause.message()));
+    }
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend = rebuilder_.build(generation, degrade);
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
@@ -329,6 +494,12 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   plan.restart_seq = restart;
   plan.generation = generation;
   plan.backend = std::move(*backend);
+  if (change.has_value()) {
+    plan.change = change;
+    if (rebuilder_.installed) {
+      plan.on_installed = [installed = rebuilder_.installed, c = *change] { installed(c); };
+    }
+  }
   return plan;
 }
 
@@ -342,8 +513,11 @@ absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status stat
   absl::Status told = store_unreachable_.load()
                           ? absl::UnavailableError("the store was already unreachable")
                           : Publish(*store_, FailureKey(options_.rank), cause);
-  for (int r = 0; r < options_.world_size && told.ok(); ++r) {
-    if (r != options_.rank) told = Wake(*store_, r, absl::StrCat(kFailPrefix, options_.rank));
+  const std::vector<int> members = Members();
+  for (size_t i = 0; i < members.size() && told.ok(); ++i) {
+    if (members[i] != options_.rank) {
+      told = Wake(*store_, members[i], absl::StrCat(kFailPrefix, options_.rank));
+    }
   }
   if (!told.ok() && StoreUnreachable(told)) {
     store_unreachable_.store(true);
@@ -363,12 +537,12 @@ absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status stat
   // Every other rank either failed too (its own report) or was woken (its ack). Poll them all in
   // rounds until each answered or the window closed (one last round after it closes).
   const absl::Time deadline = absl::Now() + options_.report_window;
-  std::vector<int> pending;
-  for (int r = 0; r < options_.world_size; ++r) {
-    if (r != options_.rank) pending.push_back(r);
+  std::vector<int> pending;  // ids (ranks at creation)
+  for (int id : members) {
+    if (id != options_.rank) pending.push_back(id);
   }
   std::vector<std::string> failed;
-  while (!pending.empty()) {
+  while (!pending.empty() && !cancelled_.load()) {
     const bool last_round = absl::Now() >= deadline;
     std::vector<int> still;
     for (int r : pending) {

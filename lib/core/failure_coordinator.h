@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "adaptcomm/store.h"
+#include "lib/core/membership.h"
 #include "lib/core/op_executor.h"
 #include "lib/trace/flight_recorder.h"
 
@@ -43,6 +45,10 @@ struct FailureCoordinatorOptions {
   std::vector<absl::StatusCode> retryable = {absl::StatusCode::kUnavailable,
                                              absl::StatusCode::kAborted,
                                              absl::StatusCode::kDeadlineExceeded};
+  // Elastic membership (lib/core/membership.h): with elastic.elastic, a rank that has not voted
+  // within elastic.loss_window is lost, and the set of survivors is decided once per generation
+  // through the store ("members/<g>": the first rank to claim it writes what it saw).
+  ElasticPolicy elastic;
 };
 
 // How a retry rebuilds the backend. `wants_degrade` is asked once per vote: this rank's own view
@@ -52,11 +58,17 @@ struct FailureCoordinatorOptions {
 struct BackendRebuilder {
   std::function<bool()> wants_degrade;
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(int generation, bool degrade)> build;
+  // Elastic: a membership change was agreed; `build` is called next for its new rank and world.
+  std::function<void(const MembershipChange&)> apply_membership;
+  // Elastic: the new backend of that change is installed (before any op runs on it).
+  std::function<void(const MembershipChange&)> installed;
 };
 
 // Also the RecoveryHandler: the vote of a coordinated retry runs through the same store keys.
 //   vote/<g>/<rank> = "<first op the rank has not completed>|<degrade 0/1>|<op fingerprint>";
 //   restart = the smallest position; degrade = any rank's wish.
+// Keys are per rank at creation ("id"): a shrink renumbers the ranks but not their keys.
+//   members/<g> = "ok|<id>,<id>,..." or "fail|<why>" (elastic: the set that goes on).
 // Wake-ups are numbered (wake/<rank>/<n>, n from an Add on wakes/<rank>) so none is lost.
 class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
  public:
@@ -69,8 +81,12 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   // generation g calls join_retry(g).
   void Start(std::function<void(const absl::Status&)> abort, std::function<void(int)> join_retry,
              BackendRebuilder rebuilder);
-  // Stops listening: no callback runs after it returns. Bounded by options.stop_bound.
+  // Stops listening: no callback runs after it returns. Bounded by options.stop_bound. Also
+  // cancels a vote or failure report in progress (Cancel).
   void Stop();
+  // Ends a retry vote, a membership decision or a failure report in progress within ~10 ms (the
+  // communicator is aborted or destroyed: waiting out the vote window would hold its teardown).
+  void Cancel() { cancelled_.store(true); }
 
   absl::Status OnOpFailure(const OpDesc& op, absl::Status status) override;
   absl::StatusOr<RecoveryPlan> Recover(int generation, uint64_t position,
@@ -86,6 +102,13 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   absl::Duration Backoff(int attempt) const;
   // The error of a retry vote this rank could not take part in for want of the store.
   absl::Status CutOff(const absl::Status& store_error, const absl::Status& cause);
+  // The ranks at creation of the current members, in current rank order.
+  std::vector<int> Members() const;
+  // Elastic: the survivors' set for `generation`, decided once through the store. `voted`: the
+  // members this rank saw vote (ids). Returns the ids that go on, or the error every rank fails
+  // with.
+  absl::StatusOr<std::vector<int>> DecideMembers(int generation, const std::vector<int>& members,
+                                                 absl::Time deadline, const absl::Status& cause);
 
   const FailureCoordinatorOptions options_;
   const std::shared_ptr<Store> store_;
@@ -94,7 +117,10 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   std::atomic<bool> reported_{false};           // only the first failure is coordinated
   std::atomic<bool> vote_failed_{false};        // a retry vote ran out: the missing ranks are known
   std::atomic<bool> store_unreachable_{false};  // a store request failed for want of the store
+  std::atomic<bool> cancelled_{false};          // Cancel(): stop voting and reporting
   std::shared_ptr<Listener> listener_;          // null until Start()
+  mutable absl::Mutex members_mu_;
+  std::vector<int> members_ ABSL_GUARDED_BY(members_mu_);
 };
 
 }  // namespace adaptcomm::internal

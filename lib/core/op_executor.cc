@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "adaptcomm/status.h"
 #include "lib/base/log.h"
 
 namespace adaptcomm::internal {
@@ -53,7 +54,7 @@ void OpExecutor::Start() {
   watchdog_ = std::thread([this] { WatchdogLoop(); });
 }
 
-std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
+std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
   absl::MutexLock lock(&mu_);
   if (aborted_.ok() && !stopping_ && OnDevice(desc)) {
     if (StreamOrdered* ordered = backend().stream_ordered(); ordered != nullptr) {
@@ -66,6 +67,7 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc) {
   }
   desc.seq = next_seq_++;
   auto work = std::make_shared<WorkImpl>(std::move(desc), weak_from_this());
+  work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
   if (work->desc().issued_at != nullptr && CanLaunchInlineLocked()) {
     LaunchInlineLocked(work);
     return work;
@@ -107,6 +109,7 @@ void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
   (void)work->MarkRunning();
   busy_ = true;
   running_ = work;
+  executing_ = work;
   running_since_ = absl::Now();
   mu_.Unlock();
   for (const auto& o : observers_) o->OnStart(work->desc(), running_since_);
@@ -114,6 +117,7 @@ void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
   absl::Status status = RunWithRetry(work, &launched);
   mu_.Lock();
   running_ = nullptr;
+  executing_ = nullptr;
   busy_ = false;
   // Not launched: refused before anything was queued (InvalidArgument), or the backend is no
   // longer stream-ordered and ran it to completion.
@@ -126,6 +130,7 @@ void OpExecutor::RunHeadLocked() {
   if (!work->MarkRunning()) return;  // finished by an abort while queued
   busy_ = true;
   running_ = work;
+  executing_ = work;
   const absl::Time started = absl::Now();
   running_since_ = started;
   const OpDesc& desc = work->desc();
@@ -137,12 +142,14 @@ void OpExecutor::RunHeadLocked() {
     // On the device (or handed to the device-failure path): the watchdog finishes it.
     mu_.Lock();
     running_ = nullptr;
+    executing_ = nullptr;
     busy_ = false;
     return;
   }
   if (!status.ok()) {
     ADAPTCOMM_LOG(kDebug, OpKindName(desc.kind), " #", desc.seq, " failed: ", status.ToString());
-    if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status)) {
+    if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status) &&
+        !IsMembershipChanged(status)) {
       {
         // The backend returned: the watchdog has nothing left to bound; the handler bounds itself.
         absl::MutexLock lock(&mu_);
@@ -154,6 +161,7 @@ void OpExecutor::RunHeadLocked() {
   mu_.Lock();
   CompleteLocked(work, std::move(status));
   running_ = nullptr;
+  executing_ = nullptr;
   busy_ = false;
 }
 
@@ -169,9 +177,32 @@ size_t OpExecutor::InFlightWindow() const {
   return retries ? kInFlightWithRetries : kInFlightWithoutRetries;
 }
 
+absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) const {
+  std::vector<MembershipChange> since;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t e = static_cast<size_t>(std::max(work.membership_epoch(), 0)); e < changes_.size();
+         ++e) {
+      since.push_back(changes_[e]);
+    }
+  }
+  std::vector<const MembershipChange*> changes;
+  for (const MembershipChange& c : since) changes.push_back(&c);
+  return TranslateOp(work.desc(), changes);
+}
+
 absl::Status OpExecutor::Execute(const std::shared_ptr<WorkImpl>& work, bool* launched) {
   *launched = false;
-  const OpDesc& desc = work->desc();
+  OpDesc renumbered;
+  const OpDesc* current = &work->desc();
+  if (work->membership_epoch() != membership().epoch) {
+    // Issued before a membership change: run as it reads now, or fail it for the trainer to redo.
+    absl::StatusOr<OpDesc> translated = ForCurrentMembership(*work);
+    if (!translated.ok()) return translated.status();
+    renumbered = *std::move(translated);
+    current = &renumbered;
+  }
+  const OpDesc& desc = *current;
   if (desc.wire.has_value() && !backend().capabilities().wire_cast) {
     // A rebuilt backend of another kind would run it as a plain f32 allreduce.
     return absl::InvalidArgumentError(
@@ -233,9 +264,10 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, boo
   absl::Status status = Execute(work, launched);
   // A failure while another rank's retry is pending (the backend was interrupted or already
   // broken for it) joins that retry whatever its code; otherwise the policy decides.
-  for (int attempt = 1; !status.ok() && replayable && attempt < recovery_handler_->max_attempts() &&
-                        !Aborted() && !absl::IsInvalidArgument(status) &&
-                        (recovery_handler_->Retryable(status) || RecoveryRequested());
+  for (int attempt = 1;
+       !status.ok() && replayable && attempt < recovery_handler_->max_attempts() && !Aborted() &&
+       !absl::IsInvalidArgument(status) && !IsMembershipChanged(status) &&
+       (recovery_handler_->Retryable(status) || RecoveryRequested());
        ++attempt) {
     {
       // The vote and the rebuild bound themselves; the watchdog resumes for the re-run.
@@ -244,6 +276,12 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, boo
     }
     status = RecoverFrom(desc.seq, Fingerprint(desc), attempt, status);
     if (!status.ok()) break;  // no agreement: the error names who was missing
+    if (Aborted()) {
+      // Abort() came during the vote and released the caller: its buffers are its own again.
+      absl::MutexLock lock(&mu_);
+      status = aborted_;
+      break;
+    }
     {
       absl::MutexLock lock(&mu_);
       running_ = work;
@@ -277,7 +315,10 @@ absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& finge
     return plan.status();
   }
   const uint64_t restart = plan->restart_seq;
-  InstallBackend(std::move(plan->backend), plan->generation);
+  const bool changed = plan->change.has_value();
+  std::optional<MembershipChange> change = plan->change;
+  InstallBackend(std::move(plan->backend), plan->generation, std::move(plan->change));
+  if (plan->on_installed) plan->on_installed();
   if (restart < position && !replay_.Covers(restart, position - 1)) {
     return absl::FailedPreconditionError(
         absl::StrCat("coordinated retry must restart at #", restart, " but rank ", backend().rank(),
@@ -287,13 +328,21 @@ absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& finge
     // Completed here already: re-run for the ranks that did not complete it, into scratch.
     absl::StatusOr<OpDesc> copy = replay_.DetachedCopy(seq);
     if (!copy.ok()) return copy.status();
+    if (changed) {
+      // Ranks behind this one fail the op if its meaning did not survive; so does its re-run here.
+      absl::StatusOr<OpDesc> renumbered = TranslateOp(*copy, {&*change});
+      if (!renumbered.ok()) continue;
+      copy = std::move(renumbered);
+    }
     if (absl::Status s = backend().Run(*copy); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-void OpExecutor::InstallBackend(std::unique_ptr<Backend> backend, int generation) {
+void OpExecutor::InstallBackend(std::unique_ptr<Backend> backend, int generation,
+                                std::optional<MembershipChange> change) {
   absl::MutexLock lock(&mu_);
+  if (change.has_value()) changes_.push_back(*std::move(change));
   backend_.store(backend.get());
   owned_backends_.push_back(std::move(backend));
   generation_ = generation;
@@ -334,6 +383,12 @@ int OpExecutor::generation() const {
   return generation_;
 }
 
+OpExecutor::MembershipSnapshot OpExecutor::membership() const {
+  absl::MutexLock lock(&mu_);
+  const Backend& b = *backend_.load();
+  return MembershipSnapshot{static_cast<int>(changes_.size()), b.rank(), b.size(), generation_};
+}
+
 void OpExecutor::RecoverIdleLocked() {
   busy_ = true;
   const uint64_t position = last_completed_seq_ + 1;
@@ -358,7 +413,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
   const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
   absl::Status status = std::move(cause);
   for (int attempt = 1; retries && attempt < recovery_handler_->max_attempts() && !Aborted() &&
-                        !absl::IsInvalidArgument(status) &&
+                        !absl::IsInvalidArgument(status) && !IsMembershipChanged(status) &&
                         (recovery_handler_->Retryable(status) || RecoveryRequested()) &&
                         replay_.Covers(oldest.seq, failed.back()->desc().seq);
        ++attempt) {
@@ -396,7 +451,8 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
     if (failed.empty()) return;
   }
   const std::shared_ptr<WorkImpl> head = failed.front();
-  if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status)) {
+  if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status) &&
+      !IsMembershipChanged(status)) {
     status = failure_handler_->OnOpFailure(head->desc(), std::move(status));
   }
   absl::MutexLock lock(&mu_);
@@ -565,6 +621,10 @@ void OpExecutor::Abort(const absl::Status& reason) {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = reason.ok() ? absl::AbortedError("aborted") : reason;
     dropped.swap(queue_);
+    // The op being executed may be in a coordinated retry's vote or a failure report (store
+    // waits the backend's abort cannot end): its waiters are released now; the worker finishes
+    // later, and its result is dropped (the first Finish wins).
+    if (executing_ != nullptr && running_ == nullptr) dropped.push_back(executing_);
     // On the device: their Works fail now (Synchronize returns at once); the watchdog still
     // retires them as the aborted backend ends them.
     for (const InFlight& f : in_flight_) dropped.push_back(f.work);

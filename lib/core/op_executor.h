@@ -28,6 +28,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -37,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "adaptcomm/backend.h"
+#include "lib/core/membership.h"
 #include "lib/core/replay_log.h"
 #include "lib/core/work_impl.h"
 #include "lib/trace/op_observer.h"
@@ -65,6 +67,11 @@ struct RecoveryPlan {
   uint64_t restart_seq = 0;  // the smallest position over all ranks
   int generation = 0;        // of the new backend
   std::unique_ptr<Backend> backend;
+  // Set when ranks were lost and the survivors go on without them (elastic shrink): the backend is
+  // built for the new world, and ops issued before it are renumbered or failed (TranslateOp).
+  std::optional<MembershipChange> change;
+  // Called once the new backend is installed, before any op runs on it (the trainer's callback).
+  std::function<void()> on_installed;
 };
 
 // Agrees with every rank on a restart point after a retryable failure and builds the next
@@ -115,6 +122,15 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // older generation) are ignored.
   void RequestRecovery(int generation);
   int generation() const;
+  // The membership ops are issued under: its number (changes so far), and the current backend's
+  // rank and size, read together.
+  struct MembershipSnapshot {
+    int epoch = 0;
+    int rank = 0;
+    int world_size = 1;
+    int generation = 0;
+  };
+  MembershipSnapshot membership() const;
   // Whether Abort() was called (by the caller or because another rank failed): never retried.
   bool Aborted() const;
   // Whether another rank asked for a retry this executor has not joined yet.
@@ -123,7 +139,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void Start();
   // Queues `desc` (seq assigned here) and returns its work. For a stream-ordered device op also
   // records its place in the caller's stream (StreamOrdered::MarkIssue).
-  std::shared_ptr<WorkImpl> Submit(OpDesc desc);
+  // `epoch`: the membership the caller validated `desc` against (membership().epoch); -1: the
+  // current one.
+  std::shared_ptr<WorkImpl> Submit(OpDesc desc, int epoch = -1);
   // A caller that waits for `work` without a bound runs it on its own thread when nothing else can
   // run in the meantime: `work` is next in the queue, the executor is idle (no op running, none in
   // flight, no retry pending), it is a host op and the backend runs on any thread
@@ -179,7 +197,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // REQUIRES: mu_ held.
   std::deque<std::shared_ptr<WorkImpl>> TakeUnfinishedInFlightLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void InstallBackend(std::unique_ptr<Backend> backend, int generation);
+  void InstallBackend(std::unique_ptr<Backend> backend, int generation,
+                      std::optional<MembershipChange> change);
+  // `work`'s op as it reads on the current membership (TranslateOp), or why it cannot run there.
+  absl::StatusOr<OpDesc> ForCurrentMembership(const WorkImpl& work) const;
 
   // The current backend. Replaced only by the executing thread (busy_) during a retry; earlier
   // ones stay alive in owned_backends_ because other threads may still call Abort()/health() on
@@ -187,6 +208,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   std::atomic<Backend*> backend_;
   std::vector<std::unique_ptr<Backend>> owned_backends_ ABSL_GUARDED_BY(mu_);
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // Membership changes so far: changes_[e] leads from epoch e to e + 1.
+  std::vector<MembershipChange> changes_ ABSL_GUARDED_BY(mu_);
   int requested_generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
   ReplayLog replay_;            // used only by the executing thread (busy_)
@@ -196,6 +219,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   std::deque<std::shared_ptr<WorkImpl>> queue_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // the worker is inside RunHeadLocked's backend phase
   std::shared_ptr<WorkImpl> running_ ABSL_GUARDED_BY(mu_);  // the op the watchdog bounds
+  // The op the executing thread is in, also while it votes or reports (running_ is then null).
+  std::shared_ptr<WorkImpl> executing_ ABSL_GUARDED_BY(mu_);
   absl::Time running_since_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -26,6 +26,10 @@ class WorkImpl {
   static std::shared_ptr<WorkImpl> Failed(OpDesc desc, absl::Status status);
 
   const OpDesc& desc() const { return desc_; }
+  // The membership (OpExecutor::membership().epoch) the op was issued under. Set by the executor
+  // before the work is shared.
+  int membership_epoch() const { return membership_epoch_; }
+  void set_membership_epoch(int epoch) { membership_epoch_ = epoch; }
 
   // Pending -> running; the timeout clock starts here. False if already terminal (aborted).
   bool MarkRunning();
@@ -51,6 +55,7 @@ class WorkImpl {
   const OpDesc desc_;
   const std::weak_ptr<OpExecutor> executor_;
   const absl::Time enqueue_time_;
+  int membership_epoch_ = 0;
   mutable absl::Mutex mu_;
   WorkState state_ ABSL_GUARDED_BY(mu_) = WorkState::kPending;
   absl::Status status_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,296 @@
+// Elastic membership (#14): one of 4 ranks is killed (SIGKILL, real processes) mid-run and the
+// survivors go on as a world of 3, on Gloo and on shared memory. Every result after the loss is
+// checked element by element against the sum over the ranks that are still members.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "adaptcomm/adaptcomm.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lib/core/membership.h"
+#include "tests/harness.h"
+
+namespace adaptcomm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::RankEnv;
+
+constexpr int kWorld = 4;
+constexpr int kVictim = 2;
+
+std::string FreshDir(const std::string& name) {
+  std::string dir = absl::StrCat(::testing::TempDir(), "/elastic_", name, "_", getpid());
+  std::string cmd = absl::StrCat("rm -rf '", dir, "' && mkdir -p '", dir, "'");
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return dir;
+}
+
+int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+int64_t ReadMicros(const std::string& path) {
+  int64_t t = 0;
+  std::ifstream(path) >> t;
+  return t;
+}
+
+// Input of the rank that was `initial` at creation, for step s, element i: small integers, so
+// float sums are exact.
+float Input(int initial, int step, size_t i) {
+  return static_cast<float>((initial + 1) * ((step % 5) + 1) + static_cast<int>(i % 11));
+}
+
+CommunicatorOptions ElasticOptionsFor(const RankEnv& env, BackendChoice backend,
+                                      const std::string& dir) {
+  CommunicatorOptions o = env.options;
+  o.backend = backend;
+  o.fallback = Fallback::kDeny;
+  o.timeout = absl::Seconds(10);
+  o.failure_report_window = absl::Seconds(2);
+  o.flight_recorder_dir = dir;
+  o.elastic.on_loss = LossPolicy::kShrink;
+  o.elastic.loss_window = absl::Seconds(1);
+  o.elastic.min_world_size = 2;
+  return o;
+}
+
+// Allreduces step after step; the victim dies (SIGKILL) before its op of `kill_step`. The
+// survivors' op of that step completes on the 3 that are left, and so does every later one.
+void KillOneOfFourAllreduce(BackendChoice backend) {
+  const std::string dir = FreshDir(BackendChoiceName(backend));
+  constexpr int kSteps = 80, kKillStep = 30;
+  std::vector<int> status = testing::RunRankProcesses(
+      kWorld,
+      [&](const RankEnv& env) {
+        int changes_seen = 0;
+        CommunicatorOptions o = ElasticOptionsFor(env, backend, dir);
+        o.elastic.on_change = [&](const Membership& m) {
+          ++changes_seen;
+          std::ofstream(absl::StrCat(dir, "/callback.", env.rank)) << m.world_size;
+        };
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        ASSERT_STREQ((*comm)->backend_name(), BackendChoiceName(backend));
+        std::vector<float> buf;
+        bool recovered = false;
+        for (int step = 0; step < kSteps; ++step) {
+          if (env.rank == kVictim && step == kKillStep) {
+            std::ofstream(dir + "/killed_at") << NowMicros();
+            raise(SIGKILL);
+          }
+          const size_t n = step % 3 == 0 ? 70000 : 1000 + step;  // both shm paths, Gloo's ring
+          buf.resize(n);
+          for (size_t i = 0; i < n; ++i) buf[i] = Input(env.rank, step, i);
+          absl::Status s = (*comm)->Allreduce(HostView(buf.data(), n)).Wait();
+          ASSERT_TRUE(s.ok()) << "rank " << env.rank << " step " << step << ": " << s;
+          const Membership m = (*comm)->membership();
+          if (step < kKillStep) {
+            ASSERT_EQ(m.world_size, kWorld);
+          } else {
+            ASSERT_EQ(m.world_size, kWorld - 1) << "step " << step;
+          }
+          if (step >= kKillStep && !recovered) {
+            recovered = true;
+            const double seconds = (NowMicros() - ReadMicros(dir + "/killed_at")) / 1e6;
+            std::ofstream(absl::StrCat(dir, "/recovered.", env.rank)) << seconds;
+            EXPECT_THAT(m.lost_ranks, ElementsAre(kVictim));
+            EXPECT_EQ(m.changes, 1);
+            EXPECT_THAT(m.reason, HasSubstr("rank(s) 2 of 4 lost"));
+            EXPECT_THAT(m.initial_ranks, ElementsAre(0, 1, 3));
+            EXPECT_EQ(m.rank, env.rank < kVictim ? env.rank : env.rank - 1);
+            EXPECT_EQ((*comm)->rank(), m.rank);
+            EXPECT_EQ((*comm)->size(), 3);
+            EXPECT_GE(m.generation, 1);
+          }
+          for (size_t i = 0; i < n; ++i) {
+            float want = 0;
+            for (int initial : m.initial_ranks) want += Input(initial, step, i);
+            ASSERT_EQ(buf[i], want) << "rank " << env.rank << " step " << step << " i " << i;
+          }
+        }
+        EXPECT_EQ(changes_seen, 1);
+        // World-size-shaped ops issued on the new membership work with its shapes.
+        const Membership m = (*comm)->membership();
+        std::vector<int32_t> mine(3, m.initial_ranks[m.rank]);
+        std::vector<int32_t> all(3 * m.world_size, -1);
+        ASSERT_TRUE(
+            (*comm)
+                ->Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size()))
+                .Wait()
+                .ok());
+        for (int r = 0; r < m.world_size; ++r) {
+          for (int k = 0; k < 3; ++k) ASSERT_EQ(all[r * 3 + k], m.initial_ranks[r]);
+        }
+        std::ofstream(absl::StrCat(dir, "/done.", env.rank)) << "ok";
+      },
+      absl::Seconds(90));
+  ASSERT_EQ(status.size(), static_cast<size_t>(kWorld));
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kVictim) {
+      EXPECT_TRUE(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL);
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+    double seconds = -1;
+    std::ifstream(absl::StrCat(dir, "/recovered.", r)) >> seconds;
+    std::printf("%s rank %d: first successful allreduce on 3 ranks %.2f s after the kill\n",
+                BackendChoiceName(backend), r, seconds);
+    // Op timeout 10 s; the target is at most timeout + 3 s. The loss window is 1 s.
+    EXPECT_GT(seconds, 0);
+    EXPECT_LT(seconds, 13);
+  }
+}
+
+TEST(Elastic, KilledRankShrinksGlooToThree) { KillOneOfFourAllreduce(BackendChoice::kGloo); }
+
+TEST(Elastic, KilledRankShrinksShmToThree) { KillOneOfFourAllreduce(BackendChoice::kShm); }
+
+// The op in flight when the rank dies depends on the world size (allgather): it fails on every
+// survivor with the membership-changed status, and the trainer's redo with the new shapes works;
+// a broadcast from a root that was renumbered (3 -> 2) reaches every survivor.
+TEST(Elastic, WorldShapedOpFailsWithMembershipChangedAndRedoWorks) {
+  const std::string dir = FreshDir("allgather");
+  std::vector<int> status = testing::RunRankProcesses(
+      kWorld,
+      [&](const RankEnv& env) {
+        auto comm = Communicator::Create(ElasticOptionsFor(env, BackendChoice::kGloo, dir));
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<int32_t> mine(5, env.rank * 10);
+        std::vector<int32_t> all(5 * kWorld);
+        ASSERT_TRUE(
+            (*comm)
+                ->Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size()))
+                .Wait()
+                .ok());
+        if (env.rank == kVictim) raise(SIGKILL);
+        absl::Status s =
+            (*comm)
+                ->Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size()))
+                .Wait();
+        ASSERT_TRUE(IsMembershipChanged(s)) << "rank " << env.rank << ": " << s;
+        EXPECT_THAT(std::string(s.message()), HasSubstr("depends on the world size"));
+        EXPECT_THAT(std::string(s.message()), HasSubstr("rank(s) 2 of 4 lost"));
+        EXPECT_TRUE((*comm)->health().ok()) << (*comm)->health();
+        // Redo the step with the new world's shapes.
+        ASSERT_EQ((*comm)->size(), 3);
+        all.assign(5 * 3, -1);
+        ASSERT_TRUE(
+            (*comm)
+                ->Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size()))
+                .Wait()
+                .ok());
+        const std::vector<int> initial = {0, 1, 3};
+        for (int r = 0; r < 3; ++r) {
+          for (int k = 0; k < 5; ++k) ASSERT_EQ(all[r * 5 + k], initial[r] * 10);
+        }
+        // Rank 3 at creation is rank 2 now: a broadcast from it reaches every survivor.
+        std::vector<float> b(1000, static_cast<float>(env.rank));
+        BroadcastOptions from;
+        from.root = 2;
+        ASSERT_TRUE((*comm)->Broadcast(HostView(b.data(), b.size()), from).Wait().ok());
+        for (float x : b) ASSERT_EQ(x, 3.0f);
+      },
+      absl::Seconds(60));
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kVictim) continue;
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
+}
+
+// With the default policy (fail) nothing changes: the loss fails every survivor naming the rank.
+// A shrink below elastic.min_world_size fails too, naming the ranks and the minimum.
+TEST(Elastic, ShrinkBelowMinimumWorldFailsEveryRankNamingIt) {
+  const std::string dir = FreshDir("minimum");
+  std::vector<int> status = testing::RunRankProcesses(
+      kWorld,
+      [&](const RankEnv& env) {
+        CommunicatorOptions o = ElasticOptionsFor(env, BackendChoice::kGloo, dir);
+        o.elastic.min_world_size = 4;
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<float> v(100, 1.0f);
+        ASSERT_TRUE((*comm)->Allreduce(HostView(v.data(), v.size())).Wait().ok());
+        if (env.rank == kVictim) raise(SIGKILL);
+        absl::Status s = (*comm)->Allreduce(HostView(v.data(), v.size())).Wait();
+        ASSERT_FALSE(s.ok());
+        EXPECT_FALSE(IsMembershipChanged(s)) << s;
+        EXPECT_THAT(std::string(s.message()), HasSubstr("rank(s) 2 lost"));
+        EXPECT_THAT(std::string(s.message()), HasSubstr("below elastic.min_world_size 4"));
+        EXPECT_EQ((*comm)->size(), kWorld);
+      },
+      absl::Seconds(60));
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kVictim) continue;
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
+}
+
+// Ops issued before a change, as they read after it (no processes needed).
+TEST(ElasticTranslate, RootsAndPeersAreRenumberedAndWorldShapedOpsRefused) {
+  internal::MembershipChange c;
+  c.old_world = 4;
+  c.new_world = 3;
+  c.old_to_new = {0, 1, -1, 2};
+  c.lost = {2};
+  c.reason = "rank(s) 2 of 4 lost";
+  OpDesc bcast;
+  bcast.kind = OpKind::kBroadcast;
+  bcast.root = 3;
+  absl::StatusOr<OpDesc> t = internal::TranslateOp(bcast, {&c});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->root, 2);
+  bcast.root = 2;
+  t = internal::TranslateOp(bcast, {&c});
+  EXPECT_TRUE(IsMembershipChanged(t.status())) << t.status();
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("root (rank 2) was lost"));
+  OpDesc send;
+  send.kind = OpKind::kSend;
+  send.peer = 1;
+  t = internal::TranslateOp(send, {&c});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->peer, 1);
+  for (OpKind k : {OpKind::kAllgather, OpKind::kReduceScatter, OpKind::kAlltoall}) {
+    OpDesc op;
+    op.kind = k;
+    EXPECT_TRUE(IsMembershipChanged(internal::TranslateOp(op, {&c}).status())) << OpKindName(k);
+  }
+  OpDesc allreduce;
+  allreduce.kind = OpKind::kAllreduce;
+  EXPECT_TRUE(internal::TranslateOp(allreduce, {&c}).ok());
+  EXPECT_FALSE(IsMembershipChanged(absl::AbortedError("aborted")));
+}
+
+TEST(ElasticPolicy, OptionsWinOverTheProfileAndWaitAddsTheReplacementTimeout) {
+  ElasticSettings profile;
+  profile.on_loss = "shrink";
+  profile.loss_window = absl::Seconds(3);
+  ElasticOptions options;
+  absl::StatusOr<internal::ElasticPolicy> p = internal::ResolveElasticPolicy(options, profile);
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(p->elastic && p->shrink_on_loss);
+  EXPECT_EQ(p->loss_window, absl::Seconds(3));
+  options.on_loss = LossPolicy::kFail;
+  p = internal::ResolveElasticPolicy(options, profile);
+  EXPECT_FALSE(p->elastic);
+  options.on_loss = LossPolicy::kWaitForReplacement;
+  options.replacement_timeout = absl::Seconds(7);
+  options.after_timeout = LossPolicy::kFail;
+  p = internal::ResolveElasticPolicy(options, profile);
+  EXPECT_TRUE(p->elastic);
+  EXPECT_FALSE(p->shrink_on_loss);
+  EXPECT_EQ(p->loss_window, absl::Seconds(10));
+  options.after_timeout = LossPolicy::kWaitForReplacement;
+  EXPECT_FALSE(internal::ResolveElasticPolicy(options, profile).ok());
+}
+
+}  // namespace
+}  // namespace adaptcomm
