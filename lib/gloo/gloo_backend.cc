@@ -27,6 +27,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "lib/base/elementwise.h"
 #include "lib/base/log.h"
 #include "lib/base/op_checks.h"
 #include "lib/base/op_views.h"
@@ -401,7 +402,7 @@ void GlooBackend::Allreduce(const OpDesc& op) {
     if (segment > 0) opts.setMaxSegmentSize(segment);
     ::gloo::allreduce(opts);
   });
-  if (op.reduce == ReduceOp::kAvg) gloo_backend::DivideInPlace(v.dtype, v.data, v.count, size_);
+  if (op.reduce == ReduceOp::kAvg) elementwise::DivideInPlace(v.dtype, v.data, v.count, size_);
 }
 
 void GlooBackend::Broadcast(const OpDesc& op) {
@@ -438,7 +439,7 @@ void GlooBackend::Reduce(const OpDesc& op) {
     ::gloo::reduce(opts);
   });
   if (root && op.reduce == ReduceOp::kAvg) {
-    gloo_backend::DivideInPlace(v.dtype, v.data, v.count, size_);
+    elementwise::DivideInPlace(v.dtype, v.data, v.count, size_);
   }
 }
 
@@ -577,7 +578,7 @@ void GlooBackend::ReduceScatter(const OpDesc& op) {
     send_ptr = dst;
   }
   if (op.reduce == ReduceOp::kAvg) {
-    gloo_backend::DivideInPlace(op.output.dtype, out, count, size_);
+    elementwise::DivideInPlace(op.output.dtype, out, count, size_);
   }
 }
 

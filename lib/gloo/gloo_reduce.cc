@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "lib/base/cast_kernels.h"
+#include "lib/base/elementwise.h"
 
 namespace adaptcomm::gloo_backend {
 namespace {
@@ -70,52 +71,10 @@ inline uint16_t FloatToBf16Impl(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
-// Integer arithmetic goes through the unsigned type: signed overflow would be undefined, and
-// the wrapped two's complement result is what NCCL gives.
-template <typename T>
-inline T WrapAdd(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-  } else {
-    return a + b;
-  }
-}
-template <typename T>
-inline T WrapMul(T a, T b) {
-  if constexpr (std::is_integral_v<T>) {
-    // uint8 promotes to int (255*255 fits); wider types multiply as unsigned.
-    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
-    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-  } else {
-    return a * b;
-  }
-}
-
-struct SumOp {
-  template <typename T>
-  static T Apply(T a, T b) {
-    return WrapAdd(a, b);
-  }
-};
-struct ProdOp {
-  template <typename T>
-  static T Apply(T a, T b) {
-    return WrapMul(a, b);
-  }
-};
-struct MinOp {
-  template <typename T>
-  static T Apply(T a, T b) {
-    return b < a ? b : a;
-  }
-};
-struct MaxOp {
-  template <typename T>
-  static T Apply(T a, T b) {
-    return a < b ? b : a;
-  }
-};
+using elementwise::MaxOp;
+using elementwise::MinOp;
+using elementwise::ProdOp;
+using elementwise::SumOp;
 
 // Native element types. Separate loops for the aliasing cases Gloo produces (out == a) so that
 // each loop carries __restrict and vectorizes without runtime overlap checks.
@@ -231,20 +190,6 @@ ReduceFn SixteenFor(ReduceOp op) {
   return nullptr;
 }
 
-template <typename T>
-void DivideNative(void* data, size_t n, int divisor) {
-  T* p = static_cast<T*>(data);
-  const T d = static_cast<T>(divisor);
-  for (size_t i = 0; i < n; ++i) p[i] = p[i] / d;
-}
-
-template <typename Conv>
-void Divide16(void* data, size_t n, int divisor) {
-  uint16_t* p = static_cast<uint16_t*>(data);
-  const float d = static_cast<float>(divisor);
-  for (size_t i = 0; i < n; ++i) p[i] = Conv::Narrow(Conv::Widen(p[i]) / d);
-}
-
 }  // namespace
 
 ReduceFn GetReduceFn(DType dtype, ReduceOp op) {
@@ -289,25 +234,6 @@ void SumHalves(precision::CastPath path, bool bf16, void* out, const void* a, co
       p::AccumulateF16(path, y + i, tmp, m);
       (void)p::F32ToF16(path, tmp, o + i, m);
     }
-  }
-}
-
-void DivideInPlace(DType dtype, void* data, size_t n, int divisor) {
-  if (divisor == 1) return;
-  switch (dtype) {
-    case DType::kF32:
-      return DivideNative<float>(data, n, divisor);
-    case DType::kF64:
-      return DivideNative<double>(data, n, divisor);
-    case DType::kF16:
-      return Divide16<HalfConv>(data, n, divisor);
-    case DType::kBF16:
-      return Divide16<Bf16Conv>(data, n, divisor);
-    case DType::kI8:
-    case DType::kU8:
-    case DType::kI32:
-    case DType::kI64:
-      return;
   }
 }
 

@@ -18,7 +18,8 @@ namespace adaptcomm::gloo_backend {
 
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 
-// The kernel for dtype x op; kAvg gives the sum kernel (scale afterwards with DivideInPlace).
+// The kernel for dtype x op; kAvg gives the sum kernel (scale afterwards with
+// elementwise::DivideInPlace, lib/base/elementwise.h).
 // nullptr when the combination has no kernel (integer kAvg).
 ReduceFn GetReduceFn(DType dtype, ReduceOp op);
 
@@ -26,10 +27,6 @@ ReduceFn GetReduceFn(DType dtype, ReduceOp op);
 // (GetReduceFn's uses the measured one): every path gives the same bits.
 void SumHalves(precision::CastPath path, bool bf16, void* out, const void* a, const void* b,
                size_t n);
-
-// data[i] /= divisor in the element type's precision (f16/bf16: in float, rounded back).
-// Floating-point dtypes only; a no-op for integer dtypes (avg is refused for them earlier).
-void DivideInPlace(DType dtype, void* data, size_t n, int divisor);
 
 // IEEE binary16 and bfloat16 conversions (round to nearest even; NaN stays NaN, quieted).
 float HalfToFloat(uint16_t h);

@@ -10,7 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "lib/base/cast_bits.h"
+#include "lib/base/elementwise.h"
 #include "lib/base/op_views.h"
 
 namespace adaptcomm {
@@ -60,49 +60,6 @@ absl::StatusOr<Layout> MakeLayout(const HierTopology& t) {
                l.local_of[static_cast<size_t>(t.rank)]);
   }
   return l;
-}
-
-// data[i] /= divisor in the element type (f16/bf16 through float, rounded to nearest even), as the
-// Gloo backend's avg does, so both give the same bits.
-void DivideInPlace(DType dtype, void* data, size_t n, int divisor) {
-  namespace bits = precision::bits;
-  const float fd = static_cast<float>(divisor);
-  auto to_float = [](uint32_t b) {
-    float f;
-    std::memcpy(&f, &b, sizeof(f));
-    return f;
-  };
-  auto to_bits = [](float f) {
-    uint32_t b;
-    std::memcpy(&b, &f, sizeof(b));
-    return b;
-  };
-  switch (dtype) {
-    case DType::kF32: {
-      auto* p = static_cast<float*>(data);
-      for (size_t i = 0; i < n; ++i) p[i] = p[i] / fd;
-      return;
-    }
-    case DType::kF64: {
-      auto* p = static_cast<double*>(data);
-      for (size_t i = 0; i < n; ++i) p[i] = p[i] / divisor;
-      return;
-    }
-    case DType::kBF16: {
-      auto* p = static_cast<uint16_t*>(data);
-      for (size_t i = 0; i < n; ++i)
-        p[i] = bits::F32ToBF16(to_bits(to_float(bits::BF16ToF32(p[i])) / fd));
-      return;
-    }
-    case DType::kF16: {
-      auto* p = static_cast<uint16_t*>(data);
-      for (size_t i = 0; i < n; ++i)
-        p[i] = bits::F32ToF16(to_bits(to_float(bits::F16ToF32(p[i])) / fd));
-      return;
-    }
-    default:
-      return;  // integer avg is refused by Supports
-  }
 }
 
 TensorView View(void* data, size_t count, DType dtype) {
@@ -194,7 +151,8 @@ class HierBackend final : public Backend {
   absl::Status Barrier(const Outer& o);
   absl::Status SendRecv(const Outer& o);
   void FinishAvg(const OpDesc& op, const TensorView& v) const {
-    if (op.reduce == ReduceOp::kAvg) DivideInPlace(v.dtype, v.data, v.count, topo_.world_size);
+    if (op.reduce == ReduceOp::kAvg)
+      elementwise::DivideInPlace(v.dtype, v.data, v.count, topo_.world_size);
   }
 
   const HierTopology topo_;

@@ -7,47 +7,15 @@
 #include <type_traits>
 
 #include "lib/base/cast_kernels.h"
+#include "lib/base/elementwise.h"
 
 namespace adaptcomm::shm {
 namespace {
 
-// Integer arithmetic goes through the unsigned type: signed overflow is undefined, the wrapped
-// two's complement result is what the other backends give.
-struct SumOp {
-  template <typename T>
-  static T Apply(T a, T b) {
-    if constexpr (std::is_integral_v<T>) {
-      using U = std::make_unsigned_t<T>;
-      return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-    } else {
-      return a + b;
-    }
-  }
-};
-struct ProdOp {
-  template <typename T>
-  static T Apply(T a, T b) {
-    if constexpr (std::is_integral_v<T>) {
-      using U =
-          std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
-      return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-    } else {
-      return a * b;
-    }
-  }
-};
-struct MinOp {
-  template <typename T>
-  static T Apply(T a, T b) {
-    return b < a ? b : a;
-  }
-};
-struct MaxOp {
-  template <typename T>
-  static T Apply(T a, T b) {
-    return a < b ? b : a;
-  }
-};
+using elementwise::MaxOp;
+using elementwise::MinOp;
+using elementwise::ProdOp;
+using elementwise::SumOp;
 
 template <typename T, typename Op>
 void InPlace(T* __restrict o, const T* __restrict y, size_t m) {
