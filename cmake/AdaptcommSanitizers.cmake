@@ -21,10 +21,10 @@ elseif(ADAPTCOMM_SANITIZE STREQUAL "thread")
   # Debian's libabsl is not built with TSan, so TSan does not see absl::Mutex & co. synchronize.
   # Every link wraps absl's out-of-line synchronization functions (our calls, including those that
   # absl's inline MutexLock & co. compile into our objects, go to __wrap_<symbol>), and
-  # lib/core/tsan_absl_wrap.cc, compiled into the core layer (so into libadaptcomm.so, which
-  # exports the wrappers, and into adaptcomm_internal), annotates them for TSan. Every executable
-  # that calls absl synchronization links one of the two. This list must match the symbols defined
-  # in tsan_absl_wrap.cc.
+  # lib/base/tsan_absl_wrap.cc, compiled into the bottom layer (so into libadaptcomm.so, which
+  # exports the wrappers, into adaptcomm_internal and into every program or plugin that links any
+  # layer), annotates them for TSan. This list must match the symbols defined
+  # in lib/base/tsan_absl_wrap.cc.
   set(ADAPTCOMM_TSAN_ABSL_WRAPPED
     _ZN4absl7debian35Mutex4LockEv
     _ZN4absl7debian35Mutex6UnlockEv
@@ -58,7 +58,7 @@ elseif(ADAPTCOMM_SANITIZE STREQUAL "thread")
     add_link_options(-Wl,--wrap=${sym})
   endforeach()
 
-  # Runs at the end of the top-level CMakeLists.txt, once the adaptcomm_core target exists.
+  # Runs at the end of the top-level CMakeLists.txt, once the adaptcomm_base target exists.
   function(adaptcomm_tsan_attach_absl_wrap)
     # A different abseil build (another inline namespace) would fail at link time with cryptic
     # undefined __real_ symbols: say why here instead.
@@ -74,16 +74,16 @@ elseif(ADAPTCOMM_SANITIZE STREQUAL "thread")
         foreach(sym ${ADAPTCOMM_TSAN_ABSL_WRAPPED})
           if(NOT _defined MATCHES " ${sym}\n")
             message(FATAL_ERROR "ADAPTCOMM_SANITIZE=thread: ${_absl_sync} does not define ${sym}; "
-                                "update cmake/AdaptcommSanitizers.cmake and lib/core/tsan_absl_wrap.cc")
+                                "update cmake/AdaptcommSanitizers.cmake and lib/base/tsan_absl_wrap.cc")
           endif()
         endforeach()
       endif()
     endif()
-    set(wrap ${PROJECT_SOURCE_DIR}/lib/core/tsan_absl_wrap.cc)
-    target_sources(adaptcomm_core PRIVATE ${wrap})
+    set(wrap ${PROJECT_SOURCE_DIR}/lib/base/tsan_absl_wrap.cc)
+    target_sources(adaptcomm_base PRIVATE ${wrap})
     # The layers are compiled with hidden visibility; programs that link libadaptcomm.so (the demo
     # trainer, a trainer's own TSan build) call these wrappers too.
-    set_source_files_properties(${wrap} TARGET_DIRECTORY adaptcomm_core
+    set_source_files_properties(${wrap} TARGET_DIRECTORY adaptcomm_base
                                 PROPERTIES COMPILE_OPTIONS "-fvisibility=default")
   endfunction()
   cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL adaptcomm_tsan_attach_absl_wrap)

@@ -8,7 +8,7 @@
 #      one of its lower-case sub-namespaces (internal, nccl, config, diag, log, trace, shm, hier,
 #      ...). Anything else (gloo::, YAML::, nlohmann::, absl::, std:: instantiations, the CUDA
 #      runtime) is a leak. TSan builds also export the __wrap_ functions of
-#      lib/core/tsan_absl_wrap.cc.
+#      lib/base/tsan_absl_wrap.cc.
 #   2. every function or object that the library defines for a class or function declared in a
 #      public header (a name of include/adaptcomm directly in namespace adaptcomm) must be
 #      exported: a declaration without ADAPTCOMM_EXPORT (include/adaptcomm/export.h) fails here
