@@ -2,10 +2,14 @@
 //
 //   adaptcomm launch -n 4 -- adaptcomm_trainer            # 4 ranks, each on a quarter of the data
 //   adaptcomm_trainer --reference --shards 4 --out ref.txt  # the same training in one process
+//   adaptcomm launch --elastic -n 4 -- adaptcomm_trainer --elastic --kill-rank 2 --kill-step 30
+//                                       # rank 2 dies at step 30; the other 3 finish the training
 //
 // Each rank computes the gradient on its shard and averages it over all ranks with one allreduce,
 // so every rank applies the full-data gradient and the weights stay identical everywhere; the
 // final weights equal single-process training on the same data (tests/demo_test.cc checks it).
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +31,9 @@ struct Flags {
   bool reference = false;
   int shards = 1;
   std::string out;
+  bool elastic = false;  // go on without a rank that dies (README, "Elastic membership")
+  int kill_rank = -1;    // fault injection: this rank (at start) kills itself (SIGKILL)...
+  int kill_step = 0;     // ...when it reaches this step
 };
 
 bool ParseFlags(int argc, char** argv, Flags& f) {
@@ -55,11 +62,18 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
       f.out = value("--out");
     else if (a == "--reference")
       f.reference = true;
+    else if (a == "--elastic")
+      f.elastic = true;
+    else if (a == "--kill-rank")
+      f.kill_rank = std::atoi(value("--kill-rank"));
+    else if (a == "--kill-step")
+      f.kill_step = std::atoi(value("--kill-step"));
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--steps N] [--samples N] [--hidden N] [--lr X] [--log-every N] "
-                   "[--out FILE] [--reference --shards N]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--steps N] [--samples N] [--hidden N] [--lr X] [--log-every N] "
+          "[--out FILE] [--reference --shards N] [--elastic [--kill-rank R --kill-step S]]\n",
+          argv[0]);
       return a == "--help" || a == "-h" ? (std::exit(0), false) : false;
     }
   }
@@ -97,6 +111,71 @@ int RunReference(const Flags& f) {
     }
   }
   WriteWeights(f.out, model.params());
+  return 0;
+}
+
+// The elastic loop a trainer writes (README, "Elastic membership"). The step's one allreduce sums
+// [gradient x shard size, loss x shard size, shard size] over the ranks, each rank taking its
+// shard of the data under the membership it sees; the full-data gradient is that sum divided by
+// the number of samples. When a rank is lost mid-step the survivors' shards no longer cover the
+// data (the summed shard size is not the number of samples): every rank sees the same sum, so
+// every rank redoes the step, on the new membership's shards. No rank decides alone.
+int RunElastic(const Flags& f) {
+  adaptcomm::CommunicatorOptions options;
+  options.elastic.on_loss = adaptcomm::LossPolicy::kShrink;  // ADAPTCOMM_ELASTIC not needed
+  options.elastic.on_change = [](const adaptcomm::Membership& m) {
+    std::fprintf(stderr, "membership changed: now rank %d of %d (%s)\n", m.rank, m.world_size,
+                 m.reason.c_str());
+  };
+  absl::StatusOr<std::unique_ptr<adaptcomm::Communicator>> created =
+      adaptcomm::Communicator::Create(options);
+  if (!created.ok()) {
+    std::fprintf(stderr, "cannot create the communicator: %s\n",
+                 created.status().ToString().c_str());
+    return adaptcomm::kExitCommunicationFailure;
+  }
+  adaptcomm::Communicator& comm = **created;
+  const int initial_rank = comm.rank();
+  if (comm.rank() == 0) {
+    std::printf("adaptcomm demo (elastic): %d ranks, backend %s\n", comm.size(),
+                comm.backend_name());
+  }
+  auto data = adaptcomm::examples::MakeRegressionSet(f.samples, f.inputs, 1234);
+  adaptcomm::examples::Mlp model(f.inputs, f.hidden, 42);
+  std::vector<float> grad, buf;
+  int redone = 0;
+  for (int step = 1; step <= f.steps; ++step) {
+    if (initial_rank == f.kill_rank && step == f.kill_step) raise(SIGKILL);
+    const int rank = comm.rank(), world = comm.size();
+    const size_t begin = f.samples * rank / world, end = f.samples * (rank + 1) / world;
+    const double loss = model.LossAndGradient(data, begin, end, grad);
+    const float n = static_cast<float>(end - begin);
+    buf.resize(grad.size() + 2);
+    for (size_t k = 0; k < grad.size(); ++k) buf[k] = grad[k] * n;
+    buf[grad.size()] = static_cast<float>(loss) * n;
+    buf[grad.size() + 1] = n;
+    absl::Status s = comm.Allreduce(adaptcomm::HostView(buf.data(), buf.size())).Wait();
+    if (!s.ok() && !adaptcomm::IsMembershipChanged(s)) {
+      std::fprintf(stderr, "step %d: allreduce failed: %s\n", step, s.ToString().c_str());
+      return adaptcomm::kExitCommunicationFailure;
+    }
+    if (!s.ok() || buf[grad.size() + 1] != static_cast<float>(f.samples)) {
+      ++redone;  // the membership changed during the step: redo it on the new one
+      --step;
+      continue;
+    }
+    for (size_t k = 0; k < grad.size(); ++k) grad[k] = buf[k] / static_cast<float>(f.samples);
+    model.Step(grad, f.learning_rate);
+    if (comm.rank() == 0 && (step % f.log_every == 0 || step == f.steps)) {
+      std::printf("step %d loss %.6f  world %d\n", step, buf[grad.size()] / f.samples, comm.size());
+    }
+  }
+  if (comm.rank() == 0) {
+    const adaptcomm::Membership m = comm.membership();
+    std::printf("finished on %d ranks (%d membership change(s), %d step(s) redone)\n", m.world_size,
+                m.changes, redone);
+    WriteWeights(f.out, model.params());
+  }
   return 0;
 }
 
@@ -153,5 +232,6 @@ int RunDistributed(const Flags& f) {
 int main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, flags)) return 2;
-  return flags.reference ? RunReference(flags) : RunDistributed(flags);
+  if (flags.reference) return RunReference(flags);
+  return flags.elastic ? RunElastic(flags) : RunDistributed(flags);
 }

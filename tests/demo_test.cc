@@ -63,4 +63,47 @@ TEST(Demo, FourRankTrainingMatchesSingleProcess) {
   EXPECT_NE(text.find("step 100 loss"), std::string::npos) << text;
 }
 
+// #14 item 5: under `adaptcomm launch --elastic`, rank 2 of 4 dies (SIGKILL) at step 30; the
+// other 3 redo that step on the new membership and finish. The launcher exits 0 and says so in its
+// last line; the final loss and weights match a fault-free 3-rank run (the elastic step sums
+// gradient x shard size, so the full-data gradient does not depend on the world size).
+TEST(Demo, ElasticKillOneOfFourFinishesOnThreeLikeAFaultFreeThreeRankRun) {
+  const std::string bin = adaptcomm::testing::BuildDir();
+  const std::string dir = ::testing::TempDir();
+  const std::string elastic = dir + "/demo_weights_elastic.txt";
+  const std::string three = dir + "/demo_weights_3ranks.txt";
+  std::remove(elastic.c_str());
+  std::remove(three.c_str());
+  const std::string trainer = bin + "/examples/adaptcomm_trainer --elastic --steps 100";
+  ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch --elastic -n 4 --timeout 120 -- ",
+                                    trainer, " --kill-rank 2 --kill-step 30 --out ", elastic, " > ",
+                                    dir, "/demo_elastic.txt 2>&1")),
+            0);
+  ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch -n 3 --timeout 120 -- ", trainer,
+                                    " --out ", three, " > ", dir, "/demo_three.txt 2>&1")),
+            0);
+  std::ifstream out(dir + "/demo_elastic.txt");
+  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("finished on 3 ranks (1 membership change(s), 1 step(s) redone)"),
+            std::string::npos)
+      << text;
+  const size_t last = text.rfind("adaptcomm launch: ");
+  ASSERT_NE(last, std::string::npos) << text;
+  EXPECT_EQ(text.substr(last).find("adaptcomm launch: job finished with 3 of 4 ranks"), 0u) << text;
+  std::ifstream out3(dir + "/demo_three.txt");
+  std::string text3((std::istreambuf_iterator<char>(out3)), std::istreambuf_iterator<char>());
+  auto final_loss = [](const std::string& t) {
+    const size_t at = t.rfind("step 100 loss ");
+    return at == std::string::npos ? -1.0 : std::atof(t.c_str() + at + 14);
+  };
+  const double a = final_loss(text), b = final_loss(text3);
+  ASSERT_GT(a, 0) << text;
+  ASSERT_GT(b, 0) << text3;
+  EXPECT_NEAR(a, b, 1e-4 * b);
+  std::vector<double> wa = ReadWeights(elastic), wb = ReadWeights(three);
+  ASSERT_EQ(wa.size(), wb.size());
+  ASSERT_GT(wa.size(), 1000u);
+  for (size_t i = 0; i < wa.size(); ++i) ASSERT_NEAR(wa[i], wb[i], 1e-4) << "weight " << i;
+}
+
 }  // namespace

@@ -63,6 +63,12 @@ struct LaunchOptions {
   double grace_s = 5;
   double dump_wait_s = 3;
   bool no_prefix = false;
+  // --elastic (#14): a rank that dies is dropped and the others go on (the library shrinks the
+  // communicator: ADAPTCOMM_ELASTIC=shrink), while at least min_nproc are alive. Rank 0 serves the
+  // store, so its death still ends the job.
+  bool elastic = false;
+  int min_nproc = 1;
+  int max_restarts = 0;
   std::vector<std::string> command;
 };
 
@@ -287,6 +293,7 @@ class Launcher {
   int stop_signal_ = SIGTERM;
   int exit_code_ = 0;
   std::optional<FirstFailure> first_failure_;
+  std::vector<std::string> lost_;  // --elastic: ranks that died while the others went on
   // Where the ranks dump (ADAPTCOMM_FLIGHT_RECORDER_DIR); empty if unknown.
   std::string flight_dir_;
   bool flight_dir_created_ = false;  // a per-job directory made by the launcher
@@ -496,6 +503,20 @@ void Launcher::OnRankExit(Rank& rank, int status) {
     return;
   }
   if (code == 0 || stopping_) return;
+  if (options_.elastic && rank.index != 0) {
+    const int alive = static_cast<int>(
+        std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return !r.reaped; }));
+    if (alive >= options_.min_nproc) {
+      lost_.push_back(absl::StrCat("rank ", rank.index, " (pid ", rank.pid, ") ", how));
+      Message(absl::StrCat("rank ", rank.index, " ", how, "; elastic: the other ", alive,
+                           " rank(s) go on without it (at least ", options_.min_nproc, " needed)"));
+      return;
+    }
+    Message(absl::StrCat("rank ", rank.index, " ", how, "; elastic: only ", alive,
+                         " rank(s) left, below --min-nproc ", options_.min_nproc));
+  } else if (options_.elastic) {
+    Message("rank 0 serves the store: the job cannot go on without it");
+  }
   first_failure_ = FirstFailure{rank.index, rank.pid, how};
   Message(absl::StrCat("rank ", rank.index, " ", how, "; stopping the other ranks"));
   BeginStop(SIGTERM, code, /*ask_for_dumps=*/true);
@@ -625,6 +646,14 @@ int Launcher::Run() {
         {"ADAPTCOMM_STORE_TOKEN", token},
     };
     if (flight_dir_created_) overrides.emplace_back("ADAPTCOMM_FLIGHT_RECORDER_DIR", flight_dir_);
+    if (options_.elastic) {
+      // The trainer's own choice (API, or an exported variable) wins.
+      if (getenv("ADAPTCOMM_ELASTIC") == nullptr)
+        overrides.emplace_back("ADAPTCOMM_ELASTIC", "shrink");
+      if (getenv("ADAPTCOMM_ELASTIC_MIN_WORLD") == nullptr) {
+        overrides.emplace_back("ADAPTCOMM_ELASTIC_MIN_WORLD", std::to_string(options_.min_nproc));
+      }
+    }
     if (!StartRank(i, BuildEnvironment(overrides))) {
       Message(absl::StrCat("cannot start rank ", i, ": ", strerror(errno)));
       ranks_.resize(static_cast<size_t>(i));
@@ -748,6 +777,11 @@ int Launcher::Run() {
                          ") ", first_failure_->how));
   }
   ReportFlightRecords();
+  if (!first_failure_ && !lost_.empty() && exit_code_ == 0) {
+    Message(absl::StrCat("job finished with ", options_.nproc - static_cast<int>(lost_.size()),
+                         " of ", options_.nproc,
+                         " ranks (elastic; lost: ", absl::StrJoin(lost_, "; "), ")"));
+  }
   return exit_code_;
 }
 
@@ -789,6 +823,18 @@ std::function<int()> SetupLaunch(CLI::App& sub) {
       ->capture_default_str()
       ->check(DurationSeconds(/*zero_allowed=*/true));
   sub.add_flag("--no-prefix", options->no_prefix, "Do not prefix output lines with [rank R]");
+  sub.add_flag("--elastic", options->elastic,
+               "A rank other than 0 that dies is dropped and the others go on (the ranks get "
+               "ADAPTCOMM_ELASTIC=shrink); exit 0 when the job finishes with fewer ranks");
+  sub.add_option("--min-nproc", options->min_nproc,
+                 "--elastic: fewer ranks alive than this ends the job (torchrun's --nnodes MIN)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  sub.add_option("--max-restarts", options->max_restarts,
+                 "--elastic: restart a dead rank as a replacement up to N times (only 0: "
+                 "admitting a replacement is not built yet)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 0));
   sub.add_option("command", options->command, "PROGRAM ARGS... (after --)")->required();
   sub.footer(
       "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1,\n"

@@ -1,12 +1,37 @@
 #include "lib/core/membership.h"
 
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/status.h"
 
 namespace adaptcomm::internal {
 
-absl::StatusOr<ElasticPolicy> ResolveElasticPolicy(const ElasticOptions& options,
+absl::StatusOr<ElasticPolicy> ResolveElasticPolicy(const ElasticOptions& given,
                                                    const ElasticSettings& profile) {
+  // API > environment (`adaptcomm launch --elastic` exports these) > profile.
+  ElasticOptions options = given;
+  if (const char* env = std::getenv("ADAPTCOMM_ELASTIC");
+      env != nullptr && *env != '\0' && options.on_loss == LossPolicy::kProfile) {
+    const std::string v = env;
+    if (v != "fail" && v != "shrink" && v != "wait_for_replacement") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ADAPTCOMM_ELASTIC=", v, ": must be fail, shrink or wait_for_replacement"));
+    }
+    options.on_loss = v == "shrink"                 ? LossPolicy::kShrink
+                      : v == "wait_for_replacement" ? LossPolicy::kWaitForReplacement
+                                                    : LossPolicy::kFail;
+  }
+  if (const char* env = std::getenv("ADAPTCOMM_ELASTIC_MIN_WORLD");
+      env != nullptr && *env != '\0' && options.min_world_size == 0) {
+    int v = 0;
+    if (!absl::SimpleAtoi(env, &v) || v < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ADAPTCOMM_ELASTIC_MIN_WORLD=", env, ": must be a positive integer"));
+    }
+    options.min_world_size = v;
+  }
   auto from_name = [](const std::string& name) {
     return name == "shrink"                 ? LossPolicy::kShrink
            : name == "wait_for_replacement" ? LossPolicy::kWaitForReplacement
