@@ -150,7 +150,8 @@ namespace {
 // backend=auto without NCCL decides by where the ranks run: one host -> shm, several hosts with
 // several ranks on one -> hierarchical (shm inside each host), one rank per host -> Gloo; and the
 // backend it picks computes exactly.
-absl::StatusOr<SelectedBackend> SelectAuto(const RankEnv& env, const std::string& host) {
+absl::StatusOr<SelectedBackend> SelectAuto(const RankEnv& env, const std::string& host,
+                                           bool intra_host_shm = true, bool hierarchical = true) {
   CommunicatorOptions o = env.options;
   o.timeout = absl::Seconds(30);
   o.backend = BackendChoice::kAuto;
@@ -161,6 +162,8 @@ absl::StatusOr<SelectedBackend> SelectAuto(const RankEnv& env, const std::string
   SelectionDeps deps;
   deps.use_given_apis = true;  // no NCCL, no CUDA
   deps.host_identity = host;
+  deps.intra_host_shm = intra_host_shm;
+  deps.hierarchical = hierarchical;
   return internal::selection::SelectBackendWith(o, rv, absl::Now() + absl::Seconds(30), deps);
 }
 
@@ -184,6 +187,35 @@ TEST(AutoSelectionTest, OneHostShmSeveralHostsHierarchicalOneRankPerHostGloo) {
       EXPECT_STREQ(s->backend->name(), c.backend) << s->reason;
       EXPECT_TRUE(absl::StrContains(s->reason, c.reason)) << s->reason;
       EXPECT_TRUE(absl::StrContains(s->reason, "because NCCL is not usable")) << s->reason;
+      ExpectCollectivesWork(*s->backend);
+    });
+  }
+}
+
+// The profile forbids what auto would pick: backend.intra_host=gloo keeps shared memory out (one
+// host: Gloo; several: hierarchical with Gloo inside each host), backend.hierarchical=off gives
+// flat Gloo across hosts. Each reason names the key.
+TEST(AutoSelectionTest, ProfileKeysForbidSharedMemoryOrTheHierarchy) {
+  struct Case {
+    std::vector<std::string> hosts;
+    bool intra_host_shm;
+    bool hierarchical;
+    const char* backend;
+    const char* reason;
+  };
+  const std::vector<Case> cases = {
+      {{"h/a", "h/a", "h/a", "h/a"}, false, true, "gloo", "backend.intra_host is gloo"},
+      {{"h/a", "h/b", "h/a", "h/b"}, false, true, "hier", "gloo within each host"},
+      {{"h/a", "h/b", "h/a", "h/b"}, true, false, "gloo", "backend.hierarchical is off (2 hosts"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.reason);
+    RunRanks(RankMode::kThreads, 4, [&](const RankEnv& env) {
+      absl::StatusOr<SelectedBackend> s =
+          SelectAuto(env, c.hosts[static_cast<size_t>(env.rank)], c.intra_host_shm, c.hierarchical);
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_STREQ(s->backend->name(), c.backend) << s->reason;
+      EXPECT_TRUE(absl::StrContains(s->reason, c.reason)) << s->reason;
       ExpectCollectivesWork(*s->backend);
     });
   }

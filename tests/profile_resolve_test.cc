@@ -283,6 +283,31 @@ TEST_F(ProfileResolve, StrictModeRefusesDeadVariables) {
   }
 }
 
+// backend.intra_host / backend.hierarchical (#13): defaults keep shared memory and the hierarchy;
+// the profile can forbid each, with its file:line as the source; a bad value names the key.
+TEST_F(ProfileResolve, IntraHostAndHierarchicalKeys) {
+  auto defaults = FromText("tiers:\n  - name: only\n");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_TRUE(defaults->backend.intra_host_shm);
+  EXPECT_TRUE(defaults->backend.hierarchical);
+  EXPECT_EQ(Find(*defaults, "backend.intra_host")->value, "shm");
+
+  auto off = FromText(
+      "defaults:\n  backend:\n    intra_host: gloo\n    hierarchical: off\n"
+      "tiers:\n  - name: only\n");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->backend.intra_host_shm);
+  EXPECT_FALSE(off->backend.hierarchical);
+  EXPECT_EQ(Find(*off, "backend.intra_host")->source, "test.yaml:3");
+  EXPECT_EQ(Find(*off, "backend.hierarchical")->source, "test.yaml:4");
+
+  auto bad = FromText("defaults:\n  backend:\n    intra_host: tcp\ntiers:\n  - name: only\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "test.yaml:3")) << bad.status();
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "intra_host")) << bad.status();
+}
+
 TEST_F(ProfileResolve, TemplatesLoad) {
   for (const char* t : {"templates/3b.yaml", "templates/7b.yaml", "templates/30b.yaml"}) {
     auto cfg = Resolve("", 8, t);

@@ -117,6 +117,12 @@ struct BackendPolicy {
   bool allow_fallback = true;      // NCCL -> Gloo when NCCL is unavailable or unstable
   int degrade_after_failures = 3;  // K failed NCCL operations...
   absl::Duration degrade_window;   // ...within this window: degrade to Gloo
+  // backend.intra_host: ranks of one host talk through shared memory (true: the shm backend on one
+  // host, shm inside each host of the hierarchical one) or through Gloo on loopback (false).
+  bool intra_host_shm = true;
+  // backend.hierarchical: several hosts with several ranks on some get the hierarchical backend
+  // (true) or flat Gloo (false).
+  bool hierarchical = true;
 };
 
 // One NCCL setting after precedence. Where it goes is decided by PlanNccl() once the loaded NCCL

@@ -242,6 +242,8 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   cfg.backend.allow_fallback = v.At("backend.fallback").text == "allow";
   cfg.backend.degrade_after_failures = static_cast<int>(v.Int("backend.degrade_after_failures"));
   cfg.backend.degrade_window = v.Duration("backend.degrade_window");
+  cfg.backend.intra_host_shm = v.At("backend.intra_host").text == "shm";
+  cfg.backend.hierarchical = v.At("backend.hierarchical").text == "auto";
 
   cfg.gloo.algorithm = v.At("gloo.algorithm").text;
   if (v.At("gloo.timeout").text == "collective") {

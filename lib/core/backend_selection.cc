@@ -287,9 +287,10 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
 
 // Where the ranks run decides (hosts agreed through the store): all on this host -> shm; several
 // hosts with several ranks on one of them -> hierarchical (shm inside each host, Gloo among the
-// host leaders); one rank per host -> Gloo. backend=shm insists on shm. With fallback allowed, a
-// failed shm or hierarchical creation (it fails on every rank alike) gives Gloo.
-// `asked`/`why_not_nccl` prefix the reason.
+// host leaders); one rank per host -> Gloo. The profile's backend.intra_host=gloo puts Gloo where
+// shm would be, backend.hierarchical=off gives flat Gloo across hosts. backend=shm insists on shm.
+// With fallback allowed, a failed shm or hierarchical creation (it fails on every rank alike) gives
+// Gloo. `asked`/`why_not_nccl` prefix the reason.
 absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Rendezvous& rv,
                                           absl::Time deadline, const Apis& apis,
                                           const SelectionDeps& deps, const std::string& asked,
@@ -309,7 +310,9 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
     }
   }
   std::string not_shm;
-  if (hosts.hosts == 1 && (o.world_size > 1 || forced)) {
+  if (hosts.hosts == 1 && o.world_size > 1 && !forced && !deps.intra_host_shm) {
+    not_shm = "; backend.intra_host is gloo";
+  } else if (hosts.hosts == 1 && (o.world_size > 1 || forced)) {
     absl::StatusOr<AppliedTuning> tuning =
         AgreeTuning(o, rv, deadline, deps, "shm", hosts.hosts, hosts.max_local);
     if (!tuning.ok()) return tuning.status();
@@ -332,14 +335,19 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
       return absl::FailedPreconditionError(absl::StrCat(asked, " with fallback deny: ", not_shm));
     }
     ADAPTCOMM_LOG(kWarning, asked, ": every rank falls back to gloo: ", not_shm);
+  } else if (hosts.max_local > 1 && !deps.hierarchical) {
+    not_shm = absl::StrCat("; backend.hierarchical is off (", hosts.hosts, " hosts, up to ",
+                           hosts.max_local, " ranks on one)");
   } else if (hosts.max_local > 1) {
     absl::StatusOr<AppliedTuning> tuning =
         AgreeTuning(o, rv, deadline, deps, "hier", hosts.hosts, hosts.max_local);
     if (!tuning.ok()) return tuning.status();
     HierarchicalDeps hier;
-    hier.intra = [&tuning](const IntraHostGroup& g) {
-      return CreateShm(g.local_rank, g.local_size, g.store, g.deadline, *tuning);
-    };
+    if (deps.intra_host_shm) {  // else Gloo on loopback inside each host
+      hier.intra = [&tuning](const IntraHostGroup& g) {
+        return CreateShm(g.local_rank, g.local_size, g.store, g.deadline, *tuning);
+      };
+    }
     absl::StatusOr<SelectedBackend> h =
         BuildHierarchical(o, rv, deadline, deps, *tuning, hier, *ids);
     if (h.ok()) {

@@ -63,6 +63,10 @@ struct SelectionDeps {
   // then replace nccl_config).
   std::function<NcclConfigValues(int nccl_version)> configure_nccl;
   // The profile's Gloo allreduce algorithm ("ring", "bcube") and segment size (0: default).
+  // The profile's backend.intra_host (shm: true) and backend.hierarchical (auto: true); auto
+  // selection only (backend=shm insists on shm).
+  bool intra_host_shm = true;
+  bool hierarchical = true;
   std::string gloo_algorithm = "ring";
   size_t gloo_max_segment_bytes = 0;
   // The tuned table (EffectiveConfig::tuning.loaded); null: none. Its shm and Gloo values go into

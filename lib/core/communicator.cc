@@ -284,6 +284,8 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
   deps.use_given_apis = seams.use_given_apis;
   deps.cuda = seams.cuda;
   deps.nccl = seams.nccl;
+  deps.intra_host_shm = config.backend.intra_host_shm;
+  deps.hierarchical = config.backend.hierarchical;
   deps.gloo_algorithm = config.gloo.algorithm;
   deps.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
   deps.tuned_table = config.tuning.loaded;
