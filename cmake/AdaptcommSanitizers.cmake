@@ -57,6 +57,13 @@ elseif(ADAPTCOMM_SANITIZE STREQUAL "thread")
   foreach(sym ${ADAPTCOMM_TSAN_ABSL_WRAPPED})
     add_link_options(-Wl,--wrap=${sym})
   endforeach()
+  # A program whose own objects call no absl synchronization still links shared abseil libraries
+  # that do (libabsl_cordz_info): their calls are wrapped too, but the linker would not pull the
+  # wrappers out of libadaptcomm_internal.a for them (it is searched before those libraries).
+  # Naming one wrapper as undefined pulls the object that defines them all; where nothing of ours
+  # is linked, the name stays unresolved and unused, which the linker accepts.
+  list(GET ADAPTCOMM_TSAN_ABSL_WRAPPED 0 _first_wrapped)
+  add_link_options(-Wl,--undefined=__wrap_${_first_wrapped})
 
   # Runs at the end of the top-level CMakeLists.txt, once the adaptcomm_base target exists.
   function(adaptcomm_tsan_attach_absl_wrap)
