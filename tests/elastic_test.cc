@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -231,6 +232,176 @@ TEST(Elastic, ShrinkBelowMinimumWorldFailsEveryRankNamingIt) {
   for (int r = 0; r < kWorld; ++r) {
     if (r == kVictim) continue;
     EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
+}
+
+// Grow (#14 item 3): rank 2 of 4 is killed, the survivors shrink to 3, a replacement started with
+// the same job (process 4 here, given rank 2 and world 4 as a launcher restarting rank 2 would)
+// is admitted at the next step boundary (AdmitJoiners) and the job goes on as 4: the members keep
+// ranks 0-2, the replacement is rank 3 (id 4), rank 0 broadcasts the step to it, and every
+// allreduce is checked element by element against the sum over the current members' inputs.
+void KillThenReplaceAllreduce(BackendChoice backend) {
+  const std::string dir = FreshDir(absl::StrCat("grow_", BackendChoiceName(backend)));
+  constexpr int kSteps = 60, kKillStep = 20, kReplacement = kWorld;
+  std::vector<int> status = testing::RunRankProcesses(
+      kWorld + 1,
+      [&](const RankEnv& env) {
+        int changes_seen = 0;
+        RankEnv as = env;
+        as.options.world_size = kWorld;
+        const bool replacement = env.rank == kReplacement;
+        if (replacement) {
+          as.options.rank = kVictim;
+          // Started once the victim is dead, as a launcher would.
+          while (ReadMicros(dir + "/killed_at") == 0) absl::SleepFor(absl::Milliseconds(20));
+        }
+        const int64_t started = NowMicros();
+        CommunicatorOptions o = ElasticOptionsFor(as, backend, dir);
+        o.elastic.join = replacement;
+        o.elastic.on_change = [&](const Membership&) { ++changes_seen; };
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << "process " << env.rank << ": " << comm.status();
+        ASSERT_STREQ((*comm)->backend_name(), BackendChoiceName(backend));
+        // The state rank 0 sends a joiner: the step to go on at and the last step (the members
+        // run at least 10 steps on the grown world, however long the replacement took).
+        int64_t state[2] = {0, kSteps};
+        if (replacement) {
+          const Membership m = (*comm)->membership();
+          EXPECT_TRUE(m.joined);
+          EXPECT_EQ(m.rank, 3);
+          EXPECT_EQ(m.world_size, kWorld);
+          EXPECT_THAT(m.initial_ranks, ElementsAre(0, 1, 3, kReplacement));
+          EXPECT_THAT(m.joined_ranks, ElementsAre(3));
+          EXPECT_GE(m.generation, 2);
+          // The state the members send right after admitting it: here, the step to go on at.
+          ASSERT_TRUE((*comm)->Broadcast(HostView(state, 2)).Wait().ok());
+          ASSERT_GT(state[0], kKillStep);
+        }
+        const int64_t first_step = state[0];
+        std::vector<float> buf;
+        for (int64_t step = first_step; step < state[1] || (*comm)->size() < kWorld; ++step) {
+          ASSERT_LT(step, 100000) << "no replacement joined";
+          if (!(replacement && step == first_step)) {
+            absl::Status admitted = (*comm)->AdmitJoiners();
+            if (!admitted.ok()) {
+              ASSERT_TRUE(IsMembershipChanged(admitted)) << "rank " << env.rank << ": " << admitted;
+              EXPECT_THAT(std::string(admitted.message()), HasSubstr("rank(s) 3 (id 4) joined"));
+              EXPECT_EQ((*comm)->size(), kWorld);
+              state[0] = step;
+              state[1] = std::max<int64_t>(state[1], step + 10);
+              ASSERT_TRUE((*comm)->Broadcast(HostView(state, 2)).Wait().ok());
+              ASSERT_EQ(state[0], step);
+            }
+          }
+          if (env.rank == kVictim && step == kKillStep) {
+            std::ofstream(dir + "/killed_at.tmp") << NowMicros();
+            std::rename((dir + "/killed_at.tmp").c_str(), (dir + "/killed_at").c_str());
+            raise(SIGKILL);
+          }
+          const size_t n = step % 3 == 0 ? 70000 : 1000 + step;
+          const Membership before = (*comm)->membership();
+          buf.resize(n);
+          for (size_t i = 0; i < n; ++i) {
+            buf[i] = Input(before.initial_ranks[before.rank], static_cast<int>(step), i);
+          }
+          absl::Status s = (*comm)->Allreduce(HostView(buf.data(), n)).Wait();
+          ASSERT_TRUE(s.ok()) << "rank " << env.rank << " step " << step << ": " << s;
+          const Membership m = (*comm)->membership();
+          for (size_t i = 0; i < n; ++i) {
+            float want = 0;
+            for (int id : m.initial_ranks) want += Input(id, static_cast<int>(step), i);
+            ASSERT_EQ(buf[i], want) << "rank " << env.rank << " step " << step << " i " << i;
+          }
+          if (replacement && step == first_step) {
+            std::ofstream(dir + "/joined_after") << (NowMicros() - started) / 1e6;
+          }
+        }
+        const Membership m = (*comm)->membership();
+        EXPECT_EQ(m.world_size, kWorld);
+        EXPECT_THAT(m.initial_ranks, ElementsAre(0, 1, 3, kReplacement));
+        EXPECT_EQ(changes_seen, replacement ? 0 : 2) << "rank " << env.rank;
+        EXPECT_EQ(m.changes, replacement ? 0 : 2);
+        // World-shaped ops work on the grown world.
+        std::vector<int32_t> mine(2, m.initial_ranks[m.rank]), all(2 * kWorld, -1);
+        ASSERT_TRUE(
+            (*comm)
+                ->Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size()))
+                .Wait()
+                .ok());
+        for (int r = 0; r < kWorld; ++r) ASSERT_EQ(all[2 * r], m.initial_ranks[r]);
+      },
+      absl::Seconds(90));
+  ASSERT_EQ(status.size(), static_cast<size_t>(kWorld + 1));
+  for (int r = 0; r <= kWorld; ++r) {
+    if (r == kVictim) {
+      EXPECT_TRUE(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL);
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "process " << r;
+  }
+  double seconds = -1;
+  std::ifstream(dir + "/joined_after") >> seconds;
+  std::printf("%s: replacement's first allreduce on 4 ranks %.3f s after it started\n",
+              BackendChoiceName(backend), seconds);
+  EXPECT_GT(seconds, 0);
+}
+
+TEST(ElasticGrow, ReplacementJoinsAfterShrinkGloo) {
+  KillThenReplaceAllreduce(BackendChoice::kGloo);
+}
+
+TEST(ElasticGrow, ReplacementJoinsAfterShrinkShm) { KillThenReplaceAllreduce(BackendChoice::kShm); }
+
+// A replacement whose profile differs from rank 0's is refused, naming the setting; the members
+// see no change. One without elastic, or in rank 0's place, is refused before it asks.
+TEST(ElasticGrow, ReplacementWithAnotherProfileIsRefusedNamingTheSetting) {
+  const std::string dir = FreshDir("refused");
+  std::vector<int> status = testing::RunRankProcesses(
+      3,
+      [&](const RankEnv& env) {
+        RankEnv as = env;
+        as.options.world_size = 2;
+        if (env.rank == 2) {
+          as.options.rank = 1;
+          CommunicatorOptions o = ElasticOptionsFor(as, BackendChoice::kGloo, dir);
+          o.elastic.join = true;
+          o.timeout = absl::Seconds(11);  // the members run with 10 s
+          auto comm = Communicator::Create(o);
+          ASSERT_FALSE(comm.ok());
+          EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
+          EXPECT_THAT(std::string(comm.status().message()), HasSubstr("refused by rank 0"));
+          EXPECT_THAT(std::string(comm.status().message()), HasSubstr("11s vs 10s"));
+          o.timeout = absl::Seconds(10);
+          o.rank = 0;
+          comm = Communicator::Create(o);
+          EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rank 0 cannot be replaced"));
+          o.rank = 1;
+          o.elastic.on_loss = LossPolicy::kFail;
+          comm = Communicator::Create(o);
+          EXPECT_THAT(std::string(comm.status().message()), HasSubstr("needs elastic.on_loss"));
+          std::ofstream(dir + "/refused") << "1";
+          return;
+        }
+        auto comm = Communicator::Create(ElasticOptionsFor(as, BackendChoice::kGloo, dir));
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<float> v(100);
+        for (int step = 0;; ++step) {
+          ASSERT_LT(step, 100000);
+          ASSERT_TRUE((*comm)->AdmitJoiners().ok());
+          int64_t done = ReadMicros(dir + "/refused");
+          ASSERT_TRUE((*comm)->Broadcast(HostView(&done, 1)).Wait().ok());
+          if (done != 0) break;
+          std::fill(v.begin(), v.end(), 1.0f);
+          ASSERT_TRUE((*comm)->Allreduce(HostView(v.data(), v.size())).Wait().ok());
+          ASSERT_EQ(v[0], 2.0f);
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+        EXPECT_EQ((*comm)->size(), 2);
+        EXPECT_EQ((*comm)->membership().changes, 0);
+      },
+      absl::Seconds(60));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "process " << r;
   }
 }
 

@@ -63,7 +63,8 @@ enum class LossPolicy : uint8_t {
   kFail,     // every rank's op fails naming the lost ranks (the behaviour before #14)
   kShrink,   // the survivors continue: renumbered densely in their old order, backend rebuilt
   // Waits up to the replacement timeout for the lost ranks to vote after all (a stopped rank that
-  // resumes), then does `after_timeout` (shrink or fail). Admitting a new process is not built.
+  // resumes), then does `after_timeout` (shrink or fail). A new process that replaces a lost rank
+  // is admitted at a step boundary instead (ElasticOptions::join, Communicator::AdmitJoiners).
   kWaitForReplacement,
 };
 
@@ -78,6 +79,12 @@ struct Membership {
   // initial_ranks[r]: what rank r was at creation.
   std::vector<int> initial_ranks;
   std::string reason;  // the last change, in words ("rank 2 lost (...); world 4 -> 3")
+  // The ranks (current numbering) that joined in the last change: a grow appends them after the
+  // members, who keep their ranks (Communicator::AdmitJoiners).
+  std::vector<int> joined_ranks;
+  // This process joined a running job (ElasticOptions::join): it has none of the job's state yet
+  // and receives it from the members (e.g. a Broadcast from rank 0 right after creation).
+  bool joined = false;
 };
 
 struct ElasticOptions {
@@ -95,6 +102,13 @@ struct ElasticOptions {
   // is in place and before the interrupted op runs again. It may read membership() and queue ops
   // but must not wait for one (that op runs only after the callback returns).
   std::function<void(const Membership&)> on_change;
+  // This process replaces a lost rank of a running job (also ADAPTCOMM_ELASTIC_JOIN=1, which
+  // `adaptcomm launch --elastic --max-restarts N` exports to a restarted rank): Create connects to
+  // the job's store (same name, master address and port; never rank 0, which serves the store),
+  // asks to join, and returns once the members admitted it at their next AdmitJoiners(), bounded
+  // by the init timeout, with the communicator on the grown world (membership().joined). Refused,
+  // naming why, when its profile differs from rank 0's.
+  bool join = false;
 };
 
 struct CommunicatorOptions {
@@ -216,6 +230,16 @@ class ADAPTCOMM_EXPORT Communicator {
   int size() const;
   // Rank, world size, generation and the ranks lost in the last membership change.
   Membership membership() const;
+  // Elastic grow (issue #14): admits the processes waiting to join (ElasticOptions::join). A
+  // collective: every member calls it at the same point of its op sequence, at a step boundary
+  // (every op it issued finished; FailedPrecondition otherwise). Rank 0 looks up the waiting
+  // joiners in the store (one request) and broadcasts their count (one 8-byte broadcast); with
+  // none it returns OK. Otherwise every member and joiner rebuilds the backend at the next
+  // generation, the joiners appended as the last ranks (the members keep theirs), on_change runs,
+  // and it returns Aborted "membership changed: ..." (IsMembershipChanged): broadcast the state
+  // the joiners need, then go on with the new world. An error other than that breaks the
+  // communicator (the joiner died while the backend was rebuilt).
+  [[nodiscard]] absl::Status AdmitJoiners();
   const char* backend_name() const;
   // Why this backend was chosen ("backend=gloo requested", "auto: NCCL not built", ...).
   const std::string& selection_reason() const;

@@ -1,15 +1,19 @@
 #include "adaptcomm/communicator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "adaptcomm/status.h"
 #include "lib/base/log.h"
 #include "lib/core/backend_selection.h"
 #include "lib/core/collective_check.h"
 #include "lib/core/communicator_impl.h"
+#include "lib/core/elastic_grow.h"
 #include "lib/core/heartbeat.h"
 #include "lib/core/init_agreement.h"
 #include "lib/core/validate.h"
@@ -19,7 +23,8 @@ namespace internal {
 
 CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig config,
                                    Rendezvous rendezvous, std::unique_ptr<Backend> backend,
-                                   std::string selection_reason, CommunicatorDeps deps)
+                                   std::string selection_reason, CommunicatorDeps deps,
+                                   std::optional<JoinedAs> joined)
     : options_(std::move(options)),
       config_(std::move(config)),
       deps_(std::move(deps)),
@@ -27,11 +32,22 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
       selection_reason_(std::move(selection_reason)) {
   // Checked at creation (CreateCommunicatorWith): the fallback is never taken there.
   elastic_ = ResolveElasticPolicy(options_.elastic, config_.elastic).value_or(ElasticPolicy{});
+  id_ = joined.has_value() ? joined->id : options_.rank;
+  next_id_ = options_.world_size;
   {
     absl::MutexLock lock(&membership_mu_);
     membership_.rank = options_.rank;
     membership_.world_size = options_.world_size;
-    for (int r = 0; r < options_.world_size; ++r) membership_.initial_ranks.push_back(r);
+    if (joined.has_value()) {
+      membership_.initial_ranks = joined->ids;
+      membership_.joined = true;
+      membership_.joined_ranks = {options_.rank};
+      membership_.reason =
+          absl::StrCat("joined as rank ", options_.rank, " of ", options_.world_size,
+                       " at generation ", joined->generation, " (id ", joined->id, ")");
+    } else {
+      for (int r = 0; r < options_.world_size; ++r) membership_.initial_ranks.push_back(r);
+    }
   }
   trace::FlightRecorderOptions fr;
   fr.rank = options_.rank;
@@ -44,11 +60,15 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   recorder_ = std::make_shared<trace::FlightRecorder>(std::move(fr));
   ExecutorOptions exec;
   exec.abort_bound = config_.timeouts.abort;
+  if (joined.has_value()) {
+    exec.initial_generation = joined->generation;
+    exec.first_seq = joined->first_seq;
+  }
   executor_ = std::make_shared<OpExecutor>(std::move(backend), exec);
   executor_->AddObserver(recorder_);
   if (const trace::TraceRequest tr =
           trace::ResolveTraceRequest(config_.trace.enabled, config_.trace.dir);
-      tr.enabled) {
+      tr.enabled && !joined.has_value()) {  // the timeline's rendezvous is the creators' only
     trace::TimelineOptions to;
     to.rank = options_.rank;
     to.world_size = options_.world_size;
@@ -67,8 +87,9 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   }
   if (rendezvous_.store != nullptr) {
     FailureCoordinatorOptions fc;
-    fc.rank = options_.rank;
+    fc.rank = id_;
     fc.world_size = options_.world_size;
+    if (joined.has_value()) fc.initial_members = joined->ids;
     fc.name = options_.name;
     fc.report_window = options_.failure_report_window;
     fc.max_attempts =
@@ -86,7 +107,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     fc.stop_bound = std::min(config_.timeouts.abort, absl::Seconds(2));
     coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
     executor_->SetFailureHandler(coordinator_);
-    if (options_.check_collectives) {
+    if (options_.check_collectives && !joined.has_value()) {
       auto check = std::make_shared<CollectiveCheck>(rendezvous_.store, options_.rank,
                                                      options_.world_size, options_.name);
       executor_->SetPreRunCheck([check](const OpDesc& op, const std::string& fingerprint) {
@@ -137,6 +158,7 @@ CommunicatorImpl::~CommunicatorImpl() {
   executor_->Shutdown();
   if (timeline_ != nullptr) timeline_->Close().IgnoreError();  // the footer: a valid JSON file
   CommunicatorOptions leaving = options_;
+  leaving.rank = id_;  // its keys ("left/<id>") are what the others look up
   leaving.world_size = executor_->membership().world_size;  // the lost ranks never leave
   LeaveRendezvous(std::move(rendezvous_), leaving, executor_->backend().health().ok(),
                   std::max(deadline - absl::Now(), absl::ZeroDuration()));
@@ -174,6 +196,13 @@ void CommunicatorImpl::ApplyMembership(const MembershipChange& change) {
   for (int r = 0; r < change.old_world; ++r) {
     if (change.old_to_new[r] >= 0) initial[change.old_to_new[r]] = membership_.initial_ranks[r];
   }
+  membership_.joined_ranks.clear();
+  for (size_t i = 0; i < change.joined_ids.size(); ++i) {
+    const int rank =
+        change.new_world - static_cast<int>(change.joined_ids.size()) + static_cast<int>(i);
+    initial[rank] = change.joined_ids[i];
+    membership_.joined_ranks.push_back(rank);
+  }
   membership_.initial_ranks = std::move(initial);
   membership_.rank = change.new_rank;
   membership_.world_size = change.new_world;
@@ -186,6 +215,104 @@ void CommunicatorImpl::MembershipInstalled(const MembershipChange& change) {
   ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' goes on as rank ", change.new_rank,
                 " of ", change.new_world, " (", change.reason, ")");
   if (options_.elastic.on_change) options_.elastic.on_change(membership());
+}
+
+absl::Status CommunicatorImpl::AdmitJoiners() {
+  if (!elastic_.elastic || coordinator_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "AdmitJoiners on communicator '", options_.name,
+        "': admitting joiners needs elastic.on_loss shrink or wait_for_replacement and a store"));
+  }
+  const OpExecutor::MembershipSnapshot before = executor_->membership();
+  Store& store = *rendezvous_.store;
+  // Rank 0 alone looks in the store (one request); the others learn the outcome from a broadcast
+  // they would have to wait for anyway: no per-op or per-rank store traffic while nobody waits.
+  int64_t announce = 0;
+  std::vector<int64_t> tickets;
+  if (before.rank == 0) {
+    absl::StatusOr<ScreenedJoiners> screened = ScreenJoiners(store, joiners_handled_, config_);
+    if (!screened.ok()) {
+      ADAPTCOMM_LOG(kWarning, "communicator '", options_.name,
+                    "': cannot look for joiners: ", screened.status().ToString());
+    } else {
+      joiners_handled_ = screened->count;
+      tickets = screened->accepted;
+      if (!tickets.empty()) announce = screened->count;
+    }
+  }
+  OpDesc bcast;
+  bcast.kind = OpKind::kBroadcast;
+  bcast.input = bcast.output = HostView(&announce, 1);
+  bcast.root = 0;
+  if (absl::Status s = Submit(std::move(bcast)).Wait(); !s.ok()) return s;
+  if (announce == 0) return absl::OkStatus();
+
+  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  GrowDecision decision;
+  const OpExecutor::MembershipSnapshot now = executor_->membership();
+  if (now.rank == 0) {
+    // Decided after the broadcast: a shrink during it is part of the world the joiners join.
+    decision.generation = now.generation + 1;
+    decision.first_seq = executor_->next_seq();
+    decision.ids = coordinator_->Members();
+    for (size_t i = 0; i < tickets.size(); ++i) decision.ids.push_back(next_id_++);
+    if (absl::Status s = PublishAdmission(store, announce, decision.generation, decision.first_seq,
+                                          decision.ids, tickets, now.world_size);
+        !s.ok()) {
+      Abort(s);
+      return s;
+    }
+  } else {
+    absl::StatusOr<GrowDecision> read = ReadGrowDecision(store, announce, deadline);
+    if (!read.ok()) {
+      absl::Status s = absl::Status(
+          read.status().code(),
+          absl::StrCat("AdmitJoiners: rank 0's decision never came: ", read.status().message()));
+      Abort(s);
+      return s;
+    }
+    decision = *std::move(read);
+  }
+  MembershipChange change;
+  change.old_world = now.world_size;
+  change.new_rank = now.rank;
+  change.new_world = static_cast<int>(decision.ids.size());
+  for (int r = 0; r < now.world_size; ++r) change.old_to_new.push_back(r);
+  change.joined_ids.assign(decision.ids.begin() + now.world_size, decision.ids.end());
+  std::vector<std::string> joined;
+  for (int r = now.world_size; r < change.new_world; ++r) {
+    joined.push_back(absl::StrCat(r, " (id ", decision.ids[r], ")"));
+  }
+  change.reason =
+      absl::StrCat("rank(s) ", absl::StrJoin(joined, ", "), " joined; world ", change.old_world,
+                   " -> ", change.new_world, " at generation ", decision.generation);
+  absl::Status grown = executor_->Reconfigure([&]() -> absl::StatusOr<RecoveryPlan> {
+    absl::StatusOr<std::unique_ptr<Backend>> backend =
+        BuildBackendFor(decision.generation, change.new_rank, change.new_world, false);
+    if (!backend.ok()) return backend.status();
+    ApplyMembership(change);
+    coordinator_->SetMembers(decision.ids);
+    recorder_->SetGeneration(decision.generation, (*backend)->name());
+    RecoveryPlan plan;
+    plan.generation = decision.generation;
+    plan.backend = *std::move(backend);
+    plan.change = change;
+    plan.on_installed = [this, &change] { MembershipInstalled(change); };
+    return plan;
+  });
+  if (!grown.ok()) {
+    // The members may disagree on whether the new backend exists (a joiner died during its
+    // rendezvous): nothing safe is left to run on.
+    absl::Status s =
+        absl::Status(grown.code(), absl::StrCat("admitting joiners failed (", change.reason,
+                                                "): ", grown.message(), "; communicator '",
+                                                options_.name, "' is unusable"));
+    if (!absl::IsFailedPrecondition(grown)) Abort(s);
+    return s;
+  }
+  return absl::AbortedError(absl::StrCat(kMembershipChangedPrefix, change.reason,
+                                         "; send the joiners the state they need (e.g. a "
+                                         "broadcast from rank 0), then go on"));
 }
 
 void CommunicatorImpl::Abort(const absl::Status& reason) {
@@ -271,6 +398,15 @@ absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o) {
   return cfg;
 }
 
+// The rendezvous of generation g's backend: its own store scope ("gen<g>") in the communicator's.
+Rendezvous GenerationRendezvous(const Rendezvous& rv, int generation) {
+  Rendezvous next;
+  next.store = CreatePrefixStore(absl::StrCat("gen", generation), rv.store);
+  next.transport_host = rv.transport_host;
+  next.transport_iface = rv.transport_iface;
+  return next;
+}
+
 struct BackendSelection {
   std::unique_ptr<Backend> backend;
   std::string reason;
@@ -351,16 +487,21 @@ bool CommunicatorImpl::WantsDegrade() {
 
 absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int generation,
                                                                           bool degrade) {
-  Rendezvous next;
-  next.store = CreatePrefixStore(absl::StrCat("gen", generation), rendezvous_.store);
-  next.transport_host = rendezvous_.transport_host;
-  next.transport_iface = rendezvous_.transport_iface;
-  CommunicatorOptions o = options_;
+  int rank, world;
   {
     absl::MutexLock lock(&membership_mu_);
-    o.rank = membership_.rank;  // changed by a shrink (ApplyMembership)
-    o.world_size = membership_.world_size;
+    rank = membership_.rank;  // changed by a shrink (ApplyMembership)
+    world = membership_.world_size;
   }
+  return BuildBackendFor(generation, rank, world, degrade);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::BuildBackendFor(int generation, int rank,
+                                                                           int world,
+                                                                           bool degrade) {
+  CommunicatorOptions o = options_;
+  o.rank = rank;
+  o.world_size = world;
   if (degrade) {
     o.backend = BackendChoice::kGloo;
     ADAPTCOMM_LOG(kError, "DEGRADING communicator '", options_.name,
@@ -370,7 +511,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int ge
                   " (profile backend.degrade_after_failures / degrade_window)");
   }
   absl::StatusOr<BackendSelection> selected =
-      SelectBackend(o, config_, next, absl::Now() + options_.init_timeout, deps_);
+      SelectBackend(o, config_, GenerationRendezvous(rendezvous_, generation),
+                    absl::Now() + options_.init_timeout, deps_);
   if (!selected.ok()) return selected.status();
   ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' rebuilt its backend as generation ",
                 generation, ": ", selected->backend->name(), " (", selected->reason, ")");
@@ -387,6 +529,59 @@ struct CommunicatorAccess {
   static CommunicatorImpl& Impl(Communicator& comm) { return *comm.impl_; }
 };
 
+// Elastic grow, the joiner's side (lib/core/elastic_grow.h): the running communicator's store,
+// admission at the members' next AdmitJoiners(), then the backend of the admitted generation.
+absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
+    CommunicatorOptions o, EffectiveConfig config, const CommunicatorDeps& deps) {
+  const absl::Time deadline = absl::Now() + o.init_timeout;
+  absl::StatusOr<ElasticPolicy> elastic = ResolveElasticPolicy(o.elastic, config.elastic);
+  if (!elastic.ok()) return elastic.status();
+  const std::string what =
+      absl::StrCat("replacement for rank ", o.rank, " of communicator '", o.name, "'");
+  if (!elastic->elastic) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": joining a running job needs elastic.on_loss shrink or wait_for_replacement"));
+  }
+  if (o.rank == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": rank 0 cannot be replaced (it serves the store; its loss ends the job)"));
+  }
+  absl::StatusOr<Rendezvous> rv =
+      JoinRendezvous(o, config.timeouts.store_connect, deadline, /*replacement=*/true);
+  if (!rv.ok()) return rv.status();
+  char host[256] = "unknown";
+  gethostname(host, sizeof(host) - 1);
+  const absl::Time asked = absl::Now();
+  absl::StatusOr<Admission> admitted = RequestAdmission(
+      *rv->store, config, absl::StrCat(host, ":", getpid(), " (", what, ")"), deadline);
+  if (!admitted.ok()) {
+    return absl::Status(admitted.status().code(),
+                        absl::StrCat(what, ": ", admitted.status().message()));
+  }
+  o.rank = admitted->rank;
+  o.world_size = static_cast<int>(admitted->ids.size());
+  log::SetProcessRank(o.rank);
+  absl::StatusOr<BackendSelection> selected =
+      SelectBackend(o, config, GenerationRendezvous(*rv, admitted->generation), deadline, deps);
+  if (!selected.ok()) {
+    return absl::Status(selected.status().code(),
+                        absl::StrCat(what, ": admitted, but building the backend failed: ",
+                                     selected.status().message()));
+  }
+  ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "': ", what, " joined as rank ", o.rank, " of ",
+                o.world_size, " at generation ", admitted->generation, " (id ", admitted->id,
+                ", admitted after ", absl::FormatDuration(absl::Now() - asked), "): backend ",
+                selected->backend->name());
+  JoinedAs joined;
+  joined.id = admitted->id;
+  joined.generation = admitted->generation;
+  joined.first_seq = admitted->first_seq;
+  joined.ids = admitted->ids;
+  return CommunicatorAccess::Wrap(std::make_unique<CommunicatorImpl>(
+      std::move(o), std::move(config), *std::move(rv), std::move(selected->backend),
+      std::move(selected->reason), deps, std::move(joined)));
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
     const CommunicatorOptions& options, const CommunicatorDeps& deps) {
   CommunicatorOptions o = options;
@@ -400,6 +595,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
       !elastic.ok()) {
     return elastic.status();
   }
+
+  if (const char* join = std::getenv("ADAPTCOMM_ELASTIC_JOIN");
+      join != nullptr && std::string(join) == "1") {
+    o.elastic.join = true;
+  }
+  if (o.elastic.join) return JoinRunningCommunicator(std::move(o), *std::move(config), deps);
 
   absl::StatusOr<Rendezvous> rv = JoinRendezvous(o, config->timeouts.store_connect, deadline);
   if (!rv.ok()) return rv.status();
@@ -469,6 +670,7 @@ Communicator::~Communicator() = default;
 int Communicator::rank() const { return impl_->executor().membership().rank; }
 int Communicator::size() const { return impl_->executor().membership().world_size; }
 Membership Communicator::membership() const { return impl_->membership(); }
+absl::Status Communicator::AdmitJoiners() { return impl_->AdmitJoiners(); }
 const EffectiveConfig& Communicator::config() const { return impl_->config(); }
 const char* Communicator::backend_name() const { return impl_->executor().backend().name(); }
 const std::string& Communicator::selection_reason() const { return impl_->selection_reason(); }

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/communicator.h"
@@ -21,6 +23,14 @@
 
 namespace adaptcomm::internal {
 
+// A process admitted into a running communicator (elastic grow): where it starts.
+struct JoinedAs {
+  int id = 0;  // its id among the members (votes, wake-ups)
+  int generation = 0;
+  uint64_t first_seq = 1;
+  std::vector<int> ids;  // every member's id, in rank order
+};
+
 class CommunicatorImpl {
  public:
   // Builds the executor (with its flight recorder and, when there is a store, the failure
@@ -28,7 +38,7 @@ class CommunicatorImpl {
   // which rebuilds and the device mixed-precision path use too.
   CommunicatorImpl(CommunicatorOptions options, EffectiveConfig config, Rendezvous rendezvous,
                    std::unique_ptr<Backend> backend, std::string selection_reason,
-                   CommunicatorDeps deps);
+                   CommunicatorDeps deps, std::optional<JoinedAs> joined = std::nullopt);
   ~CommunicatorImpl();
 
   // Validates `desc` (generic rules, then the backend's), fills in the default timeout, queues it.
@@ -47,6 +57,11 @@ class CommunicatorImpl {
   // This rank's view of the degrade rule, counting one more retry (see BackendRebuilder).
   bool WantsDegrade();
   absl::StatusOr<std::unique_ptr<Backend>> RebuildBackend(int generation, bool degrade);
+  // The backend of `generation` for `rank` of `world` (a rebuild, or a grow before it is applied).
+  absl::StatusOr<std::unique_ptr<Backend>> BuildBackendFor(int generation, int rank, int world,
+                                                           bool degrade);
+  // Communicator::AdmitJoiners (lib/core/elastic_grow.h).
+  absl::Status AdmitJoiners();
   // Elastic: the agreed change (the next rebuild is for its rank and world), and its installation
   // (the trainer's callback).
   void ApplyMembership(const MembershipChange& change);
@@ -65,6 +80,10 @@ class CommunicatorImpl {
   int heartbeat_id_ = 0;
   std::deque<absl::Time> recoveries_;  // times of coordinated retries (rebuilds), for degrade
   ElasticPolicy elastic_;
+  int id_ = 0;  // this rank's id among the members: its rank at creation, or given at admission
+  // Rank 0 only (AdmitJoiners): the last joiner ticket screened, and the next id to give.
+  int64_t joiners_handled_ = 0;
+  int next_id_ = 0;
   // The membership after the last agreed change (rank and world: what the next rebuild builds).
   mutable absl::Mutex membership_mu_;
   Membership membership_ ABSL_GUARDED_BY(membership_mu_);

@@ -107,7 +107,15 @@ FailureCoordinator::FailureCoordinator(FailureCoordinatorOptions options,
                                        trace::FlightRecorder* recorder)
     : options_(std::move(options)), store_(std::move(store)), recorder_(recorder) {
   absl::MutexLock lock(&members_mu_);
-  for (int r = 0; r < options_.world_size; ++r) members_.push_back(r);
+  members_ = options_.initial_members;
+  if (members_.empty()) {
+    for (int r = 0; r < options_.world_size; ++r) members_.push_back(r);
+  }
+}
+
+void FailureCoordinator::SetMembers(std::vector<int> ids) {
+  absl::MutexLock lock(&members_mu_);
+  members_ = std::move(ids);
 }
 
 std::vector<int> FailureCoordinator::Members() const {

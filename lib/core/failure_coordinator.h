@@ -49,6 +49,9 @@ struct FailureCoordinatorOptions {
   // within elastic.loss_window is lost, and the set of survivors is decided once per generation
   // through the store ("members/<g>": the first rank to claim it writes what it saw).
   ElasticPolicy elastic;
+  // The members' ids in rank order; empty: 0 .. world_size-1. A joiner (elastic grow) starts with
+  // the admitted world's ids, its own (`rank`) among them.
+  std::vector<int> initial_members;
 };
 
 // How a retry rebuilds the backend. `wants_degrade` is asked once per vote: this rank's own view
@@ -93,6 +96,10 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
                                        const std::string& fingerprint, int attempt,
                                        const absl::Status& cause) override;
   int max_attempts() const override { return options_.max_attempts; }
+  // Elastic grow: the members' ids in rank order after joiners were admitted.
+  void SetMembers(std::vector<int> ids);
+  // The ids (ranks at creation) of the current members, in current rank order.
+  std::vector<int> Members() const;
   bool Retryable(const absl::Status& status) const override;
 
  private:
@@ -102,8 +109,6 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   absl::Duration Backoff(int attempt) const;
   // The error of a retry vote this rank could not take part in for want of the store.
   absl::Status CutOff(const absl::Status& store_error, const absl::Status& cause);
-  // The ranks at creation of the current members, in current rank order.
-  std::vector<int> Members() const;
   // Elastic: the survivors' set for `generation`, decided once through the store. `voted`: the
   // members this rank saw vote (ids). Returns the ids that go on, or the error every rank fails
   // with.

@@ -25,7 +25,10 @@ struct MembershipChange {
   int new_world = 0;
   std::vector<int> old_to_new;  // indexed by old rank: its new rank, -1 when lost
   std::vector<int> lost;        // old ranks, ascending
-  std::string reason;           // "rank 2 lost (did not vote within 2s: dead or stalled); ..."
+  // Grow: the ids (ranks at creation, or assigned at admission) of the ranks appended after the
+  // old ones, which keep their numbers (old_to_new is the identity).
+  std::vector<int> joined_ids;
+  std::string reason;  // "rank 2 lost (did not vote within 2s: dead or stalled); ..."
 };
 
 // The loss policy after precedence (CommunicatorOptions::elastic over the profile's elastic.*).

@@ -59,6 +59,9 @@ OpExecutor::OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options
   QuietAbslDeadlockDetection();
   absl::MutexLock lock(&mu_);
   owned_backends_.push_back(std::move(backend));
+  generation_ = requested_generation_ = options_.initial_generation;
+  next_seq_ = options_.first_seq;
+  last_completed_seq_ = options_.first_seq - 1;
 }
 
 OpExecutor::~OpExecutor() {
@@ -367,6 +370,34 @@ void OpExecutor::InstallBackend(std::unique_ptr<Backend> backend, int generation
   owned_backends_.push_back(std::move(backend));
   generation_ = generation;
   requested_generation_ = std::max(requested_generation_, generation);
+}
+
+absl::Status OpExecutor::Reconfigure(
+    const std::function<absl::StatusOr<RecoveryPlan>()>& reconfigure) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
+    if (stopping_ || busy_ || !queue_.empty() || !in_flight_.empty() ||
+        requested_generation_ > generation_ || !device_failure_.ok()) {
+      return absl::FailedPreconditionError(
+          "membership reconfiguration needs an idle communicator (a step boundary: every op "
+          "issued before it finished)");
+    }
+    busy_ = true;  // keeps the worker and inline launches off until the new backend is in
+  }
+  absl::StatusOr<RecoveryPlan> plan = reconfigure();
+  if (plan.ok()) {
+    InstallBackend(std::move(plan->backend), plan->generation, std::move(plan->change));
+    if (plan->on_installed) plan->on_installed();
+  }
+  absl::MutexLock lock(&mu_);
+  busy_ = false;
+  return plan.status();
+}
+
+uint64_t OpExecutor::next_seq() const {
+  absl::MutexLock lock(&mu_);
+  return next_seq_;
 }
 
 void OpExecutor::RequestRecovery(int generation) {

@@ -51,6 +51,10 @@ struct ExecutorOptions {
   absl::Duration watchdog_grace = absl::Seconds(1);
   // How long an abort may take before the watchdog fails the Work without the backend.
   absl::Duration abort_bound = absl::Seconds(5);
+  // A process that joins a running job (elastic grow, #14) starts at the job's generation and
+  // sequence number, so that its votes and positions line up with the members'.
+  int initial_generation = 0;
+  uint64_t first_seq = 1;
 };
 
 // Decides what a failed op's Work reports: called on the thread that ran the op, without the
@@ -150,6 +154,13 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // more than a small op on shared memory. Returns whether it ran the op (finished when it
   // returns).
   bool RunOnWaiter(const WorkImpl* work);
+  // Elastic grow (Communicator::AdmitJoiners): runs `reconfigure` on the calling thread while the
+  // executor is idle (nothing queued, running or in flight, no retry pending; FailedPrecondition
+  // otherwise) and installs the backend and membership change it returns. Ops submitted meanwhile
+  // wait for it. A failure leaves the current backend in place.
+  absl::Status Reconfigure(const std::function<absl::StatusOr<RecoveryPlan>()>& reconfigure);
+  // The sequence number the next submitted op gets.
+  uint64_t next_seq() const;
   // Fails every queued op with `reason`, aborts the running one. Idempotent.
   void Abort(const absl::Status& reason);
   // Lets queued ops finish (each within its bound), then stops the threads.

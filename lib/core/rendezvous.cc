@@ -96,7 +96,8 @@ absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::T
 }  // namespace
 
 absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
-                                          absl::Duration store_connect, absl::Time deadline) {
+                                          absl::Duration store_connect, absl::Time deadline,
+                                          bool replacement) {
   Rendezvous rv;
   std::string master = o.master_addr;
   if (master.empty()) {
@@ -160,37 +161,59 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
     rv.description = absl::StrCat("tcp store ", master, ":", port);
   }
 
-  absl::StatusOr<int64_t> claims = rv.root_store->Add(ClaimKey(o), 1);
-  if (!claims.ok()) return claims.status();
-  if (*claims != 1) {
-    (void)rv.root_store->Add(ClaimKey(o), -1);
-    return absl::FailedPreconditionError(
-        absl::StrCat("a communicator named '", o.name, "' already has rank ", o.rank,
-                     " on this store; give each communicator sharing a store a distinct "
-                     "CommunicatorOptions::name"));
-  }
-  // Every rank creates a given name the same number of times, so the count of this rank's
-  // creations is an incarnation number all ranks agree on; it keeps the keys of a communicator
-  // apart from those of an earlier one of the same name on the same store.
-  absl::StatusOr<int64_t> incarnation =
-      rv.root_store->Add(absl::StrCat("adaptcomm/incarnations/", o.name, "/", o.rank), 1);
-  if (!incarnation.ok()) return incarnation.status();
-  rv.store =
-      CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", *incarnation), rv.root_store);
-  char host[256] = "unknown";
-  gethostname(host, sizeof(host) - 1);
-  if (absl::Status s =
-          rv.store->Set(absl::StrCat("join/", o.rank), absl::StrCat(host, ":", getpid()));
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = WaitForAllRanks(*rv.store, o, deadline); !s.ok()) {
-    (void)rv.root_store->Add(ClaimKey(o), -1);
-    return s;
+  int64_t incarnation = 0;
+  if (replacement) {
+    // The running communicator is rank 0's latest incarnation (rank 0 is never replaced: it
+    // serves the store). A lost rank's claim stays behind, so nothing is claimed here. A
+    // replacement started before the job is up waits for it (bounded by the init timeout).
+    for (;;) {
+      absl::StatusOr<int64_t> current =
+          rv.root_store->Add(absl::StrCat("adaptcomm/incarnations/", o.name, "/0"), 0);
+      if (!current.ok()) return current.status();
+      incarnation = *current;
+      rv.store = CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", incarnation),
+                                   rv.root_store);
+      if (incarnation > 0 && rv.store->Get("join/0", absl::ZeroDuration()).ok()) break;
+      if (absl::Now() >= deadline) {
+        return absl::NotFoundError(absl::StrCat("no running communicator '", o.name, "' on ",
+                                                rv.description, " to join as a replacement"));
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  } else {
+    absl::StatusOr<int64_t> claims = rv.root_store->Add(ClaimKey(o), 1);
+    if (!claims.ok()) return claims.status();
+    if (*claims != 1) {
+      (void)rv.root_store->Add(ClaimKey(o), -1);
+      return absl::FailedPreconditionError(
+          absl::StrCat("a communicator named '", o.name, "' already has rank ", o.rank,
+                       " on this store; give each communicator sharing a store a distinct "
+                       "CommunicatorOptions::name"));
+    }
+    // Every rank creates a given name the same number of times, so the count of this rank's
+    // creations is an incarnation number all ranks agree on; it keeps the keys of a communicator
+    // apart from those of an earlier one of the same name on the same store.
+    absl::StatusOr<int64_t> created =
+        rv.root_store->Add(absl::StrCat("adaptcomm/incarnations/", o.name, "/", o.rank), 1);
+    if (!created.ok()) return created.status();
+    incarnation = *created;
+    rv.store =
+        CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", incarnation), rv.root_store);
+    char host[256] = "unknown";
+    gethostname(host, sizeof(host) - 1);
+    if (absl::Status s =
+            rv.store->Set(absl::StrCat("join/", o.rank), absl::StrCat(host, ":", getpid()));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = WaitForAllRanks(*rv.store, o, deadline); !s.ok()) {
+      (void)rv.root_store->Add(ClaimKey(o), -1);
+      return s;
+    }
   }
 
   // Names this job in flight-recorder dumps, so an analysis never mixes in a stale run's files.
-  rv.job_id = absl::StrCat(o.name, "#", *incarnation, "@",
+  rv.job_id = absl::StrCat(o.name, "#", incarnation, "@",
                            rv.store->Get("join/0", absl::ZeroDuration()).value_or("?"));
   rv.transport_iface = o.iface;
   if (rv.transport_iface.empty() && Env("GLOO_SOCKET_IFNAME") != nullptr) {

@@ -26,8 +26,12 @@ struct Rendezvous {
 // REQUIRES: options.rank and options.world_size resolved and valid.
 // `store_connect`: how long a client keeps trying to reach the store (profile
 // timeouts.store_connect), within the overall `deadline`.
+// `replacement` (elastic grow, ElasticOptions::join): joins the running communicator of this name
+// instead (its current incarnation on the store), without claiming a rank or waiting for the
+// others; NotFound when none is running there. REQUIRES: options.rank != 0 then.
 absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& options,
-                                          absl::Duration store_connect, absl::Time deadline);
+                                          absl::Duration store_connect, absl::Time deadline,
+                                          bool replacement = false);
 
 // Gives the name back and, on rank 0, keeps serving the store until every rank has left (bounded),
 // so that peers still finishing their own departure do not lose the store under them.

@@ -1,0 +1,71 @@
+// Elastic grow (issue #14 item 3): how a process that replaces a lost rank is admitted into a
+// running communicator, through the communicator's store.
+//
+// A joiner takes a ticket (n = Add("grow/joiners")), publishes who it is and its profile's hash
+// and listing ("grow/joiner/<n>"), and waits for "grow/admit/<n>". The members admit at a step
+// boundary (Communicator::AdmitJoiners, a collective): rank 0, which is never lost (it serves the
+// store), screens the tickets it has not seen (a joiner whose profile differs is refused, naming
+// the settings), broadcasts the number of the last ticket it accepted (0: none), and then writes
+// the decision ("grow/decision/<c>" = generation|first seq|ids) and each joiner's admission.
+// Every member and joiner builds the backend of that generation for the new world: the members
+// keep their ranks, the joiners come after them in ticket order. Ids (ranks at creation for the
+// first members, world size at creation and up for joiners) key each rank's coordinator entries
+// (votes, wake-ups) and never change.
+#ifndef ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
+#define ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "adaptcomm/profile.h"
+#include "adaptcomm/store.h"
+
+namespace adaptcomm::internal {
+
+// What a joiner learns when it is admitted.
+struct Admission {
+  int generation = 0;      // of the backend every rank builds now
+  int id = 0;              // this joiner's id
+  int rank = 0;            // its rank in the new world
+  uint64_t first_seq = 1;  // the sequence number of the first op on the new world
+  std::vector<int> ids;    // every rank's id, in rank order (new world size = ids.size())
+};
+
+// Joiner: asks to join and waits until `deadline` for the members' answer. FailedPrecondition
+// naming the reason when rank 0 refused it.
+[[nodiscard]] absl::StatusOr<Admission> RequestAdmission(Store& store,
+                                                         const EffectiveConfig& config,
+                                                         const std::string& who,
+                                                         absl::Time deadline);
+
+// Rank 0: the tickets after `handled` that may join (their profile is rank 0's); each refused one
+// is told why at once. `count`: the last ticket seen.
+struct ScreenedJoiners {
+  int64_t count = 0;
+  std::vector<int64_t> accepted;
+};
+[[nodiscard]] absl::StatusOr<ScreenedJoiners> ScreenJoiners(Store& store, int64_t handled,
+                                                            const EffectiveConfig& config);
+
+// Rank 0: publishes the decision for `count` (members' ids, then the joiners', in ticket order)
+// and each accepted joiner's admission.
+[[nodiscard]] absl::Status PublishAdmission(Store& store, int64_t count, int generation,
+                                            uint64_t first_seq, const std::vector<int>& ids,
+                                            const std::vector<int64_t>& tickets,
+                                            int first_new_rank);
+
+// Members other than rank 0: the decision for `count` (generation, first seq, ids in rank order).
+struct GrowDecision {
+  int generation = 0;
+  uint64_t first_seq = 0;
+  std::vector<int> ids;
+};
+[[nodiscard]] absl::StatusOr<GrowDecision> ReadGrowDecision(Store& store, int64_t count,
+                                                            absl::Time deadline);
+
+}  // namespace adaptcomm::internal
+
+#endif  // ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
