@@ -177,7 +177,7 @@ TEST(Tune, WritesATableThatACommunicatorLoadsAppliesAndExplains) {
 TEST(Tune, HelpStatesTheDecisionRuleAndBadArgumentsExitTwo) {
   Result help = RunCli("tune --help");
   EXPECT_EQ(help.code, 0);
-  EXPECT_THAT(help.out, HasSubstr("interquartile ranges do not"));
+  EXPECT_THAT(help.out, HasSubstr("paired round by round"));
   EXPECT_THAT(help.out, HasSubstr("--compare"));
   EXPECT_EQ(RunCli("tune --backend nccl").code, 2);
   EXPECT_EQ(RunCli("tune --ops broadcast").code, 2);

@@ -2,27 +2,37 @@
 // the winners to a tuned table (lib/config/tuned_table.h) keyed by this topology's fingerprint.
 // A job loads it through the profile's `tuning: {table: PATH}` or ADAPTCOMM_TUNED_TABLE.
 //
-// Ranks are threads of this process (--ranks N, one host) sharing an in-process store. Every
-// candidate is a backend of its own, built with the candidate's values for every size; all of
-// them live at once, and each round times every candidate once (in rotated order), so a load
-// change on this shared machine hits all candidates alike. The first run of every candidate and
-// size is checked element by element on every rank.
+// Ranks are forked processes on this host (--ranks N), as a launched job's are, sharing a file
+// store in a temporary directory. Every candidate is a one-band-per-knob tuned table loaded by a
+// communicator of its own exactly as a job loads the final table (ADAPTCOMM_TUNED_TABLE); all of
+// them live at once, and each round times every candidate once, in a shuffled order. The first
+// run of every candidate and size is checked element by element on every rank.
 //
-// Deciding: a candidate replaces the static value in a band only when its median is more than
-// --threshold percent below the static median AND the interquartile ranges do not overlap (the
-// candidate's 75th percentile under the static 25th); otherwise the band keeps the static value.
+// Deciding, on speedups paired round by round (static time / candidate time, both measured in
+// the same round, so a load change on this shared machine cancels out): a candidate replaces the
+// static value in a band only when its median speedup exceeds 1 + --threshold percent AND its
+// 25th percentile exceeds 1 (faster in three rounds of four); otherwise the band keeps the static
+// value.
 // Exit codes: 0 ok, 1 a rank failed or a result was wrong, 2 bad arguments.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
+#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,17 +42,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
-#include "lib/base/log.h"
 #include "lib/config/tuned_table.h"
 #include "lib/config/tuning.h"
 #include "lib/config/units.h"
 #include "lib/core/backend_selection.h"
 #include "lib/diag/collective_timing.h"
-#include "lib/gloo/gloo_backend.h"
 #include "lib/shm/shm_backend.h"
 #include "nlohmann/json.hpp"
 #include "tools/subcommands.h"
@@ -143,7 +150,7 @@ absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile)
     p.candidates.push_back({algo == 1 ? "ring" : "bcube",
                             false,
                             {{"algorithm", 1 - algo}, {"max_segment_bytes", segment}}});
-    for (uint64_t seg : {64 * kKiB, 256 * kKiB, 1 * kMiB, 4 * kMiB}) {
+    for (uint64_t seg : {1 * kMiB, 4 * kMiB, 16 * kMiB}) {
       if (static_cast<int64_t>(seg) == segment) continue;
       p.candidates.push_back(
           {absl::StrCat(algo == 1 ? "bcube" : "ring", "/seg ", Human(seg)),
@@ -178,52 +185,41 @@ std::vector<size_t> Distinct(const Plan& p, uint64_t bytes) {
   return out;
 }
 
-// Ops per timed sample (enough to beat the clock and the barrier) and samples per candidate.
-int OpsPerSample(uint64_t bytes) {
-  return static_cast<int>(std::clamp<uint64_t>((8 * kMiB) / bytes, 1, 200));
+// Ops per timed sample: about 2 ms of them (enough to beat the clock and the barrier, short
+// enough that a round of all candidates sees one machine load), at most 200 and at most 8 MiB
+// of data; `op_us` is one op's time.
+int32_t OpsPerSample(uint64_t bytes, double op_us) {
+  const double by_time = op_us > 0 ? 2000.0 / op_us : 200;
+  const double by_bytes = static_cast<double>((8 * kMiB) / bytes);
+  return static_cast<int32_t>(std::clamp(std::min(by_time, by_bytes), 1.0, 200.0));
 }
 int Rounds(const TuneArgs& a, uint64_t bytes) {
   if (a.rounds > 0) return a.rounds;
-  return bytes <= 4 * kMiB ? 21 : bytes <= 64 * kMiB ? 11 : 7;
+  return bytes <= 4 * kMiB ? 31 : bytes <= 64 * kMiB ? 11 : 7;
 }
 
-config::SizeBands Everywhere(int64_t value) {
-  return {config::SizeBand{0, config::kTunedMaxBytesUnbounded, value}};
-}
-
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Plan& p, const Candidate& c, int rank,
-                                                     int size, std::shared_ptr<Store> store,
-                                                     const EffectiveConfig& profile,
-                                                     absl::Duration timeout) {
-  if (p.backend == "shm") {
-    ShmBackendOptions o;
-    o.rank = rank;
-    o.size = size;
-    o.store = std::move(store);
-    o.init_timeout = timeout;
-    if (!c.is_static) {
-      ShmBackendOptions::TunedBands bands;
-      bands.flat_max_bytes = Everywhere(c.knobs.at("flat_max_bytes"));
-      bands.chunk_bytes = Everywhere(c.knobs.at("chunk_bytes"));
-      o.tuned_allreduce = bands;
-      o.tuned_reduce = bands;
+// Candidate `c` as a tuned table of one band per knob reaching over every size: a candidate is
+// measured on a communicator that loads it exactly as a job loads the final table.
+config::TunedTable CandidateTable(const Plan& p, const Candidate& c,
+                                  const config::TopologyFingerprint& fp) {
+  config::TunedTable t;
+  t.fingerprint = fp;
+  for (const std::string& op : p.backend == "shm" ? std::vector<std::string>{"allreduce", "reduce"}
+                                                  : std::vector<std::string>{"allreduce"}) {
+    for (const auto& [knob, v] : c.knobs) {
+      const config::TunedKnobSpec* spec = config::FindTunedKnob(p.backend, knob);
+      config::TunedEntry e;
+      e.backend = p.backend;
+      e.op = op;
+      e.knob = knob;
+      e.max_bytes = config::kTunedMaxBytesUnbounded;
+      e.number = v;
+      e.value = spec->type == config::KnobType::kChoice ? spec->choices[static_cast<size_t>(v)]
+                                                        : absl::StrCat(v);
+      t.entries.push_back(std::move(e));
     }
-    return CreateShmBackend(o);
   }
-  GlooBackendOptions o;
-  o.rank = rank;
-  o.size = size;
-  o.store = std::move(store);
-  o.hostname = "127.0.0.1";
-  o.init_timeout = timeout;
-  o.default_timeout = timeout;
-  o.algorithm = profile.gloo.algorithm;
-  o.max_segment_bytes = profile.gloo.max_segment_bytes;
-  if (!c.is_static) {
-    o.tuned_algorithm = Everywhere(c.knobs.at("algorithm"));
-    o.tuned_max_segment_bytes = Everywhere(c.knobs.at("max_segment_bytes"));
-  }
-  return CreateGlooBackend(o);
+  return t;
 }
 
 Work Issue(Communicator& comm, const std::string& op, TensorView v) {
@@ -264,18 +260,30 @@ absl::Status Measure(const TuneArgs& a, const Plan& p, std::vector<Communicator*
     for (uint64_t bytes : p.sizes) {
       const size_t count = bytes / sizeof(float);
       const std::vector<size_t> ids = which(bytes);
+      double warm_us = 0;  // the static candidate's warm-up op, rank 0's clock
       for (size_t id : ids) {
         const std::string what = absl::StrCat(op, " ", Human(bytes), " candidate ", id);
         if (absl::Status s = CheckedRun(*comms[id], op, buf, count, what); !s.ok()) return s;
+        const auto start = Clock::now();
         if (absl::Status s = Issue(*comms[id], op, HostView(buf.data(), count)).Wait(); !s.ok()) {
           return s;
         }
+        if (id == ids[0]) {
+          warm_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+        }
       }
-      const int k = OpsPerSample(bytes);
+      // Every rank takes rank 0's count of ops per sample.
+      int32_t k = OpsPerSample(bytes, warm_us);
+      if (absl::Status s = comms[ids[0]]->Broadcast(HostView(&k, 1)).Wait(); !s.ok()) return s;
       const int rounds = Rounds(a, bytes);
+      // Each round in its own order, the same on every rank (a fixed seed): no candidate always
+      // follows the same one, whose lingering work (spinning waiters, cache contents) would
+      // bias it.
+      std::mt19937 order_rng(static_cast<uint32_t>(bytes));
+      std::vector<size_t> order = ids;
       for (int r = 0; r < rounds; ++r) {
-        for (size_t j = 0; j < ids.size(); ++j) {
-          const size_t id = ids[(j + static_cast<size_t>(r)) % ids.size()];
+        std::shuffle(order.begin(), order.end(), order_rng);
+        for (size_t id : order) {
           Communicator& comm = *comms[id];
           if (absl::Status s = comm.Barrier().Wait(); !s.ok()) return s;
           const auto start = Clock::now();
@@ -294,54 +302,72 @@ absl::Status Measure(const TuneArgs& a, const Plan& p, std::vector<Communicator*
   return absl::OkStatus();
 }
 
-// All `n` threads wait until every one has arrived (a creation that failed on one rank fails on
-// every rank alike, so all of them always arrive).
-class ThreadBarrier {
- public:
-  explicit ThreadBarrier(int n) : n_(n) {}
-  void Wait() {
-    absl::MutexLock lock(&mu_);
-    if (++arrived_ == n_) {
-      arrived_ = 0;
-      ++generation_;
-      return;
+// Samples as text: one line per op, size and candidate ("allreduce 4096 0 12.5 13.1 ...").
+std::string SamplesText(const Samples& samples) {
+  std::string out;
+  for (const auto& [op, sizes] : samples) {
+    for (const auto& [bytes, per] : sizes) {
+      for (const auto& [id, us] : per) {
+        absl::StrAppend(&out, op, " ", bytes, " ", id);
+        for (double u : us) absl::StrAppendFormat(&out, " %.17g", u);
+        out += "\n";
+      }
     }
-    Waiter w{this, generation_};
-    mu_.Await(absl::Condition(&Waiter::Passed, &w));
   }
+  return out;
+}
 
- private:
-  struct Waiter {
-    ThreadBarrier* self;
-    int generation;
-    // Called by Await with mu_ held.
-    static bool Passed(Waiter* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return w->self->generation_ != w->generation;
+Samples ParseSamples(const std::string& text) {
+  Samples samples;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 3) continue;
+    std::vector<double>& us = samples[f[0]][std::strtoull(f[1].c_str(), nullptr, 10)]
+                                     [std::strtoul(f[2].c_str(), nullptr, 10)];
+    for (size_t i = 3; i < f.size(); ++i) us.push_back(std::strtod(f[i].c_str(), nullptr));
+  }
+  return samples;
+}
+
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs body(rank, store) in `n` forked processes, as a launched job's ranks run, sharing a file
+// store in `dir` (a fresh directory); each writes its status to dir/status.<rank>. The first
+// failure wins. A rank's waits are all bounded by --timeout, so every child ends.
+absl::Status OnRanks(int n, const std::string& dir,
+                     const std::function<absl::Status(int, std::shared_ptr<Store>)>& body) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> children;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+    if (pid == 0) {
+      absl::Status st;
+      absl::StatusOr<std::shared_ptr<Store>> store = CreateFileStore(dir + "/store");
+      st = store.ok() ? body(r, *store) : store.status();
+      std::ofstream(absl::StrCat(dir, "/status.", r)) << (st.ok() ? "ok" : st.ToString());
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(st.ok() ? 0 : 1);
     }
-  };
-  absl::Mutex mu_;
-  const int n_;
-  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
-  int generation_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-// Runs body(rank, store) on --ranks threads sharing an in-process store; the first error wins.
-absl::Status OnRanks(int n, const std::function<absl::Status(int, std::shared_ptr<Store>)>& body) {
-  std::shared_ptr<Store> store = CreateHashStore();
-  std::vector<absl::Status> st(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      log::ScopedThreadRank rank_for_logs(r);
-      st[r] = body(r, store);
-    });
+    children.push_back(pid);
   }
-  for (std::thread& t : threads) t.join();
+  absl::Status first;
   for (int r = 0; r < n; ++r) {
-    if (!st[r].ok())
-      return absl::Status(st[r].code(), absl::StrCat("rank ", r, ": ", st[r].message()));
+    int wstatus = 0;
+    waitpid(children[r], &wstatus, 0);
+    if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) continue;
+    std::string why = ReadWhole(absl::StrCat(dir, "/status.", r));
+    if (why.empty()) why = absl::StrCat("exited with status ", wstatus);
+    if (first.ok()) first = absl::InternalError(absl::StrCat("rank ", r, ": ", why));
   }
-  return absl::OkStatus();
+  return first;
 }
 
 CommunicatorOptions RankOptions(const TuneArgs& a, int rank, std::shared_ptr<Store> store,
@@ -363,10 +389,21 @@ struct Decision {
   std::string op;
   uint64_t bytes = 0;
   size_t winner = 0;  // candidate index; 0 = static kept
-  size_t best = 0;    // fastest non-static candidate measured (0: none)
+  size_t best = 0;    // the candidate with the highest median speedup (0: none measured)
   diag::TimingSummary stat, alt;
-  double q25_static = 0, q75_best = 0;
+  // Per round: static time / best time, both measured in that round.
+  double speedup_median = 0, speedup_p25 = 0, speedup_p75 = 0;
 };
+
+// Speedups of `other` over `base`, round by round (samples are in round order).
+std::vector<double> PairedSpeedups(const std::vector<double>& base,
+                                   const std::vector<double>& other) {
+  std::vector<double> out;
+  for (size_t r = 0; r < std::min(base.size(), other.size()); ++r) {
+    if (other[r] > 0) out.push_back(base[r] / other[r]);
+  }
+  return out;
+}
 
 std::vector<Decision> Decide(const TuneArgs& a, const Plan& p, const Samples& s) {
   std::vector<Decision> out;
@@ -377,22 +414,22 @@ std::vector<Decision> Decide(const TuneArgs& a, const Plan& p, const Samples& s)
       d.op = op;
       d.bytes = bytes;
       d.stat = diag::Summarize(per.at(0));
-      d.q25_static = diag::Percentile(per.at(0), 25);
-      double best_median = 0;
       for (const auto& [id, samples] : per) {
         if (id == 0) continue;
-        const double m = diag::Median(samples);
-        if (d.best == 0 || m < best_median) {
+        const std::vector<double> speedups = PairedSpeedups(per.at(0), samples);
+        const double m = diag::Median(speedups);
+        if (d.best == 0 || m > d.speedup_median) {
           d.best = id;
-          best_median = m;
+          d.speedup_median = m;
+          d.speedup_p25 = diag::Percentile(speedups, 25);
+          d.speedup_p75 = diag::Percentile(speedups, 75);
         }
       }
       if (d.best != 0) {
         d.alt = diag::Summarize(per.at(d.best));
-        d.q75_best = diag::Percentile(per.at(d.best), 75);
-        const bool faster = d.stat.median > d.alt.median * (1 + a.threshold_pct / 100);
-        const bool apart = d.q75_best < d.q25_static;
-        if (faster && apart) d.winner = d.best;
+        // Beyond the noise: faster by the threshold in the median round, and faster at all in
+        // three rounds of four.
+        if (d.speedup_median > 1 + a.threshold_pct / 100 && d.speedup_p25 > 1) d.winner = d.best;
       }
       out.push_back(d);
     }
@@ -441,13 +478,16 @@ config::TunedTable MakeTable(const TuneArgs& a, const Plan& p, const std::vector
         const Candidate& best = p.candidates[d.best];
         e.source =
             d.winner != 0
-                ? absl::StrFormat("adaptcomm tune %s at %s: %s %.1f us vs static %.1f us", Today(),
-                                  Human(d.bytes), c.name, d.alt.median, d.stat.median)
+                ? absl::StrFormat(
+                      "adaptcomm tune %s at %s: %s %.1f us vs static %.1f us, "
+                      "speedup %.2f [%.2f, %.2f]",
+                      Today(), Human(d.bytes), c.name, d.alt.median, d.stat.median,
+                      d.speedup_median, d.speedup_p25, d.speedup_p75)
                 : absl::StrFormat(
-                      "adaptcomm tune %s at %s: static %.1f us kept (best %s %.1f us "
-                      "within noise)",
+                      "adaptcomm tune %s at %s: static %.1f us kept (best %s %.1f us, "
+                      "speedup %.2f [%.2f, %.2f], within noise)",
                       Today(), Human(d.bytes), d.stat.median, d.best == 0 ? "none" : best.name,
-                      d.alt.median);
+                      d.alt.median, d.speedup_median, d.speedup_p25, d.speedup_p75);
         t.entries.push_back(std::move(e));
       }
     }
@@ -459,6 +499,7 @@ struct CompareRow {
   std::string op;
   uint64_t bytes;
   double static_us, tuned_us;
+  double speedup = 0, speedup_p25 = 0, speedup_p75 = 0;  // paired, round by round
 };
 
 int Fail(const TuneArgs& a, int code, const std::string& message) {
@@ -478,29 +519,45 @@ int RunTune(const TuneArgs& a) {
   absl::StatusOr<Plan> plan = MakePlan(a, *profile);
   if (!plan.ok()) return Fail(a, 2, std::string(plan.status().message()));
   const Plan& p = *plan;
-  const absl::Duration timeout = absl::Seconds(a.timeout_s);
 
   // ---- tuning: every candidate a communicator of its own, all measured round by round ----
-  Samples samples;
-  absl::Status tuned = OnRanks(a.ranks, [&](int rank, std::shared_ptr<Store> store) {
-    std::vector<std::unique_ptr<Communicator>> owned;
-    std::vector<Communicator*> comms;
-    for (size_t i = 0; i < p.candidates.size(); ++i) {
-      const std::string name = absl::StrCat("tune", i);
-      absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend(
-          p, p.candidates[i], rank, a.ranks, CreatePrefixStore(name, store), *profile, timeout);
-      if (!b.ok()) return b.status();
-      absl::StatusOr<std::unique_ptr<Communicator>> c =
-          Communicator::CreateWithBackend(*std::move(b), RankOptions(a, rank, store, name));
-      if (!c.ok()) return c.status();
-      comms.push_back(c->get());
-      owned.push_back(*std::move(c));
-    }
-    return Measure(
-        a, p, comms, [&](uint64_t bytes) { return Distinct(p, bytes); },
-        rank == 0 ? &samples : nullptr);
-  });
+  char dir_template[] = "/tmp/adaptcomm-tune-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return Fail(a, 1, "cannot create a temporary directory");
+  const std::string dir = dir_template;
+  const config::TopologyFingerprint here =
+      internal::selection::CurrentFingerprint(p.backend, 1, a.ranks);
+  for (size_t i = 0; i < p.candidates.size(); ++i) {
+    std::ofstream(absl::StrCat(dir, "/candidate", i, ".yaml"))
+        << config::FormatTunedTable(CandidateTable(p, p.candidates[i], here));
+  }
+  absl::Status tuned =
+      OnRanks(a.ranks, absl::StrCat(dir, "/tune"),
+              [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
+                std::vector<std::unique_ptr<Communicator>> owned;
+                std::vector<Communicator*> comms;
+                for (size_t i = 0; i < p.candidates.size(); ++i) {
+                  if (p.candidates[i].is_static) {
+                    unsetenv(config::kTunedTableEnv);
+                  } else {
+                    const std::string table = absl::StrCat(dir, "/candidate", i, ".yaml");
+                    setenv(config::kTunedTableEnv, table.c_str(), 1);
+                  }
+                  absl::StatusOr<std::unique_ptr<Communicator>> c =
+                      Communicator::Create(RankOptions(a, rank, store, absl::StrCat("tune", i)));
+                  if (!c.ok()) return c.status();
+                  comms.push_back(c->get());
+                  owned.push_back(*std::move(c));
+                }
+                unsetenv(config::kTunedTableEnv);
+                Samples mine;
+                absl::Status st = Measure(
+                    a, p, comms, [&](uint64_t bytes) { return Distinct(p, bytes); },
+                    rank == 0 ? &mine : nullptr);
+                if (st.ok() && rank == 0) std::ofstream(dir + "/tune/samples") << SamplesText(mine);
+                return st;
+              });
   if (!tuned.ok()) return Fail(a, 1, tuned.ToString());
+  const Samples samples = ParseSamples(ReadWhole(dir + "/tune/samples"));
   const std::vector<Decision> decisions = Decide(a, p, samples);
   const config::TunedTable table = MakeTable(a, p, decisions);
   const std::string text = config::FormatTunedTable(table);
@@ -519,39 +576,46 @@ int RunTune(const TuneArgs& a) {
   std::vector<CompareRow> compare;
   std::string explain;
   if (a.compare) {
-    Samples cs;
     // Both communicators are created the way a job creates one: the static one without the
-    // table, the tuned one with ADAPTCOMM_TUNED_TABLE set, which only rank 0's thread changes
-    // while every rank waits (the variable is the process's).
-    ThreadBarrier between(a.ranks);
-    absl::Status st = OnRanks(a.ranks, [&](int rank, std::shared_ptr<Store> store) {
-      absl::StatusOr<std::unique_ptr<Communicator>> stat =
-          Communicator::Create(RankOptions(a, rank, store, "static"));
-      between.Wait();
-      if (rank == 0) setenv(config::kTunedTableEnv, a.out.c_str(), 1);
-      between.Wait();
-      absl::StatusOr<std::unique_ptr<Communicator>> tuned_comm =
-          Communicator::Create(RankOptions(a, rank, store, "tuned"));
-      between.Wait();
-      if (rank == 0) unsetenv(config::kTunedTableEnv);
-      if (!stat.ok()) return stat.status();
-      if (!tuned_comm.ok()) return tuned_comm.status();
-      if (rank == 0) explain = (*tuned_comm)->Explain();
-      return Measure(
-          a, p, {stat->get(), tuned_comm->get()},
-          [](uint64_t) {
-            return std::vector<size_t>{0, 1};
-          },
-          rank == 0 ? &cs : nullptr);
-    });
+    // table, the tuned one with ADAPTCOMM_TUNED_TABLE set (in the rank's own process).
+    absl::Status st = OnRanks(a.ranks, absl::StrCat(dir, "/compare"),
+                              [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
+                                unsetenv(config::kTunedTableEnv);
+                                absl::StatusOr<std::unique_ptr<Communicator>> stat =
+                                    Communicator::Create(RankOptions(a, rank, store, "static"));
+                                if (!stat.ok()) return stat.status();
+                                setenv(config::kTunedTableEnv, a.out.c_str(), 1);
+                                absl::StatusOr<std::unique_ptr<Communicator>> tuned_comm =
+                                    Communicator::Create(RankOptions(a, rank, store, "tuned"));
+                                if (!tuned_comm.ok()) return tuned_comm.status();
+                                Samples mine;
+                                absl::Status m = Measure(
+                                    a, p, {stat->get(), tuned_comm->get()},
+                                    [](uint64_t) {
+                                      return std::vector<size_t>{0, 1};
+                                    },
+                                    rank == 0 ? &mine : nullptr);
+                                if (m.ok() && rank == 0) {
+                                  std::ofstream(dir + "/compare/samples") << SamplesText(mine);
+                                  std::ofstream(dir + "/compare/explain")
+                                      << (*tuned_comm)->Explain();
+                                }
+                                return m;
+                              });
     if (!st.ok()) return Fail(a, 1, st.ToString());
+    Samples cs = ParseSamples(ReadWhole(dir + "/compare/samples"));
+    explain = ReadWhole(dir + "/compare/explain");
     for (const std::string& op : p.ops) {
       for (uint64_t bytes : p.sizes) {
-        compare.push_back(
-            {op, bytes, diag::Median(cs[op][bytes][0]), diag::Median(cs[op][bytes][1])});
+        const std::vector<double> sp = PairedSpeedups(cs[op][bytes][0], cs[op][bytes][1]);
+        compare.push_back({op, bytes, diag::Median(cs[op][bytes][0]),
+                           diag::Median(cs[op][bytes][1]), diag::Median(sp),
+                           diag::Percentile(sp, 25), diag::Percentile(sp, 75)});
       }
     }
   }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
   const double total_s = std::chrono::duration<double>(Clock::now() - started).count();
 
   if (a.json) {
@@ -570,6 +634,9 @@ int RunTune(const TuneArgs& a) {
                             {"static_median_us", d.stat.median},
                             {"best", d.best == 0 ? "" : p.candidates[d.best].name},
                             {"best_median_us", d.alt.median},
+                            {"speedup_median", d.speedup_median},
+                            {"speedup_p25", d.speedup_p25},
+                            {"speedup_p75", d.speedup_p75},
                             {"chosen", p.candidates[d.winner].name}});
     }
     if (a.compare) {
@@ -579,7 +646,9 @@ int RunTune(const TuneArgs& a) {
                                 {"bytes", r.bytes},
                                 {"static_median_us", r.static_us},
                                 {"tuned_median_us", r.tuned_us},
-                                {"speedup", r.tuned_us > 0 ? r.static_us / r.tuned_us : 0}});
+                                {"speedup", r.speedup},
+                                {"speedup_p25", r.speedup_p25},
+                                {"speedup_p75", r.speedup_p75}});
       }
       j["explain"] = explain;
     }
@@ -587,23 +656,26 @@ int RunTune(const TuneArgs& a) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("adaptcomm tune: %d ranks (threads), backend %s, fingerprint %s\n", a.ranks,
+  std::printf("adaptcomm tune: %d ranks (processes), backend %s, fingerprint %s\n", a.ranks,
               p.backend.c_str(), table.fingerprint.Describe().c_str());
-  std::printf("%-10s %8s %11s %-18s %11s %8s  %s\n", "op", "size", "static_us", "best", "best_us",
-              "ratio", "chosen");
+  std::printf("%-10s %8s %11s %-18s %11s %-21s  %s\n", "op", "size", "static_us", "best", "best_us",
+              "speedup [p25, p75]", "chosen");
   for (const Decision& d : decisions) {
-    std::printf("%-10s %8s %11.1f %-18s %11.1f %8.3f  %s\n", d.op.c_str(), Human(d.bytes).c_str(),
-                d.stat.median, d.best == 0 ? "-" : p.candidates[d.best].name.c_str(), d.alt.median,
-                d.alt.median > 0 ? d.stat.median / d.alt.median : 0.0,
+    std::printf("%-10s %8s %11.1f %-18s %11.1f %5.2f [%5.2f, %5.2f]    %s\n", d.op.c_str(),
+                Human(d.bytes).c_str(), d.stat.median,
+                d.best == 0 ? "-" : p.candidates[d.best].name.c_str(), d.alt.median,
+                d.speedup_median, d.speedup_p25, d.speedup_p75,
                 d.winner == 0 ? "static (within noise)" : p.candidates[d.winner].name.c_str());
   }
   std::printf("wrote %s (%zu entries) in %.1f s\n", a.out.c_str(), table.entries.size(), tune_s);
   if (a.compare) {
     std::printf("\ncompare, same run: static profile vs the table loaded at creation\n");
-    std::printf("%-10s %8s %11s %11s %8s\n", "op", "size", "static_us", "tuned_us", "speedup");
+    std::printf("%-10s %8s %11s %11s  %s\n", "op", "size", "static_us", "tuned_us",
+                "speedup [p25, p75]");
     for (const CompareRow& r : compare) {
-      std::printf("%-10s %8s %11.1f %11.1f %8.3f\n", r.op.c_str(), Human(r.bytes).c_str(),
-                  r.static_us, r.tuned_us, r.tuned_us > 0 ? r.static_us / r.tuned_us : 0.0);
+      std::printf("%-10s %8s %11.1f %11.1f  %5.2f [%5.2f, %5.2f]\n", r.op.c_str(),
+                  Human(r.bytes).c_str(), r.static_us, r.tuned_us, r.speedup, r.speedup_p25,
+                  r.speedup_p75);
     }
     std::printf("\n%s", explain.c_str());
     std::printf("total %.1f s\n", total_s);
@@ -613,7 +685,7 @@ int RunTune(const TuneArgs& a) {
 
 std::function<int()> SetupTune(CLI::App& sub) {
   auto a = std::make_shared<TuneArgs>();
-  sub.add_option("--ranks", a->ranks, "Ranks, as threads of this process on this host")
+  sub.add_option("--ranks", a->ranks, "Ranks, as forked processes on this host")
       ->check(CLI::Range(2, 64))
       ->capture_default_str();
   sub.add_option("--backend", a->backend, "shm or gloo")->capture_default_str();
@@ -629,7 +701,7 @@ std::function<int()> SetupTune(CLI::App& sub) {
       ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
   sub.add_option("--rounds", a->rounds,
-                 "Samples per candidate and size (default: 21 up to 4 MiB, 11 up to 64 MiB, 7)")
+                 "Samples per candidate and size (default: 31 up to 4 MiB, 11 up to 64 MiB, 7)")
       ->check(CLI::Range(3, 1000));
   sub.add_flag(
       "--compare", a->compare,
@@ -642,14 +714,14 @@ std::function<int()> SetupTune(CLI::App& sub) {
   sub.footer(
       "Candidates (each applied to every size): shm: the static profile, flat exchange, "
       "two-phase with 64 KiB/256 KiB/1 MiB/4 MiB chunks; gloo: the static profile, the other "
-      "algorithm, 64 KiB..4 MiB segments. Candidates that behave alike at a size are measured "
-      "once. Each round times every candidate once (rotated order); a sample is the mean of "
+      "algorithm, 1/4/16 MiB segments. Candidates that behave alike at a size are measured "
+      "once. Each round times every candidate once (in a shuffled order); a sample is the mean of "
       "enough back-to-back ops after a barrier, on rank 0's clock. The first run of every "
       "candidate and size is checked element by element.\n"
-      "Decision per band: a candidate replaces the static value only when its median is more "
-      "than --threshold percent below the static median AND the interquartile ranges do not "
-      "overlap (its 75th percentile under the static 25th); otherwise the band keeps the static "
-      "value.\n"
+      "Decision per band, on speedups paired round by round (static time / candidate time, both "
+      "from the same round, so load changes cancel): a candidate replaces the static value only "
+      "when its median speedup exceeds 1 + --threshold percent AND its 25th percentile exceeds 1 "
+      "(faster in three rounds of four); otherwise the band keeps the static value.\n"
       "Load the table with the profile's `tuning: {table: PATH}` or ADAPTCOMM_TUNED_TABLE; it "
       "applies only on this fingerprint (hosts, ranks per host, cores, backend, Gloo version).\n"
       "Exit code: 0 ok, 1 a rank failed or a result was wrong, 2 bad arguments.");
