@@ -377,6 +377,55 @@ TEST_F(LaunchTest, FailingRankEndsTheOthersAndGivesItsCode) {
   }
 }
 
+// --elastic --max-restarts (#14 item 4): a rank other than 0 that dies is started again with the
+// same RANK and WORLD_SIZE and ADAPTCOMM_ELASTIC_JOIN=1, up to N times in all; once they are used
+// up, the next death shrinks the job as before; the last line says how the job finished.
+TEST_F(LaunchTest, ElasticRestartsADeadRankAsAReplacement) {
+  TempDir dir;
+  // Rank 2 dies (SIGKILL) unless it is the replacement; the others wait for the replacement.
+  const std::string script =
+      "if [ $RANK = 2 ] && [ -z \"$ADAPTCOMM_ELASTIC_JOIN\" ]; then kill -9 $$; fi; "
+      "if [ $RANK = 2 ]; then echo \"JOINED $RANK $WORLD_SIZE $ADAPTCOMM_ELASTIC_JOIN "
+      "$ADAPTCOMM_ELASTIC\"; touch " +
+      dir.path() +
+      "/joined; exit 0; fi; "
+      "i=0; while [ $i -lt 200 ] && ! [ -f " +
+      dir.path() +
+      "/joined ]; do sleep 0.02; "
+      "i=$((i+1)); done; [ -f " +
+      dir.path() + "/joined ]";
+  Result r = RunLauncher({"--elastic", "--max-restarts", "1", "-n", "4", "--", "sh", "-c", script});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[rank 2] JOINED 2 4 1 shrink"));
+  EXPECT_THAT(r.err, HasSubstr("rank 2 was killed by SIGKILL (exit code 137); elastic: restarting "
+                               "it as a replacement (restart 1 of 1)"));
+  const std::string last = r.err.substr(r.err.rfind("adaptcomm launch: "));
+  EXPECT_THAT(last, HasSubstr("job finished with 4 of 4 ranks (elastic; 1 restart(s) of 1: rank 2 "
+                              "(pid "));
+  EXPECT_THAT(last, HasSubstr("was killed by SIGKILL (exit code 137), restarted as pid "));
+}
+
+TEST_F(LaunchTest, ElasticRestartsRunOutThenTheJobShrinks) {
+  // Rank 1 always dies: restarted once, then lost; the others finish.
+  const std::string script = "if [ $RANK = 1 ]; then exit 5; fi; sleep 0.5";
+  Result r = RunLauncher({"--elastic", "--max-restarts", "1", "-n", "3", "--", "sh", "-c", script});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("restarting it as a replacement (restart 1 of 1)"));
+  EXPECT_THAT(r.err, HasSubstr("rank 1 exited with code 5; elastic: the other 2 rank(s) go on"));
+  const std::string last = r.err.substr(r.err.rfind("adaptcomm launch: "));
+  EXPECT_THAT(last,
+              HasSubstr("job finished with 2 of 3 ranks (elastic; 1 restart(s) of 1: rank 1"));
+  EXPECT_THAT(last, HasSubstr("; lost: rank 1 (pid "));
+}
+
+TEST_F(LaunchTest, ElasticNeverRestartsRankZero) {
+  const std::string script = "if [ $RANK = 0 ]; then exit 4; fi; sleep 5";
+  Result r = RunLauncher({"--elastic", "--max-restarts", "3", "-n", "2", "--", "sh", "-c", script});
+  EXPECT_EQ(r.code, 4) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 0 serves the store"));
+  EXPECT_THAT(r.err, Not(HasSubstr("restarting")));
+}
+
 TEST_F(LaunchTest, RankIgnoringSigtermIsKilledAfterGrace) {
   TempDir dir;
   std::string ready = dir.path() + "/ready";

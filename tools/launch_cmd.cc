@@ -65,7 +65,9 @@ struct LaunchOptions {
   bool no_prefix = false;
   // --elastic (#14): a rank that dies is dropped and the others go on (the library shrinks the
   // communicator: ADAPTCOMM_ELASTIC=shrink), while at least min_nproc are alive. Rank 0 serves the
-  // store, so its death still ends the job.
+  // store, so its death still ends the job. With max_restarts, a dead rank is started again (up to
+  // that many times in all) as a replacement (ADAPTCOMM_ELASTIC_JOIN=1) that the others admit at
+  // their next step boundary (Communicator::AdmitJoiners).
   bool elastic = false;
   int min_nproc = 1;
   int max_restarts = 0;
@@ -264,7 +266,13 @@ class Launcher {
  private:
   bool InstallSignals();
   void RestoreSignals();
-  bool StartRank(int index, const std::vector<std::string>& env);
+  // Starts ranks_[slot] as rank `index`.
+  bool StartRank(size_t slot, int index, const std::vector<std::string>& env);
+  // The variables rank `index` gets; `replacement`: it joins the running job.
+  std::vector<std::pair<std::string, std::string>> RankVariables(int index, bool replacement) const;
+  // --max-restarts: starts the replacements OnRankExit asked for (not from inside the reaping
+  // loop, which holds references into ranks_).
+  void StartReplacements();
   void ReapChildren();
   void OnRankExit(Rank& rank, int status);
   // Stops the job with `signo`; with ask_for_dumps, the ranks that catch SIGUSR2 first get it
@@ -293,7 +301,11 @@ class Launcher {
   int stop_signal_ = SIGTERM;
   int exit_code_ = 0;
   std::optional<FirstFailure> first_failure_;
-  std::vector<std::string> lost_;  // --elastic: ranks that died while the others went on
+  std::vector<std::string> lost_;      // --elastic: ranks that died while the others went on
+  std::vector<std::string> restarts_;  // --max-restarts: "rank 2 (pid P) ..., restarted as pid Q"
+  std::vector<std::pair<int, std::string>> pending_restarts_;  // (rank, how it died)
+  int port_ = 0;
+  std::string token_;
   // Where the ranks dump (ADAPTCOMM_FLIGHT_RECORDER_DIR); empty if unknown.
   std::string flight_dir_;
   bool flight_dir_created_ = false;  // a per-job directory made by the launcher
@@ -336,8 +348,8 @@ void Launcher::RestoreSignals() {
   signals_installed_ = false;
 }
 
-bool Launcher::StartRank(int index, const std::vector<std::string>& env) {
-  Rank& rank = ranks_[static_cast<size_t>(index)];
+bool Launcher::StartRank(size_t slot, int index, const std::vector<std::string>& env) {
+  Rank& rank = ranks_[slot];
   rank.index = index;
   // exec_status: the child writes exec's errno into it when exec fails; a successful exec
   // closes it (O_CLOEXEC), so the parent reads end-of-file.
@@ -503,6 +515,17 @@ void Launcher::OnRankExit(Rank& rank, int status) {
     return;
   }
   if (code == 0 || stopping_) return;
+  if (options_.elastic && rank.index != 0 &&
+      static_cast<int>(restarts_.size() + pending_restarts_.size()) < options_.max_restarts) {
+    pending_restarts_.emplace_back(
+        rank.index, absl::StrCat("rank ", rank.index, " (pid ", rank.pid, ") ", how));
+    Message(absl::StrCat("rank ", rank.index, " ", how,
+                         "; elastic: restarting it as a "
+                         "replacement (restart ",
+                         restarts_.size() + pending_restarts_.size(), " of ", options_.max_restarts,
+                         ")"));
+    return;
+  }
   if (options_.elastic && rank.index != 0) {
     const int alive = static_cast<int>(
         std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return !r.reaped; }));
@@ -520,6 +543,53 @@ void Launcher::OnRankExit(Rank& rank, int status) {
   first_failure_ = FirstFailure{rank.index, rank.pid, how};
   Message(absl::StrCat("rank ", rank.index, " ", how, "; stopping the other ranks"));
   BeginStop(SIGTERM, code, /*ask_for_dumps=*/true);
+}
+
+std::vector<std::pair<std::string, std::string>> Launcher::RankVariables(int index,
+                                                                         bool replacement) const {
+  const std::string world = std::to_string(options_.nproc);
+  std::vector<std::pair<std::string, std::string>> overrides = {
+      {"RANK", std::to_string(index)},
+      {"LOCAL_RANK", std::to_string(index)},
+      {"GROUP_RANK", "0"},
+      {"WORLD_SIZE", world},
+      {"LOCAL_WORLD_SIZE", world},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", std::to_string(port_)},
+      {"ADAPTCOMM_STORE_TOKEN", token_},
+  };
+  if (flight_dir_created_) overrides.emplace_back("ADAPTCOMM_FLIGHT_RECORDER_DIR", flight_dir_);
+  if (options_.elastic) {
+    // The trainer's own choice (API, or an exported variable) wins.
+    if (getenv("ADAPTCOMM_ELASTIC") == nullptr)
+      overrides.emplace_back("ADAPTCOMM_ELASTIC", "shrink");
+    if (getenv("ADAPTCOMM_ELASTIC_MIN_WORLD") == nullptr) {
+      overrides.emplace_back("ADAPTCOMM_ELASTIC_MIN_WORLD", std::to_string(options_.min_nproc));
+    }
+  }
+  if (replacement) overrides.emplace_back("ADAPTCOMM_ELASTIC_JOIN", "1");
+  return overrides;
+}
+
+void Launcher::StartReplacements() {
+  std::vector<std::pair<int, std::string>> pending;
+  pending.swap(pending_restarts_);
+  for (auto& [index, how] : pending) {
+    if (stopping_) return;
+    ranks_.emplace_back();
+    const size_t slot = ranks_.size() - 1;
+    if (!StartRank(slot, index, BuildEnvironment(RankVariables(index, /*replacement=*/true))) ||
+        ranks_[slot].exec_errno != 0) {
+      const int err = ranks_[slot].pid > 0 ? ranks_[slot].exec_errno : errno;
+      Message(absl::StrCat("cannot restart rank ", index, ": ", strerror(err)));
+      if (ranks_[slot].pid <= 0) ranks_.pop_back();
+      first_failure_ =
+          FirstFailure{index, -1, absl::StrCat("could not be restarted: ", strerror(err))};
+      BeginStop(SIGTERM, 1, /*ask_for_dumps=*/false);
+      return;
+    }
+    restarts_.push_back(absl::StrCat(how, ", restarted as pid ", ranks_[slot].pid));
+  }
 }
 
 void Launcher::ReapChildren() {
@@ -632,29 +702,12 @@ int Launcher::Run() {
                          "; the ranks dump where their profile says"));
   }
 
-  const std::string world = std::to_string(options_.nproc);
+  port_ = port;
+  token_ = token;
   ranks_.resize(static_cast<size_t>(options_.nproc));
   for (int i = 0; i < options_.nproc; ++i) {
-    std::vector<std::pair<std::string, std::string>> overrides = {
-        {"RANK", std::to_string(i)},
-        {"LOCAL_RANK", std::to_string(i)},
-        {"GROUP_RANK", "0"},
-        {"WORLD_SIZE", world},
-        {"LOCAL_WORLD_SIZE", world},
-        {"MASTER_ADDR", "127.0.0.1"},
-        {"MASTER_PORT", std::to_string(port)},
-        {"ADAPTCOMM_STORE_TOKEN", token},
-    };
-    if (flight_dir_created_) overrides.emplace_back("ADAPTCOMM_FLIGHT_RECORDER_DIR", flight_dir_);
-    if (options_.elastic) {
-      // The trainer's own choice (API, or an exported variable) wins.
-      if (getenv("ADAPTCOMM_ELASTIC") == nullptr)
-        overrides.emplace_back("ADAPTCOMM_ELASTIC", "shrink");
-      if (getenv("ADAPTCOMM_ELASTIC_MIN_WORLD") == nullptr) {
-        overrides.emplace_back("ADAPTCOMM_ELASTIC_MIN_WORLD", std::to_string(options_.min_nproc));
-      }
-    }
-    if (!StartRank(i, BuildEnvironment(overrides))) {
+    if (!StartRank(static_cast<size_t>(i), i,
+                   BuildEnvironment(RankVariables(i, /*replacement=*/false)))) {
       Message(absl::StrCat("cannot start rank ", i, ": ", strerror(errno)));
       ranks_.resize(static_cast<size_t>(i));
       if (ranks_.empty()) return 1;
@@ -680,6 +733,7 @@ int Launcher::Run() {
   std::vector<std::pair<size_t, int>> owners;  // (rank, stream) of each pipe in fds
   while (true) {
     ReapChildren();
+    StartReplacements();
     Clock::time_point now = Clock::now();
     if (job_deadline_ && now >= *job_deadline_ && !stopping_) {
       Message(absl::StrCat("job ran past --timeout ", options_.timeout_s,
@@ -777,10 +831,16 @@ int Launcher::Run() {
                          ") ", first_failure_->how));
   }
   ReportFlightRecords();
-  if (!first_failure_ && !lost_.empty() && exit_code_ == 0) {
+  if (!first_failure_ && exit_code_ == 0 && (!lost_.empty() || !restarts_.empty())) {
+    std::vector<std::string> what;
+    if (!restarts_.empty()) {
+      what.push_back(absl::StrCat(restarts_.size(), " restart(s) of ", options_.max_restarts, ": ",
+                                  absl::StrJoin(restarts_, "; ")));
+    }
+    if (!lost_.empty()) what.push_back(absl::StrCat("lost: ", absl::StrJoin(lost_, "; ")));
     Message(absl::StrCat("job finished with ", options_.nproc - static_cast<int>(lost_.size()),
-                         " of ", options_.nproc,
-                         " ranks (elastic; lost: ", absl::StrJoin(lost_, "; "), ")"));
+                         " of ", options_.nproc, " ranks (elastic; ", absl::StrJoin(what, "; "),
+                         ")"));
   }
   return exit_code_;
 }
@@ -831,10 +891,11 @@ std::function<int()> SetupLaunch(CLI::App& sub) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   sub.add_option("--max-restarts", options->max_restarts,
-                 "--elastic: restart a dead rank as a replacement up to N times (only 0: "
-                 "admitting a replacement is not built yet)")
+                 "--elastic: restart a dead rank other than 0 as a replacement, up to N times in "
+                 "all (torchrun's word); it gets ADAPTCOMM_ELASTIC_JOIN=1 and the others admit it "
+                 "at their next Communicator::AdmitJoiners()")
       ->capture_default_str()
-      ->check(CLI::Range(0, 0));
+      ->check(CLI::Range(0, 1000));
   sub.add_option("command", options->command, "PROGRAM ARGS... (after --)")->required();
   sub.footer(
       "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1,\n"
