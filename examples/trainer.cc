@@ -4,6 +4,8 @@
 //   adaptcomm_trainer --reference --shards 4 --out ref.txt  # the same training in one process
 //   adaptcomm launch --elastic -n 4 -- adaptcomm_trainer --elastic --kill-rank 2 --kill-step 30
 //                                       # rank 2 dies at step 30; the other 3 finish the training
+//   adaptcomm launch --elastic --max-restarts 1 -n 4 -- adaptcomm_trainer --elastic --kill-rank 2
+//                                       # ... and a replacement joins: it finishes on 4 again
 //
 // Each rank computes the gradient on its shard and averages it over all ranks with one allreduce,
 // so every rank applies the full-data gradient and the weights stay identical everywhere; the
@@ -15,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "adaptcomm/adaptcomm.h"
 #include "examples/mlp.h"
@@ -120,6 +123,18 @@ int RunReference(const Flags& f) {
 // the number of samples. When a rank is lost mid-step the survivors' shards no longer cover the
 // data (the summed shard size is not the number of samples): every rank sees the same sum, so
 // every rank redoes the step, on the new membership's shards. No rank decides alone.
+//
+// At the end of each step the members admit the replacements waiting to join (AdmitJoiners: one
+// store request on rank 0 and an 8-byte broadcast when nobody waits); when the world grew, rank 0
+// broadcasts the state a replacement needs (the next step and the weights), which the replacement
+// receives right after it is created.
+absl::Status SendState(adaptcomm::Communicator& comm, int64_t& next_step,
+                       std::vector<float>& params) {
+  absl::Status s = comm.Broadcast(adaptcomm::HostView(&next_step, 1)).Wait();
+  if (s.ok()) s = comm.Broadcast(adaptcomm::HostView(params.data(), params.size())).Wait();
+  return s;
+}
+
 int RunElastic(const Flags& f) {
   adaptcomm::CommunicatorOptions options;
   options.elastic.on_loss = adaptcomm::LossPolicy::kShrink;  // ADAPTCOMM_ELASTIC not needed
@@ -135,7 +150,8 @@ int RunElastic(const Flags& f) {
     return adaptcomm::kExitCommunicationFailure;
   }
   adaptcomm::Communicator& comm = **created;
-  const int initial_rank = comm.rank();
+  const bool replacement = comm.membership().joined;
+  const int initial_rank = replacement ? -1 : comm.rank();  // a replacement is never killed
   if (comm.rank() == 0) {
     std::printf("adaptcomm demo (elastic): %d ranks, backend %s\n", comm.size(),
                 comm.backend_name());
@@ -144,7 +160,16 @@ int RunElastic(const Flags& f) {
   adaptcomm::examples::Mlp model(f.inputs, f.hidden, 42);
   std::vector<float> grad, buf;
   int redone = 0;
-  for (int step = 1; step <= f.steps; ++step) {
+  int64_t first_step = 1;
+  if (replacement) {
+    if (absl::Status s = SendState(comm, first_step, model.params()); !s.ok()) {
+      std::fprintf(stderr, "replacement: receiving the state failed: %s\n", s.ToString().c_str());
+      return adaptcomm::kExitCommunicationFailure;
+    }
+    std::fprintf(stderr, "replacement: joined as rank %d of %d, going on at step %lld\n",
+                 comm.rank(), comm.size(), static_cast<long long>(first_step));
+  }
+  for (int step = static_cast<int>(first_step); step <= f.steps; ++step) {
     if (initial_rank == f.kill_rank && step == f.kill_step) raise(SIGKILL);
     const int rank = comm.rank(), world = comm.size();
     const size_t begin = f.samples * rank / world, end = f.samples * (rank + 1) / world;
@@ -168,6 +193,17 @@ int RunElastic(const Flags& f) {
     model.Step(grad, f.learning_rate);
     if (comm.rank() == 0 && (step % f.log_every == 0 || step == f.steps)) {
       std::printf("step %d loss %.6f  world %d\n", step, buf[grad.size()] / f.samples, comm.size());
+    }
+    if (step == f.steps) break;
+    absl::Status admitted = comm.AdmitJoiners();
+    if (adaptcomm::IsMembershipChanged(admitted)) {
+      int64_t next = step + 1;
+      admitted = SendState(comm, next, model.params());
+    }
+    if (!admitted.ok()) {
+      std::fprintf(stderr, "step %d: admitting joiners failed: %s\n", step,
+                   admitted.ToString().c_str());
+      return adaptcomm::kExitCommunicationFailure;
     }
   }
   if (comm.rank() == 0) {

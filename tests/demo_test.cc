@@ -106,4 +106,54 @@ TEST(Demo, ElasticKillOneOfFourFinishesOnThreeLikeAFaultFreeThreeRankRun) {
   for (size_t i = 0; i < wa.size(); ++i) ASSERT_NEAR(wa[i], wb[i], 1e-4) << "weight " << i;
 }
 
+// #14 item 5 with --max-restarts 1: rank 2 of 4 dies at step 30, the other 3 shrink and redo the
+// step, the launcher restarts rank 2 as a replacement, the members admit it at the end of a step
+// and rank 0 broadcasts the next step and the weights to it: the job finishes on 4, the launcher
+// says so in its last line, and the final loss and weights match a fault-free 4-rank run.
+TEST(Demo, ElasticReplacementJoinsAndFinishesOnFourLikeAFaultFreeFourRankRun) {
+  const std::string bin = adaptcomm::testing::BuildDir();
+  const std::string dir = ::testing::TempDir();
+  const std::string restarted = dir + "/demo_weights_restarted.txt";
+  const std::string four = dir + "/demo_weights_elastic4.txt";
+  std::remove(restarted.c_str());
+  std::remove(four.c_str());
+  const std::string trainer = bin + "/examples/adaptcomm_trainer --elastic --steps 100";
+  ASSERT_EQ(RunCommand(absl::StrCat(
+                bin, "/tools/adaptcomm launch --elastic --max-restarts 1 -n 4 --timeout 120 -- ",
+                trainer, " --kill-rank 2 --kill-step 30 --out ", restarted, " > ", dir,
+                "/demo_restarted.txt 2>&1")),
+            0);
+  ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch -n 4 --timeout 120 -- ", trainer,
+                                    " --out ", four, " > ", dir, "/demo_four.txt 2>&1")),
+            0);
+  std::ifstream out(dir + "/demo_restarted.txt");
+  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("[rank 2] replacement: joined as rank 3 of 4, going on at step "),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("finished on 4 ranks (2 membership change(s), 1 step(s) redone)"),
+            std::string::npos)
+      << text;
+  const size_t last = text.rfind("adaptcomm launch: ");
+  ASSERT_NE(last, std::string::npos) << text;
+  EXPECT_EQ(text.substr(last).find("adaptcomm launch: job finished with 4 of 4 ranks (elastic; 1 "
+                                   "restart(s) of 1: rank 2 "),
+            0u)
+      << text;
+  std::ifstream out4(dir + "/demo_four.txt");
+  std::string text4((std::istreambuf_iterator<char>(out4)), std::istreambuf_iterator<char>());
+  auto final_loss = [](const std::string& t) {
+    const size_t at = t.rfind("step 100 loss ");
+    return at == std::string::npos ? -1.0 : std::atof(t.c_str() + at + 14);
+  };
+  const double a = final_loss(text), b = final_loss(text4);
+  ASSERT_GT(a, 0) << text;
+  ASSERT_GT(b, 0) << text4;
+  EXPECT_NEAR(a, b, 1e-4 * b);
+  std::vector<double> wa = ReadWeights(restarted), wb = ReadWeights(four);
+  ASSERT_EQ(wa.size(), wb.size());
+  ASSERT_GT(wa.size(), 1000u);
+  for (size_t i = 0; i < wa.size(); ++i) ASSERT_NEAR(wa[i], wb[i], 1e-4) << "weight " << i;
+}
+
 }  // namespace
