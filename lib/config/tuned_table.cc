@@ -482,7 +482,7 @@ const std::vector<TunedKnobSpec>& TunedKnobs() {
        1,
        {},
        {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"},
-       "hierarchical backend on/off per op and size"},
+       "not applied: the hierarchical backend is chosen at creation, not per op and size"},
   };
   return *knobs;
 }

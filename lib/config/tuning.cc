@@ -4,6 +4,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/config/tuned_table.h"
@@ -47,6 +48,7 @@ std::string AppliedAs(const TunedEntry& e) {
     return "NCCL tuner plugin (ADAPTCOMM_NCCL_TUNER_TABLE), this band";
   }
   const TunedKnobSpec* spec = FindTunedKnob(e.backend, e.knob);
+  if (spec != nullptr && absl::StartsWith(spec->applies_as, "not applied")) return spec->applies_as;
   return absl::StrCat(spec != nullptr ? spec->applies_as : e.knob,
                       ", this band, when the fingerprint matches");
 }
