@@ -145,6 +145,8 @@ struct Group {
   std::map<uint64_t, std::vector<std::optional<Part>>> collectives;
   std::map<std::pair<int, int>, std::deque<Message>> sends;  // (src, dst)
   std::map<std::pair<int, int>, std::deque<Message>> recvs;
+  // Groups made by ncclCommShrink from this one, by the (sorted) excluded ranks.
+  std::map<std::vector<int>, std::shared_ptr<Group>> shrunk;
 };
 
 // The library sends only the eight dtypes of DType (lib/nccl maps them one to one); the fake
@@ -294,6 +296,7 @@ struct FakeNcclApi::State {
   std::vector<std::pair<uintptr_t, size_t>> host_ranges;
   std::map<void*, std::deque<Deferred>> deferred;  // per stream
   std::vector<FakeCall> calls;
+  std::vector<int> shrink_flags;
   std::map<void*, int> stream_devices;  // streams from StreamCreateNonBlocking
   bool holding = false;                 // HoldStreams(true): collectives wait on their stream
   int collectives_started = 0;          // launches posted to the world
@@ -664,6 +667,52 @@ NcclResult FakeNcclApi::CommAbort(NcclComm comm) {
     if (auto live = op.lock()) live->aborted = true;
   }
   return NcclResult::kSuccess;
+}
+std::vector<int> FakeNcclApi::last_shrink_flags() const {
+  absl::MutexLock lock(&world_->mu);
+  return state_->shrink_flags;
+}
+NcclResult FakeNcclApi::CommShrink(NcclComm comm, const std::vector<int>& exclude_ranks,
+                                   NcclComm* newcomm, const nccl::NcclCommConfig* config,
+                                   int shrink_flags) {
+  *newcomm = nullptr;
+  if (!faults_.has_comm_shrink) return NcclResult::kInvalidUsage;  // no such symbol
+  shrink_calls_.fetch_add(1);
+  absl::MutexLock lock(&world_->mu);
+  state_->shrink_flags.push_back(shrink_flags);
+  if (config != nullptr) state_->last_config = *config;
+  FakeComm* parent = Comm(comm);
+  if (parent == nullptr || parent->aborted) return NcclResult::kInvalidUsage;
+  std::vector<int> excluded = exclude_ranks;
+  std::sort(excluded.begin(), excluded.end());
+  for (int r : excluded) {
+    if (r < 0 || r >= parent->nranks || r == parent->rank) return NcclResult::kInvalidArgument;
+  }
+  if (shrink_flags == nccl::kShrinkAbort) {
+    // The parent's ongoing operations end first (they would wait for the excluded ranks).
+    for (const std::weak_ptr<FakeOp>& op : parent->ops) {
+      if (auto live = op.lock()) live->aborted = true;
+    }
+  } else if (parent->async != NcclResult::kSuccess) {
+    parent->last_error = "fake: ncclCommShrink of a communicator in error needs NCCL_SHRINK_ABORT";
+    return NcclResult::kInvalidUsage;
+  }
+  auto& g = parent->group->shrunk[excluded];
+  if (g == nullptr) {
+    g = std::make_shared<Group>();
+    g->nranks = parent->nranks - static_cast<int>(excluded.size());
+  }
+  auto c = std::make_unique<FakeComm>();
+  c->group = g;
+  c->nranks = g->nranks;
+  c->rank =
+      parent->rank - static_cast<int>(std::count_if(excluded.begin(), excluded.end(),
+                                                    [parent](int r) { return r < parent->rank; }));
+  c->init_failed = faults_.shrink_fails;
+  if (!c->init_failed) ++g->joined;
+  *newcomm = reinterpret_cast<NcclComm>(c.get());
+  state_->comms.push_back(std::move(c));
+  return NcclResult::kInProgress;
 }
 std::string FakeNcclApi::GetErrorString(NcclResult result) { return nccl::NcclResultName(result); }
 std::string FakeNcclApi::GetLastError(NcclComm comm) {

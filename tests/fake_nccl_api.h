@@ -49,6 +49,12 @@ struct FakeNcclFaults {
   absl::Duration abort_hangs_for = absl::ZeroDuration();  // ncclCommAbort blocks this long
   bool host_alloc_fails = false;
   int launch_cast_error = cuda::kCudaSuccess;  // LaunchCast returns this (nothing is queued)
+  // ncclCommShrink (NCCL 2.27+): advertised (has_comm_shrink) and implemented: the survivors that
+  // call it on one parent communicator with the same exclusion list meet in a new group, ranks
+  // renumbered densely; NCCL_SHRINK_ABORT first ends the parent's ops (as ncclCommAbort would).
+  // Without the flag a parent in error refuses (ncclInvalidUsage).
+  bool has_comm_shrink = false;
+  bool shrink_fails = false;  // the new communicator's asynchronous result is ncclSystemError
 };
 
 // One call on the seam, in the order this rank made them (FakeNcclApi::calls()).
@@ -69,6 +75,8 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   int finalize_calls() const { return finalize_calls_.load(); }
   int destroy_calls() const { return destroy_calls_.load(); }
   int init_calls() const { return init_calls_.load(); }
+  int shrink_calls() const { return shrink_calls_.load(); }
+  std::vector<int> last_shrink_flags() const;  // shrinkFlags of every ncclCommShrink, in order
   int memcpy_calls() const { return memcpy_calls_.load(); }
   int malloc_calls() const { return malloc_calls_.load(); }
   int cast_calls() const { return cast_calls_.load(); }
@@ -145,6 +153,10 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
                         nccl::NcclComm comm, cuda::CudaStream stream) override;
   nccl::NcclResult Recv(void* recv, size_t count, nccl::NcclDataType dtype, int peer,
                         nccl::NcclComm comm, cuda::CudaStream stream) override;
+  bool has_comm_shrink() const override { return faults_.has_comm_shrink; }
+  nccl::NcclResult CommShrink(nccl::NcclComm comm, const std::vector<int>& exclude_ranks,
+                              nccl::NcclComm* newcomm, const nccl::NcclCommConfig* config,
+                              int shrink_flags) override;
 
   struct State;  // in the .cc
 
@@ -156,6 +168,7 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   std::atomic<int> finalize_calls_{0};
   std::atomic<int> destroy_calls_{0};
   std::atomic<int> init_calls_{0};
+  std::atomic<int> shrink_calls_{0};
   std::atomic<int> memcpy_calls_{0};
   std::atomic<int> malloc_calls_{0};
   std::atomic<int> cast_calls_{0};

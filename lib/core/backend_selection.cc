@@ -378,6 +378,41 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
                                                         not_shm, staging, tuning->note)};
 }
 
+// The survivors' NCCL backend through ncclCommShrink of the previous one, when every survivor
+// can (agreed first) and did (agreed after); null (the previous communicator aborted by the
+// caller) when some could not or failed, so that every rank goes on to a fresh init alike.
+absl::StatusOr<std::unique_ptr<Backend>> ShrinkAgreed(const CommunicatorOptions& o,
+                                                      const Rendezvous& rv, absl::Time deadline,
+                                                      const SelectionDeps& deps) {
+  const absl::Status mine = nccl::CanShrinkNccl(*deps.previous);
+  absl::StatusOr<std::vector<std::pair<int, std::string>>> failed =
+      Exchange(*rv.store, "shrink", o.rank, o.world_size, mine, deadline);
+  if (!failed.ok()) return failed.status();
+  if (!failed->empty()) {
+    ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "': no ncclCommShrink (",
+                  DescribeFailures(*failed), "); the survivors abort and init NCCL afresh");
+    return nullptr;
+  }
+  nccl::NcclBackendOptions no;
+  no.rank = o.rank;
+  no.size = o.world_size;
+  no.device = ChooseDevice(deps);
+  no.store = rv.store;
+  no.init_timeout = std::max((deadline - absl::Now()) / 2, absl::Milliseconds(1));
+  no.keep_comm_for_shrink = deps.elastic;
+  absl::StatusOr<std::unique_ptr<Backend>> shrunk =
+      nccl::ShrinkNcclBackend(*deps.previous, deps.lost_ranks, no);
+  failed = Exchange(*rv.store, "shrunk", o.rank, o.world_size, shrunk.status(), deadline);
+  if (!failed.ok()) return failed.status();
+  if (!failed->empty()) {
+    ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "': ncclCommShrink failed (",
+                  DescribeFailures(*failed), "); the survivors init NCCL afresh");
+    if (shrunk.ok()) (*shrunk)->Abort(absl::CancelledError("another rank's ncclCommShrink failed"));
+    return nullptr;
+  }
+  return shrunk;
+}
+
 }  // namespace
 
 absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
@@ -385,6 +420,10 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
                                                   const SelectionDeps& deps) {
   if (rv.store == nullptr) return absl::InvalidArgumentError("backend selection: no store");
   std::string staging;
+  if (deps.previous != nullptr && o.backend != BackendChoice::kAuto &&
+      o.backend != BackendChoice::kNccl) {
+    nccl::ReleaseNcclComm(*deps.previous);  // a degrade to Gloo: the kept communicator goes
+  }
   if (o.backend == BackendChoice::kGloo) {
     Apis apis = LoadApis(deps, /*want_nccl=*/false);
     absl::StatusOr<AppliedTuning> tuning = AgreeGlooTuning(o, rv, deadline, deps);
@@ -403,6 +442,19 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   }
   const Apis apis = LoadApis(deps, /*want_nccl=*/true);
   const int device = ChooseDevice(deps);
+  if (deps.previous != nullptr && !deps.lost_ranks.empty()) {
+    absl::StatusOr<std::unique_ptr<Backend>> shrunk = ShrinkAgreed(o, rv, deadline, deps);
+    if (!shrunk.ok()) return shrunk.status();
+    if (*shrunk != nullptr) {
+      return SelectedBackend{
+          *std::move(shrunk),
+          absl::StrCat(asked, ": nccl shrunk with ncclCommShrink on every survivor (ranks ",
+                       absl::StrJoin(deps.lost_ranks, ", "), " of the previous ",
+                       o.world_size + static_cast<int>(deps.lost_ranks.size()),
+                       " excluded; cuda:", device, ")")};
+    }
+  }
+  if (deps.previous != nullptr) nccl::ReleaseNcclComm(*deps.previous);
   std::string found;
   const absl::Status mine = LocalCapability(apis, deps, device, &found);
   absl::StatusOr<std::vector<std::pair<int, std::string>>> failed =
@@ -420,6 +472,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     no.device = device;
     no.store = rv.store;
     // A peer whose init failed publishes that before the others finish theirs: stop waiting then.
+    no.keep_comm_for_shrink = deps.elastic && apis.nccl->has_comm_shrink();
     no.peers_gave_up = [&rv, &o]() -> absl::Status {
       for (int r = 0; r < o.world_size; ++r) {
         if (r == o.rank) continue;

@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -78,6 +79,16 @@ struct SelectionDeps {
   // This rank's host identity (lib/hier/host_identity.h); empty: the real one. Tests fake hosts
   // here to drive the shm / hierarchical / Gloo choice.
   std::string host_identity;
+  // Elastic shrink (issue #14). `elastic`: NCCL backends keep a failed communicator for
+  // ncclCommShrink (NcclBackendOptions::keep_comm_for_shrink) where the loaded NCCL has it.
+  // `previous`: in a rebuild, the backend being replaced (still installed, idle); `lost_ranks`:
+  // the ranks of its numbering that the membership lost. Then, where every survivor's previous
+  // backend can shrink (agreed under "select/shrink/<rank>"), NCCL is rebuilt with ncclCommShrink
+  // (outcome agreed under "select/shrunk/<rank>"); otherwise the previous communicator is
+  // aborted and selection runs as at creation (a fresh init).
+  bool elastic = false;
+  Backend* previous = nullptr;
+  std::vector<int> lost_ranks;
   // CUDA device of this rank; -1: $ADAPTCOMM_CUDA_DEVICE, else the launcher's local rank
   // (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else 0.
   int device = -1;

@@ -207,6 +207,7 @@ void CommunicatorImpl::ApplyMembership(const MembershipChange& change) {
   membership_.rank = change.new_rank;
   membership_.world_size = change.new_world;
   membership_.lost_ranks = change.lost;
+  if (change.joined_ids.empty()) shrink_lost_ = change.lost;
   membership_.reason = change.reason;
   ++membership_.changes;
 }
@@ -414,7 +415,9 @@ struct BackendSelection {
 
 absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
                                                const EffectiveConfig& config, const Rendezvous& rv,
-                                               absl::Time deadline, const CommunicatorDeps& seams) {
+                                               absl::Time deadline, const CommunicatorDeps& seams,
+                                               Backend* previous = nullptr,
+                                               std::vector<int> shrink_lost = {}) {
   // NCCL where every rank can use it, else Gloo on every rank (lib/core/backend_selection.h).
   selection::SelectionDeps deps;
   deps.use_given_apis = seams.use_given_apis;
@@ -425,6 +428,9 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
   deps.gloo_algorithm = config.gloo.algorithm;
   deps.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
   deps.tuned_table = config.tuning.loaded;
+  deps.elastic = ResolveElasticPolicy(o.elastic, config.elastic).value_or(ElasticPolicy{}).elastic;
+  deps.previous = previous;  // a rebuild after a shrink: ncclCommShrink where NCCL can
+  deps.lost_ranks = std::move(shrink_lost);
   deps.configure_nccl = [&config](int version) {
     // Read-once variables must be in the environment before the first NCCL init.
     NcclEnvReport env = ApplyNcclEnvironment(config, version);
@@ -488,17 +494,18 @@ bool CommunicatorImpl::WantsDegrade() {
 absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int generation,
                                                                           bool degrade) {
   int rank, world;
+  std::vector<int> lost;
   {
     absl::MutexLock lock(&membership_mu_);
     rank = membership_.rank;  // changed by a shrink (ApplyMembership)
     world = membership_.world_size;
+    lost.swap(shrink_lost_);
   }
-  return BuildBackendFor(generation, rank, world, degrade);
+  return BuildBackendFor(generation, rank, world, degrade, std::move(lost));
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::BuildBackendFor(int generation, int rank,
-                                                                           int world,
-                                                                           bool degrade) {
+absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::BuildBackendFor(
+    int generation, int rank, int world, bool degrade, std::vector<int> shrink_lost) {
   CommunicatorOptions o = options_;
   o.rank = rank;
   o.world_size = world;
@@ -512,7 +519,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::BuildBackendFor(int g
   }
   absl::StatusOr<BackendSelection> selected =
       SelectBackend(o, config_, GenerationRendezvous(rendezvous_, generation),
-                    absl::Now() + options_.init_timeout, deps_);
+                    absl::Now() + options_.init_timeout, deps_, &executor_->backend(),
+                    std::move(shrink_lost));
   if (!selected.ok()) return selected.status();
   ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' rebuilt its backend as generation ",
                 generation, ": ", selected->backend->name(), " (", selected->reason, ")");

@@ -59,7 +59,8 @@ class CommunicatorImpl {
   absl::StatusOr<std::unique_ptr<Backend>> RebuildBackend(int generation, bool degrade);
   // The backend of `generation` for `rank` of `world` (a rebuild, or a grow before it is applied).
   absl::StatusOr<std::unique_ptr<Backend>> BuildBackendFor(int generation, int rank, int world,
-                                                           bool degrade);
+                                                           bool degrade,
+                                                           std::vector<int> shrink_lost = {});
   // Communicator::AdmitJoiners (lib/core/elastic_grow.h).
   absl::Status AdmitJoiners();
   // Elastic: the agreed change (the next rebuild is for its rank and world), and its installation
@@ -87,6 +88,9 @@ class CommunicatorImpl {
   // The membership after the last agreed change (rank and world: what the next rebuild builds).
   mutable absl::Mutex membership_mu_;
   Membership membership_ ABSL_GUARDED_BY(membership_mu_);
+  // The ranks a shrink just lost (previous numbering), for the rebuild that follows it (NCCL's
+  // ncclCommShrink); taken by RebuildBackend.
+  std::vector<int> shrink_lost_ ABSL_GUARDED_BY(membership_mu_);
   Rendezvous rendezvous_;
   std::shared_ptr<trace::FlightRecorder> recorder_;
   std::shared_ptr<trace::TimelineWriter> timeline_;  // null unless tracing is on

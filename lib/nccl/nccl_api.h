@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -69,6 +70,12 @@ struct NcclCommConfig {
   int nvls_ctas = kUndefInt;      // NCCL 2.27+
 };
 
+// ncclCommShrink's shrinkFlags (NCCL 2.27+): NCCL_SHRINK_DEFAULT shrinks a healthy communicator;
+// NCCL_SHRINK_ABORT first terminates the parent's ongoing operations (a parent in error, or one
+// with a collective stuck on an excluded rank), then shrinks.
+inline constexpr int kShrinkDefault = 0;
+inline constexpr int kShrinkAbort = 1;
+
 // NCCL's calls. Methods mirror nccl.h one to one; the CUDA runtime NCCL runs on is a separate seam
 // (lib/cuda/cuda_api.h) that callers receive alongside.
 class NcclApi {
@@ -103,6 +110,21 @@ class NcclApi {
                           NcclComm comm, cuda::CudaStream stream) = 0;
   virtual NcclResult Recv(void* recv, size_t count, NcclDataType dtype, int peer, NcclComm comm,
                           cuda::CudaStream stream) = 0;
+
+  // Optional entry points: a loaded NCCL may lack them (the loader does not fail for them).
+  // ncclCommShrink (NCCL 2.27+): the survivors of `comm` (every rank but `exclude_ranks`, in its
+  // numbering) build `*newcomm`, renumbered densely; `config` null: the parent's. Nonblocking:
+  // poll CommGetAsyncError(*newcomm). Without the symbol: ncclInvalidUsage.
+  virtual bool has_comm_shrink() const { return false; }
+  virtual NcclResult CommShrink(NcclComm comm, const std::vector<int>& exclude_ranks,
+                                NcclComm* newcomm, const NcclCommConfig* config, int shrink_flags) {
+    (void)comm;
+    (void)exclude_ranks;
+    (void)config;
+    (void)shrink_flags;
+    *newcomm = nullptr;
+    return NcclResult::kInvalidUsage;
+  }
 };
 
 // The oldest NCCL with everything the backend calls: ncclCommInitRankConfig, nonblocking
@@ -115,7 +137,8 @@ std::string NcclVersionString(int code);
 int NormalizeNcclVersion(int code);
 
 // dlopen()s NCCL once per process: `path` if given, else $ADAPTCOMM_NCCL_LIBRARY, else
-// "libnccl.so.2". Every required symbol is checked; errors: FailedPrecondition "NCCL backend not
+// "libnccl.so.2". Every required symbol is checked (optional ones, ncclCommShrink, are resolved
+// when present: has_comm_shrink()); errors: FailedPrecondition "NCCL backend not
 // built: ..." (no CUDA at build time), Unavailable with dlerror()'s text ("libnccl.so.2: cannot
 // open shared object file: ..."), or Unavailable naming the first missing symbol. A successful load
 // is cached per path; a failed one is retried on the next call.

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -49,13 +50,40 @@ struct NcclSymbols {
                                 cudaStream_t);
   ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  // Optional (null when the loaded NCCL lacks it): ncclCommShrink, NCCL 2.27+.
+  ncclResult_t (*CommShrink)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
 };
+
+#if NCCL_VERSION_CODE >= 22700
+static_assert(kShrinkDefault == NCCL_SHRINK_DEFAULT);
+static_assert(kShrinkAbort == NCCL_SHRINK_ABORT);
+#endif
 
 ncclComm_t C(NcclComm c) { return reinterpret_cast<ncclComm_t>(c); }
 ncclDataType_t D(NcclDataType t) { return static_cast<ncclDataType_t>(t); }
 ncclRedOp_t O(NcclRedOp op) { return static_cast<ncclRedOp_t>(op); }
 cudaStream_t S(cuda::CudaStream s) { return static_cast<cudaStream_t>(s); }
 NcclResult R(ncclResult_t r) { return static_cast<NcclResult>(r); }
+
+// NCCL copies the strings while parsing the config; `c` outlives the call that uses the result.
+ncclConfig_t ToConfig(const NcclCommConfig& c) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = c.blocking;
+  config.cgaClusterSize = c.cga_cluster_size;
+  config.minCTAs = c.min_ctas;
+  config.maxCTAs = c.max_ctas;
+  if (!c.net_name.empty()) config.netName = c.net_name.c_str();
+  config.splitShare = c.split_share;
+#if NCCL_VERSION_CODE >= 22600
+  config.trafficClass = c.traffic_class;
+#endif
+#if NCCL_VERSION_CODE >= 22700
+  if (!c.comm_name.empty()) config.commName = c.comm_name.c_str();
+  config.CTAPolicy = c.cta_policy;
+  config.nvlsCTAs = c.nvls_ctas;
+#endif
+  return config;
+}
 
 class DlopenNcclApi final : public NcclApi {
  public:
@@ -70,22 +98,7 @@ class DlopenNcclApi final : public NcclApi {
   }
   NcclResult CommInitRankConfig(NcclComm* comm, int nranks, const NcclUniqueId& id, int rank,
                                 const NcclCommConfig& c) override {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = c.blocking;
-    config.cgaClusterSize = c.cga_cluster_size;
-    config.minCTAs = c.min_ctas;
-    config.maxCTAs = c.max_ctas;
-    // NCCL copies the strings while parsing the config; `c` outlives this call anyway.
-    if (!c.net_name.empty()) config.netName = c.net_name.c_str();
-    config.splitShare = c.split_share;
-#if NCCL_VERSION_CODE >= 22600
-    config.trafficClass = c.traffic_class;
-#endif
-#if NCCL_VERSION_CODE >= 22700
-    if (!c.comm_name.empty()) config.commName = c.comm_name.c_str();
-    config.CTAPolicy = c.cta_policy;
-    config.nvlsCTAs = c.nvls_ctas;
-#endif
+    ncclConfig_t config = ToConfig(c);
     ncclUniqueId uid;
     static_assert(sizeof(uid.internal) == sizeof(id.internal));
     for (size_t i = 0; i < sizeof(uid.internal); ++i) uid.internal[i] = id.internal[i];
@@ -141,6 +154,20 @@ class DlopenNcclApi final : public NcclApi {
                   cuda::CudaStream stream) override {
     return R(sym_.Recv(recv, count, D(dtype), peer, C(comm), S(stream)));
   }
+  bool has_comm_shrink() const override { return sym_.CommShrink != nullptr; }
+  NcclResult CommShrink(NcclComm comm, const std::vector<int>& exclude_ranks, NcclComm* newcomm,
+                        const NcclCommConfig* c, int shrink_flags) override {
+    *newcomm = nullptr;
+    if (sym_.CommShrink == nullptr) return NcclResult::kInvalidUsage;
+    std::vector<int> exclude = exclude_ranks;  // ncclCommShrink takes a non-const list
+    ncclConfig_t config;
+    if (c != nullptr) config = ToConfig(*c);
+    ncclComm_t out = nullptr;
+    ncclResult_t r = sym_.CommShrink(C(comm), exclude.data(), static_cast<int>(exclude.size()),
+                                     &out, c != nullptr ? &config : nullptr, shrink_flags);
+    *newcomm = reinterpret_cast<NcclComm>(out);
+    return R(r);
+  }
 
  private:
   void* const handle_;
@@ -193,6 +220,8 @@ absl::StatusOr<std::shared_ptr<NcclApi>> Open(const std::string& name) {
   Resolve(handle, "ncclReduceScatter", &s.ReduceScatter, &missing);
   Resolve(handle, "ncclSend", &s.Send, &missing);
   Resolve(handle, "ncclRecv", &s.Recv, &missing);
+  std::string optional_missing;  // optional symbols: a null slot is what has_comm_shrink() reads
+  Resolve(handle, "ncclCommShrink", &s.CommShrink, &optional_missing);
   if (!missing.empty()) {
     std::string version;
     int code = 0;

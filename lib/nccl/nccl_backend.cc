@@ -1,5 +1,6 @@
 #include "lib/nccl/nccl_backend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <utility>
@@ -135,6 +136,12 @@ class NcclBackend final : public Backend, public StreamOrdered {
   absl::StatusOr<std::shared_ptr<const StreamPosition>> MarkIssue(const OpDesc& op) override;
   absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(const OpDesc& op) override;
 
+  // ShrinkNcclBackend / CanShrinkNccl / ReleaseNcclComm (nccl_backend.h).
+  absl::Status CanShrink() const;
+  absl::StatusOr<std::unique_ptr<Backend>> Shrink(const std::vector<int>& exclude_ranks,
+                                                  const NcclBackendOptions& options);
+  void ReleaseComm() { AbortCommOnce(/*allow_park=*/false); }
+
  private:
   // Marks the op running (or refuses it on a broken backend); FinishCall undoes it, aborting the
   // communicator if an Abort() came meanwhile, and returns what the caller should see.
@@ -148,7 +155,9 @@ class NcclBackend final : public Backend, public StreamOrdered {
   // Records `status` as the reason the backend is broken, aborts the communicator, returns the
   // status the caller should see (the abort's, if Abort() came first).
   absl::Status Break(absl::Status status);
-  void AbortCommOnce();
+  // Aborts the communicator once; with keep_comm_for_shrink and `allow_park`, only parks it (the
+  // ops end through health_, ncclCommAbort waits for a shrink or ReleaseComm).
+  void AbortCommOnce(bool allow_park = true);
   std::string What(const OpDesc& op) const {
     return absl::StrCat("nccl ", OpKindName(op.kind), " seq ", op.seq, " (rank ", options_.rank,
                         ", cuda:", options_.device, ")");
@@ -172,6 +181,7 @@ class NcclBackend final : public Backend, public StreamOrdered {
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool comm_aborted_ ABSL_GUARDED_BY(mu_) = false;
+  bool comm_parked_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 NcclBackend::~NcclBackend() {
@@ -186,7 +196,7 @@ NcclBackend::~NcclBackend() {
       "nccl backend of rank ", options_.rank, " was destroyed before the op completed")));
   (void)cuda_->SetDevice(options_.device);
   if (!aborted && broken) {
-    AbortCommOnce();
+    AbortCommOnce(/*allow_park=*/false);
     aborted = true;
   }
   if (!aborted) {
@@ -212,7 +222,7 @@ NcclBackend::~NcclBackend() {
                                        absl::FormatDuration(options_.shutdown_timeout))
                         : std::string(NcclResultName(state)),
                     "; aborting the communicator");
-      AbortCommOnce();
+      AbortCommOnce(/*allow_park=*/false);
     }
   }
   if (event_ != nullptr) (void)cuda_->EventDestroy(event_);
@@ -581,15 +591,145 @@ void NcclBackend::Abort(const absl::Status& reason) {
   if (abort_here) AbortCommOnce();
 }
 
-void NcclBackend::AbortCommOnce() {
+void NcclBackend::AbortCommOnce(bool allow_park) {
+  const bool park = allow_park && options_.keep_comm_for_shrink;
   {
     absl::MutexLock lock(&mu_);
-    if (comm_aborted_) return;
-    comm_aborted_ = true;
+    if (comm_aborted_ || (park && comm_parked_)) return;
+    if (park) {
+      comm_parked_ = true;
+    } else {
+      comm_aborted_ = true;
+    }
   }
   health_->Retire(health().ok() ? absl::AbortedError("nccl communicator aborted") : health());
+  if (park) {
+    ADAPTCOMM_LOG(kInfo, "nccl backend rank ", options_.rank,
+                  ": communicator kept (not aborted) for an elastic ncclCommShrink");
+    return;
+  }
   absl::Status s = AbortBounded(api_, comm_, options_.abort_timeout);
   if (!s.ok()) ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank, ": ", s.message());
+}
+
+// The backend around a ready communicator: its CUDA event, stream and barrier scratch.
+absl::StatusOr<std::unique_ptr<Backend>> FinishNcclBackend(std::shared_ptr<NcclApi> api,
+                                                           std::shared_ptr<CudaApi> cuda,
+                                                           const NcclBackendOptions& o,
+                                                           NcclComm comm, int device_count,
+                                                           const std::string& who) {
+  CudaEvent event = nullptr;
+  CudaStream stream = nullptr;
+  void* scratch = nullptr;
+  int e = cuda->EventCreateDisableTiming(&event);
+  if (e == kCudaSuccess) e = cuda->StreamCreateNonBlocking(&stream);
+  if (e == kCudaSuccess) e = cuda->Malloc(&scratch, 256);
+  if (e != kCudaSuccess) {
+    // The constructor takes what exists so that the destructor frees it with the communicator.
+    NcclBackend cleanup(api, cuda, o, comm, device_count, event, stream, scratch);
+    return absl::ResourceExhaustedError(
+        absl::StrCat(who, ": creating its CUDA event/stream/scratch: ", cuda->ErrorString(e)));
+  }
+  int version = 0;
+  (void)api->GetVersion(&version);
+  ADAPTCOMM_LOG(kDebug, who, ": NCCL ", NcclVersionString(version), " from ", api->library_path(),
+                " ready, ", o.size, " ranks");
+  return std::unique_ptr<Backend>(std::make_unique<NcclBackend>(
+      std::move(api), std::move(cuda), o, comm, device_count, event, stream, scratch));
+}
+
+absl::Status NcclBackend::CanShrink() const {
+  if (!api_->has_comm_shrink()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(api_->library_path(), " has no ncclCommShrink (NCCL 2.27+ exports it)"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (comm_aborted_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the NCCL communicator of rank ", options_.rank, " was already aborted"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Shrink(const std::vector<int>& exclude,
+                                                             const NcclBackendOptions& options) {
+  const std::string who =
+      absl::StrCat("ncclCommShrink of rank ", options_.rank, " of ", options_.size, " to rank ",
+                   options.rank, " of ", options.size, " on cuda:", options_.device);
+  int below = 0;
+  for (size_t i = 0; i < exclude.size(); ++i) {
+    const int r = exclude[i];
+    if (r < 0 || r >= options_.size || r == options_.rank ||
+        std::find(exclude.begin(), exclude.begin() + static_cast<long>(i), r) !=
+            exclude.begin() + static_cast<long>(i)) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": excluded rank ", r,
+                                                     " must be another rank in [0, ", options_.size,
+                                                     "), listed once"));
+    }
+    below += r < options_.rank;
+  }
+  if (options.size != options_.size - static_cast<int>(exclude.size()) ||
+      options.rank != options_.rank - below || options.device != options_.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": excluding ", exclude.size(), " rank(s) makes rank ", options_.rank - below, " of ",
+        options_.size - static_cast<int>(exclude.size()), " on cuda:", options_.device));
+  }
+  if (absl::Status s = CanShrink(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
+  }
+  bool broken = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (running_ || comm_aborted_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, ": the parent communicator is busy or aborted"));
+    }
+    running_ = true;  // Abort() meanwhile must not call ncclCommAbort under ncclCommShrink
+    broken = !broken_.ok() || comm_parked_;
+  }
+  ScopedCudaDevice device(*cuda_, options_.device);
+  NcclBackendOptions o = options;
+  o.config.blocking = 0;
+  NcclComm child = nullptr;
+  NcclResult r =
+      api_->CommShrink(comm_, exclude, &child, &o.config, broken ? kShrinkAbort : kShrinkDefault);
+  NcclResult state = r;
+  const absl::Time deadline = absl::Now() + o.init_timeout;
+  for (int i = 0; child != nullptr && (r == NcclResult::kSuccess || r == NcclResult::kInProgress);
+       ++i) {
+    NcclResult q = api_->CommGetAsyncError(child, &state);
+    if (q != NcclResult::kSuccess) state = q;
+    if (state != NcclResult::kInProgress || absl::Now() > deadline) break;
+    cuda::PollPause(64 + i);
+  }
+  if (!InFlight(r)) state = r;
+  const std::string detail = api_->GetLastError(child != nullptr ? child : comm_);
+  {
+    absl::MutexLock lock(&mu_);
+    running_ = false;
+    if (broken_.ok()) {
+      broken_ = absl::FailedPreconditionError(
+          absl::StrCat("nccl backend of rank ", options_.rank,
+                       " was replaced by its shrunk communicator (ncclCommShrink)"));
+    }
+  }
+  // The parent's part is done (its ops ended with NCCL_SHRINK_ABORT, or it is superseded): its
+  // resources go now rather than when the communicator ends.
+  AbortCommOnce(/*allow_park=*/false);
+  if (state != NcclResult::kSuccess) {
+    absl::Status failed = state == NcclResult::kInProgress
+                              ? absl::DeadlineExceededError(absl::StrCat(
+                                    who, " did not finish within ",
+                                    absl::FormatDuration(o.init_timeout), "; ncclCommAbort called"))
+                              : MapNcclResult(state, who, detail);
+    if (child != nullptr) {
+      if (absl::Status a = AbortBounded(api_, child, o.abort_timeout); !a.ok()) {
+        failed = absl::Status(failed.code(), absl::StrCat(failed.message(), "; ", a.message()));
+      }
+    }
+    return failed;
+  }
+  return FinishNcclBackend(api_, cuda_, o, child, device_count_, who);
 }
 
 }  // namespace
@@ -612,6 +752,31 @@ absl::Status MapNcclResult(NcclResult result, const std::string& what, const std
           text, " (the NCCL communicator is aborted; recreate the communicator to retry)"));
   }
   return absl::UnknownError(text);
+}
+
+absl::Status CanShrinkNccl(const Backend& parent) {
+  const auto* nccl = dynamic_cast<const NcclBackend*>(&parent);
+  if (nccl == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the backend to shrink is ", parent.name(), ", not nccl"));
+  }
+  return nccl->CanShrink();
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> ShrinkNcclBackend(Backend& parent,
+                                                           const std::vector<int>& exclude_ranks,
+                                                           const NcclBackendOptions& options) {
+  auto* nccl = dynamic_cast<NcclBackend*>(&parent);
+  if (nccl == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ncclCommShrink: the backend to shrink is ", parent.name(), ", not nccl"));
+  }
+  return nccl->Shrink(exclude_ranks, options);
+}
+
+void ReleaseNcclComm(Backend& backend) {
+  auto* nccl = dynamic_cast<NcclBackend*>(&backend);
+  if (nccl != nullptr && !nccl->health().ok()) nccl->ReleaseComm();
 }
 
 NcclCommConfig TranslateNcclConfig(const NcclConfigValues& v, int version,
@@ -737,24 +902,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
     return failed;
   }
 
-  CudaEvent event = nullptr;
-  CudaStream stream = nullptr;
-  void* scratch = nullptr;
-  int e = cuda->EventCreateDisableTiming(&event);
-  if (e == kCudaSuccess) e = cuda->StreamCreateNonBlocking(&stream);
-  if (e == kCudaSuccess) e = cuda->Malloc(&scratch, 256);
-  if (e != kCudaSuccess) {
-    // The constructor takes what exists so that the destructor frees it with the communicator.
-    NcclBackend cleanup(api, cuda, o, comm, device_count, event, stream, scratch);
-    return absl::ResourceExhaustedError(
-        absl::StrCat(who, ": creating its CUDA event/stream/scratch: ", cuda->ErrorString(e)));
-  }
-  int version = 0;
-  (void)api->GetVersion(&version);
-  ADAPTCOMM_LOG(kDebug, who, ": NCCL ", NcclVersionString(version), " from ", api->library_path(),
-                " ready, ", o.size, " ranks");
-  return std::unique_ptr<Backend>(std::make_unique<NcclBackend>(
-      std::move(api), std::move(cuda), o, comm, device_count, event, stream, scratch));
+  return FinishNcclBackend(std::move(api), std::move(cuda), o, comm, device_count, who);
 }
 
 }  // namespace adaptcomm::nccl

@@ -41,6 +41,12 @@ struct NcclBackendOptions {
   // (aborting the communicator) instead of waiting out init_timeout for peers that will never
   // join, e.g. because one published that its own init failed. Null: never.
   std::function<absl::Status()> peers_gave_up;
+  // Elastic shrink (issue #14): a failure or Abort() ends the ops and breaks the backend as
+  // always, but leaves the NCCL communicator un-aborted ("parked") so that ShrinkNcclBackend can
+  // build the survivors' communicator from it (ncclCommShrink with NCCL_SHRINK_ABORT ends its
+  // stuck kernels). ReleaseNcclComm or the destructor aborts a parked communicator (bounded by
+  // abort_timeout). Set only where a shrink can follow: elastic, and NCCL has ncclCommShrink.
+  bool keep_comm_for_shrink = false;
 };
 
 // Exchanges the unique id, initializes the communicator and waits (polling) for it. Errors:
@@ -49,6 +55,25 @@ struct NcclBackendOptions {
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(
     std::shared_ptr<NcclApi> api, std::shared_ptr<cuda::CudaApi> cuda,
     const NcclBackendOptions& options);
+
+// Whether `parent` can be shrunk with ncclCommShrink: an NCCL backend whose NCCL has the symbol
+// and whose communicator was not aborted (a broken one kept for shrink counts). The reason if not.
+absl::Status CanShrinkNccl(const Backend& parent);
+
+// The survivors' backend from `parent`'s communicator, through ncclCommShrink excluding
+// `exclude_ranks` (parent numbering): NCCL_SHRINK_ABORT when the parent is broken (its stuck ops
+// end), NCCL_SHRINK_DEFAULT otherwise. `options` gives the new rank and size (they must match
+// the parent's minus the excluded), device must be the parent's; store is unused. Waits (polling)
+// at most options.init_timeout; then the new communicator is aborted. The parent's communicator
+// is aborted once the new one is ready (its backend stays broken). Every surviving rank must call
+// it with the same list, as ncclCommShrink requires.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> ShrinkNcclBackend(
+    Backend& parent, const std::vector<int>& exclude_ranks, const NcclBackendOptions& options);
+
+// Aborts the NCCL communicator of `backend` if it is parked (keep_comm_for_shrink) or still live
+// and the backend is broken, bounded by its abort_timeout: a rebuild that does not shrink frees
+// it before a fresh init. No-op for other backends.
+void ReleaseNcclComm(Backend& backend);
 
 // The profile's ncclConfig_t values for NCCL `version` (a version code). A field the version lacks
 // is left unset with a note ("trafficClass needs NCCL 2.26, loaded 2.21.5: not applied"); blocking
