@@ -695,10 +695,23 @@ void OpExecutor::Abort(const absl::Status& reason) {
 }
 
 void OpExecutor::Shutdown() {
+  bool pending;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_ && !worker_.joinable() && !watchdog_.joinable()) return;
     stopping_ = true;
+    // Ops still queued or in flight get half the abort bound to finish; then they are aborted, so
+    // that destroying a communicator whose peer died or hangs does not wait out the op timeout
+    // (the teardown matrix of #14; pytorch#180611 hangs there). The other half is the abort's.
+    auto drained = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty();
+    };
+    pending = !mu_.AwaitWithTimeout(absl::Condition(&drained), options_.abort_bound / 2);
+  }
+  if (pending) {
+    Abort(absl::CancelledError(
+        absl::StrCat("communicator destroyed with operations still pending after ",
+                     absl::FormatDuration(options_.abort_bound / 2))));
   }
   if (watchdog_.joinable()) watchdog_.join();
   bool stuck;

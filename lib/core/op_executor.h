@@ -163,7 +163,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   uint64_t next_seq() const;
   // Fails every queued op with `reason`, aborts the running one. Idempotent.
   void Abort(const absl::Status& reason);
-  // Lets queued ops finish (each within its bound), then stops the threads.
+  // Lets queued and in-flight ops finish for half the abort bound, aborts those still pending,
+  // then stops the threads.
   void Shutdown();
 
   Backend& backend() { return *backend_.load(); }
