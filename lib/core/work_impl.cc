@@ -69,9 +69,7 @@ absl::Status WorkImpl::Wait(absl::Duration bound) {
   // Without a bound the caller may run its own op when nothing else could run meanwhile: it then
   // waits exactly as long as it would for the worker, minus the hand-off. With a bound it only
   // waits (the op runs on the worker), so nothing here can outlast `bound`.
-  if (bound == absl::InfiniteDuration()) {
-    if (std::shared_ptr<OpExecutor> executor = executor_.lock()) (void)executor->RunOnWaiter(this);
-  }
+  RunIfUnbounded(bound);
   const absl::Time deadline = absl::Now() + bound;
   absl::MutexLock lock(&mu_);
   auto waited_for = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -86,7 +84,13 @@ absl::Status WorkImpl::Wait(absl::Duration bound) {
   return completion_->MakeStreamWait(view.stream);
 }
 
+void WorkImpl::RunIfUnbounded(absl::Duration bound) {
+  if (bound != absl::InfiniteDuration()) return;
+  if (std::shared_ptr<OpExecutor> executor = executor_.lock()) (void)executor->RunOnWaiter(this);
+}
+
 absl::Status WorkImpl::Synchronize(absl::Duration bound) {
+  RunIfUnbounded(bound);  // a host op: Synchronize is Wait
   const absl::Time deadline = absl::Now() + bound;
   absl::Duration step = absl::Microseconds(20);
   absl::MutexLock lock(&mu_);

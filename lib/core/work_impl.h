@@ -52,6 +52,10 @@ class WorkImpl {
   absl::Time end_time() const;
 
  private:
+  // Without a bound, runs the op on this thread when nothing else could run meanwhile
+  // (OpExecutor::RunOnWaiter): the caller waits exactly as long, minus the hand-off.
+  void RunIfUnbounded(absl::Duration bound);
+
   const OpDesc desc_;
   const std::weak_ptr<OpExecutor> executor_;
   const absl::Time enqueue_time_;
