@@ -8,20 +8,9 @@ namespace adaptcomm {
 absl::Status CheckHostOp(const OpDesc& op, const char* backend, int rank, int size,
                          size_t max_elements) {
   const char* kind = OpKindName(op.kind);
-  switch (op.kind) {
-    case OpKind::kAllreduce:
-    case OpKind::kBroadcast:
-    case OpKind::kReduce:
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAlltoall:
-    case OpKind::kBarrier:
-    case OpKind::kSend:
-    case OpKind::kRecv:
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(backend, " backend: unknown op kind ", static_cast<int>(op.kind)));
+  if (!IsKnownOpKind(op.kind)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(backend, " backend: unknown op kind ", static_cast<int>(op.kind)));
   }
   auto check_view = [&](const TensorView& v, const char* which) -> absl::Status {
     if (v.device.is_cuda()) {

@@ -7,6 +7,22 @@
 
 namespace adaptcomm {
 
+// One of the ops of the Backend interface (a cast from a bad integer is not).
+inline bool IsKnownOpKind(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllreduce:
+    case OpKind::kBroadcast:
+    case OpKind::kReduce:
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+    case OpKind::kAlltoall:
+    case OpKind::kBarrier:
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      return true;
+  }
+  return false;
+}
 // Reduces with OpDesc::reduce.
 inline bool IsReduction(OpKind kind) {
   return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
+#include "lib/config/listing.h"
 
 namespace adaptcomm {
 namespace {
@@ -20,7 +21,11 @@ constexpr int kMaxKeysPerRank = 8;
 std::string HashKey(int rank) { return absl::StrCat("adaptcomm/config/hash/", rank); }
 std::string ListingKey(int rank) { return absl::StrCat("adaptcomm/config/listing/", rank); }
 
-std::map<std::string, std::string> ParseListing(const std::string& listing) {
+}  // namespace
+
+namespace config {
+
+std::map<std::string, std::string> ParseCanonicalListing(const std::string& listing) {
   std::map<std::string, std::string> out;
   for (absl::string_view line : absl::StrSplit(listing, '\n', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
@@ -29,7 +34,7 @@ std::map<std::string, std::string> ParseListing(const std::string& listing) {
   return out;
 }
 
-}  // namespace
+}  // namespace config
 
 absl::Status CheckSameConfigOnAllRanks(Store& store, int rank, int world_size,
                                        const EffectiveConfig& cfg, absl::Duration timeout) {
@@ -59,7 +64,7 @@ absl::Status CheckSameConfigOnAllRanks(Store& store, int rank, int world_size,
   auto listing = [&](int r) -> absl::StatusOr<std::map<std::string, std::string>> {
     auto l = store.Get(ListingKey(r), std::max(absl::ZeroDuration(), deadline - absl::Now()));
     if (!l.ok()) return l.status();
-    return ParseListing(*l);
+    return config::ParseCanonicalListing(*l);
   };
   auto base = listing(0);
   if (!base.ok()) return base.status();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "lib/config/listing.h"
 
 namespace adaptcomm::internal {
 namespace {
@@ -27,18 +28,10 @@ std::string HashText(const EffectiveConfig& config) {
   return absl::StrFormat("%016x", config.Hash());
 }
 
-std::map<std::string, std::string> ParseListing(const std::string& listing) {
-  std::map<std::string, std::string> out;
-  for (absl::string_view line : absl::StrSplit(listing, '\n', absl::SkipEmpty())) {
-    std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
-    out[kv.first] = kv.second;
-  }
-  return out;
-}
-
 // "key (joiner's vs rank 0's), ..." for the settings that differ.
 std::string Differences(const std::string& joiner, const std::string& ours) {
-  const std::map<std::string, std::string> a = ParseListing(joiner), b = ParseListing(ours);
+  const std::map<std::string, std::string> a = config::ParseCanonicalListing(joiner),
+                                           b = config::ParseCanonicalListing(ours);
   std::map<std::string, std::string> all = a;
   all.insert(b.begin(), b.end());
   std::vector<std::string> diffs;

@@ -273,20 +273,9 @@ absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
 
 absl::Status NcclBackend::Supports(const OpDesc& op) const {
   const char* kind = OpKindName(op.kind);
-  switch (op.kind) {
-    case OpKind::kAllreduce:
-    case OpKind::kBroadcast:
-    case OpKind::kReduce:
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAlltoall:
-    case OpKind::kBarrier:
-    case OpKind::kSend:
-    case OpKind::kRecv:
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("nccl backend: unknown op kind ", static_cast<int>(op.kind)));
+  if (!IsKnownOpKind(op.kind)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl backend: unknown op kind ", static_cast<int>(op.kind)));
   }
   if (UsesInput(op.kind)) {
     if (absl::Status s = CheckView(op, op.input, "input"); !s.ok()) return s;
