@@ -26,6 +26,14 @@ struct TableCache {
 
 absl::Mutex cache_mu(absl::kConstInit);
 TableCache* cache ABSL_GUARDED_BY(cache_mu) = nullptr;
+
+// NCCL dlclose()s the plugin with the last communicator and may load it again: the cache goes
+// with the library instead of leaking once per load.
+__attribute__((destructor)) void FreeCacheAtUnload() {
+  absl::MutexLock lock(&cache_mu);
+  delete cache;
+  cache = nullptr;
+}
 std::atomic<bool> unset_logged{false};
 
 int FuncOf(const std::string& op) {
