@@ -23,12 +23,14 @@
 #include "gtest/gtest.h"
 #include "lib/core/communicator_factory.h"
 #include "lib/nccl/nccl_api.h"
+#include "tests/cuttable_store.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 
 namespace adaptcomm {
 namespace {
 
+using testing::CuttableStore;
 using ::testing::ElementsAre;
 using testing::FakeNcclApi;
 using testing::FakeNcclFaults;
@@ -38,38 +40,6 @@ constexpr int kVictim = 2;
 constexpr absl::Duration kAbortBound = absl::Seconds(3);
 // What teardown may take past the abort bound: thread start-up and scheduling on a loaded machine.
 constexpr absl::Duration kSlack = absl::Seconds(2);
-
-// A store whose link can be cut: then every request fails at once, as a rank cut off would see.
-class CuttableStore final : public Store {
- public:
-  explicit CuttableStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
-  void Cut() { cut_.store(true); }
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    if (cut_.load()) return Down();
-    return inner_->Set(key, value);
-  }
-  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
-    if (cut_.load()) return Down();
-    return inner_->Get(key, timeout);
-  }
-  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
-    if (cut_.load()) return Down();
-    return inner_->Add(key, delta);
-  }
-  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
-    if (cut_.load()) return Down();
-    return inner_->Wait(keys, timeout);
-  }
-  absl::StatusOr<bool> Delete(const std::string& key) override {
-    if (cut_.load()) return Down();
-    return inner_->Delete(key);
-  }
-
- private:
-  static absl::Status Down() { return absl::UnavailableError("store link down (test)"); }
-  const std::shared_ptr<Store> inner_;
-  std::atomic<bool> cut_{false};
-};
 
 std::string WriteProfile() {
   char dir[] = "/tmp/adaptcomm_nccl_elastic_XXXXXX";
