@@ -10,12 +10,15 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/adaptcomm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/base/build_info.h"
+#include "lib/core/elastic_grow.h"
 #include "lib/core/membership.h"
 #include "tests/harness.h"
 
@@ -37,6 +40,12 @@ std::string FreshDir(const std::string& name) {
 }
 
 int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
+
+std::string ThisHost() {
+  char host[256] = "unknown";
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
 
 int64_t ReadMicros(const std::string& path) {
   int64_t t = 0;
@@ -224,6 +233,7 @@ TEST(Elastic, ShrinkBelowMinimumWorldFailsEveryRankNamingIt) {
         absl::Status s = (*comm)->Allreduce(HostView(v.data(), v.size())).Wait();
         ASSERT_FALSE(s.ok());
         EXPECT_FALSE(IsMembershipChanged(s)) << s;
+        EXPECT_TRUE(absl::IsUnavailable(s)) << s;
         EXPECT_THAT(std::string(s.message()), HasSubstr("rank(s) 2 lost"));
         EXPECT_THAT(std::string(s.message()), HasSubstr("below elastic.min_world_size 4"));
         EXPECT_EQ((*comm)->size(), kWorld);
@@ -352,9 +362,10 @@ TEST(ElasticGrow, ReplacementJoinsAfterShrinkGloo) {
 
 TEST(ElasticGrow, ReplacementJoinsAfterShrinkShm) { KillThenReplaceAllreduce(BackendChoice::kShm); }
 
-// A replacement whose profile differs from rank 0's is refused, naming the setting; the members
-// see no change. One without elastic, or in rank 0's place, is refused before it asks.
-TEST(ElasticGrow, ReplacementWithAnotherProfileIsRefusedNamingTheSetting) {
+// A replacement whose profile differs from rank 0's is refused, naming the setting, and so is one
+// that claims a rank a live member holds, naming both processes; the members see no change. One
+// without elastic, or in rank 0's place, is refused before it asks.
+TEST(ElasticGrow, ReplacementWithAnotherProfileOrALiveRankIsRefusedNamingWhy) {
   const std::string dir = FreshDir("refused");
   std::vector<int> status = testing::RunRankProcesses(
       3,
@@ -372,6 +383,17 @@ TEST(ElasticGrow, ReplacementWithAnotherProfileIsRefusedNamingTheSetting) {
           EXPECT_THAT(std::string(comm.status().message()), HasSubstr("refused by rank 0"));
           EXPECT_THAT(std::string(comm.status().message()), HasSubstr("11s vs 10s"));
           o.timeout = absl::Seconds(10);
+          // Rank 1 is alive: this process would be a second rank 1 (#14, bad input).
+          comm = Communicator::Create(o);
+          ASSERT_FALSE(comm.ok());
+          EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
+          const std::string holder =
+              absl::StrCat(ThisHost(), ":", ReadMicros(dir + "/member1.pid"));
+          EXPECT_THAT(std::string(comm.status().message()),
+                      HasSubstr(absl::StrCat("joiner ", ThisHost(), ":", getpid(),
+                                             " claims rank 1 of communicator 'test', which is "
+                                             "held by ",
+                                             holder, " (a member, rank 1 now, id 1)")));
           o.rank = 0;
           comm = Communicator::Create(o);
           EXPECT_THAT(std::string(comm.status().message()), HasSubstr("rank 0 cannot be replaced"));
@@ -382,6 +404,7 @@ TEST(ElasticGrow, ReplacementWithAnotherProfileIsRefusedNamingTheSetting) {
           std::ofstream(dir + "/refused") << "1";
           return;
         }
+        if (env.rank == 1) std::ofstream(dir + "/member1.pid") << getpid();
         auto comm = Communicator::Create(ElasticOptionsFor(as, BackendChoice::kGloo, dir));
         ASSERT_TRUE(comm.ok()) << comm.status();
         std::vector<float> v(100);
@@ -403,6 +426,75 @@ TEST(ElasticGrow, ReplacementWithAnotherProfileIsRefusedNamingTheSetting) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "process " << r;
   }
+}
+
+// A joiner from another build is refused by rank 0 before its profile is compared, naming both
+// builds; one from this build is accepted with the rank it claims (no processes: the store
+// protocol of lib/core/elastic_grow.h between a joiner thread and rank 0's screening).
+TEST(ElasticGrow, ReplacementFromAnotherBuildIsRefusedNamingBothBuilds) {
+  std::shared_ptr<Store> store = CreateHashStore();
+  const EffectiveConfig config;
+  auto ask = [&](const std::string& build) {
+    internal::JoinerIdentity me;
+    me.who = "hostB:4242";
+    me.build = build;
+    me.claimed_rank = 2;
+    return internal::RequestAdmission(*store, config, me, absl::Now() + absl::Seconds(20));
+  };
+  auto screen_next = [&](int64_t handled) {
+    for (int i = 0; i < 2000; ++i) {
+      absl::StatusOr<internal::ScreenedJoiners> s =
+          internal::ScreenJoiners(*store, handled, config, BuildVersion());
+      if (!s.ok() || s->count > handled) return s;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return absl::StatusOr<internal::ScreenedJoiners>(absl::DeadlineExceededError("no ticket"));
+  };
+  absl::StatusOr<internal::Admission> other = absl::UnknownError("not run");
+  std::thread joiner([&] { other = ask("0.0.9 (git other)"); });
+  absl::StatusOr<internal::ScreenedJoiners> screened = screen_next(0);
+  joiner.join();
+  ASSERT_TRUE(screened.ok()) << screened.status();
+  EXPECT_TRUE(screened->accepted.empty());
+  EXPECT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
+  EXPECT_THAT(std::string(other.status().message()),
+              HasSubstr(absl::StrCat("refused by rank 0: joiner hostB:4242 runs another build than "
+                                     "rank 0: adaptcomm 0.0.9 (git other) vs ",
+                                     BuildVersion())));
+
+  absl::StatusOr<internal::Admission> same = absl::UnknownError("not run");
+  joiner = std::thread([&] { same = ask(BuildVersion()); });
+  screened = screen_next(1);
+  ASSERT_TRUE(screened.ok()) << screened.status();
+  ASSERT_EQ(screened->accepted.size(), 1u);
+  EXPECT_EQ(screened->accepted[0].claimed_rank, 2);
+  EXPECT_EQ(screened->accepted[0].who, "hostB:4242");
+  internal::RefuseJoiners(*store, {{screened->accepted[0].ticket, "test is over"}});
+  joiner.join();
+  EXPECT_THAT(std::string(same.status().message()), HasSubstr("test is over"));
+  EXPECT_EQ(BuildVersion().find('|'), std::string::npos) << BuildVersion();
+}
+
+// A rank at creation is held by one process at most: a joiner claiming a member's rank, or one an
+// earlier joiner of the same admission claimed, is refused naming both processes.
+TEST(ElasticGrow, SecondClaimOnARankIsRefusedNamingBothProcesses) {
+  std::vector<internal::ScreenedJoiner> joiners(3);
+  joiners[0] = {1, 1, "hostB:21"};
+  joiners[1] = {2, 2, "hostB:22"};
+  joiners[2] = {3, 2, "hostB:23"};
+  internal::RankClaims claims =
+      internal::CheckRankClaims(joiners, {{1, "hostA:11 (a member, rank 1 now, id 1)"}}, "job");
+  ASSERT_EQ(claims.admitted.size(), 1u);
+  EXPECT_EQ(claims.admitted[0].ticket, 2);
+  ASSERT_EQ(claims.refused.size(), 2u);
+  EXPECT_EQ(claims.refused[0].first, 1);
+  EXPECT_THAT(claims.refused[0].second,
+              HasSubstr("joiner hostB:21 claims rank 1 of communicator 'job', which is held by "
+                        "hostA:11 (a member, rank 1 now, id 1)"));
+  EXPECT_EQ(claims.refused[1].first, 3);
+  EXPECT_THAT(claims.refused[1].second,
+              HasSubstr("joiner hostB:23 claims rank 2 of communicator 'job', which is held by "
+                        "joiner hostB:22 (admitted now)"));
 }
 
 // Ops issued before a change, as they read after it (no processes needed).

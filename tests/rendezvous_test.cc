@@ -1,15 +1,20 @@
 // Where rank 0's store listens: a job whose master address is local serves its store on loopback
-// only, so no other host can reach (or flood) it (#11 item 5).
+// only, so no other host can reach (or flood) it (#11 item 5). Who may claim a rank (#14).
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "adaptcomm/adaptcomm.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/harness.h"
 
@@ -58,6 +63,76 @@ TEST(Rendezvous, LocalJobServesItsStoreOnLoopbackOnly) {
   EXPECT_TRUE(Accepts("127.0.0.1", o.master_port));
   EXPECT_FALSE(Accepts(external, o.master_port))
       << "the store of a job on 127.0.0.1 is reachable through " << external;
+}
+
+// Two processes started as rank 1 (#14, bad input): the second is refused, naming the rank and
+// both processes, and the first goes on in the world it formed with rank 0, every result checked.
+// A second rank 0 is refused too: the port of the store is taken.
+TEST(Rendezvous, SecondProcessClaimingARankIsRefusedNamingBothProcesses) {
+  char dir_template[] = "/tmp/adaptcomm_claims_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  auto read_pid = [](const std::string& path) {
+    long pid = 0;
+    std::ifstream(path) >> pid;
+    return pid;
+  };
+  char host_name[256] = "unknown";
+  gethostname(host_name, sizeof(host_name) - 1);
+  const std::string host = host_name;
+  std::vector<int> status = testing::RunRankProcesses(
+      3,
+      [&](const testing::RankEnv& env) {
+        CommunicatorOptions o = env.options;
+        o.world_size = 2;
+        if (env.rank == 2) {
+          // Started as rank 1 once the first rank 1 holds the rank.
+          for (int i = 0; i < 3000 && read_pid(dir + "/holder.pid") == 0; ++i) {
+            absl::SleepFor(absl::Milliseconds(10));
+          }
+          o.rank = 1;
+          auto comm = Communicator::Create(o);
+          ASSERT_FALSE(comm.ok());
+          EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
+          EXPECT_THAT(std::string(comm.status().message()),
+                      ::testing::HasSubstr(absl::StrCat(
+                          "rank 1 of communicator 'test' is already held by ", host, ":",
+                          read_pid(dir + "/holder.pid"), "; this process (", host, ":", getpid(),
+                          ") is refused: two processes were started as rank 1")));
+          o.rank = 0;
+          comm = Communicator::Create(o);
+          ASSERT_FALSE(comm.ok());
+          EXPECT_THAT(std::string(comm.status().message()),
+                      ::testing::HasSubstr("rank 0 cannot serve the store on port"));
+          EXPECT_THAT(std::string(comm.status().message()),
+                      ::testing::HasSubstr(absl::StrCat("this process (", host, ":", getpid(),
+                                                        ") is refused: another process serves "
+                                                        "that port")));
+          std::ofstream(dir + "/refused") << getpid();
+          return;
+        }
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        if (env.rank == 1) std::ofstream(dir + "/holder.pid") << getpid();
+        // Until the duplicate was refused (rank 0 decides, so both stop at the same step), then
+        // once more: the world is still ranks 0 and 1, each counted once.
+        for (int step = 0;; ++step) {
+          ASSERT_LT(step, 100000);
+          int64_t refused = read_pid(dir + "/refused");
+          ASSERT_TRUE((*comm)->Broadcast(HostView(&refused, 1)).Wait().ok());
+          std::vector<float> v(1000, static_cast<float>(env.rank + 1));
+          ASSERT_TRUE((*comm)->Allreduce(HostView(v.data(), v.size())).Wait().ok());
+          for (float x : v) ASSERT_EQ(x, 3.0f);
+          ASSERT_EQ((*comm)->size(), 2);
+          ASSERT_EQ((*comm)->rank(), env.rank);
+          if (refused != 0) break;
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+      },
+      absl::Seconds(60));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "process " << r;
+  }
 }
 
 }  // namespace

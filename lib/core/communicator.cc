@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "adaptcomm/status.h"
+#include "lib/base/build_info.h"
 #include "lib/base/log.h"
 #include "lib/core/backend_selection.h"
 #include "lib/core/collective_check.h"
@@ -218,6 +219,28 @@ void CommunicatorImpl::MembershipInstalled(const MembershipChange& change) {
   if (options_.elastic.on_change) options_.elastic.on_change(membership());
 }
 
+std::map<int, std::string> CommunicatorImpl::HeldRanks(
+    const std::vector<int>& member_ids, const std::vector<ScreenedJoiner>& joiners) const {
+  std::map<int, std::string> held;
+  for (size_t r = 0; r < member_ids.size(); ++r) {
+    const int id = member_ids[r];
+    auto joined = joiner_claims_.find(id);
+    const int rank_at_creation = joined == joiner_claims_.end() ? id : joined->second.first;
+    // Only the ranks a joiner claims are named: a member's name is one store request.
+    if (std::none_of(joiners.begin(), joiners.end(),
+                     [&](const ScreenedJoiner& j) { return j.claimed_rank == rank_at_creation; })) {
+      continue;
+    }
+    const std::string who =
+        joined != joiner_claims_.end()
+            ? joined->second.second
+            : rendezvous_.store->Get(absl::StrCat("join/", id), absl::ZeroDuration())
+                  .value_or("a process that did not say who it is");
+    held[rank_at_creation] = absl::StrCat(who, " (a member, rank ", r, " now, id ", id, ")");
+  }
+  return held;
+}
+
 absl::Status CommunicatorImpl::AdmitJoiners() {
   if (!elastic_.elastic || coordinator_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -229,16 +252,17 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
   // Rank 0 alone looks in the store (one request); the others learn the outcome from a broadcast
   // they would have to wait for anyway: no per-op or per-rank store traffic while nobody waits.
   int64_t announce = 0;
-  std::vector<int64_t> tickets;
+  std::vector<ScreenedJoiner> joiners;
   if (before.rank == 0) {
-    absl::StatusOr<ScreenedJoiners> screened = ScreenJoiners(store, joiners_handled_, config_);
+    absl::StatusOr<ScreenedJoiners> screened =
+        ScreenJoiners(store, joiners_handled_, config_, BuildVersion());
     if (!screened.ok()) {
       ADAPTCOMM_LOG(kWarning, "communicator '", options_.name,
                     "': cannot look for joiners: ", screened.status().ToString());
     } else {
       joiners_handled_ = screened->count;
-      tickets = screened->accepted;
-      if (!tickets.empty()) announce = screened->count;
+      joiners = std::move(screened->accepted);
+      if (!joiners.empty()) announce = screened->count;
     }
   }
   OpDesc bcast;
@@ -252,11 +276,19 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
   GrowDecision decision;
   const OpExecutor::MembershipSnapshot now = executor_->membership();
   if (now.rank == 0) {
-    // Decided after the broadcast: a shrink during it is part of the world the joiners join.
+    // Decided after the broadcast: a shrink during it is part of the world the joiners join, and
+    // a rank it lost may be claimed by a replacement.
     decision.generation = now.generation + 1;
     decision.first_seq = executor_->next_seq();
     decision.ids = coordinator_->Members();
-    for (size_t i = 0; i < tickets.size(); ++i) decision.ids.push_back(next_id_++);
+    RankClaims claims = CheckRankClaims(joiners, HeldRanks(decision.ids, joiners), options_.name);
+    RefuseJoiners(store, claims.refused);
+    std::vector<int64_t> tickets;
+    for (const ScreenedJoiner& j : claims.admitted) {
+      joiner_claims_[next_id_] = {j.claimed_rank, j.who};
+      decision.ids.push_back(next_id_++);
+      tickets.push_back(j.ticket);
+    }
     if (absl::Status s = PublishAdmission(store, announce, decision.generation, decision.first_seq,
                                           decision.ids, tickets, now.world_size);
         !s.ok()) {
@@ -274,6 +306,8 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
     }
     decision = *std::move(read);
   }
+  // Every joiner was refused (CheckRankClaims): nothing changes.
+  if (static_cast<int>(decision.ids.size()) == now.world_size) return absl::OkStatus();
   MembershipChange change;
   change.old_world = now.world_size;
   change.new_rank = now.rank;
@@ -560,8 +594,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
   char host[256] = "unknown";
   gethostname(host, sizeof(host) - 1);
   const absl::Time asked = absl::Now();
-  absl::StatusOr<Admission> admitted = RequestAdmission(
-      *rv->store, config, absl::StrCat(host, ":", getpid(), " (", what, ")"), deadline);
+  JoinerIdentity me;
+  me.who = absl::StrCat(host, ":", getpid());
+  me.build = BuildVersion();
+  me.claimed_rank = o.rank;
+  absl::StatusOr<Admission> admitted = RequestAdmission(*rv->store, config, me, deadline);
   if (!admitted.ok()) {
     return absl::Status(admitted.status().code(),
                         absl::StrCat(what, ": ", admitted.status().message()));

@@ -5,15 +5,18 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
 #include "lib/core/communicator_factory.h"
+#include "lib/core/elastic_grow.h"
 #include "lib/core/failure_coordinator.h"
 #include "lib/core/membership.h"
 #include "lib/core/op_executor.h"
@@ -63,6 +66,10 @@ class CommunicatorImpl {
                                                            std::vector<int> shrink_lost = {});
   // Communicator::AdmitJoiners (lib/core/elastic_grow.h).
   absl::Status AdmitJoiners();
+  // Rank 0: who holds each rank at creation that one of `joiners` claims, among the members
+  // (`member_ids`, in rank order), for CheckRankClaims.
+  std::map<int, std::string> HeldRanks(const std::vector<int>& member_ids,
+                                       const std::vector<ScreenedJoiner>& joiners) const;
   // Elastic: the agreed change (the next rebuild is for its rank and world), and its installation
   // (the trainer's callback).
   void ApplyMembership(const MembershipChange& change);
@@ -82,9 +89,11 @@ class CommunicatorImpl {
   std::deque<absl::Time> recoveries_;  // times of coordinated retries (rebuilds), for degrade
   ElasticPolicy elastic_;
   int id_ = 0;  // this rank's id among the members: its rank at creation, or given at admission
-  // Rank 0 only (AdmitJoiners): the last joiner ticket screened, and the next id to give.
+  // Rank 0 only (AdmitJoiners): the last joiner ticket screened, the next id to give, and each
+  // admitted joiner's claim: its id -> the rank at creation it replaced, and who it is.
   int64_t joiners_handled_ = 0;
   int next_id_ = 0;
+  std::map<int, std::pair<int, std::string>> joiner_claims_;
   // The membership after the last agreed change (rank and world: what the next rebuild builds).
   mutable absl::Mutex membership_mu_;
   Membership membership_ ABSL_GUARDED_BY(membership_mu_);

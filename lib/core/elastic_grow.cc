@@ -1,13 +1,16 @@
 #include "lib/core/elastic_grow.h"
 
+#include <cstring>
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "lib/base/log.h"
 #include "lib/config/listing.h"
 
 namespace adaptcomm::internal {
@@ -62,12 +65,14 @@ absl::StatusOr<std::vector<int>> ParseIds(absl::string_view csv) {
 }  // namespace
 
 absl::StatusOr<Admission> RequestAdmission(Store& store, const EffectiveConfig& config,
-                                           const std::string& who, absl::Time deadline) {
+                                           const JoinerIdentity& me, absl::Time deadline) {
   absl::StatusOr<int64_t> ticket = store.Add(kJoiners, 1);
   if (!ticket.ok()) return ticket.status();
   // The listing first: once rank 0 sees the description, the listing is there to compare.
   if (absl::Status s = store.Set(ListingKey(*ticket), config.CanonicalListing()); !s.ok()) return s;
-  if (absl::Status s = store.Set(JoinerKey(*ticket), absl::StrCat(HashText(config), "|", who));
+  if (absl::Status s = store.Set(
+          JoinerKey(*ticket),
+          absl::StrCat(HashText(config), "|", me.build, "|", me.claimed_rank, "|", me.who));
       !s.ok()) {
     return s;
   }
@@ -81,10 +86,11 @@ absl::StatusOr<Admission> RequestAdmission(Store& store, const EffectiveConfig& 
     }
     return answer.status();
   }
-  std::vector<std::string> parts = absl::StrSplit(*answer, '|');
-  if (parts.size() == 2 && parts[0] == "refused") {
-    return absl::FailedPreconditionError(absl::StrCat("refused by rank 0: ", parts[1]));
+  if (absl::StartsWith(*answer, "refused|")) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("refused by rank 0: ", answer->substr(std::strlen("refused|"))));
   }
+  std::vector<std::string> parts = absl::StrSplit(*answer, '|');
   Admission a;
   if (parts.size() != 6 || parts[0] != "ok" || !absl::SimpleAtoi(parts[1], &a.generation) ||
       !absl::SimpleAtoi(parts[2], &a.id) || !absl::SimpleAtoi(parts[3], &a.rank) ||
@@ -101,27 +107,71 @@ absl::StatusOr<Admission> RequestAdmission(Store& store, const EffectiveConfig& 
 }
 
 absl::StatusOr<ScreenedJoiners> ScreenJoiners(Store& store, int64_t handled,
-                                              const EffectiveConfig& config) {
+                                              const EffectiveConfig& config,
+                                              const std::string& build) {
   ScreenedJoiners out;
   absl::StatusOr<int64_t> count = store.Add(kJoiners, 0);
   if (!count.ok()) return count.status();
   out.count = *count;
   const std::string ours = HashText(config);
+  std::vector<std::pair<int64_t, std::string>> refused;
   for (int64_t n = handled + 1; n <= out.count; ++n) {
     absl::StatusOr<std::string> description = store.Get(JoinerKey(n), kDescribeBound);
     if (!description.ok()) continue;  // died between its ticket and its description
-    std::vector<std::string> parts = absl::StrSplit(*description, absl::MaxSplits('|', 1));
-    if (parts[0] == ours) {
-      out.accepted.push_back(n);
+    // hash|build|claimed rank|who
+    std::vector<std::string> parts = absl::StrSplit(*description, absl::MaxSplits('|', 3));
+    ScreenedJoiner joiner;
+    joiner.ticket = n;
+    if (parts.size() != 4 || !absl::SimpleAtoi(parts[2], &joiner.claimed_rank)) {
+      refused.emplace_back(n, absl::StrCat("joiner's request '", *description,
+                                           "' is not understood by rank 0 (another build?)"));
       continue;
     }
-    const std::string listing = store.Get(ListingKey(n), kDescribeBound).value_or("");
-    const std::string why = absl::StrCat(
-        "joiner ", parts.size() > 1 ? parts[1] : "?",
-        " has another profile than rank 0: ", Differences(listing, config.CanonicalListing()));
-    (void)store.Set(AdmitKey(n), absl::StrCat("refused|", why));
+    joiner.who = parts[3];
+    if (parts[1] != build) {
+      // Checked first: two builds' profiles, wire formats and keys need not be comparable.
+      refused.emplace_back(
+          n, absl::StrCat("joiner ", joiner.who, " runs another build than rank 0: adaptcomm ",
+                          parts[1], " vs ", build));
+      continue;
+    }
+    if (parts[0] != ours) {
+      const std::string listing = store.Get(ListingKey(n), kDescribeBound).value_or("");
+      refused.emplace_back(n,
+                           absl::StrCat("joiner ", joiner.who, " has another profile than rank 0: ",
+                                        Differences(listing, config.CanonicalListing())));
+      continue;
+    }
+    out.accepted.push_back(std::move(joiner));
+  }
+  RefuseJoiners(store, refused);
+  return out;
+}
+
+RankClaims CheckRankClaims(const std::vector<ScreenedJoiner>& joiners,
+                           std::map<int, std::string> holders, const std::string& name) {
+  RankClaims out;
+  for (const ScreenedJoiner& j : joiners) {
+    auto held = holders.find(j.claimed_rank);
+    if (held == holders.end()) {
+      holders[j.claimed_rank] = absl::StrCat("joiner ", j.who, " (admitted now)");
+      out.admitted.push_back(j);
+      continue;
+    }
+    out.refused.emplace_back(
+        j.ticket, absl::StrCat("joiner ", j.who, " claims rank ", j.claimed_rank,
+                               " of communicator '", name, "', which is held by ", held->second,
+                               ": two processes cannot be one rank (restart only a rank that was "
+                               "lost)"));
   }
   return out;
+}
+
+void RefuseJoiners(Store& store, const std::vector<std::pair<int64_t, std::string>>& refused) {
+  for (const auto& [ticket, why] : refused) {
+    ADAPTCOMM_LOG(kWarning, "elastic grow: refused ticket ", ticket, ": ", why);
+    (void)store.Set(AdmitKey(ticket), absl::StrCat("refused|", why));
+  }
 }
 
 absl::Status PublishAdmission(Store& store, int64_t count, int generation, uint64_t first_seq,

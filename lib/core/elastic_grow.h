@@ -1,21 +1,25 @@
 // Elastic grow (issue #14 item 3): how a process that replaces a lost rank is admitted into a
 // running communicator, through the communicator's store.
 //
-// A joiner takes a ticket (n = Add("grow/joiners")), publishes who it is and its profile's hash
-// and listing ("grow/joiner/<n>"), and waits for "grow/admit/<n>". The members admit at a step
-// boundary (Communicator::AdmitJoiners, a collective): rank 0, which is never lost (it serves the
-// store), screens the tickets it has not seen (a joiner whose profile differs is refused, naming
-// the settings), broadcasts the number of the last ticket it accepted (0: none), and then writes
-// the decision ("grow/decision/<c>" = generation|first seq|ids) and each joiner's admission.
-// Every member and joiner builds the backend of that generation for the new world: the members
-// keep their ranks, the joiners come after them in ticket order. Ids (ranks at creation for the
-// first members, world size at creation and up for joiners) key each rank's coordinator entries
-// (votes, wake-ups) and never change.
+// A joiner takes a ticket (n = Add("grow/joiners")), publishes who it is, its build, the rank it
+// replaces and its profile's hash and listing ("grow/joiner/<n>"), and waits for
+// "grow/admit/<n>". The members admit at a step boundary (Communicator::AdmitJoiners, a
+// collective): rank 0, which is never lost (it serves the store), screens the tickets it has not
+// seen (a joiner from another build, or whose profile differs, is refused, naming the versions or
+// the settings), broadcasts the number of the last ticket it accepted (0: none), refuses the
+// joiners that claim a rank some member or an earlier joiner holds (naming both processes), and
+// then writes the decision ("grow/decision/<c>" = generation|first seq|ids) and each joiner's
+// admission. Every member and joiner builds the backend of that generation for the new world: the
+// members keep their ranks, the joiners come after them in ticket order. Ids (ranks at creation
+// for the first members, world size at creation and up for joiners) key each rank's coordinator
+// entries (votes, wake-ups) and never change.
 #ifndef ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
 #define ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,21 +38,49 @@ struct Admission {
   std::vector<int> ids;    // every rank's id, in rank order (new world size = ids.size())
 };
 
+// Who asks to join.
+struct JoinerIdentity {
+  std::string who;       // "host:pid"
+  std::string build;     // BuildVersion() (lib/base/build_info.h); no '|'
+  int claimed_rank = 0;  // the rank at creation it replaces (its RANK)
+};
+
 // Joiner: asks to join and waits until `deadline` for the members' answer. FailedPrecondition
 // naming the reason when rank 0 refused it.
 [[nodiscard]] absl::StatusOr<Admission> RequestAdmission(Store& store,
                                                          const EffectiveConfig& config,
-                                                         const std::string& who,
+                                                         const JoinerIdentity& me,
                                                          absl::Time deadline);
 
-// Rank 0: the tickets after `handled` that may join (their profile is rank 0's); each refused one
-// is told why at once. `count`: the last ticket seen.
+// Rank 0: the tickets after `handled` that may join (rank 0's build, `build`, and its profile);
+// each refused one is told why at once. `count`: the last ticket seen.
+struct ScreenedJoiner {
+  int64_t ticket = 0;
+  int claimed_rank = 0;
+  std::string who;
+};
 struct ScreenedJoiners {
   int64_t count = 0;
-  std::vector<int64_t> accepted;
+  std::vector<ScreenedJoiner> accepted;
 };
 [[nodiscard]] absl::StatusOr<ScreenedJoiners> ScreenJoiners(Store& store, int64_t handled,
-                                                            const EffectiveConfig& config);
+                                                            const EffectiveConfig& config,
+                                                            const std::string& build);
+
+// Rank 0, once the members are final for this admission: a rank at creation is held by at most
+// one process. `holders`: rank at creation -> the process that holds it now, in words
+// ("host:pid (a member, rank 1 now)"); a joiner claiming a held rank, or one an earlier joiner of
+// `joiners` claimed, is refused naming both processes (two processes as one rank: a launcher
+// restarting a live rank, or two replacements for one lost rank).
+struct RankClaims {
+  std::vector<ScreenedJoiner> admitted;
+  std::vector<std::pair<int64_t, std::string>> refused;  // ticket, why
+};
+RankClaims CheckRankClaims(const std::vector<ScreenedJoiner>& joiners,
+                           std::map<int, std::string> holders, const std::string& name);
+
+// Rank 0: tells each refused joiner why (best effort: a joiner that died does not read it).
+void RefuseJoiners(Store& store, const std::vector<std::pair<int64_t, std::string>>& refused);
 
 // Rank 0: publishes the decision for `count` (members' ids, then the joiners', in ticket order)
 // and each accepted joiner's admission.

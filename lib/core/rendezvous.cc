@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -76,6 +77,17 @@ std::string StoreBindAddress(const std::string& master) {
 
 std::string ClaimKey(const CommunicatorOptions& o) {
   return absl::StrCat("adaptcomm/claims/", o.name, "/", o.rank);
+}
+// Who holds the claim ("host:pid"), for the message that refuses a second claimant.
+std::string ClaimantKey(const CommunicatorOptions& o) { return ClaimKey(o) + "/by"; }
+// How long a refused claimant waits for the holder's name: the holder writes it right after its
+// claim, so only a holder that died in between leaves it missing.
+constexpr absl::Duration kClaimantBound = absl::Seconds(2);
+
+std::string ThisProcess() {
+  char host[256] = "unknown";
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, ":", getpid());
 }
 
 absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::Time deadline) {
@@ -148,9 +160,16 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
         server = StartTcpStoreServer(serve);
       }
       if (!server.ok()) {
-        return absl::Status(server.status().code(),
-                            absl::StrCat("rank 0 cannot serve the store on port ", port, ": ",
-                                         server.status().message()));
+        const bool taken = absl::IsAlreadyExists(server.status()) ||
+                           absl::StrContains(server.status().message(), "in use");
+        return absl::Status(
+            server.status().code(),
+            absl::StrCat("rank 0 cannot serve the store on port ", port, ": ",
+                         server.status().message(),
+                         taken ? absl::StrCat("; this process (", ThisProcess(),
+                                              ") is refused: another process serves that port "
+                                              "(a second rank 0 of this job, or another job)")
+                               : ""));
       }
       rv.server = std::move(*server);
       tcp.host = serve.host == "0.0.0.0" ? "127.0.0.1" : serve.host;
@@ -181,14 +200,25 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
       absl::SleepFor(absl::Milliseconds(50));
     }
   } else {
+    const std::string me = ThisProcess();
     absl::StatusOr<int64_t> claims = rv.root_store->Add(ClaimKey(o), 1);
     if (!claims.ok()) return claims.status();
     if (*claims != 1) {
+      // Refused without touching anything of the holder's communicator: the holder and its peers
+      // go on with the membership they had, which this process never entered.
       (void)rv.root_store->Add(ClaimKey(o), -1);
-      return absl::FailedPreconditionError(
-          absl::StrCat("a communicator named '", o.name, "' already has rank ", o.rank,
-                       " on this store; give each communicator sharing a store a distinct "
-                       "CommunicatorOptions::name"));
+      const std::string holder = rv.root_store->Get(ClaimantKey(o), kClaimantBound)
+                                     .value_or("a process that did not say who it is");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", o.rank, " of communicator '", o.name, "' is already held by ", holder,
+          "; this process (", me, ") is refused: two processes were started as rank ", o.rank,
+          " (check the launcher's RANK), or two communicators sharing a store have the same "
+          "CommunicatorOptions::name (give each its own); a process replacing a lost rank joins "
+          "with ElasticOptions::join (ADAPTCOMM_ELASTIC_JOIN=1)"));
+    }
+    if (absl::Status s = rv.root_store->Set(ClaimantKey(o), me); !s.ok()) {
+      (void)rv.root_store->Add(ClaimKey(o), -1);
+      return s;
     }
     // Every rank creates a given name the same number of times, so the count of this rank's
     // creations is an incarnation number all ranks agree on; it keeps the keys of a communicator
@@ -199,13 +229,7 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
     incarnation = *created;
     rv.store =
         CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", incarnation), rv.root_store);
-    char host[256] = "unknown";
-    gethostname(host, sizeof(host) - 1);
-    if (absl::Status s =
-            rv.store->Set(absl::StrCat("join/", o.rank), absl::StrCat(host, ":", getpid()));
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = rv.store->Set(absl::StrCat("join/", o.rank), me); !s.ok()) return s;
     if (absl::Status s = WaitForAllRanks(*rv.store, o, deadline); !s.ok()) {
       (void)rv.root_store->Add(ClaimKey(o), -1);
       return s;
@@ -249,6 +273,8 @@ void LeaveRendezvous(Rendezvous rendezvous, const CommunicatorOptions& o, bool h
   departure->serve_for = healthy ? std::min(o.init_timeout, absl::Seconds(30)) : absl::Seconds(1);
   std::thread([departure] {
     Rendezvous& rv = departure->rv;
+    // The name first: once the claim is gone, a new holder may write its own.
+    (void)rv.root_store->Delete(departure->claim + "/by");
     (void)rv.root_store->Delete(departure->claim);
     (void)rv.store->Set(absl::StrCat("left/", departure->rank), "1");
     absl::StatusOr<int64_t> left = rv.store->Add("left", 1);
