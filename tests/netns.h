@@ -1,6 +1,7 @@
 // Network namespaces as fake hosts for tests that run as root: namespace i holds eth0 with
 // 10.77.<subnet>.<i+1>/24 (and lo up), its veth peer on the root side enslaved to one bridge.
-// Names stay under 15 characters and carry the test's pid, so concurrent tests do not collide.
+// Names stay under 15 characters and carry the test's pid and an instance number, so concurrent
+// tests and successive instances do not collide.
 // (tests/netns_fault_test.cc still has its own copy of this class; it can switch to this one.)
 #ifndef ADAPTCOMM_TESTS_NETNS_H_
 #define ADAPTCOMM_TESTS_NETNS_H_
@@ -8,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -25,7 +27,7 @@ class Netns {
  public:
   explicit Netns(int count)
       : count_(count),
-        tag_(std::to_string(getpid() % 10000)),
+        tag_(absl::StrCat(getpid() % 10000, "i", NextInstance())),
         subnet_(std::to_string(getpid() % 200 + 20)) {}
   ~Netns() {
     for (int i = 0; i < count_; ++i) Sh(absl::StrCat("ip netns del ", Ns(i)));
@@ -49,6 +51,12 @@ class Netns {
       Sh(absl::StrCat("ip netns exec ", Ns(i), " ip link set lo up"));
     }
     return true;
+  }
+  // The kernel tears a deleted namespace's veth down asynchronously: a second instance in the
+  // same process (a parameterized test) gets names of its own.
+  static int NextInstance() {
+    static std::atomic<int> next{0};
+    return next++;
   }
   std::string Ns(int i) const { return absl::StrCat("ah", tag_, "n", i); }
   std::string Veth(int i) const { return absl::StrCat("ah", tag_, "v", i); }

@@ -1,9 +1,12 @@
 // Teardown ends within the abort bound whatever the store does (#11 items 3 and 4): a store that
 // stops answering, and a flood of idle connections against rank 0's store while a job finishes,
 // must not keep a rank's process alive after its communicator is destroyed. Real processes, real
-// sockets; each rank reports how long destroying its communicator took.
+// sockets; each rank reports how long destroying its communicator took. Then the matrix of #14
+// item 6: a dead, stopped or cut-off peer.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -20,6 +23,7 @@
 #include "adaptcomm/adaptcomm.h"
 #include "gtest/gtest.h"
 #include "tests/harness.h"
+#include "tests/netns.h"
 
 namespace adaptcomm {
 namespace {
@@ -146,9 +150,9 @@ namespace {
 // The teardown matrix of #14 item 6: a communicator one of whose ranks is dead (SIGKILL) or
 // stopped (SIGSTOP), on Gloo and on shared memory. Each survivor has an allreduce pending on the
 // lost rank when it aborts; Abort() returns at once, the pending op fails promptly, and destroying
-// the communicator ends within the abort bound. Or, idle, it is destroyed straight away. (The link
-// down case is tests/netns_fault_test.cc's; NCCL's, through the fake, nccl_backend_test's
-// HungAbortStillLetsTheProcessExit.)
+// the communicator ends within the abort bound. Or, idle, it is destroyed straight away. (A rank
+// whose link is down: TeardownLinkDown below; NCCL's, through the fake, nccl_backend_test's
+// HungAbortStillLetsTheProcessExit and nccl_elastic_test's NcclTeardown.)
 enum class Loss { kKilled, kStopped };
 enum class Teardown { kAbortPendingThenDestroy, kDestroyIdle };
 struct MatrixCase {
@@ -163,6 +167,34 @@ std::string CaseName(const ::testing::TestParamInfo<MatrixCase>& info) {
 }
 
 class TeardownMatrix : public ::testing::TestWithParam<MatrixCase> {};
+
+// Aborts an allreduce pending on the lost peer (kAbortPendingThenDestroy): Abort() returns at
+// once and the op fails promptly; then destroys the communicator, within the abort bound.
+void TearDownWithinTheAbortBound(int rank, std::unique_ptr<Communicator>& comm, Teardown teardown) {
+  if (teardown == Teardown::kAbortPendingThenDestroy) {
+    std::vector<float> v(4096, 1.0f);
+    Work pending = comm->Allreduce(HostView(v.data(), v.size()));
+    absl::SleepFor(absl::Milliseconds(200));
+    absl::Time start = absl::Now();
+    comm->Abort(absl::CancelledError("test aborts"));
+    const absl::Duration abort_took = absl::Now() - start;
+    absl::Status s = pending.Wait(kAbortBound + kSlack);
+    const absl::Duration op_ended = absl::Now() - start;
+    EXPECT_FALSE(s.ok());
+    EXPECT_FALSE(absl::IsDeadlineExceeded(s) && op_ended >= kAbortBound + kSlack) << s;
+    std::fprintf(stderr, "rank %d: Abort() took %s, the pending op ended after %s: %s\n", rank,
+                 absl::FormatDuration(abort_took).c_str(), absl::FormatDuration(op_ended).c_str(),
+                 s.ToString().c_str());
+    EXPECT_LT(abort_took, absl::Seconds(1)) << "rank " << rank;
+    EXPECT_LT(op_ended, kAbortBound + kSlack) << "rank " << rank;
+  }
+  const absl::Time start = absl::Now();
+  comm.reset();
+  const absl::Duration took = absl::Now() - start;
+  std::fprintf(stderr, "rank %d: destroying the communicator took %s\n", rank,
+               absl::FormatDuration(took).c_str());
+  EXPECT_LT(took, kAbortBound + kSlack) << "rank " << rank;
+}
 
 TEST_P(TeardownMatrix, EndsWithinTheAbortBound) {
   const MatrixCase c = GetParam();
@@ -188,29 +220,7 @@ TEST_P(TeardownMatrix, EndsWithinTheAbortBound) {
           _exit(0);  // continued: nothing more to do
         }
         absl::SleepFor(absl::Milliseconds(300));  // the victim is gone or stopped by now
-        if (c.teardown == Teardown::kAbortPendingThenDestroy) {
-          std::vector<float> v(4096, 1.0f);
-          Work pending = (*comm)->Allreduce(HostView(v.data(), v.size()));
-          absl::SleepFor(absl::Milliseconds(200));
-          absl::Time start = absl::Now();
-          (*comm)->Abort(absl::CancelledError("test aborts"));
-          const absl::Duration abort_took = absl::Now() - start;
-          absl::Status s = pending.Wait(kAbortBound + kSlack);
-          const absl::Duration op_ended = absl::Now() - start;
-          EXPECT_FALSE(s.ok());
-          EXPECT_FALSE(absl::IsDeadlineExceeded(s) && op_ended >= kAbortBound + kSlack) << s;
-          std::fprintf(stderr, "rank %d: Abort() took %s, the pending op ended after %s: %s\n",
-                       env.rank, absl::FormatDuration(abort_took).c_str(),
-                       absl::FormatDuration(op_ended).c_str(), s.ToString().c_str());
-          EXPECT_LT(abort_took, absl::Seconds(1)) << "rank " << env.rank;
-          EXPECT_LT(op_ended, kAbortBound + kSlack) << "rank " << env.rank;
-        }
-        const absl::Time start = absl::Now();
-        comm->reset();
-        const absl::Duration took = absl::Now() - start;
-        std::fprintf(stderr, "rank %d: destroying the communicator took %s\n", env.rank,
-                     absl::FormatDuration(took).c_str());
-        EXPECT_LT(took, kAbortBound + kSlack) << "rank " << env.rank;
+        TearDownWithinTheAbortBound(env.rank, *comm, c.teardown);
         if (env.rank == 0) {
           pid_t victim = 0;
           std::ifstream(pid_file) >> victim;
@@ -234,6 +244,62 @@ INSTANTIATE_TEST_SUITE_P(
         MatrixCase{BackendChoice::kGloo, Loss::kStopped, Teardown::kDestroyIdle},
         MatrixCase{BackendChoice::kShm, Loss::kStopped, Teardown::kDestroyIdle}),
     CaseName);
+
+// The link-down column of the matrix (#14 item 6): ranks in network namespaces (tests/netns.h),
+// Gloo between them. Rank 2 takes its link down after a barrier, so its connections go silent (no
+// reset, unlike a killed rank's), its store included. Every rank, the cut-off one too, aborts an
+// allreduce pending on the others and destroys its communicator, or destroys it idle, within the
+// abort bound. Needs root and namespaces; skipped with the reason otherwise.
+class TeardownLinkDown : public ::testing::TestWithParam<Teardown> {};
+
+TEST_P(TeardownLinkDown, EndsWithinTheAbortBound) {
+  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  constexpr int kWorld = 3, kVictim = 2;
+  testing::Netns net(kWorld);
+  if (!net.Up()) GTEST_SKIP() << "cannot create network namespaces, veth pairs or a bridge here";
+  const std::string profile = WriteShortAbortProfile();
+  const std::string link_down = absl::StrCat(profile, ".link_down");
+  std::vector<int> status = testing::RunRankProcesses(
+      kWorld,
+      [&](const testing::RankEnv& env) {
+        const std::string ns = absl::StrCat("/var/run/netns/", net.Ns(env.rank));
+        const int fd = open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+        ASSERT_TRUE(fd >= 0 && setns(fd, CLONE_NEWNET) == 0) << "cannot enter " << ns;
+        close(fd);
+        CommunicatorOptions o = env.options;
+        o.master_addr = net.Ip(0);
+        o.profile_file = profile;
+        o.backend = BackendChoice::kGloo;
+        o.fallback = Fallback::kDeny;
+        o.timeout = absl::Seconds(20);                // the op would hang this long
+        o.failure_report_window = absl::Seconds(10);  // longer than the abort bound too
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        ASSERT_TRUE((*comm)->Barrier().Wait().ok());
+        if (env.rank == kVictim) {
+          ASSERT_EQ(testing::Sh("ip link set eth0 down"), 0) << "cannot take the link down";
+          std::ofstream(link_down) << "1";
+        } else {
+          for (const absl::Time until = absl::Now() + absl::Seconds(10);
+               access(link_down.c_str(), F_OK) != 0 && absl::Now() < until;) {
+            absl::SleepFor(absl::Milliseconds(10));
+          }
+          ASSERT_EQ(access(link_down.c_str(), F_OK), 0) << "rank 2's link never went down";
+        }
+        TearDownWithinTheAbortBound(env.rank, *comm, GetParam());
+      },
+      absl::Seconds(40));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GlooPeer, TeardownLinkDown,
+                         ::testing::Values(Teardown::kAbortPendingThenDestroy,
+                                           Teardown::kDestroyIdle),
+                         [](const ::testing::TestParamInfo<Teardown>& info) {
+                           return info.param == Teardown::kDestroyIdle ? "destroy" : "abort";
+                         });
 
 }  // namespace
 }  // namespace adaptcomm
