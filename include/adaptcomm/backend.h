@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,6 +54,27 @@ struct WireStats {
   size_t result_nonfinite = 0;  // NaN/Inf in the reduced wire result (all of it)
 };
 
+// Values of a backend's own knobs for one op: online tuning (lib/core/online_tuner.h) sets them
+// on the ops it measures and, once the ranks agreed, on every later op of the size band. Knobs
+// are named as the tuned table names them (TunedKnobs() in lib/config/tuned_table.h: "shm"
+// "chunk_bytes"); a value is what the table's entry holds (a choice: its index). A backend applies
+// them only when `backend` is its knob space (Capabilities::per_op_knobs) and ignores them
+// otherwise, so an op queued before a rebuild onto another backend runs with that one's values.
+// Every rank gets the same values for the same op; a knob not listed keeps the backend's value.
+struct OpKnobs {
+  std::string backend;  // "shm", "gloo"
+  std::vector<std::pair<std::string, int64_t>> values;
+
+  // The value of `knob` when this set is for `space` and names it; else null.
+  const int64_t* Find(std::string_view space, std::string_view knob) const {
+    if (space != backend) return nullptr;
+    for (const auto& [name, value] : values) {
+      if (name == knob) return &value;
+    }
+    return nullptr;
+  }
+};
+
 struct OpDesc {
   OpKind kind = OpKind::kBarrier;
   TensorView input;
@@ -76,6 +99,8 @@ struct OpDesc {
   std::optional<DType> wire;
   float wire_scale = 1.0f;
   WireStats* wire_stats = nullptr;  // written when Run returns OK, when non-null
+  // This op's knob values (OpKnobs); null: the backend's own (profile or tuned table).
+  std::shared_ptr<const OpKnobs> knobs;
 };
 
 struct Capabilities {
@@ -93,6 +118,11 @@ struct Capabilities {
   bool runs_on_any_thread = false;
   // Runs OpDesc::wire allreduces (the casts are the transport's copies).
   bool wire_cast = false;
+  // The knob space whose OpDesc::knobs Run() applies ("shm", "gloo": TunedKnobs() names them),
+  // null when it applies none. Online tuning tries their values on live traffic; a value that
+  // may change a float result (another reduction order) is tried only where the profile allows it
+  // (tuning.online.allow_reorder; lib/config/online_tuning.h).
+  const char* per_op_knobs = nullptr;
 };
 
 // A point in a caller's CUDA stream (an event recorded there when the op was issued), opaque to

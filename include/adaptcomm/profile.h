@@ -175,12 +175,31 @@ struct ElasticSettings {
 // range...) is refused here with file:line and the reason, and the static profile applies. Its
 // values apply only on the topology it was measured on: checked at communicator creation, when
 // hosts and ranks per host are known (a table for another topology is refused by field).
+// Online tuning (issue #15 item 3; lib/core/online_tuner.h): `tuning.online` of the profile,
+// `enabled` also from ADAPTCOMM_ONLINE_TUNING (wins). During the first trials_per_candidate x
+// candidates ops of each op x size band the communicator runs each candidate value of its
+// backend's knobs in turn, times them, agrees on the winner with every rank through the store and
+// keeps it for the rest of the job. Candidates that may change a float result (another reduction
+// order: Gloo with more than 2 ranks) are tried only with allow_reorder.
+struct OnlineTuningSettings {
+  bool enabled = false;
+  int trials_per_candidate = 5;
+  std::vector<std::string> ops = {"allreduce"};  // OpKindName() names
+  bool allow_reorder = false;
+  // A candidate replaces the static values only when faster by more than this (percent).
+  double threshold_pct = 3;
+  // Bound of one band's agreement (its own trials finishing, every rank's medians, the verdict).
+  absl::Duration decision_timeout = absl::Seconds(30);
+  std::string source;  // where `enabled` came from ("profiles.yaml:12", "default", ...)
+};
+
 struct TuningSettings {
   std::string table;    // path, "" for none (relative paths in a profile: to the profile's dir)
   std::string source;   // "profiles.yaml:42", "env ADAPTCOMM_TUNED_TABLE"
   std::string digest;   // FNV-1a 64 of the file's bytes ("" for none): every rank must agree
   std::string refused;  // why the table is not used ("tuned.yaml:7:5: ..."); "" when it loaded
   std::shared_ptr<const config::TunedTable> loaded;  // null when none or refused
+  OnlineTuningSettings online;
 };
 
 // One row of the effective-configuration report.

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "lib/config/online_tuning.h"
 #include "lib/config/profile_loader.h"
 #include "lib/config/resolve_internal.h"
 #include "lib/config/tuning.h"
@@ -180,6 +181,10 @@ absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request) {
   }
   // A refusal is one of cfg->warnings: communicator creation logs it once.
   config::AttachTunedTable(*cfg, table, table_source);
+  if (absl::Status s = config::ApplyOnlineTuningEnv(*cfg, std::getenv(config::kOnlineTuningEnv));
+      !s.ok()) {
+    return s;
+  }
   return cfg;
 }
 

@@ -155,6 +155,68 @@ absl::Status ParseNcclMap(const std::string& file, const YAML::Node& node, bool 
   return absl::OkStatus();
 }
 
+// The names one level below `prefix` in the schema: "tuning" -> table, online.
+std::vector<std::string> KeysBelow(const std::string& prefix) {
+  std::vector<std::string> keys;
+  for (const KeySpec& spec : Schema()) {
+    const std::string key = spec.key;
+    if (!absl::StartsWith(key, prefix + ".")) continue;
+    std::string next = key.substr(prefix.size() + 1);
+    next = next.substr(0, next.find('.'));
+    if (std::find(keys.begin(), keys.end(), next) == keys.end()) keys.push_back(next);
+  }
+  return keys;
+}
+
+// The schema keys of the map `node` at `prefix` ("tuning"), and those of the maps inside it
+// ("tuning.online": {enabled: true, ...}).
+absl::Status ParseKeys(const std::string& file, const std::string& prefix, const YAML::Node& node,
+                       Layer* layer) {
+  const std::vector<std::string> keys = KeysBelow(prefix);
+  for (const auto& entry : node) {
+    auto key_or = ScalarAt(file, entry.first, "a key");
+    if (!key_or.ok()) return key_or.status();
+    const std::string full = absl::StrCat(prefix, ".", *key_or);
+    const KeySpec* spec = FindKey(full);
+    if (spec == nullptr) {
+      const std::vector<std::string> inner = KeysBelow(full);
+      if (inner.empty()) {
+        return ErrorAt(
+            file, entry.first,
+            absl::StrCat("unknown key '", full, "'", DidYouMeanSuffix(ClosestName(*key_or, keys))));
+      }
+      if (!entry.second.IsMap()) {
+        return ErrorAt(file, entry.second,
+                       absl::StrCat(full, " must be a map of ", absl::StrJoin(inner, ", ")));
+      }
+      if (absl::Status s = ParseKeys(file, full, entry.second, layer); !s.ok()) return s;
+      continue;
+    }
+    std::string text;
+    const bool list = spec->kind == Kind::kCodeList || spec->kind == Kind::kNameList;
+    if (list && entry.second.IsSequence()) {
+      std::vector<std::string> items;
+      for (const auto& item : entry.second) {
+        auto s = ScalarAt(file, item, spec->key);
+        if (!s.ok()) return s.status();
+        items.push_back(*s);
+      }
+      text = absl::StrJoin(items, ",");
+    } else {
+      auto s = ScalarAt(file, entry.second, spec->key);
+      if (!s.ok()) return s.status();
+      text = *s;
+    }
+    auto canonical = CanonicalValue(*spec, text);
+    if (!canonical.ok()) {
+      return ErrorAt(file, entry.second, std::string(canonical.status().message()));
+    }
+    layer->values[spec->key] = {*canonical, WhereLine(file, entry.second),
+                                Where(file, entry.second)};
+  }
+  return absl::OkStatus();
+}
+
 // A defaults block or a tier: sections of schema keys plus `nccl`. `extra` are keys handled by
 // the caller (name, params, description).
 absl::Status ParseSection(const std::string& file, const YAML::Node& node,
@@ -182,40 +244,7 @@ absl::Status ParseSection(const std::string& file, const YAML::Node& node,
     }
     if (!kv.second.IsMap())
       return ErrorAt(file, kv.second, absl::StrCat(section, " must be a map"));
-    std::vector<std::string> keys;
-    for (const KeySpec& spec : Schema()) {
-      if (absl::StartsWith(spec.key, section + ".")) keys.push_back(spec.key + section.size() + 1);
-    }
-    for (const auto& entry : kv.second) {
-      auto key_or = ScalarAt(file, entry.first, "a key");
-      if (!key_or.ok()) return key_or.status();
-      const KeySpec* spec = FindKey(absl::StrCat(section, ".", *key_or));
-      if (spec == nullptr) {
-        return ErrorAt(file, entry.first,
-                       absl::StrCat("unknown key '", section, ".", *key_or, "'",
-                                    DidYouMeanSuffix(ClosestName(*key_or, keys))));
-      }
-      std::string text;
-      if (spec->kind == Kind::kCodeList && entry.second.IsSequence()) {
-        std::vector<std::string> items;
-        for (const auto& item : entry.second) {
-          auto s = ScalarAt(file, item, spec->key);
-          if (!s.ok()) return s.status();
-          items.push_back(*s);
-        }
-        text = absl::StrJoin(items, ",");
-      } else {
-        auto s = ScalarAt(file, entry.second, spec->key);
-        if (!s.ok()) return s.status();
-        text = *s;
-      }
-      auto canonical = CanonicalValue(*spec, text);
-      if (!canonical.ok()) {
-        return ErrorAt(file, entry.second, std::string(canonical.status().message()));
-      }
-      layer->values[spec->key] = {*canonical, WhereLine(file, entry.second),
-                                  Where(file, entry.second)};
-    }
+    if (absl::Status s = ParseKeys(file, section, kv.second, layer); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

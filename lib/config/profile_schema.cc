@@ -199,6 +199,50 @@ const std::vector<KeySpec>& Schema() {
        "",
        "tuned table from adaptcomm tune (ADAPTCOMM_TUNED_TABLE wins), per size band on the "
        "topology it was measured on"},
+      // Online tuning (issue #15 item 3, lib/core/online_tuner.h): `tuning: {online: {...}}`.
+      {"tuning.online.enabled",
+       Kind::kBool,
+       0,
+       0,
+       {},
+       "false",
+       "online tuning: try each candidate knob value on the first ops of each op and size band, "
+       "keep the winner agreed by all ranks (ADAPTCOMM_ONLINE_TUNING wins)"},
+      {"tuning.online.trials_per_candidate",
+       Kind::kInt,
+       1,
+       100,
+       {},
+       "5",
+       "online tuning: ops timed per candidate and band (its median is what counts)"},
+      {"tuning.online.ops",
+       Kind::kNameList,
+       0,
+       0,
+       {"allreduce", "reduce"},
+       "allreduce",
+       "online tuning: the ops tuned (those with knobs: shm allreduce and reduce, Gloo allreduce)"},
+      {"tuning.online.allow_reorder",
+       Kind::kBool,
+       0,
+       0,
+       {},
+       "false",
+       "online tuning: also try values that change the float reduction order (Gloo, > 2 ranks)"},
+      {"tuning.online.threshold_pct",
+       Kind::kDouble,
+       0,
+       100,
+       {},
+       "3",
+       "online tuning: a candidate replaces the static values only when faster by more than this"},
+      {"tuning.online.decision_timeout",
+       Kind::kDuration,
+       0,
+       0,
+       {},
+       "30s",
+       "online tuning: bound of a band's agreement; past it the static values stay (logged)"},
       {"diagnose.min_busbw_gbps",
        Kind::kDouble,
        0,
@@ -282,6 +326,22 @@ absl::StatusOr<std::string> CanonicalText(const KeySpec& spec, const std::string
       auto v = ParseByteSize(text);
       if (!v.ok()) return v.status();
       return absl::StrCat(*v);
+    }
+    case Kind::kNameList: {
+      std::vector<std::string> out;
+      for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+        std::string name(absl::StripAsciiWhitespace(part));
+        if (std::find(spec.choices.begin(), spec.choices.end(), name) == spec.choices.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("'", name, "' is not one of ", absl::StrJoin(spec.choices, ", ")));
+        }
+        if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+      }
+      if (out.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("names none of ", absl::StrJoin(spec.choices, ", ")));
+      }
+      return absl::StrJoin(out, ",");
     }
     case Kind::kCodeList: {
       std::vector<std::string> out;

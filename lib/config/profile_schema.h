@@ -10,13 +10,14 @@
 
 namespace adaptcomm::config {
 
-enum class Kind { kDuration, kInt, kDouble, kBool, kEnum, kString, kBytes, kCodeList };
+// kNameList: names from `choices`, a YAML list or comma-separated ("allreduce,reduce").
+enum class Kind { kDuration, kInt, kDouble, kBool, kEnum, kString, kBytes, kCodeList, kNameList };
 
 struct KeySpec {
-  const char* key;  // "timeouts.collective"
+  const char* key;  // "timeouts.collective", "tuning.online.enabled" (a map inside the section)
   Kind kind;
   double min = 0, max = 0;           // kInt, kDouble (inclusive)
-  std::vector<std::string> choices;  // kEnum
+  std::vector<std::string> choices;  // kEnum, kNameList
   const char* default_text;          // built-in default, canonical text
   const char* applied_as;            // for Explain()
 };

@@ -264,6 +264,14 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   cfg.elastic.loss_window = v.Duration("elastic.loss_window");
   cfg.elastic.replacement_timeout = v.Duration("elastic.replacement_timeout");
   cfg.elastic.after_timeout = v.At("elastic.after_timeout").text;
+  OnlineTuningSettings& online = cfg.tuning.online;
+  online.enabled = v.At("tuning.online.enabled").text == "true";
+  online.source = v.At("tuning.online.enabled").source;
+  online.trials_per_candidate = static_cast<int>(v.Int("tuning.online.trials_per_candidate"));
+  online.ops = absl::StrSplit(v.At("tuning.online.ops").text, ',', absl::SkipEmpty());
+  online.allow_reorder = v.At("tuning.online.allow_reorder").text == "true";
+  online.threshold_pct = v.Double("tuning.online.threshold_pct");
+  online.decision_timeout = v.Duration("tuning.online.decision_timeout");
 
   for (const auto& [key, l] : merge.values) {
     const KeySpec* spec = FindKey(key);

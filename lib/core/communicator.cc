@@ -117,6 +117,8 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     }
     executor_->SetRecoveryHandler(coordinator_);
   }
+  online_tuner_ =
+      StartOnlineTuner(options_, config_, elastic_.elastic, rendezvous_.store, executor_);
   HeartbeatMonitor::Watch watch;
   watch.name = absl::StrCat("communicator '", options_.name, "' rank ", options_.rank);
   watch.timeout = config_.timeouts.heartbeat;
@@ -188,6 +190,7 @@ Work CommunicatorImpl::Submit(OpDesc desc) {
   }
   if (valid.ok()) valid = executor_->backend().Supports(desc);
   if (!valid.ok()) return Work(WorkImpl::Failed(std::move(desc), std::move(valid)));
+  if (online_tuner_ != nullptr) online_tuner_->Assign(desc);  // this op's knob values
   return Work(executor_->Submit(std::move(desc), members.epoch));
 }
 
@@ -695,6 +698,11 @@ absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorCudaApi(const Communi
   return CommunicatorAccess::Impl(comm).cuda_api();
 }
 
+std::vector<OnlineDecision> OnlineTuningDecisions(const Communicator& comm) {
+  const OnlineTuner* tuner = CommunicatorAccess::Impl(comm).online_tuner();
+  return tuner != nullptr ? tuner->Decisions() : std::vector<OnlineDecision>{};
+}
+
 }  // namespace internal
 
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
@@ -727,8 +735,9 @@ void Communicator::Abort(const absl::Status& reason) { impl_->Abort(reason); }
 std::string Communicator::Explain() const {
   // The profile's settings, then what selection made of them (the backend, and whether a tuned
   // table fit this topology: lib/core/backend_selection.h).
+  const internal::OnlineTuner* tuner = impl_->online_tuner();
   return absl::StrCat(impl_->config().Explain(), "\nbackend: ", backend_name(), " (",
-                      impl_->selection_reason(), ")\n");
+                      impl_->selection_reason(), ")\n", tuner != nullptr ? tuner->Explain() : "");
 }
 
 Communicator::LongOperationScope::LongOperationScope(Communicator& comm) : comm_(comm) {

@@ -19,6 +19,7 @@
 #include "lib/core/elastic_grow.h"
 #include "lib/core/failure_coordinator.h"
 #include "lib/core/membership.h"
+#include "lib/core/online_tuner.h"
 #include "lib/core/op_executor.h"
 #include "lib/core/rendezvous.h"
 #include "lib/trace/flight_recorder.h"
@@ -53,6 +54,8 @@ class CommunicatorImpl {
   const std::string& selection_reason() const { return selection_reason_; }
   trace::FlightRecorder& recorder() { return *recorder_; }
   const EffectiveConfig& config() const { return config_; }
+  // Null when the profile does not ask for online tuning (tuning.online.enabled).
+  const OnlineTuner* online_tuner() const { return online_tuner_.get(); }
   // The CUDA runtime of this communicator (CommunicatorCudaApi).
   absl::StatusOr<std::shared_ptr<cuda::CudaApi>> cuda_api() const;
   // A coordinated retry's new backend: the same selection as at creation, on a store scope of
@@ -105,6 +108,7 @@ class CommunicatorImpl {
   std::shared_ptr<trace::TimelineWriter> timeline_;  // null unless tracing is on
   std::shared_ptr<FailureCoordinator> coordinator_;  // null without a store
   std::shared_ptr<OpExecutor> executor_;
+  std::shared_ptr<OnlineTuner> online_tuner_;  // also an observer of executor_
   const std::string selection_reason_;
 };
 

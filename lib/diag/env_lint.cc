@@ -38,6 +38,7 @@ const std::set<std::string>& KnownNonNcclNames() {
       "ADAPTCOMM_MODEL_SIZE",
       "ADAPTCOMM_NCCL_LIBRARY",
       "ADAPTCOMM_NCCL_TUNER_TABLE",
+      "ADAPTCOMM_ONLINE_TUNING",
       "ADAPTCOMM_PROFILE",
       "ADAPTCOMM_PROFILE_STRICT",
       "ADAPTCOMM_SOURCE_DIR",

@@ -48,6 +48,8 @@ constexpr uint64_t kSendRecvSlotBase = uint64_t{0x50} << 56;
 constexpr uint64_t kReduceScatterSlotBase = uint64_t{0x51} << 56;
 // reduce_scatter steps are numbered in the low 16 bits of its slot.
 constexpr int kMaxRingSize = 1 << 16;
+// The knob space of OpDesc::knobs this backend applies (TunedKnobs(): backend "gloo").
+constexpr char kKnobSpace[] = "gloo";
 
 constexpr size_t kMaxElements = static_cast<size_t>(std::numeric_limits<int32_t>::max());
 
@@ -169,6 +171,7 @@ class GlooBackend final : public Backend {
     caps.native_avg = false;
     caps.send_recv = true;
     caps.abortable = true;
+    caps.per_op_knobs = kKnobSpace;  // algorithm, max_segment_bytes of allreduce
     return caps;
   }
 
@@ -394,11 +397,21 @@ void GlooBackend::Allreduce(const OpDesc& op) {
     opts.setTag(static_cast<uint32_t>(op.seq));
     opts.setTimeout(ToMs(op.timeout));
     const uint64_t bytes = v.bytes();
-    if (config::BandValue(tuned_algorithm_, bytes, bcube_ ? 1 : 0) == 1) {
-      opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
-    }
-    const auto segment = static_cast<size_t>(config::BandValue(
-        tuned_max_segment_bytes_, bytes, static_cast<int64_t>(max_segment_bytes_)));
+    // The op's own value (OpDesc::knobs, online tuning), else a tuned band's, else the profile's.
+    // Both change the order in which a float element's sum is formed once there are more than
+    // two ranks (lib/config/online_tuning.h says which candidates are tried therefore).
+    const int64_t* knob_algorithm =
+        op.knobs != nullptr ? op.knobs->Find(kKnobSpace, "algorithm") : nullptr;
+    const int64_t* knob_segment =
+        op.knobs != nullptr ? op.knobs->Find(kKnobSpace, "max_segment_bytes") : nullptr;
+    const int64_t algorithm = knob_algorithm != nullptr
+                                  ? *knob_algorithm
+                                  : config::BandValue(tuned_algorithm_, bytes, bcube_ ? 1 : 0);
+    if (algorithm == 1) opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
+    const auto segment = static_cast<size_t>(
+        knob_segment != nullptr ? std::max<int64_t>(*knob_segment, 0)
+                                : config::BandValue(tuned_max_segment_bytes_, bytes,
+                                                    static_cast<int64_t>(max_segment_bytes_)));
     if (segment > 0) opts.setMaxSegmentSize(segment);
     ::gloo::allreduce(opts);
   });

@@ -52,6 +52,9 @@ inline void Publish(Counter& c, uint32_t v) {
   if (c.waiters.load(std::memory_order_seq_cst) != 0) shm::FutexWakeAll(&c.value);
 }
 
+// The knob space of OpDesc::knobs this backend applies (TunedKnobs(): backend "shm").
+constexpr char kKnobSpace[] = "shm";
+
 struct OpCtx {
   const OpDesc& op;
   absl::Time start;
@@ -90,6 +93,7 @@ class ShmBackend final : public Backend {
     caps.abortable = true;
     caps.runs_on_any_thread = true;  // memory, futexes and the pids of peers: no thread state
     caps.wire_cast = true;
+    caps.per_op_knobs = kKnobSpace;  // flat_max_bytes, chunk_bytes of allreduce and reduce
     return caps;
   }
 
@@ -110,10 +114,12 @@ class ShmBackend final : public Backend {
   // out of the slots (the fp32 data never travels), in chunks of chunk_ wire bytes.
   absl::Status ReduceWire(const OpCtx& ctx);
   absl::Status ReduceWireChunk(const OpCtx& ctx, float* data, size_t count, WireStats& stats);
-  // The flat-exchange bound and the pipeline chunk for a reduction of `bytes`: a tuned band's
-  // values where one holds the size, else the static ones.
-  size_t FlatMaxFor(OpKind kind, size_t bytes) const;
-  size_t ChunkFor(OpKind kind, size_t bytes) const;
+  // The flat-exchange bound and the pipeline chunk for a reduction of `bytes`: the op's own value
+  // (OpDesc::knobs, online tuning), else a tuned band's where one holds the size, else the static
+  // one. Every choice gives the same result bit for bit: each element is reduced in rank order on
+  // the flat and the chunked path alike, whatever the chunk.
+  size_t FlatMaxFor(const OpDesc& op, size_t bytes) const;
+  size_t ChunkFor(const OpDesc& op, size_t bytes) const;
   absl::Status Broadcast(const OpCtx& ctx);
   absl::Status Allgather(const OpCtx& ctx);
   // reduce_scatter (reduce = true) and alltoall: each step stages one chunk of every block.
@@ -251,15 +257,26 @@ absl::Status ShmBackend::WaitAllPosted(const OpCtx& ctx, uint32_t target) {
   return absl::OkStatus();
 }
 
-size_t ShmBackend::FlatMaxFor(OpKind kind, size_t bytes) const {
+size_t ShmBackend::FlatMaxFor(const OpDesc& op, size_t bytes) const {
+  if (op.knobs != nullptr) {
+    if (const int64_t* v = op.knobs->Find(kKnobSpace, "flat_max_bytes")) {
+      return static_cast<size_t>(std::max<int64_t>(*v, 0));
+    }
+  }
   const auto& bands =
-      kind == OpKind::kReduce ? tuned_reduce_.flat_max_bytes : tuned_allreduce_.flat_max_bytes;
+      op.kind == OpKind::kReduce ? tuned_reduce_.flat_max_bytes : tuned_allreduce_.flat_max_bytes;
   return static_cast<size_t>(config::BandValue(bands, bytes, static_cast<int64_t>(flat_max_)));
 }
 
-size_t ShmBackend::ChunkFor(OpKind kind, size_t bytes) const {
+size_t ShmBackend::ChunkFor(const OpDesc& op, size_t bytes) const {
+  if (op.knobs != nullptr) {
+    if (const int64_t* v = op.knobs->Find(kKnobSpace, "chunk_bytes")) {
+      const auto chunk = static_cast<size_t>(std::max<int64_t>(*v, 0));
+      return chunk == 0 ? chunk_ : std::min(chunk, seg_->slot_half_bytes());
+    }
+  }
   const auto& bands =
-      kind == OpKind::kReduce ? tuned_reduce_.chunk_bytes : tuned_allreduce_.chunk_bytes;
+      op.kind == OpKind::kReduce ? tuned_reduce_.chunk_bytes : tuned_allreduce_.chunk_bytes;
   if (bands.empty()) return chunk_;
   const auto chunk = static_cast<size_t>(config::BandValue(bands, bytes, 0));
   return chunk == 0 ? chunk_ : std::min(chunk, seg_->slot_half_bytes());
@@ -269,10 +286,10 @@ absl::Status ShmBackend::Reduction(const OpCtx& ctx, unsigned char* data, size_t
   const size_t esz = DTypeSize(ctx.op.output.dtype);
   if (count == 0) return absl::OkStatus();
   const size_t bytes = count * esz;
-  if (bytes <= std::min(FlatMaxFor(ctx.op.kind, bytes), seg_->slot_half_bytes())) {
+  if (bytes <= std::min(FlatMaxFor(ctx.op, bytes), seg_->slot_half_bytes())) {
     return ReduceFlat(ctx, data, count, root);
   }
-  const size_t per_chunk = std::max<size_t>(1, ChunkFor(ctx.op.kind, bytes) / esz);
+  const size_t per_chunk = std::max<size_t>(1, ChunkFor(ctx.op, bytes) / esz);
   for (size_t off = 0; off < count; off += per_chunk) {
     const size_t m = std::min(per_chunk, count - off);
     if (absl::Status s = ReduceChunk(ctx, data + off * esz, m, root); !s.ok()) return s;
@@ -333,8 +350,7 @@ absl::Status ShmBackend::ReduceWire(const OpCtx& ctx) {
   const OpDesc& op = ctx.op;
   float* data = static_cast<float*>(op.output.data);
   const size_t count = op.output.count;
-  const size_t per_chunk =
-      std::max<size_t>(1, ChunkFor(op.kind, op.output.bytes()) / sizeof(uint16_t));
+  const size_t per_chunk = std::max<size_t>(1, ChunkFor(op, op.output.bytes()) / sizeof(uint16_t));
   WireStats stats;
   for (size_t off = 0; off < count; off += per_chunk) {
     const size_t m = std::min(per_chunk, count - off);
