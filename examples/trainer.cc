@@ -125,7 +125,7 @@ int RunReference(const Flags& f) {
 // every rank redoes the step, on the new membership's shards. No rank decides alone.
 //
 // At the end of each step the members admit the replacements waiting to join (AdmitJoiners: one
-// store request on rank 0 and an 8-byte broadcast when nobody waits); when the world grew, rank 0
+// store request on rank 0 and a 16-byte broadcast when nobody waits); when the world grew, rank 0
 // broadcasts the state a replacement needs (the next step and the weights), which the replacement
 // receives right after it is created.
 absl::Status SendState(adaptcomm::Communicator& comm, int64_t& next_step,

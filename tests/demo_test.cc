@@ -63,40 +63,53 @@ TEST(Demo, FourRankTrainingMatchesSingleProcess) {
   EXPECT_NE(text.find("step 100 loss"), std::string::npos) << text;
 }
 
-// #14 item 5: under `adaptcomm launch --elastic`, rank 2 of 4 dies (SIGKILL) at step 30; the
-// other 3 redo that step on the new membership and finish. The launcher exits 0 and says so in its
-// last line; the final loss and weights match a fault-free 3-rank run (the elastic step sums
-// gradient x shard size, so the full-data gradient does not depend on the world size).
-TEST(Demo, ElasticKillOneOfFourFinishesOnThreeLikeAFaultFreeThreeRankRun) {
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+double FinalLoss(const std::string& text) {
+  const size_t at = text.rfind("step 100 loss ");
+  return at == std::string::npos ? -1.0 : std::atof(text.c_str() + at + 14);
+}
+
+// #14 item 5: under `adaptcomm launch --elastic`, `victim` of 4 ranks dies (SIGKILL) at step 30;
+// the other 3 redo that step on the new membership and finish. The launcher exits 0 and says so in
+// its last line; the final loss and weights match a fault-free 3-rank run (the elastic step sums
+// gradient x shard size, so the full-data gradient does not depend on the world size). Rank 0 is
+// no exception: the launcher serves the store, and rank 1 at creation becomes rank 0.
+void ElasticKillOneOfFourFinishesOnThree(int victim) {
   const std::string bin = adaptcomm::testing::BuildDir();
   const std::string dir = ::testing::TempDir();
-  const std::string elastic = dir + "/demo_weights_elastic.txt";
-  const std::string three = dir + "/demo_weights_3ranks.txt";
+  const std::string tag = absl::StrCat("kill", victim);
+  const std::string elastic = absl::StrCat(dir, "/demo_weights_elastic_", tag, ".txt");
+  const std::string three = absl::StrCat(dir, "/demo_weights_3ranks_", tag, ".txt");
+  const std::string elastic_out = absl::StrCat(dir, "/demo_elastic_", tag, ".txt");
+  const std::string three_out = absl::StrCat(dir, "/demo_three_", tag, ".txt");
   std::remove(elastic.c_str());
   std::remove(three.c_str());
   const std::string trainer = bin + "/examples/adaptcomm_trainer --elastic --steps 100";
   ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch --elastic -n 4 --timeout 120 -- ",
-                                    trainer, " --kill-rank 2 --kill-step 30 --out ", elastic, " > ",
-                                    dir, "/demo_elastic.txt 2>&1")),
-            0);
+                                    trainer, " --kill-rank ", victim, " --kill-step 30 --out ",
+                                    elastic, " > ", elastic_out, " 2>&1")),
+            0)
+      << ReadText(elastic_out);
   ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch -n 3 --timeout 120 -- ", trainer,
-                                    " --out ", three, " > ", dir, "/demo_three.txt 2>&1")),
+                                    " --out ", three, " > ", three_out, " 2>&1")),
             0);
-  std::ifstream out(dir + "/demo_elastic.txt");
-  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  const std::string text = ReadText(elastic_out);
   EXPECT_NE(text.find("finished on 3 ranks (1 membership change(s), 1 step(s) redone)"),
             std::string::npos)
       << text;
   const size_t last = text.rfind("adaptcomm launch: ");
   ASSERT_NE(last, std::string::npos) << text;
-  EXPECT_EQ(text.substr(last).find("adaptcomm launch: job finished with 3 of 4 ranks"), 0u) << text;
-  std::ifstream out3(dir + "/demo_three.txt");
-  std::string text3((std::istreambuf_iterator<char>(out3)), std::istreambuf_iterator<char>());
-  auto final_loss = [](const std::string& t) {
-    const size_t at = t.rfind("step 100 loss ");
-    return at == std::string::npos ? -1.0 : std::atof(t.c_str() + at + 14);
-  };
-  const double a = final_loss(text), b = final_loss(text3);
+  EXPECT_EQ(text.substr(last).find(absl::StrCat(
+                "adaptcomm launch: job finished with 3 of 4 ranks (elastic; lost: rank ", victim,
+                " (pid ")),
+            0u)
+      << text;
+  const std::string text3 = ReadText(three_out);
+  const double a = FinalLoss(text), b = FinalLoss(text3);
   ASSERT_GT(a, 0) << text;
   ASSERT_GT(b, 0) << text3;
   EXPECT_NEAR(a, b, 1e-4 * b);
@@ -106,29 +119,42 @@ TEST(Demo, ElasticKillOneOfFourFinishesOnThreeLikeAFaultFreeThreeRankRun) {
   for (size_t i = 0; i < wa.size(); ++i) ASSERT_NEAR(wa[i], wb[i], 1e-4) << "weight " << i;
 }
 
-// #14 item 5 with --max-restarts 1: rank 2 of 4 dies at step 30, the other 3 shrink and redo the
-// step, the launcher restarts rank 2 as a replacement, the members admit it at the end of a step
-// and rank 0 broadcasts the next step and the weights to it: the job finishes on 4, the launcher
-// says so in its last line, and the final loss and weights match a fault-free 4-rank run.
-TEST(Demo, ElasticReplacementJoinsAndFinishesOnFourLikeAFaultFreeFourRankRun) {
+TEST(Demo, ElasticKillOneOfFourFinishesOnThreeLikeAFaultFreeThreeRankRun) {
+  ElasticKillOneOfFourFinishesOnThree(2);
+}
+
+TEST(Demo, ElasticKillRankZeroOfFourFinishesOnThreeLikeAFaultFreeThreeRankRun) {
+  ElasticKillOneOfFourFinishesOnThree(0);
+}
+
+// #14 item 5 with --max-restarts 1: `victim` of 4 dies at step 30, the other 3 shrink and redo the
+// step, the launcher restarts it as a replacement, the members admit it at the end of a step and
+// rank 0 broadcasts the next step and the weights to it: the job finishes on 4, the launcher says
+// so in its last line, and the final loss and weights match a fault-free 4-rank run. For rank 0,
+// the rank that admits the replacement and sends it the state is rank 1 at creation.
+void ElasticReplacementJoinsAndFinishesOnFour(int victim) {
   const std::string bin = adaptcomm::testing::BuildDir();
   const std::string dir = ::testing::TempDir();
-  const std::string restarted = dir + "/demo_weights_restarted.txt";
-  const std::string four = dir + "/demo_weights_elastic4.txt";
+  const std::string tag = absl::StrCat("restart", victim);
+  const std::string restarted = absl::StrCat(dir, "/demo_weights_", tag, ".txt");
+  const std::string four = absl::StrCat(dir, "/demo_weights_elastic4_", tag, ".txt");
+  const std::string restarted_out = absl::StrCat(dir, "/demo_", tag, ".txt");
+  const std::string four_out = absl::StrCat(dir, "/demo_four_", tag, ".txt");
   std::remove(restarted.c_str());
   std::remove(four.c_str());
   const std::string trainer = bin + "/examples/adaptcomm_trainer --elastic --steps 100";
   ASSERT_EQ(RunCommand(absl::StrCat(
                 bin, "/tools/adaptcomm launch --elastic --max-restarts 1 -n 4 --timeout 120 -- ",
-                trainer, " --kill-rank 2 --kill-step 30 --out ", restarted, " > ", dir,
-                "/demo_restarted.txt 2>&1")),
-            0);
+                trainer, " --kill-rank ", victim, " --kill-step 30 --out ", restarted, " > ",
+                restarted_out, " 2>&1")),
+            0)
+      << ReadText(restarted_out);
   ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch -n 4 --timeout 120 -- ", trainer,
-                                    " --out ", four, " > ", dir, "/demo_four.txt 2>&1")),
+                                    " --out ", four, " > ", four_out, " 2>&1")),
             0);
-  std::ifstream out(dir + "/demo_restarted.txt");
-  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("[rank 2] replacement: joined as rank 3 of 4, going on at step "),
+  const std::string text = ReadText(restarted_out);
+  EXPECT_NE(text.find(absl::StrCat("[rank ", victim,
+                                   "] replacement: joined as rank 3 of 4, going on at step ")),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("finished on 4 ranks (2 membership change(s), 1 step(s) redone)"),
@@ -136,17 +162,13 @@ TEST(Demo, ElasticReplacementJoinsAndFinishesOnFourLikeAFaultFreeFourRankRun) {
       << text;
   const size_t last = text.rfind("adaptcomm launch: ");
   ASSERT_NE(last, std::string::npos) << text;
-  EXPECT_EQ(text.substr(last).find("adaptcomm launch: job finished with 4 of 4 ranks (elastic; 1 "
-                                   "restart(s) of 1: rank 2 "),
+  EXPECT_EQ(text.substr(last).find(absl::StrCat("adaptcomm launch: job finished with 4 of 4 ranks "
+                                                "(elastic; 1 restart(s) of 1: rank ",
+                                                victim, " ")),
             0u)
       << text;
-  std::ifstream out4(dir + "/demo_four.txt");
-  std::string text4((std::istreambuf_iterator<char>(out4)), std::istreambuf_iterator<char>());
-  auto final_loss = [](const std::string& t) {
-    const size_t at = t.rfind("step 100 loss ");
-    return at == std::string::npos ? -1.0 : std::atof(t.c_str() + at + 14);
-  };
-  const double a = final_loss(text), b = final_loss(text4);
+  const std::string text4 = ReadText(four_out);
+  const double a = FinalLoss(text), b = FinalLoss(text4);
   ASSERT_GT(a, 0) << text;
   ASSERT_GT(b, 0) << text4;
   EXPECT_NEAR(a, b, 1e-4 * b);
@@ -154,6 +176,14 @@ TEST(Demo, ElasticReplacementJoinsAndFinishesOnFourLikeAFaultFreeFourRankRun) {
   ASSERT_EQ(wa.size(), wb.size());
   ASSERT_GT(wa.size(), 1000u);
   for (size_t i = 0; i < wa.size(); ++i) ASSERT_NEAR(wa[i], wb[i], 1e-4) << "weight " << i;
+}
+
+TEST(Demo, ElasticReplacementJoinsAndFinishesOnFourLikeAFaultFreeFourRankRun) {
+  ElasticReplacementJoinsAndFinishesOnFour(2);
+}
+
+TEST(Demo, ElasticReplacementOfRankZeroJoinsAndFinishesOnFourLikeAFaultFreeFourRankRun) {
+  ElasticReplacementJoinsAndFinishesOnFour(0);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Elastic membership (#14): one of 4 ranks is killed (SIGKILL, real processes) mid-run and the
-// survivors go on as a world of 3, on Gloo and on shared memory. Every result after the loss is
-// checked element by element against the sum over the ranks that are still members.
+// survivors go on as a world of 3, on Gloo and on shared memory; rank 0 too, when the store is
+// served apart from the ranks (ADAPTCOMM_STORE_EXTERNAL=1, as `adaptcomm launch --elastic` does).
+// Every result after the loss is checked element by element against the sum over the ranks that
+// are still members.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +43,48 @@ std::string FreshDir(const std::string& name) {
 
 int64_t NowMicros() { return absl::ToUnixMicros(absl::Now()); }
 
+// The job's store served by a process of its own, as `adaptcomm launch --elastic` serves it from
+// the launcher: the ranks forked while this lives get ADAPTCOMM_STORE_EXTERNAL=1, so rank 0 is a
+// client like every other rank and may be lost. (A process rather than a thread of the test: the
+// ranks are forked from here, and a fork copies no threads.)
+class StoreServedApart {
+ public:
+  StoreServedApart() {
+    int ready[2];
+    if (pipe(ready) != 0) {
+      ADD_FAILURE() << "pipe failed";
+      return;
+    }
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(ready[0]);
+      absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = StartTcpStoreServer({});
+      const int port = server.ok() ? (*server)->port() : -1;
+      (void)!write(ready[1], &port, sizeof(port));
+      close(ready[1]);
+      while (server.ok()) pause();  // until the test kills it
+      _exit(1);
+    }
+    close(ready[1]);
+    if (read(ready[0], &port_, sizeof(port_)) != static_cast<ssize_t>(sizeof(port_))) port_ = -1;
+    close(ready[0]);
+    EXPECT_GT(port_, 0) << "the store server did not start";
+    setenv("ADAPTCOMM_STORE_EXTERNAL", "1", 1);
+  }
+  ~StoreServedApart() {
+    unsetenv("ADAPTCOMM_STORE_EXTERNAL");
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = -1;
+};
+
 std::string ThisHost() {
   char host[256] = "unknown";
   gethostname(host, sizeof(host) - 1);
@@ -51,6 +95,22 @@ int64_t ReadMicros(const std::string& path) {
   int64_t t = 0;
   std::ifstream(path) >> t;
   return t;
+}
+
+// Waits (bounded) until `path` holds a number, as a launcher waits for a death before restarting.
+bool AwaitFile(const std::string& path, absl::Duration bound = absl::Seconds(60)) {
+  const absl::Time until = absl::Now() + bound;
+  while (ReadMicros(path) == 0) {
+    if (absl::Now() >= until) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+// Writes `value` to `path` at once (a reader never sees it half-written).
+void WriteAtomically(const std::string& path, int64_t value) {
+  std::ofstream(path + ".tmp") << value;
+  std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
 // Input of the rank that was `initial` at creation, for step s, element i: small integers, so
@@ -75,14 +135,20 @@ CommunicatorOptions ElasticOptionsFor(const RankEnv& env, BackendChoice backend,
 
 // Allreduces step after step; the victim dies (SIGKILL) before its op of `kill_step`. The
 // survivors' op of that step completes on the 3 that are left, and so does every later one.
-void KillOneOfFourAllreduce(BackendChoice backend) {
-  const std::string dir = FreshDir(BackendChoiceName(backend));
+// `store_port`: the store is served apart (StoreServedApart) on that port; 0: rank 0 serves it.
+void KillOneOfFourAllreduce(BackendChoice backend, int victim = kVictim, int store_port = 0) {
+  const std::string dir = FreshDir(absl::StrCat(BackendChoiceName(backend), "_", victim));
   constexpr int kSteps = 80, kKillStep = 30;
+  std::vector<int> survivors;
+  for (int r = 0; r < kWorld; ++r) {
+    if (r != victim) survivors.push_back(r);
+  }
   std::vector<int> status = testing::RunRankProcesses(
       kWorld,
       [&](const RankEnv& env) {
         int changes_seen = 0;
         CommunicatorOptions o = ElasticOptionsFor(env, backend, dir);
+        if (store_port != 0) o.master_port = store_port;
         o.elastic.on_change = [&](const Membership& m) {
           ++changes_seen;
           std::ofstream(absl::StrCat(dir, "/callback.", env.rank)) << m.world_size;
@@ -93,8 +159,8 @@ void KillOneOfFourAllreduce(BackendChoice backend) {
         std::vector<float> buf;
         bool recovered = false;
         for (int step = 0; step < kSteps; ++step) {
-          if (env.rank == kVictim && step == kKillStep) {
-            std::ofstream(dir + "/killed_at") << NowMicros();
+          if (env.rank == victim && step == kKillStep) {
+            WriteAtomically(dir + "/killed_at", NowMicros());
             raise(SIGKILL);
           }
           const size_t n = step % 3 == 0 ? 70000 : 1000 + step;  // both shm paths, Gloo's ring
@@ -112,11 +178,11 @@ void KillOneOfFourAllreduce(BackendChoice backend) {
             recovered = true;
             const double seconds = (NowMicros() - ReadMicros(dir + "/killed_at")) / 1e6;
             std::ofstream(absl::StrCat(dir, "/recovered.", env.rank)) << seconds;
-            EXPECT_THAT(m.lost_ranks, ElementsAre(kVictim));
+            EXPECT_THAT(m.lost_ranks, ElementsAre(victim));
             EXPECT_EQ(m.changes, 1);
-            EXPECT_THAT(m.reason, HasSubstr("rank(s) 2 of 4 lost"));
-            EXPECT_THAT(m.initial_ranks, ElementsAre(0, 1, 3));
-            EXPECT_EQ(m.rank, env.rank < kVictim ? env.rank : env.rank - 1);
+            EXPECT_THAT(m.reason, HasSubstr(absl::StrCat("rank(s) ", victim, " of 4 lost")));
+            EXPECT_EQ(m.initial_ranks, survivors);
+            EXPECT_EQ(m.rank, env.rank < victim ? env.rank : env.rank - 1);
             EXPECT_EQ((*comm)->rank(), m.rank);
             EXPECT_EQ((*comm)->size(), 3);
             EXPECT_GE(m.generation, 1);
@@ -145,15 +211,17 @@ void KillOneOfFourAllreduce(BackendChoice backend) {
       absl::Seconds(90));
   ASSERT_EQ(status.size(), static_cast<size_t>(kWorld));
   for (int r = 0; r < kWorld; ++r) {
-    if (r == kVictim) {
+    if (r == victim) {
       EXPECT_TRUE(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL);
       continue;
     }
     EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
     double seconds = -1;
     std::ifstream(absl::StrCat(dir, "/recovered.", r)) >> seconds;
-    std::printf("%s rank %d: first successful allreduce on 3 ranks %.2f s after the kill\n",
-                BackendChoiceName(backend), r, seconds);
+    std::printf(
+        "%s, rank %d killed: rank %d's first successful allreduce on 3 ranks %.2f s after "
+        "the kill\n",
+        BackendChoiceName(backend), victim, r, seconds);
     // Op timeout 10 s; the target is at most timeout + 3 s. The loss window is 1 s.
     EXPECT_GT(seconds, 0);
     EXPECT_LT(seconds, 13);
@@ -163,6 +231,52 @@ void KillOneOfFourAllreduce(BackendChoice backend) {
 TEST(Elastic, KilledRankShrinksGlooToThree) { KillOneOfFourAllreduce(BackendChoice::kGloo); }
 
 TEST(Elastic, KilledRankShrinksShmToThree) { KillOneOfFourAllreduce(BackendChoice::kShm); }
+
+// Rank 0 is lost like any other when it does not serve the store: rank 1 at creation becomes rank
+// 0 of the 3 survivors (the shm segment of the new world is its to create).
+TEST(Elastic, KilledRankZeroShrinksGlooToThreeWithTheStoreServedApart) {
+  StoreServedApart store;
+  KillOneOfFourAllreduce(BackendChoice::kGloo, /*victim=*/0, store.port());
+}
+
+TEST(Elastic, KilledRankZeroShrinksShmToThreeWithTheStoreServedApart) {
+  StoreServedApart store;
+  KillOneOfFourAllreduce(BackendChoice::kShm, /*victim=*/0, store.port());
+}
+
+// Without a store served apart, rank 0 serves it: its loss ends the job. Every survivor's op fails
+// (not a membership change) within a bound, naming rank 0 and the store, rather than hanging.
+TEST(Elastic, LostRankZeroThatServesTheStoreFailsEverySurvivorNamingIt) {
+  const std::string dir = FreshDir("rank0_store");
+  std::vector<int> status = testing::RunRankProcesses(
+      kWorld,
+      [&](const RankEnv& env) {
+        auto comm = Communicator::Create(ElasticOptionsFor(env, BackendChoice::kGloo, dir));
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<float> v(1000, 1.0f);
+        ASSERT_TRUE((*comm)->Allreduce(HostView(v.data(), v.size())).Wait().ok());
+        if (env.rank == 0) raise(SIGKILL);
+        const absl::Time start = absl::Now();
+        absl::Status s = (*comm)->Allreduce(HostView(v.data(), v.size())).Wait();
+        const absl::Duration took = absl::Now() - start;
+        ASSERT_FALSE(s.ok()) << "rank " << env.rank;
+        EXPECT_FALSE(IsMembershipChanged(s)) << s;
+        // Its code depends on what noticed first (the store listener, the retry vote, the broken
+        // backend); its message names the cause either way.
+        EXPECT_THAT(std::string(s.message()),
+                    HasSubstr("rank 0 at creation, which serves the store,"))
+            << s;
+        // The op timeout is 10 s: the store's loss is named well before a hang would end.
+        EXPECT_LT(took, absl::Seconds(30)) << s;
+        std::printf("rank %d: failed %.2f s after rank 0's loss: %s\n", env.rank,
+                    absl::ToDoubleSeconds(took), std::string(s.message()).c_str());
+        EXPECT_EQ((*comm)->size(), kWorld);
+      },
+      absl::Seconds(60));
+  for (int r = 1; r < kWorld; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
+}
 
 // The op in flight when the rank dies depends on the world size (allgather): it fails on every
 // survivor with the membership-changed status, and the trainer's redo with the new shapes works;
@@ -361,6 +475,125 @@ TEST(ElasticGrow, ReplacementJoinsAfterShrinkGloo) {
 }
 
 TEST(ElasticGrow, ReplacementJoinsAfterShrinkShm) { KillThenReplaceAllreduce(BackendChoice::kShm); }
+
+// Rank 0's part in admissions passes to its successor (store served apart). Rank 2 of 4 dies and
+// its replacement joins (id 4, rank 3); then rank 0 dies: the survivors shrink (rank 1 at creation
+// is rank 0 now, the replacement rank 2) and the new rank 0 admits as the old one did: a
+// replacement for rank 0 joins with a fresh id (5; id 4 is taken) and a second process claiming
+// rank 2 is refused, naming the replacement that holds it. Every allreduce is checked element by
+// element against the sum over the members' inputs.
+TEST(ElasticGrow, NewRankZeroAdmitsAfterRankZeroIsLost) {
+  StoreServedApart store;
+  const std::string dir = FreshDir("successor");
+  // Processes 0-3: the ranks at creation; 4: rank 2's replacement; 5: rank 0's; 6: a second claim
+  // on rank 2, made while process 4 holds it.
+  constexpr int kFirstJoiner = 4, kRankZeroJoiner = 5, kSecondClaim = 6, kSteps = 12;
+  std::vector<int> status = testing::RunRankProcesses(
+      7,
+      [&](const RankEnv& env) {
+        RankEnv as = env;
+        as.options.world_size = kWorld;
+        as.options.master_port = store.port();
+        const bool joiner = env.rank >= kFirstJoiner;
+        if (env.rank == kFirstJoiner) {
+          as.options.rank = kVictim;
+          WriteAtomically(dir + "/joiner4.pid", getpid());
+          ASSERT_TRUE(AwaitFile(dir + "/killed.2"));
+        } else if (env.rank == kRankZeroJoiner || env.rank == kSecondClaim) {
+          as.options.rank = env.rank == kRankZeroJoiner ? 0 : kVictim;
+          ASSERT_TRUE(AwaitFile(dir + "/killed.0"));
+        }
+        CommunicatorOptions o = ElasticOptionsFor(as, BackendChoice::kGloo, dir);
+        o.elastic.join = joiner;
+        auto comm = Communicator::Create(o);
+        if (env.rank == kSecondClaim) {
+          ASSERT_FALSE(comm.ok());
+          EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
+          EXPECT_THAT(std::string(comm.status().message()),
+                      HasSubstr(absl::StrCat("joiner ", ThisHost(), ":", getpid(),
+                                             " claims rank 2 of communicator 'test', which is "
+                                             "held by ",
+                                             ThisHost(), ":", ReadMicros(dir + "/joiner4.pid"),
+                                             " (a member, rank 2 now, id 4)")));
+          WriteAtomically(dir + "/refused", 1);
+          return;
+        }
+        ASSERT_TRUE(comm.ok()) << "process " << env.rank << ": " << comm.status();
+        // What rank 0 sends a joiner: the step to go on at and the step to end at.
+        int64_t state[2] = {0, kSteps};
+        if (joiner) {
+          ASSERT_TRUE((*comm)->Broadcast(HostView(state, 2)).Wait().ok());
+        }
+        const int64_t first_step = state[0];
+        int64_t grown_at = -1;  // process 0: the step at which rank 2's replacement joined
+        std::vector<float> buf;
+        for (int64_t step = first_step;; ++step) {
+          ASSERT_LT(step, 100000) << "the joiners never came";
+          if (!(joiner && step == first_step)) {
+            absl::Status admitted = (*comm)->AdmitJoiners();
+            if (!admitted.ok()) {
+              ASSERT_TRUE(IsMembershipChanged(admitted))
+                  << "process " << env.rank << ": " << admitted;
+              EXPECT_THAT(std::string(admitted.message()), HasSubstr("joined"));
+              state[0] = step;
+              state[1] = std::max<int64_t>(state[1], step + 5);
+              ASSERT_TRUE((*comm)->Broadcast(HostView(state, 2)).Wait().ok());
+              if (grown_at < 0) grown_at = step;
+            }
+          }
+          // The current rank 0 says when to stop: past the last step, with both joiners in and
+          // the second claim refused, so that every member stops at the same step.
+          int64_t done = (*comm)->rank() == 0 && step >= state[1] &&
+                         (*comm)->membership().initial_ranks == std::vector<int>{1, 3, 4, 5} &&
+                         ReadMicros(dir + "/refused") != 0;
+          ASSERT_TRUE((*comm)->Broadcast(HostView(&done, 1)).Wait().ok()) << "process " << env.rank;
+          if (done != 0) break;
+          if (env.rank == kVictim && step == 10) {
+            WriteAtomically(dir + "/killed.2", NowMicros());
+            raise(SIGKILL);
+          }
+          if (env.rank == 0 && grown_at >= 0 && step == grown_at + 3) {
+            WriteAtomically(dir + "/killed.0", NowMicros());
+            raise(SIGKILL);
+          }
+          const size_t n = 1000 + static_cast<size_t>(step % 7);
+          const Membership before = (*comm)->membership();
+          buf.resize(n);
+          for (size_t i = 0; i < n; ++i) {
+            buf[i] = Input(before.initial_ranks[before.rank], static_cast<int>(step), i);
+          }
+          absl::Status s = (*comm)->Allreduce(HostView(buf.data(), n)).Wait();
+          ASSERT_TRUE(s.ok()) << "process " << env.rank << " step " << step << ": " << s;
+          const Membership m = (*comm)->membership();
+          for (size_t i = 0; i < n; ++i) {
+            float want = 0;
+            for (int id : m.initial_ranks) want += Input(id, static_cast<int>(step), i);
+            ASSERT_EQ(buf[i], want) << "process " << env.rank << " step " << step << " i " << i;
+          }
+        }
+        const Membership m = (*comm)->membership();
+        EXPECT_EQ(m.world_size, kWorld);
+        EXPECT_THAT(m.initial_ranks, ElementsAre(1, 3, 4, 5));
+        EXPECT_EQ((*comm)->rank(), env.rank == 1              ? 0
+                                   : env.rank == 3            ? 1
+                                   : env.rank == kFirstJoiner ? 2
+                                                              : 3);
+        // Process 1, 3: shrink, grow, shrink, grow; rank 2's replacement: the last two.
+        EXPECT_EQ(m.changes, env.rank == kFirstJoiner      ? 2
+                             : env.rank == kRankZeroJoiner ? 0
+                                                           : 4)
+            << "process " << env.rank;
+      },
+      absl::Seconds(120));
+  ASSERT_EQ(status.size(), 7u);
+  for (int r = 0; r < 7; ++r) {
+    if (r == 0 || r == kVictim) {
+      EXPECT_TRUE(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGKILL) << "process " << r;
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "process " << r;
+  }
+}
 
 // A replacement whose profile differs from rank 0's is refused, naming the setting, and so is one
 // that claims a rank a live member holds, naming both processes; the members see no change. One

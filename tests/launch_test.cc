@@ -418,12 +418,64 @@ TEST_F(LaunchTest, ElasticRestartsRunOutThenTheJobShrinks) {
   EXPECT_THAT(last, HasSubstr("; lost: rank 1 (pid "));
 }
 
-TEST_F(LaunchTest, ElasticNeverRestartsRankZero) {
+// --elastic: the launcher serves the store on MASTER_PORT (a rank that is a shell can connect to
+// it: no rank serves it) and tells the ranks so (ADAPTCOMM_STORE_EXTERNAL=1); without --elastic
+// nothing changes (rank 0 serves it: the port is closed while the ranks are shells).
+TEST_F(LaunchTest, ElasticLauncherServesTheStoreAndTellsTheRanks) {
+  const std::string script =
+      "if (exec 3<>/dev/tcp/127.0.0.1/$MASTER_PORT) 2>/dev/null; then s=open; else s=closed; fi; "
+      "echo \"STORE $RANK ${ADAPTCOMM_STORE_EXTERNAL:--} $s\"";
+  Result r = RunLauncher({"--elastic", "-n", "2", "--", "bash", "-c", script});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> lines = Lines(r.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines,
+            (std::vector<std::string>{"[rank 0] STORE 0 1 open", "[rank 1] STORE 1 1 open"}));
+  r = RunLauncher({"-n", "2", "--", "bash", "-c", script});
+  ASSERT_EQ(r.code, 0) << r.err;
+  lines = Lines(r.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines,
+            (std::vector<std::string>{"[rank 0] STORE 0 - closed", "[rank 1] STORE 1 - closed"}));
+}
+
+// With the store in the launcher, rank 0 is a rank like the others: its death leaves the others
+// running, and with --max-restarts it is started again as a replacement.
+TEST_F(LaunchTest, ElasticGoesOnWithoutRankZero) {
+  const std::string script = "if [ $RANK = 0 ]; then exit 4; fi; sleep 0.5";
+  Result r = RunLauncher({"--elastic", "-n", "3", "--", "sh", "-c", script});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 0 exited with code 4; elastic: the other 2 rank(s) go on"));
+  const std::string last = r.err.substr(r.err.rfind("adaptcomm launch: "));
+  EXPECT_THAT(last, HasSubstr("job finished with 2 of 3 ranks (elastic; lost: rank 0 (pid "));
+}
+
+TEST_F(LaunchTest, ElasticRestartsRankZeroAsAReplacement) {
+  TempDir dir;
+  const std::string script =
+      "if [ $RANK = 0 ] && [ -z \"$ADAPTCOMM_ELASTIC_JOIN\" ]; then kill -9 $$; fi; "
+      "if [ $RANK = 0 ]; then echo \"JOINED $RANK $WORLD_SIZE $ADAPTCOMM_ELASTIC_JOIN "
+      "$ADAPTCOMM_STORE_EXTERNAL\"; touch " +
+      dir.path() + "/joined; exit 0; fi; i=0; while [ $i -lt 200 ] && ! [ -f " + dir.path() +
+      "/joined ]; do sleep 0.02; i=$((i+1)); done; [ -f " + dir.path() + "/joined ]";
+  Result r = RunLauncher({"--elastic", "--max-restarts", "1", "-n", "3", "--", "sh", "-c", script});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[rank 0] JOINED 0 3 1 1"));
+  EXPECT_THAT(r.err, HasSubstr("rank 0 was killed by SIGKILL (exit code 137); elastic: restarting "
+                               "it as a replacement (restart 1 of 1)"));
+  const std::string last = r.err.substr(r.err.rfind("adaptcomm launch: "));
+  EXPECT_THAT(last, HasSubstr("job finished with 3 of 3 ranks (elastic; 1 restart(s) of 1: rank 0 "
+                              "(pid "));
+}
+
+// Below --min-nproc the job ends as before, rank 0 or not.
+TEST_F(LaunchTest, ElasticLossOfRankZeroBelowTheMinimumEndsTheJob) {
   const std::string script = "if [ $RANK = 0 ]; then exit 4; fi; sleep 5";
-  Result r = RunLauncher({"--elastic", "--max-restarts", "3", "-n", "2", "--", "sh", "-c", script});
+  Result r = RunLauncher({"--elastic", "--min-nproc", "2", "-n", "2", "--", "sh", "-c", script});
   EXPECT_EQ(r.code, 4) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("rank 0 serves the store"));
-  EXPECT_THAT(r.err, Not(HasSubstr("restarting")));
+  EXPECT_THAT(r.err, HasSubstr("rank 0 exited with code 4; elastic: only 1 rank(s) left, below "
+                               "--min-nproc 2"));
+  EXPECT_THAT(r.err, HasSubstr("job failed: rank 0 (pid "));
 }
 
 TEST_F(LaunchTest, RankIgnoringSigtermIsKilledAfterGrace) {

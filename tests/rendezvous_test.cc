@@ -135,5 +135,59 @@ TEST(Rendezvous, SecondProcessClaimingARankIsRefusedNamingBothProcesses) {
   }
 }
 
+// ADAPTCOMM_STORE_EXTERNAL=1 (set by `adaptcomm launch --elastic`, which serves the store): rank
+// 0 connects to the store at MASTER_ADDR:MASTER_PORT as every rank does, instead of serving it.
+// With nobody serving it, rank 0 fails within its init timeout naming the address and the
+// variable; a value other than 0 or 1 is refused naming it.
+TEST(Rendezvous, ExternalStoreMakesRankZeroAClientAndItsAbsenceIsNamed) {
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = StartTcpStoreServer({});
+  ASSERT_TRUE(server.ok()) << server.status();
+  setenv("ADAPTCOMM_STORE_EXTERNAL", "1", 1);
+  CommunicatorOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  o.name = "external";
+  o.master_addr = "127.0.0.1";
+  o.master_port = (*server)->port();
+  o.backend = BackendChoice::kGloo;
+  o.init_timeout = absl::Seconds(2);
+  auto comm = Communicator::Create(o);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  // Rank 0's claim on its rank is in the store served here: it served none of its own.
+  TcpStoreOptions client_options;
+  client_options.port = (*server)->port();
+  absl::StatusOr<std::shared_ptr<Store>> client = ConnectTcpStore(client_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  char host[256] = "unknown";
+  gethostname(host, sizeof(host) - 1);
+  absl::StatusOr<std::string> holder =
+      (*client)->Get("adaptcomm/claims/external/0/by", absl::ZeroDuration());
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  EXPECT_EQ(*holder, absl::StrCat(host, ":", getpid()));
+  comm->reset();
+
+  o.master_port = testing::PickFreePort();  // nobody serves it
+  const absl::Time start = absl::Now();
+  comm = Communicator::Create(o);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_TRUE(absl::IsUnavailable(comm.status())) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()),
+              ::testing::HasSubstr(
+                  absl::StrCat("cannot reach the TCP store at 127.0.0.1:", o.master_port)));
+  EXPECT_THAT(std::string(comm.status().message()),
+              ::testing::HasSubstr("ADAPTCOMM_STORE_EXTERNAL=1 says that the process that started "
+                                   "the ranks (e.g. `adaptcomm launch --elastic`) serves the "
+                                   "store, so rank 0 does not"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+
+  setenv("ADAPTCOMM_STORE_EXTERNAL", "yes", 1);
+  comm = Communicator::Create(o);
+  unsetenv("ADAPTCOMM_STORE_EXTERNAL");
+  ASSERT_FALSE(comm.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(comm.status())) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()),
+              ::testing::HasSubstr("ADAPTCOMM_STORE_EXTERNAL='yes': must be 1"));
+}
+
 }  // namespace
 }  // namespace adaptcomm

@@ -10,9 +10,12 @@
 //
 // One thread, one poll() loop: the rank pipes, a self-pipe for signals (SIGCHLD wakes the loop to
 // reap) and the deadlines (job timeout, grace before SIGKILL, output drain) bound every wait.
+// With --elastic the launcher also serves the job's store (its server's threads, with every
+// signal blocked), so that no rank, rank 0 included, is one the job cannot lose.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -36,6 +39,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "adaptcomm/store.h"
 #include "tools/launch_io.h"
 #include "tools/launch_proc.h"
 #include "tools/subcommands.h"
@@ -61,10 +65,11 @@ struct LaunchOptions {
   double dump_wait_s = 3;
   bool no_prefix = false;
   // --elastic (#14): a rank that dies is dropped and the others go on (the library shrinks the
-  // communicator: ADAPTCOMM_ELASTIC=shrink), while at least min_nproc are alive. Rank 0 serves the
-  // store, so its death still ends the job. With max_restarts, a dead rank is started again (up to
-  // that many times in all) as a replacement (ADAPTCOMM_ELASTIC_JOIN=1) that the others admit at
-  // their next step boundary (Communicator::AdmitJoiners).
+  // communicator: ADAPTCOMM_ELASTIC=shrink), while at least min_nproc are alive. The launcher
+  // serves the store (ADAPTCOMM_STORE_EXTERNAL=1: rank 0 connects to it as a client), so that
+  // rank 0 may die too. With max_restarts, a dead rank is started again (up to that many times in
+  // all) as a replacement (ADAPTCOMM_ELASTIC_JOIN=1) that the others admit at their next step
+  // boundary (Communicator::AdmitJoiners).
   bool elastic = false;
   int min_nproc = 1;
   int max_restarts = 0;
@@ -120,6 +125,8 @@ class Launcher {
  private:
   bool InstallSignals();
   void RestoreSignals();
+  // --elastic: serves the job's store on loopback `port` (0: a free one) with `token`.
+  bool StartStoreServer(int port, const std::string& token);
   // Starts ranks_[slot] as rank `index`.
   bool StartRank(size_t slot, int index, const std::vector<std::string>& env);
   // The variables rank `index` gets; `replacement`: it joins the running job.
@@ -160,6 +167,8 @@ class Launcher {
   std::vector<std::pair<int, std::string>> pending_restarts_;  // (rank, how it died)
   int port_ = 0;
   std::string token_;
+  // --elastic: the job's store, served here rather than by rank 0 (outlives every rank).
+  std::unique_ptr<TcpStoreServer> store_server_;
   // Where the ranks dump (ADAPTCOMM_FLIGHT_RECORDER_DIR); empty if unknown.
   std::string flight_dir_;
   bool flight_dir_created_ = false;  // a per-job directory made by the launcher
@@ -188,6 +197,27 @@ bool Launcher::InstallSignals() {
   sigemptyset(&ignore.sa_mask);
   old_sigpipe_saved_ = sigaction(SIGPIPE, &ignore, &old_sigpipe_) == 0;
   signals_installed_ = true;
+  return true;
+}
+
+bool Launcher::StartStoreServer(int port, const std::string& token) {
+  TcpStoreOptions serve;
+  serve.host = "127.0.0.1";  // the ranks' MASTER_ADDR
+  serve.port = port;
+  serve.token = token;
+  // The server's threads take no signal: they belong to the loop's self-pipe (and an interrupted
+  // store call would be a spurious error there). Threads inherit the mask of their creator.
+  sigset_t all_signals, launcher_mask;
+  sigfillset(&all_signals);
+  pthread_sigmask(SIG_BLOCK, &all_signals, &launcher_mask);
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = StartTcpStoreServer(serve);
+  pthread_sigmask(SIG_SETMASK, &launcher_mask, nullptr);
+  if (!server.ok()) {
+    Message(absl::StrCat("--elastic: cannot serve the job's store on 127.0.0.1:", port, ": ",
+                         server.status().message()));
+    return false;
+  }
+  store_server_ = *std::move(server);
   return true;
 }
 
@@ -369,7 +399,8 @@ void Launcher::OnRankExit(Rank& rank, int status) {
     return;
   }
   if (code == 0 || stopping_) return;
-  if (options_.elastic && rank.index != 0 &&
+  // Elastic: the launcher serves the store, so any rank, rank 0 included, may be restarted or lost.
+  if (options_.elastic &&
       static_cast<int>(restarts_.size() + pending_restarts_.size()) < options_.max_restarts) {
     pending_restarts_.emplace_back(
         rank.index, absl::StrCat("rank ", rank.index, " (pid ", rank.pid, ") ", how));
@@ -380,7 +411,7 @@ void Launcher::OnRankExit(Rank& rank, int status) {
                          ")"));
     return;
   }
-  if (options_.elastic && rank.index != 0) {
+  if (options_.elastic) {
     const int alive = static_cast<int>(
         std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return !r.reaped; }));
     if (alive >= options_.min_nproc) {
@@ -391,8 +422,6 @@ void Launcher::OnRankExit(Rank& rank, int status) {
     }
     Message(absl::StrCat("rank ", rank.index, " ", how, "; elastic: only ", alive,
                          " rank(s) left, below --min-nproc ", options_.min_nproc));
-  } else if (options_.elastic) {
-    Message("rank 0 serves the store: the job cannot go on without it");
   }
   first_failure_ = FirstFailure{rank.index, rank.pid, how};
   Message(absl::StrCat("rank ", rank.index, " ", how, "; stopping the other ranks"));
@@ -420,6 +449,8 @@ std::vector<std::pair<std::string, std::string>> Launcher::RankVariables(int ind
     if (getenv("ADAPTCOMM_ELASTIC_MIN_WORLD") == nullptr) {
       overrides.emplace_back("ADAPTCOMM_ELASTIC_MIN_WORLD", std::to_string(options_.min_nproc));
     }
+    // The launcher serves the store: rank 0 connects like every other rank.
+    overrides.emplace_back("ADAPTCOMM_STORE_EXTERNAL", "1");
   }
   if (replacement) overrides.emplace_back("ADAPTCOMM_ELASTIC_JOIN", "1");
   return overrides;
@@ -517,7 +548,7 @@ int Launcher::Run() {
   start_ = Clock::now();
   start_wall_ = time(nullptr);
   int port = options_.master_port;
-  if (port == 0) {
+  if (port == 0 && !options_.elastic) {
     port = PickFreePort();
     if (port <= 0) {
       Message(absl::StrCat("cannot pick a free port: ", strerror(errno)));
@@ -534,6 +565,12 @@ int Launcher::Run() {
       return 1;
     }
     token = *fresh;
+  }
+  if (options_.elastic) {
+    // Serving the store here, the port is bound before any rank starts (port 0: the kernel picks
+    // one, so no other process can take it in between).
+    if (!StartStoreServer(port, token)) return 1;
+    port = store_server_->port();
   }
   if (!InstallSignals()) {
     Message(absl::StrCat("cannot create the signal pipe: ", strerror(errno)));
@@ -738,16 +775,19 @@ std::function<int()> SetupLaunch(CLI::App& sub) {
       ->check(DurationSeconds(/*zero_allowed=*/true));
   sub.add_flag("--no-prefix", options->no_prefix, "Do not prefix output lines with [rank R]");
   sub.add_flag("--elastic", options->elastic,
-               "A rank other than 0 that dies is dropped and the others go on (the ranks get "
-               "ADAPTCOMM_ELASTIC=shrink); exit 0 when the job finishes with fewer ranks");
+               "A rank that dies, rank 0 included, is dropped and the others go on (the ranks get "
+               "ADAPTCOMM_ELASTIC=shrink); exit 0 when the job finishes with fewer ranks. The "
+               "launcher serves the job's store itself (the ranks get ADAPTCOMM_STORE_EXTERNAL=1: "
+               "rank 0 connects to it instead of serving it), so losing rank 0 does not end the "
+               "job");
   sub.add_option("--min-nproc", options->min_nproc,
                  "--elastic: fewer ranks alive than this ends the job (torchrun's --nnodes MIN)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   sub.add_option("--max-restarts", options->max_restarts,
-                 "--elastic: restart a dead rank other than 0 as a replacement, up to N times in "
-                 "all (torchrun's word); it gets ADAPTCOMM_ELASTIC_JOIN=1 and the others admit it "
-                 "at their next Communicator::AdmitJoiners()")
+                 "--elastic: restart a dead rank (rank 0 included) as a replacement, up to N "
+                 "times in all (torchrun's word); it gets ADAPTCOMM_ELASTIC_JOIN=1 and the others "
+                 "admit it at their next Communicator::AdmitJoiners()")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
   sub.add_option("command", options->command, "PROGRAM ARGS... (after --)")->required();
@@ -761,7 +801,10 @@ std::function<int()> SetupLaunch(CLI::App& sub) {
       "names the rank that failed first (pid, exit code or signal) and the directory holding the\n"
       "flight records (read them with `adaptcomm trace culprit DIR`), and exits with that rank's\n"
       "code (128+signal for a signal death; 127/126 when the program cannot be executed).\n"
-      "SIGINT/SIGTERM are forwarded to the ranks as they are.");
+      "SIGINT/SIGTERM are forwarded to the ranks as they are.\n"
+      "With --elastic the launcher serves the store on 127.0.0.1:MASTER_PORT and the ranks get\n"
+      "ADAPTCOMM_STORE_EXTERNAL=1 (rank 0 is a client like the others: the job survives its\n"
+      "loss); ADAPTCOMM_ELASTIC=shrink and ADAPTCOMM_ELASTIC_MIN_WORLD=--min-nproc unless set.");
   return [options]() {
     Launcher launcher(*options);
     return launcher.Run();

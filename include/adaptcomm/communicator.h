@@ -104,10 +104,11 @@ struct ElasticOptions {
   std::function<void(const Membership&)> on_change;
   // This process replaces a lost rank of a running job (also ADAPTCOMM_ELASTIC_JOIN=1, which
   // `adaptcomm launch --elastic --max-restarts N` exports to a restarted rank): Create connects to
-  // the job's store (same name, master address and port; never rank 0, which serves the store),
-  // asks to join, and returns once the members admitted it at their next AdmitJoiners(), bounded
-  // by the init timeout, with the communicator on the grown world (membership().joined). Refused,
-  // naming why, when its profile differs from rank 0's.
+  // the job's store (same name, master address and port; rank 0 only when rank 0 does not serve
+  // the store: ADAPTCOMM_STORE_EXTERNAL=1, as under `adaptcomm launch --elastic`), asks to join,
+  // and returns once the members admitted it at their next AdmitJoiners(), bounded by the init
+  // timeout, with the communicator on the grown world (membership().joined). Refused, naming why,
+  // when its profile differs from rank 0's.
   bool join = false;
 };
 
@@ -133,7 +134,8 @@ struct CommunicatorOptions {
   absl::Duration init_timeout = absl::ZeroDuration();
 
   // Rendezvous. If `store` is set it is used as is; otherwise rank 0 serves a TCP store at
-  // master_addr:master_port and every rank connects to it.
+  // master_addr:master_port (unless ADAPTCOMM_STORE_EXTERNAL=1: another process serves it) and
+  // every rank connects to it.
   std::shared_ptr<Store> store;
   std::string master_addr;  // empty: MASTER_ADDR / ADAPTCOMM_MASTER_ADDR, else 127.0.0.1
   int master_port = 0;      // 0: MASTER_PORT / ADAPTCOMM_MASTER_PORT
@@ -233,7 +235,7 @@ class ADAPTCOMM_EXPORT Communicator {
   // Elastic grow (issue #14): admits the processes waiting to join (ElasticOptions::join). A
   // collective: every member calls it at the same point of its op sequence, at a step boundary
   // (every op it issued finished; FailedPrecondition otherwise). Rank 0 looks up the waiting
-  // joiners in the store (one request) and broadcasts their count (one 8-byte broadcast); with
+  // joiners in the store (one request) and broadcasts their count (one 16-byte broadcast); with
   // none it returns OK. Otherwise every member and joiner rebuilds the backend at the next
   // generation, the joiners appended as the last ranks (the members keep theirs), on_change runs,
   // and it returns Aborted "membership changed: ..." (IsMembershipChanged): broadcast the state

@@ -1,8 +1,9 @@
 // Store: the key-value rendezvous that ranks use to find each other (and, later, to agree on
 // retries, fallbacks and configuration hashes).
 //
-// Implementations: a TCP store (rank 0 serves, every rank is a client), a file store (a shared
-// directory), an in-process hash store (ranks as threads), and a prefix view of any of them.
+// Implementations: a TCP store (rank 0 or the launcher serves, every rank is a client), a file
+// store (a shared directory), an in-process hash store (ranks as threads), and a prefix view of
+// any of them.
 // Thread safety: every Store method is safe to call concurrently from many threads.
 // Every blocking call has a bound; none waits forever.
 #ifndef ADAPTCOMM_STORE_H_

@@ -35,6 +35,11 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   elastic_ = ResolveElasticPolicy(options_.elastic, config_.elastic).value_or(ElasticPolicy{});
   id_ = joined.has_value() ? joined->id : options_.rank;
   next_id_ = options_.world_size;
+  // A joiner's world size is the admitted one: the ids given so far go up to its own.
+  if (joined.has_value()) {
+    for (int id : joined->ids) next_id_ = std::max(next_id_, id + 1);
+    joiners_handled_ = joined->tickets_handled;
+  }
   {
     absl::MutexLock lock(&membership_mu_);
     membership_.rank = options_.rank;
@@ -106,6 +111,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     // A stalled rank gets its own op timeout to notice and vote, plus the report window.
     fc.vote_timeout = options_.timeout + options_.failure_report_window;
     fc.stop_bound = std::min(config_.timeouts.abort, absl::Seconds(2));
+    fc.rank0_serves_store = rendezvous_.store_server == StoreServer::kRankZero;
     coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
     executor_->SetFailureHandler(coordinator_);
     if (options_.check_collectives && !joined.has_value()) {
@@ -222,20 +228,21 @@ void CommunicatorImpl::MembershipInstalled(const MembershipChange& change) {
   if (options_.elastic.on_change) options_.elastic.on_change(membership());
 }
 
-std::map<int, std::string> CommunicatorImpl::HeldRanks(
-    const std::vector<int>& member_ids, const std::vector<ScreenedJoiner>& joiners) const {
+std::map<int, std::string> CommunicatorImpl::HeldRanks(const std::vector<int>& member_ids,
+                                                       const std::vector<ScreenedJoiner>& joiners,
+                                                       const JoinerClaims& claims) const {
   std::map<int, std::string> held;
   for (size_t r = 0; r < member_ids.size(); ++r) {
     const int id = member_ids[r];
-    auto joined = joiner_claims_.find(id);
-    const int rank_at_creation = joined == joiner_claims_.end() ? id : joined->second.first;
+    auto joined = claims.find(id);
+    const int rank_at_creation = joined == claims.end() ? id : joined->second.first;
     // Only the ranks a joiner claims are named: a member's name is one store request.
     if (std::none_of(joiners.begin(), joiners.end(),
                      [&](const ScreenedJoiner& j) { return j.claimed_rank == rank_at_creation; })) {
       continue;
     }
     const std::string who =
-        joined != joiner_claims_.end()
+        joined != claims.end()
             ? joined->second.second
             : rendezvous_.store->Get(absl::StrCat("join/", id), absl::ZeroDuration())
                   .value_or("a process that did not say who it is");
@@ -254,7 +261,10 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
   Store& store = *rendezvous_.store;
   // Rank 0 alone looks in the store (one request); the others learn the outcome from a broadcast
   // they would have to wait for anyway: no per-op or per-rank store traffic while nobody waits.
-  int64_t announce = 0;
+  // It carries the last ticket admitted now (0: none) and the last one screened: every member
+  // knows where screening stands, so a successor of a lost rank 0 neither screens a ticket twice
+  // nor skips one.
+  int64_t announced[2] = {0, joiners_handled_};
   std::vector<ScreenedJoiner> joiners;
   if (before.rank == 0) {
     absl::StatusOr<ScreenedJoiners> screened =
@@ -263,16 +273,18 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
       ADAPTCOMM_LOG(kWarning, "communicator '", options_.name,
                     "': cannot look for joiners: ", screened.status().ToString());
     } else {
-      joiners_handled_ = screened->count;
+      announced[1] = screened->count;
       joiners = std::move(screened->accepted);
-      if (!joiners.empty()) announce = screened->count;
+      if (!joiners.empty()) announced[0] = screened->count;
     }
   }
   OpDesc bcast;
   bcast.kind = OpKind::kBroadcast;
-  bcast.input = bcast.output = HostView(&announce, 1);
+  bcast.input = bcast.output = HostView(announced, 2);
   bcast.root = 0;
   if (absl::Status s = Submit(std::move(bcast)).Wait(); !s.ok()) return s;
+  joiners_handled_ = announced[1];
+  const int64_t announce = announced[0];
   if (announce == 0) return absl::OkStatus();
 
   const absl::Time deadline = absl::Now() + options_.init_timeout;
@@ -284,16 +296,22 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
     decision.generation = now.generation + 1;
     decision.first_seq = executor_->next_seq();
     decision.ids = coordinator_->Members();
-    RankClaims claims = CheckRankClaims(joiners, HeldRanks(decision.ids, joiners), options_.name);
+    absl::StatusOr<JoinerClaims> joined = ReadJoinerClaims(store);
+    if (!joined.ok()) {
+      Abort(joined.status());
+      return joined.status();
+    }
+    RankClaims claims =
+        CheckRankClaims(joiners, HeldRanks(decision.ids, joiners, *joined), options_.name);
     RefuseJoiners(store, claims.refused);
     std::vector<int64_t> tickets;
     for (const ScreenedJoiner& j : claims.admitted) {
-      joiner_claims_[next_id_] = {j.claimed_rank, j.who};
+      (*joined)[next_id_] = {j.claimed_rank, j.who};
       decision.ids.push_back(next_id_++);
       tickets.push_back(j.ticket);
     }
     if (absl::Status s = PublishAdmission(store, announce, decision.generation, decision.first_seq,
-                                          decision.ids, tickets, now.world_size);
+                                          decision.ids, tickets, now.world_size, *joined);
         !s.ok()) {
       Abort(s);
       return s;
@@ -309,6 +327,8 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
     }
     decision = *std::move(read);
   }
+  // Every member: whoever is rank 0 at the next admission gives fresh ids.
+  for (int id : decision.ids) next_id_ = std::max(next_id_, id + 1);
   // Every joiner was refused (CheckRankClaims): nothing changes.
   if (static_cast<int>(decision.ids.size()) == now.world_size) return absl::OkStatus();
   MembershipChange change;
@@ -554,10 +574,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::BuildBackendFor(
                   absl::FormatDuration(config_.backend.degrade_window),
                   " (profile backend.degrade_after_failures / degrade_window)");
   }
-  absl::StatusOr<BackendSelection> selected =
-      SelectBackend(o, config_, GenerationRendezvous(rendezvous_, generation),
-                    absl::Now() + options_.init_timeout, deps_, &executor_->backend(),
-                    std::move(shrink_lost));
+  absl::StatusOr<BackendSelection> selected = SelectBackend(
+      o, config_, GenerationRendezvous(rendezvous_, generation),
+      absl::Now() + options_.init_timeout, deps_, &executor_->backend(), std::move(shrink_lost));
   if (!selected.ok()) return selected.status();
   ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' rebuilt its backend as generation ",
                 generation, ": ", selected->backend->name(), " (", selected->reason, ")");
@@ -587,9 +606,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": joining a running job needs elastic.on_loss shrink or wait_for_replacement"));
   }
-  if (o.rank == 0) {
+  absl::StatusOr<StoreServer> server = ResolveStoreServer(o);
+  if (!server.ok()) return server.status();
+  if (o.rank == 0 && *server == StoreServer::kRankZero) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": rank 0 cannot be replaced (it serves the store; its loss ends the job)"));
+        what,
+        ": rank 0 cannot be replaced (it serves the store; its loss ends the job): serve the "
+        "store apart from the ranks (`adaptcomm launch --elastic`, ADAPTCOMM_STORE_EXTERNAL=1)"));
   }
   absl::StatusOr<Rendezvous> rv =
       JoinRendezvous(o, config.timeouts.store_connect, deadline, /*replacement=*/true);
@@ -625,6 +648,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
   joined.generation = admitted->generation;
   joined.first_seq = admitted->first_seq;
   joined.ids = admitted->ids;
+  joined.tickets_handled = admitted->count;
   return CommunicatorAccess::Wrap(std::make_unique<CommunicatorImpl>(
       std::move(o), std::move(config), *std::move(rv), std::move(selected->backend),
       std::move(selected->reason), deps, std::move(joined)));

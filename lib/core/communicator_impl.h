@@ -32,7 +32,8 @@ struct JoinedAs {
   int id = 0;  // its id among the members (votes, wake-ups)
   int generation = 0;
   uint64_t first_seq = 1;
-  std::vector<int> ids;  // every member's id, in rank order
+  std::vector<int> ids;         // every member's id, in rank order
+  int64_t tickets_handled = 0;  // the last joiner ticket screened when it was admitted
 };
 
 class CommunicatorImpl {
@@ -70,9 +71,11 @@ class CommunicatorImpl {
   // Communicator::AdmitJoiners (lib/core/elastic_grow.h).
   absl::Status AdmitJoiners();
   // Rank 0: who holds each rank at creation that one of `joiners` claims, among the members
-  // (`member_ids`, in rank order), for CheckRankClaims.
+  // (`member_ids`, in rank order; `claims`: the ranks that the members who joined claimed), for
+  // CheckRankClaims.
   std::map<int, std::string> HeldRanks(const std::vector<int>& member_ids,
-                                       const std::vector<ScreenedJoiner>& joiners) const;
+                                       const std::vector<ScreenedJoiner>& joiners,
+                                       const JoinerClaims& claims) const;
   // Elastic: the agreed change (the next rebuild is for its rank and world), and its installation
   // (the trainer's callback).
   void ApplyMembership(const MembershipChange& change);
@@ -92,11 +95,10 @@ class CommunicatorImpl {
   std::deque<absl::Time> recoveries_;  // times of coordinated retries (rebuilds), for degrade
   ElasticPolicy elastic_;
   int id_ = 0;  // this rank's id among the members: its rank at creation, or given at admission
-  // Rank 0 only (AdmitJoiners): the last joiner ticket screened, the next id to give, and each
-  // admitted joiner's claim: its id -> the rank at creation it replaced, and who it is.
+  // AdmitJoiners, kept by every member so that any of them can be rank 0 next: the last joiner
+  // ticket screened (rank 0's broadcast), and the next id to give (past every decision's ids).
   int64_t joiners_handled_ = 0;
   int next_id_ = 0;
-  std::map<int, std::pair<int, std::string>> joiner_claims_;
   // The membership after the last agreed change (rank and world: what the next rebuild builds).
   mutable absl::Mutex membership_mu_;
   Membership membership_ ABSL_GUARDED_BY(membership_mu_);

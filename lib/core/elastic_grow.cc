@@ -26,6 +26,7 @@ std::string JoinerKey(int64_t n) { return absl::StrCat("grow/joiner/", n); }
 std::string ListingKey(int64_t n) { return absl::StrCat("grow/joiner/", n, "/listing"); }
 std::string AdmitKey(int64_t n) { return absl::StrCat("grow/admit/", n); }
 std::string DecisionKey(int64_t count) { return absl::StrCat("grow/decision/", count); }
+constexpr char kClaims[] = "grow/claims";
 
 std::string HashText(const EffectiveConfig& config) {
   return absl::StrFormat("%016x", config.Hash());
@@ -92,9 +93,9 @@ absl::StatusOr<Admission> RequestAdmission(Store& store, const EffectiveConfig& 
   }
   std::vector<std::string> parts = absl::StrSplit(*answer, '|');
   Admission a;
-  if (parts.size() != 6 || parts[0] != "ok" || !absl::SimpleAtoi(parts[1], &a.generation) ||
+  if (parts.size() != 7 || parts[0] != "ok" || !absl::SimpleAtoi(parts[1], &a.generation) ||
       !absl::SimpleAtoi(parts[2], &a.id) || !absl::SimpleAtoi(parts[3], &a.rank) ||
-      !absl::SimpleAtoi(parts[4], &a.first_seq)) {
+      !absl::SimpleAtoi(parts[4], &a.first_seq) || !absl::SimpleAtoi(parts[6], &a.count)) {
     return absl::InternalError(absl::StrCat("malformed admission '", *answer, "'"));
   }
   absl::StatusOr<std::vector<int>> ids = ParseIds(parts[5]);
@@ -174,9 +175,36 @@ void RefuseJoiners(Store& store, const std::vector<std::pair<int64_t, std::strin
   }
 }
 
+absl::StatusOr<JoinerClaims> ReadJoinerClaims(Store& store) {
+  JoinerClaims claims;
+  absl::StatusOr<std::string> text = store.Get(kClaims, absl::ZeroDuration());
+  if (absl::IsNotFound(text.status())) return claims;  // nobody joined yet
+  if (!text.ok()) return text.status();
+  // One line per joiner: id|rank at creation|who.
+  for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits('|', 2));
+    int id = 0, rank = 0;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &id) ||
+        !absl::SimpleAtoi(parts[1], &rank)) {
+      return absl::InternalError(absl::StrCat("malformed joiner claim '", line, "' in ", kClaims));
+    }
+    claims[id] = {rank, parts[2]};
+  }
+  return claims;
+}
+
 absl::Status PublishAdmission(Store& store, int64_t count, int generation, uint64_t first_seq,
                               const std::vector<int>& ids, const std::vector<int64_t>& tickets,
-                              int first_new_rank) {
+                              int first_new_rank, const JoinerClaims& claims) {
+  // The claims before the decision: once a member sees the decision, a successor of this rank 0
+  // finds the claims of every joiner in it.
+  if (!tickets.empty()) {
+    std::string text;
+    for (const auto& [id, claim] : claims) {
+      absl::StrAppend(&text, id, "|", claim.first, "|", claim.second, "\n");
+    }
+    if (absl::Status s = store.Set(kClaims, text); !s.ok()) return s;
+  }
   const std::string csv = absl::StrJoin(ids, ",");
   if (absl::Status s =
           store.Set(DecisionKey(count), absl::StrCat(generation, "|", first_seq, "|", csv));
@@ -185,9 +213,9 @@ absl::Status PublishAdmission(Store& store, int64_t count, int generation, uint6
   }
   for (size_t i = 0; i < tickets.size(); ++i) {
     const int rank = first_new_rank + static_cast<int>(i);
-    if (absl::Status s = store.Set(
-            AdmitKey(tickets[i]),
-            absl::StrCat("ok|", generation, "|", ids[rank], "|", rank, "|", first_seq, "|", csv));
+    if (absl::Status s = store.Set(AdmitKey(tickets[i]),
+                                   absl::StrCat("ok|", generation, "|", ids[rank], "|", rank, "|",
+                                                first_seq, "|", csv, "|", count));
         !s.ok()) {
       return s;
     }

@@ -4,15 +4,19 @@
 // A joiner takes a ticket (n = Add("grow/joiners")), publishes who it is, its build, the rank it
 // replaces and its profile's hash and listing ("grow/joiner/<n>"), and waits for
 // "grow/admit/<n>". The members admit at a step boundary (Communicator::AdmitJoiners, a
-// collective): rank 0, which is never lost (it serves the store), screens the tickets it has not
-// seen (a joiner from another build, or whose profile differs, is refused, naming the versions or
-// the settings), broadcasts the number of the last ticket it accepted (0: none), refuses the
-// joiners that claim a rank some member or an earlier joiner holds (naming both processes), and
-// then writes the decision ("grow/decision/<c>" = generation|first seq|ids) and each joiner's
-// admission. Every member and joiner builds the backend of that generation for the new world: the
-// members keep their ranks, the joiners come after them in ticket order. Ids (ranks at creation
-// for the first members, world size at creation and up for joiners) key each rank's coordinator
-// entries (votes, wake-ups) and never change.
+// collective): the current rank 0 screens the tickets not screened yet (a joiner from another
+// build, or whose profile differs, is refused, naming the versions or the settings), broadcasts
+// the number of the last ticket it accepted (0: none) and of the last it screened (so that every
+// member knows where screening stands), refuses the joiners that claim a rank some member or an
+// earlier joiner holds (naming both processes; the claims of joiners admitted before are kept in
+// the store, "grow/claims"), and then writes the decision ("grow/decision/<c>" = generation|first
+// seq|ids) and each joiner's admission. Every member and joiner builds the backend of that
+// generation for the new world: the members keep their ranks, the joiners come after them in
+// ticket order. Ids (ranks at creation for the first members, world size at creation and up for
+// joiners) key each rank's coordinator entries (votes, wake-ups) and are never given twice: every
+// member follows the largest id of each decision. Nothing is kept on rank 0 alone: when a shrink
+// loses rank 0 (the store served apart from it, ADAPTCOMM_STORE_EXTERNAL=1), the new rank 0 admits
+// as its predecessor would have.
 #ifndef ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
 #define ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
 
@@ -36,6 +40,7 @@ struct Admission {
   int rank = 0;            // its rank in the new world
   uint64_t first_seq = 1;  // the sequence number of the first op on the new world
   std::vector<int> ids;    // every rank's id, in rank order (new world size = ids.size())
+  int64_t count = 0;       // the last ticket screened by this admission
 };
 
 // Who asks to join.
@@ -82,12 +87,19 @@ RankClaims CheckRankClaims(const std::vector<ScreenedJoiner>& joiners,
 // Rank 0: tells each refused joiner why (best effort: a joiner that died does not read it).
 void RefuseJoiners(Store& store, const std::vector<std::pair<int64_t, std::string>>& refused);
 
-// Rank 0: publishes the decision for `count` (members' ids, then the joiners', in ticket order)
-// and each accepted joiner's admission.
+// Every joiner admitted so far: its id -> the rank at creation it claimed and who it is
+// ("host:pid"). In the store, so that whichever rank is rank 0 knows which rank a member that
+// joined holds.
+using JoinerClaims = std::map<int, std::pair<int, std::string>>;
+[[nodiscard]] absl::StatusOr<JoinerClaims> ReadJoinerClaims(Store& store);
+
+// Rank 0: publishes `claims` (those read, plus the joiners admitted now), the decision for
+// `count` (members' ids, then the joiners', in ticket order) and each accepted joiner's
+// admission.
 [[nodiscard]] absl::Status PublishAdmission(Store& store, int64_t count, int generation,
                                             uint64_t first_seq, const std::vector<int>& ids,
-                                            const std::vector<int64_t>& tickets,
-                                            int first_new_rank);
+                                            const std::vector<int64_t>& tickets, int first_new_rank,
+                                            const JoinerClaims& claims);
 
 // Members other than rank 0: the decision for `count` (generation, first seq, ids in rank order).
 struct GrowDecision {

@@ -42,13 +42,18 @@ bool StoreUnreachable(const absl::Status& s) {
 
 // Sets key, retried until `until` (default: one attempt): after a link flap the store connection
 // may need several attempts (TCP backs off), and a vote that is never published fails the retry.
+// `cancelled` (optional) ends the retries: an aborted or destroyed communicator does not wait for
+// a store that is gone (rank 0's, with rank 0).
 absl::Status Publish(Store& store, const std::string& key, const std::string& value,
-                     absl::Time until = absl::InfinitePast()) {
+                     absl::Time until = absl::InfinitePast(),
+                     const std::atomic<bool>* cancelled = nullptr) {
   absl::Status s;
   for (absl::Duration pause = absl::Milliseconds(50);;
        pause = std::min(pause * 2, absl::Seconds(1))) {
     s = store.Set(key, value);
-    if (s.ok() || absl::Now() + pause >= until) break;
+    if (s.ok() || absl::Now() + pause >= until || (cancelled != nullptr && cancelled->load())) {
+      break;
+    }
     absl::SleepFor(pause);
   }
   if (!s.ok()) ADAPTCOMM_LOG(kWarning, "cannot publish ", key, " to the store: ", s.ToString());
@@ -57,19 +62,22 @@ absl::Status Publish(Store& store, const std::string& key, const std::string& va
 
 // Posts `message` to rank's numbered wake-ups, so that none is lost.
 absl::Status Wake(Store& store, int rank, const std::string& message,
-                  absl::Time until = absl::InfinitePast()) {
+                  absl::Time until = absl::InfinitePast(),
+                  const std::atomic<bool>* cancelled = nullptr) {
   absl::StatusOr<int64_t> n;
   for (absl::Duration pause = absl::Milliseconds(50);;
        pause = std::min(pause * 2, absl::Seconds(1))) {
     n = store.Add(absl::StrCat("wakes/", rank), 1);
-    if (n.ok() || absl::Now() + pause >= until) break;
+    if (n.ok() || absl::Now() + pause >= until || (cancelled != nullptr && cancelled->load())) {
+      break;
+    }
     absl::SleepFor(pause);
   }
   if (!n.ok()) {
     ADAPTCOMM_LOG(kWarning, "cannot wake rank ", rank, ": ", n.status().ToString());
     return n.status();
   }
-  return Publish(store, WakeKey(rank, *n), message, until);
+  return Publish(store, WakeKey(rank, *n), message, until, cancelled);
 }
 
 }  // namespace
@@ -77,8 +85,11 @@ absl::Status Wake(Store& store, int rank, const std::string& message,
 // The listener's world. Everything it uses after Stop() is owned here; the communicator's
 // recorder and callbacks are reached only under `mu` while `stopped` is false.
 struct FailureCoordinator::Listener {
-  Listener(int rank, std::string name, std::shared_ptr<Store> store)
-      : rank(rank), name(std::move(name)), store(std::move(store)) {}
+  Listener(int rank, std::string name, std::shared_ptr<Store> store, bool rank0_serves_store)
+      : rank(rank),
+        name(std::move(name)),
+        store(std::move(store)),
+        rank0_serves_store(rank0_serves_store) {}
 
   // Runs fn(recorder, abort, join_retry) unless Stop() came first.
   template <typename Fn>
@@ -94,6 +105,7 @@ struct FailureCoordinator::Listener {
   const int rank;
   const std::string name;
   const std::shared_ptr<Store> store;
+  const bool rank0_serves_store;
   absl::Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
   trace::FlightRecorder* recorder ABSL_GUARDED_BY(mu) = nullptr;
@@ -128,7 +140,8 @@ FailureCoordinator::~FailureCoordinator() { Stop(); }
 void FailureCoordinator::Start(std::function<void(const absl::Status&)> abort,
                                std::function<void(int)> join_retry, BackendRebuilder rebuilder) {
   rebuilder_ = std::move(rebuilder);
-  listener_ = std::make_shared<Listener>(options_.rank, options_.name, store_);
+  listener_ =
+      std::make_shared<Listener>(options_.rank, options_.name, store_, options_.rank0_serves_store);
   {
     absl::MutexLock lock(&listener_->mu);
     listener_->recorder = recorder_;
@@ -186,9 +199,12 @@ void FailureCoordinator::Listen(std::shared_ptr<Listener> listener) {
     if (!wake.ok()) {
       --next;  // retry the same number
       if (absl::IsDeadlineExceeded(wake.status())) continue;
-      absl::Status lost = absl::UnavailableError(
-          absl::StrCat("communicator '", listener->name, "' lost its store (",
-                       wake.status().message(), "); rank 0, which serves it, may be gone"));
+      absl::Status lost = absl::UnavailableError(absl::StrCat(
+          "communicator '", listener->name, "' lost its store (", wake.status().message(), "); ",
+          listener->rank0_serves_store
+              ? "rank 0 at creation, which serves the store, may be gone: the job cannot go on "
+                "without it"
+              : "the process that serves it may be gone, or this rank is cut off"));
       listener->Deliver([&](trace::FlightRecorder* recorder, auto& abort, auto&) {
         ADAPTCOMM_LOG(kError, lost.message());
         if (recorder != nullptr) (void)recorder->Dump(std::string(lost.message()));
@@ -227,13 +243,20 @@ void FailureCoordinator::Listen(std::shared_ptr<Listener> listener) {
 absl::Status FailureCoordinator::CutOff(const absl::Status& store_error,
                                         const absl::Status& cause) {
   // This rank cannot see the votes, so it cannot say who is missing; what it knows is that it is
-  // the one cut off (its link, or rank 0's store, is down).
+  // cut off from the store: its own link is down, or the store's server is gone. When rank 0
+  // serves the store, rank 0's death looks the same here, and ends the job.
   vote_failed_.store(true);
   store_unreachable_.store(true);
+  const std::string why =
+      options_.rank0_serves_store && options_.rank != 0
+          ? "rank 0 at creation, which serves the store, is gone or unreachable, or this rank "
+            "is cut off: without the store the job cannot go on (`adaptcomm launch --elastic` "
+            "serves the store apart from rank 0, ADAPTCOMM_STORE_EXTERNAL=1)"
+          : "this rank is cut off from the job";
   absl::Status failed = absl::UnavailableError(
       absl::StrCat("coordinated retry of communicator '", options_.name, "' impossible: rank ",
-                   options_.rank, " cannot reach the store (", store_error.message(),
-                   "): this rank is cut off from the job; first error here: ", cause.message()));
+                   options_.rank, " cannot reach the store (", store_error.message(), "): ", why,
+                   "; first error here: ", cause.message()));
   if (recorder_ != nullptr) (void)recorder_->Dump(std::string(failed.message()));
   return failed;
 }
@@ -275,7 +298,7 @@ absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generatio
     } else {
       decision = absl::StrCat("ok|", absl::StrJoin(present, ","));
     }
-    if (absl::Status s = Publish(*store_, key, decision, deadline); !s.ok()) {
+    if (absl::Status s = Publish(*store_, key, decision, deadline, &cancelled_); !s.ok()) {
       return CutOff(s, cause);
     }
   } else {
@@ -339,12 +362,13 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   const bool wants_degrade = rebuilder_.wants_degrade && rebuilder_.wants_degrade();
   absl::Status store_error =
       Publish(*store_, VoteKey(generation, options_.rank),
-              absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", fingerprint), vote_deadline);
+              absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", fingerprint), vote_deadline,
+              &cancelled_);
   if (!store_error.ok()) return CutOff(store_error, cause);
   for (size_t i = 0; i < members.size() && store_error.ok(); ++i) {
     if (members[i] != options_.rank) {
-      store_error =
-          Wake(*store_, members[i], absl::StrCat(kRetryPrefix, generation), vote_deadline);
+      store_error = Wake(*store_, members[i], absl::StrCat(kRetryPrefix, generation), vote_deadline,
+                         &cancelled_);
     }
   }
   std::vector<std::string> keys;
@@ -574,9 +598,10 @@ absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status stat
   }
   if (!failed.empty()) absl::StrAppend(&message, "; also failed: ", absl::StrJoin(failed, "; "));
   ADAPTCOMM_LOG(kError, message);
-  if (options_.rank == 0 && recorder_ != nullptr) {
+  if (!members.empty() && members.front() == options_.rank && recorder_ != nullptr) {
     // Rank 0 says who is behind itself when the others' dumps are reachable (a shared or local
     // dump directory), so nobody has to run `adaptcomm trace culprit` to read the first answer.
+    // The current rank 0: after a shrink that lost rank 0 at creation, its successor does.
     if (absl::StatusOr<trace::CulpritReport> report =
             trace::AnalyzeFlightDumps(recorder_->dump_dir());
         report.ok()) {

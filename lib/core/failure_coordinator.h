@@ -52,6 +52,9 @@ struct FailureCoordinatorOptions {
   // The members' ids in rank order; empty: 0 .. world_size-1. A joiner (elastic grow) starts with
   // the admitted world's ids, its own (`rank`) among them.
   std::vector<int> initial_members;
+  // Rank 0 at creation (id 0) serves the store: losing the store then means losing rank 0, and the
+  // errors say so. False when the launcher (ADAPTCOMM_STORE_EXTERNAL=1) or the caller serves it.
+  bool rank0_serves_store = false;
 };
 
 // How a retry rebuilds the backend. `wants_degrade` is asked once per vote: this rank's own view

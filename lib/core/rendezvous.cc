@@ -107,10 +107,36 @@ absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::T
 
 }  // namespace
 
+absl::StatusOr<StoreServer> ResolveStoreServer(const CommunicatorOptions& o) {
+  if (o.store != nullptr) return StoreServer::kCaller;
+  const char* external = Env("ADAPTCOMM_STORE_EXTERNAL");
+  if (external == nullptr || std::string(external) == "0") return StoreServer::kRankZero;
+  if (std::string(external) == "1") return StoreServer::kExternal;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "ADAPTCOMM_STORE_EXTERNAL='", external,
+      "': must be 1 (another process serves the store at MASTER_ADDR:MASTER_PORT and rank 0 "
+      "connects to it like every other rank) or 0 (rank 0 serves it)"));
+}
+
+std::string StoreServerName(StoreServer server) {
+  switch (server) {
+    case StoreServer::kRankZero:
+      return "rank 0";
+    case StoreServer::kExternal:
+      return "the process that started the ranks (ADAPTCOMM_STORE_EXTERNAL=1)";
+    case StoreServer::kCaller:
+      break;
+  }
+  return "the caller (CommunicatorOptions::store)";
+}
+
 absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
                                           absl::Duration store_connect, absl::Time deadline,
                                           bool replacement) {
   Rendezvous rv;
+  absl::StatusOr<StoreServer> server_kind = ResolveStoreServer(o);
+  if (!server_kind.ok()) return server_kind.status();
+  rv.store_server = *server_kind;
   std::string master = o.master_addr;
   if (master.empty()) {
     const char* env =
@@ -148,7 +174,7 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
     // A request the store has not answered this long past its own wait is lost (a cut link, a
     // dead rank 0): the profile's store bound, not TCP's minutes of retransmissions.
     tcp.io_timeout = std::max(store_connect, absl::Seconds(1));
-    if (o.rank == 0) {
+    if (o.rank == 0 && rv.store_server == StoreServer::kRankZero) {
       TcpStoreOptions serve = tcp;
       serve.host = StoreBindAddress(master);
       absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = StartTcpStoreServer(serve);
@@ -175,16 +201,29 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
       tcp.host = serve.host == "0.0.0.0" ? "127.0.0.1" : serve.host;
     }
     absl::StatusOr<std::shared_ptr<Store>> client = ConnectTcpStore(tcp);
+    if (!client.ok() && rv.store_server == StoreServer::kExternal) {
+      // No rank serves it: the process that set the variable must (adaptcomm launch --elastic).
+      return absl::Status(
+          client.status().code(),
+          absl::StrCat(client.status().message(),
+                       "; ADAPTCOMM_STORE_EXTERNAL=1 says that the process that started the ranks "
+                       "(e.g. `adaptcomm launch --elastic`) serves the store, so rank 0 does not"));
+    }
     if (!client.ok()) return client.status();
     rv.root_store = std::move(*client);
-    rv.description = absl::StrCat("tcp store ", master, ":", port);
+    rv.description = absl::StrCat("tcp store ", master, ":", port,
+                                  rv.store_server == StoreServer::kExternal
+                                      ? " (served apart from the ranks: ADAPTCOMM_STORE_EXTERNAL=1)"
+                                      : "");
   }
 
   int64_t incarnation = 0;
   if (replacement) {
-    // The running communicator is rank 0's latest incarnation (rank 0 is never replaced: it
-    // serves the store). A lost rank's claim stays behind, so nothing is claimed here. A
-    // replacement started before the job is up waits for it (bounded by the init timeout).
+    // The running communicator is the latest incarnation that rank 0 at creation counted (every
+    // rank counts the same; the count outlives rank 0 when rank 0 does not serve the store, and
+    // with it a replacement for rank 0 finds the job). A lost rank's claim stays behind, so
+    // nothing is claimed here. A replacement started before the job is up waits for it (bounded
+    // by the init timeout).
     for (;;) {
       absl::StatusOr<int64_t> current =
           rv.root_store->Add(absl::StrCat("adaptcomm/incarnations/", o.name, "/0"), 0);

@@ -1,5 +1,6 @@
-// Rendezvous of a communicator's ranks: the store (served by rank 0 unless the caller gave one),
-// a claim on the communicator's name, and the wait until every rank has joined.
+// Rendezvous of a communicator's ranks: the store (served by rank 0 unless the caller gave one or
+// another process serves it: ADAPTCOMM_STORE_EXTERNAL=1), a claim on the communicator's name, and
+// the wait until every rank has joined.
 #ifndef ADAPTCOMM_LIB_CORE_RENDEZVOUS_H_
 #define ADAPTCOMM_LIB_CORE_RENDEZVOUS_H_
 
@@ -13,14 +14,27 @@
 
 namespace adaptcomm::internal {
 
+// Who serves the job's store. Only with kRankZero does the loss of rank 0 end the job: with
+// kExternal (`adaptcomm launch --elastic` serves it in the launcher process) rank 0 is a client
+// like every other rank, and an elastic job goes on without it.
+enum class StoreServer { kRankZero, kExternal, kCaller };
+
+// The server the options ask for: kCaller with CommunicatorOptions::store, kExternal with
+// ADAPTCOMM_STORE_EXTERNAL=1, else kRankZero. InvalidArgument naming the variable for a value
+// other than 0 or 1.
+[[nodiscard]] absl::StatusOr<StoreServer> ResolveStoreServer(const CommunicatorOptions& options);
+// "rank 0", "the process that started the ranks (ADAPTCOMM_STORE_EXTERNAL=1)", "the caller".
+std::string StoreServerName(StoreServer server);
+
 struct Rendezvous {
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only, when adaptcomm serves the store
-  std::shared_ptr<Store> root_store;       // the job's store
-  std::shared_ptr<Store> store;            // scoped to this communicator's name
-  std::string transport_host;              // address Gloo binds to (when no interface is named)
-  std::string transport_iface;             // interface Gloo binds to, if named
-  std::string description;                 // for the creation log line
-  std::string job_id;                      // the same on every rank of this communicator
+  StoreServer store_server = StoreServer::kCaller;
+  std::shared_ptr<Store> root_store;  // the job's store
+  std::shared_ptr<Store> store;       // scoped to this communicator's name
+  std::string transport_host;         // address Gloo binds to (when no interface is named)
+  std::string transport_iface;        // interface Gloo binds to, if named
+  std::string description;            // for the creation log line
+  std::string job_id;                 // the same on every rank of this communicator
 };
 
 // REQUIRES: options.rank and options.world_size resolved and valid.
@@ -28,7 +42,8 @@ struct Rendezvous {
 // timeouts.store_connect), within the overall `deadline`.
 // `replacement` (elastic grow, ElasticOptions::join): joins the running communicator of this name
 // instead (its current incarnation on the store), without claiming a rank or waiting for the
-// others; NotFound when none is running there. REQUIRES: options.rank != 0 then.
+// others; NotFound when none is running there. REQUIRES: options.rank != 0 then, unless rank 0
+// does not serve the store (ResolveStoreServer is not kRankZero).
 absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& options,
                                           absl::Duration store_connect, absl::Time deadline,
                                           bool replacement = false);

@@ -42,6 +42,7 @@ const std::set<std::string>& KnownNonNcclNames() {
       "ADAPTCOMM_PROFILE",
       "ADAPTCOMM_PROFILE_STRICT",
       "ADAPTCOMM_SOURCE_DIR",
+      "ADAPTCOMM_STORE_EXTERNAL",
       "ADAPTCOMM_STORE_TOKEN",
       "ADAPTCOMM_TRACE",
       "ADAPTCOMM_TRACE_DIR",

@@ -1,4 +1,5 @@
-// The TCP store server: rank 0 serves the job's keys to every rank.
+// The TCP store server: rank 0 (or `adaptcomm launch --elastic`) serves the job's keys to every
+// rank.
 //
 // One thread accepts, one thread serves each connection (rendezvous traffic is a few requests
 // per rank, and a thread per connection keeps blocking GET/WAIT simple). Connections are
