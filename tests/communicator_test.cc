@@ -85,7 +85,8 @@ TEST(CommunicatorCreate, SecondCommunicatorWithSameNameOnSameStoreIsRefused) {
     ASSERT_TRUE(first.ok()) << first.status();
     auto second = Communicator::Create(env.options);
     ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(std::string(second.status().message()), HasSubstr("distinct"));
+    EXPECT_THAT(std::string(second.status().message()),
+                HasSubstr("have the same CommunicatorOptions::name"));
     CommunicatorOptions other = env.options;
     other.name = "second";
     auto renamed = Communicator::Create(other);

@@ -318,6 +318,7 @@ absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generatio
   std::vector<std::string> parts = absl::StrSplit(decision, absl::MaxSplits('|', 1));
   if (parts.size() != 2 || parts[0] != "ok") {
     vote_failed_.store(true);
+    decided_by_store_.store(true);
     return absl::UnavailableError(absl::StrCat(
         "coordinated retry of communicator '", options_.name, "' impossible: ",
         parts.size() == 2 ? parts[1] : decision, "; first error here: ", cause.message()));
@@ -329,6 +330,7 @@ absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generatio
   }
   if (std::find(survivors.begin(), survivors.end(), options_.rank) == survivors.end()) {
     vote_failed_.store(true);
+    decided_by_store_.store(true);
     return absl::UnavailableError(absl::StrCat(
         "communicator '", options_.name, "': this rank (rank ", options_.rank,
         " at creation) did not vote within ", absl::FormatDuration(options_.elastic.loss_window),
@@ -546,7 +548,7 @@ absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status stat
                           ? absl::UnavailableError("the store was already unreachable")
                           : Publish(*store_, FailureKey(options_.rank), cause);
   const std::vector<int> members = Members();
-  for (size_t i = 0; i < members.size() && told.ok(); ++i) {
+  for (size_t i = 0; i < members.size() && told.ok() && !decided_by_store_.load(); ++i) {
     if (members[i] != options_.rank) {
       told = Wake(*store_, members[i], absl::StrCat(kFailPrefix, options_.rank));
     }

@@ -122,8 +122,12 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   const std::shared_ptr<Store> store_;
   trace::FlightRecorder* const recorder_;
   BackendRebuilder rebuilder_;
-  std::atomic<bool> reported_{false};           // only the first failure is coordinated
-  std::atomic<bool> vote_failed_{false};        // a retry vote ran out: the missing ranks are known
+  std::atomic<bool> reported_{false};     // only the first failure is coordinated
+  std::atomic<bool> vote_failed_{false};  // a retry vote ran out: the missing ranks are known
+  // The store decided that the job cannot go on with this rank (below the minimum world, or this
+  // rank was left out): every survivor reads that same decision, so waking them to abort would
+  // only replace its reason with "rank N reported a failure".
+  std::atomic<bool> decided_by_store_{false};
   std::atomic<bool> store_unreachable_{false};  // a store request failed for want of the store
   std::atomic<bool> cancelled_{false};          // Cancel(): stop voting and reporting
   std::shared_ptr<Listener> listener_;          // null until Start()
