@@ -41,6 +41,7 @@
 #include "absl/strings/str_join.h"
 #include "adaptcomm/store.h"
 #include "tools/launch_io.h"
+#include "tools/launch_options.h"
 #include "tools/launch_proc.h"
 #include "tools/subcommands.h"
 
@@ -56,25 +57,6 @@ constexpr auto kDrainBound = std::chrono::seconds(2);
 constexpr int kTimeoutExitCode = 124;
 // While waiting for flight records, how often the dump files are looked at.
 constexpr auto kDumpCheckPeriod = std::chrono::milliseconds(20);
-
-struct LaunchOptions {
-  int nproc = 0;
-  int master_port = 0;
-  double timeout_s = 0;
-  double grace_s = 5;
-  double dump_wait_s = 3;
-  bool no_prefix = false;
-  // --elastic (#14): a rank that dies is dropped and the others go on (the library shrinks the
-  // communicator: ADAPTCOMM_ELASTIC=shrink), while at least min_nproc are alive. The launcher
-  // serves the store (ADAPTCOMM_STORE_EXTERNAL=1: rank 0 connects to it as a client), so that
-  // rank 0 may die too. With max_restarts, a dead rank is started again (up to that many times in
-  // all) as a replacement (ADAPTCOMM_ELASTIC_JOIN=1) that the others admit at their next step
-  // boundary (Communicator::AdmitJoiners).
-  bool elastic = false;
-  int min_nproc = 1;
-  int max_restarts = 0;
-  std::vector<std::string> command;
-};
 
 struct Rank {
   int index = 0;
@@ -755,56 +737,7 @@ void Launcher::ReportFlightRecords() {
 
 std::function<int()> SetupLaunch(CLI::App& sub) {
   auto options = std::make_shared<LaunchOptions>();
-  sub.add_option("-n,--nproc", options->nproc, "Number of ranks to start")
-      ->required()
-      ->check(CLI::Range(1, 4096));
-  sub.add_option("--master-port", options->master_port,
-                 "MASTER_PORT for the ranks (default: a free port)")
-      ->check(CLI::Range(0, 65535));
-  sub.add_option("--timeout", options->timeout_s,
-                 "End the whole job after this many seconds (exit code 124); 0 = no bound")
-      ->check(DurationSeconds(/*zero_allowed=*/true));
-  sub.add_option("--grace", options->grace_s,
-                 "Seconds between SIGTERM and SIGKILL when the job is stopped")
-      ->capture_default_str()
-      ->check(DurationSeconds(/*zero_allowed=*/true));
-  sub.add_option("--dump-wait", options->dump_wait_s,
-                 "When a rank fails or --timeout ends the job: seconds the other ranks get to dump "
-                 "their flight records (SIGUSR2) before SIGTERM; 0 = do not ask")
-      ->capture_default_str()
-      ->check(DurationSeconds(/*zero_allowed=*/true));
-  sub.add_flag("--no-prefix", options->no_prefix, "Do not prefix output lines with [rank R]");
-  sub.add_flag("--elastic", options->elastic,
-               "A rank that dies, rank 0 included, is dropped and the others go on (the ranks get "
-               "ADAPTCOMM_ELASTIC=shrink); exit 0 when the job finishes with fewer ranks. The "
-               "launcher serves the job's store itself (the ranks get ADAPTCOMM_STORE_EXTERNAL=1: "
-               "rank 0 connects to it instead of serving it), so losing rank 0 does not end the "
-               "job");
-  sub.add_option("--min-nproc", options->min_nproc,
-                 "--elastic: fewer ranks alive than this ends the job (torchrun's --nnodes MIN)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
-  sub.add_option("--max-restarts", options->max_restarts,
-                 "--elastic: restart a dead rank (rank 0 included) as a replacement, up to N "
-                 "times in all (torchrun's word); it gets ADAPTCOMM_ELASTIC_JOIN=1 and the others "
-                 "admit it at their next Communicator::AdmitJoiners()")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1000));
-  sub.add_option("command", options->command, "PROGRAM ARGS... (after --)")->required();
-  sub.footer(
-      "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1,\n"
-      "MASTER_PORT and ADAPTCOMM_STORE_TOKEN (kept if already set), and\n"
-      "ADAPTCOMM_FLIGHT_RECORDER_DIR: if not set, a new ${TMPDIR:-/tmp}/adaptcomm-flight-* per\n"
-      "job (removed at the end when empty). When a rank fails (or --timeout passes), the others\n"
-      "that catch SIGUSR2 (the library does) get it and up to --dump-wait seconds (default 3) to\n"
-      "dump their flight records; then SIGTERM, then SIGKILL after the grace period. The launcher\n"
-      "names the rank that failed first (pid, exit code or signal) and the directory holding the\n"
-      "flight records (read them with `adaptcomm trace culprit DIR`), and exits with that rank's\n"
-      "code (128+signal for a signal death; 127/126 when the program cannot be executed).\n"
-      "SIGINT/SIGTERM are forwarded to the ranks as they are.\n"
-      "With --elastic the launcher serves the store on 127.0.0.1:MASTER_PORT and the ranks get\n"
-      "ADAPTCOMM_STORE_EXTERNAL=1 (rank 0 is a client like the others: the job survives its\n"
-      "loss); ADAPTCOMM_ELASTIC=shrink and ADAPTCOMM_ELASTIC_MIN_WORLD=--min-nproc unless set.");
+  AddLaunchOptions(sub, *options);
   return [options]() {
     Launcher launcher(*options);
     return launcher.Run();
