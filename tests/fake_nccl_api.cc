@@ -308,12 +308,16 @@ struct FakeNcclApi::State {
   // Runs the deferred work of `stream` in order. A wait for an op that is not done yet first
   // forces the stream the op's event was recorded on, then (blocking) waits up to kFlushBound for
   // it, or (not blocking) stops there. Returns whether the queue is empty. `depth` bounds the
-  // recursion of streams waiting on each other (a real deadlock on a GPU too).
-  bool Flush(absl::Mutex& mu, void* stream, bool blocking, int depth = 0)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // recursion of streams waiting on each other (a real deadlock on a GPU too). With `until`, stops
+  // once that op is done: forcing another stream up to an awaited event runs only the work before
+  // the event (the work after it, e.g. a collective whose peers have not launched yet, may wait
+  // kFlushBound, and the waiting stream does not need it).
+  bool Flush(absl::Mutex& mu, void* stream, bool blocking, int depth = 0,
+             const FakeOp* until = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = deferred.find(stream);
     if (it == deferred.end()) return true;
     while (!it->second.empty()) {
+      if (until != nullptr && until->done()) return false;
       Deferred d = it->second.front();
       if (d.kind == Deferred::Kind::kCast) {
         RunCast(d);
@@ -335,7 +339,7 @@ struct FakeNcclApi::State {
         d.op->pending = 0;
       } else if (!d.op->done()) {
         if (d.op->marker_stream != nullptr && depth < 8) {
-          Flush(mu, d.op->marker_stream, blocking, depth + 1);
+          Flush(mu, d.op->marker_stream, blocking, depth + 1, d.op.get());
         }
         if (!d.op->done() &&
             (!blocking ||

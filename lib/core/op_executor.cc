@@ -62,6 +62,7 @@ OpExecutor::OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options
   generation_ = requested_generation_ = options_.initial_generation;
   next_seq_ = options_.first_seq;
   last_completed_seq_ = options_.first_seq - 1;
+  PublishMembershipLocked();
 }
 
 OpExecutor::~OpExecutor() {
@@ -89,7 +90,8 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
     }
   }
   desc.seq = next_seq_++;
-  auto work = std::make_shared<WorkImpl>(std::move(desc), weak_from_this());
+  // The op's one clock read: its enqueue time, and its start when it is launched right here.
+  auto work = std::make_shared<WorkImpl>(std::move(desc), absl::Now(), weak_from_this());
   work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
   if (work->desc().issued_at != nullptr && CanLaunchInlineLocked()) {
     LaunchInlineLocked(work);
@@ -127,43 +129,48 @@ bool OpExecutor::CanLaunchInlineLocked() const {
 void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
   // Queuing a stream-ordered op on the device cannot block on the device or on peers, and nothing
   // but this op runs here (the executor is idle and busy_ keeps the worker off): the caller pays
-  // for its own launch instead of a hand-off to the worker and back.
-  for (const auto& o : observers_) o->OnEnqueue(work->desc(), work->enqueue_time());
-  (void)work->MarkRunning();
+  // for its own launch instead of a hand-off to the worker and back. It starts when it was queued
+  // (a few instructions later): no second clock read.
+  const absl::Time started = work->enqueue_time();
   busy_ = true;
   running_ = work;
   executing_ = work;
-  running_since_ = absl::Now();
+  running_since_ = started;
   mu_.Unlock();
-  for (const auto& o : observers_) o->OnStart(work->desc(), running_since_);
-  bool launched = false;
-  absl::Status status = RunWithRetry(work, &launched);
+  // Nothing else finishes it meanwhile: it is in neither queue_ nor in_flight_, and running_ keeps
+  // Abort() off executing_. The observers hear of it before it can end (it is not launched yet).
+  (void)work->MarkRunning(started);
+  for (const auto& o : observers_) o->OnEnqueueAndStart(work->desc(), started);
+  std::optional<Launched> launched;
+  absl::Status status = RunWithRetry(work, started, &launched);
   mu_.Lock();
+  if (launched.has_value()) RecordLaunchLocked(work, *std::move(launched));
   running_ = nullptr;
   executing_ = nullptr;
   busy_ = false;
   // Not launched: refused before anything was queued (InvalidArgument), or the backend is no
   // longer stream-ordered and ran it to completion.
-  if (!launched) CompleteLocked(work, std::move(status));
+  if (!launched.has_value()) CompleteLocked(work, std::move(status));
 }
 
 void OpExecutor::RunHeadLocked() {
   std::shared_ptr<WorkImpl> work = std::move(queue_.front());
   queue_.pop_front();
-  if (!work->MarkRunning()) return;  // finished by an abort while queued
+  const absl::Time started = absl::Now();
+  if (!work->MarkRunning(started)) return;  // finished by an abort while queued
   busy_ = true;
   running_ = work;
   executing_ = work;
-  const absl::Time started = absl::Now();
   running_since_ = started;
   const OpDesc& desc = work->desc();
   mu_.Unlock();
   for (const auto& o : observers_) o->OnStart(desc, started);
-  bool launched = false;
-  absl::Status status = RunWithRetry(work, &launched);
-  if (launched) {
+  std::optional<Launched> launched;
+  absl::Status status = RunWithRetry(work, started, &launched);
+  if (launched.has_value()) {
     // On the device (or handed to the device-failure path): the watchdog finishes it.
     mu_.Lock();
+    RecordLaunchLocked(work, *std::move(launched));
     running_ = nullptr;
     executing_ = nullptr;
     busy_ = false;
@@ -196,8 +203,7 @@ void OpExecutor::CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Sta
 }
 
 size_t OpExecutor::InFlightWindow() const {
-  const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
-  return retries ? kInFlightWithRetries : kInFlightWithoutRetries;
+  return retries_ ? kInFlightWithRetries : kInFlightWithoutRetries;
 }
 
 absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) const {
@@ -214,16 +220,17 @@ absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) co
   return TranslateOp(work.desc(), changes);
 }
 
-absl::Status OpExecutor::Execute(const std::shared_ptr<WorkImpl>& work, bool* launched) {
-  *launched = false;
-  OpDesc renumbered;
+absl::Status OpExecutor::Execute(const std::shared_ptr<WorkImpl>& work, absl::Time started,
+                                 std::optional<Launched>* launched) {
+  launched->reset();
+  std::optional<OpDesc> renumbered;
   const OpDesc* current = &work->desc();
-  if (work->membership_epoch() != membership().epoch) {
+  if (work->membership_epoch() != epoch_.load(std::memory_order_acquire)) {
     // Issued before a membership change: run as it reads now, or fail it for the trainer to redo.
     absl::StatusOr<OpDesc> translated = ForCurrentMembership(*work);
     if (!translated.ok()) return translated.status();
     renumbered = *std::move(translated);
-    current = &renumbered;
+    current = &*renumbered;
   }
   const OpDesc& desc = *current;
   if (desc.wire.has_value() && !backend().capabilities().wire_cast) {
@@ -235,7 +242,7 @@ absl::Status OpExecutor::Execute(const std::shared_ptr<WorkImpl>& work, bool* la
   StreamOrdered* ordered = desc.issued_at != nullptr ? backend().stream_ordered() : nullptr;
   if (ordered == nullptr) return backend().Run(desc);  // e.g. degraded to staged Gloo
   absl::StatusOr<std::shared_ptr<DeviceCompletion>> completion;
-  if (recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1) {
+  if (retries_) {
     // The retry record's copy of the input (or its restore before a re-run) was queued on the
     // caller's stream just now: the op must come after it, so it takes its place from here.
     OpDesc behind_record = desc;
@@ -252,29 +259,31 @@ absl::Status OpExecutor::Execute(const std::shared_ptr<WorkImpl>& work, bool* la
   if (!completion.ok() && absl::IsInvalidArgument(completion.status())) {
     return completion.status();  // refused before anything was queued: local to this op
   }
-  absl::MutexLock lock(&mu_);
-  *launched = true;
-  if (!completion.ok()) {
-    // The ops in flight before this one are not finished either: they fail, and are retried,
-    // together with it, from the oldest (the position every rank votes on).
-    in_flight_.push_back(InFlight{work, nullptr});
-    if (device_failure_.ok()) device_failure_ = completion.status();
-    return absl::OkStatus();
-  }
-  if (in_flight_.empty()) head_since_ = absl::Now();
-  in_flight_.push_back(InFlight{work, *completion});
-  work->MarkLaunched(*std::move(completion));
+  launched->emplace(Launched{std::move(completion), started});
   return absl::OkStatus();
 }
 
-absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, bool* launched) {
+void OpExecutor::RecordLaunchLocked(const std::shared_ptr<WorkImpl>& work, Launched launched) {
+  if (!launched.completion.ok()) {
+    // The ops in flight before this one are not finished either: they fail, and are retried,
+    // together with it, from the oldest (the position every rank votes on).
+    in_flight_.push_back(InFlight{work, nullptr});
+    if (device_failure_.ok()) device_failure_ = launched.completion.status();
+    return;
+  }
+  if (in_flight_.empty()) head_since_ = launched.started;
+  in_flight_.push_back(InFlight{work, *launched.completion});
+  work->MarkLaunched(*std::move(launched.completion));
+}
+
+absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, absl::Time started,
+                                      std::optional<Launched>* launched) {
   const OpDesc& desc = work->desc();
   if (pre_run_check_) {
     if (absl::Status s = pre_run_check_(desc, Fingerprint(desc)); !s.ok()) return s;
   }
-  const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
   bool replayable = false;
-  if (retries) {
+  if (retries_) {
     replay_.BeforeOp(desc);
     absl::Status recorded = replay_.Record(desc, backend().device_memory());
     replayable = recorded.ok();
@@ -284,7 +293,7 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, boo
                     " runs without coordinated retry (said once): ", recorded.message());
     }
   }
-  absl::Status status = Execute(work, launched);
+  absl::Status status = Execute(work, started, launched);
   // A failure while another rank's retry is pending (the backend was interrupted or already
   // broken for it) joins that retry whatever its code; otherwise the policy decides.
   for (int attempt = 1;
@@ -305,13 +314,14 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, boo
       status = aborted_;
       break;
     }
+    started = absl::Now();
     {
       absl::MutexLock lock(&mu_);
       running_ = work;
-      running_since_ = absl::Now();
+      running_since_ = started;
     }
     status = replay_.RestoreInput(desc.seq);
-    if (status.ok()) status = Execute(work, launched);
+    if (status.ok()) status = Execute(work, started, launched);
     if (status.ok()) {
       ADAPTCOMM_LOG(kWarning, OpKindName(desc.kind), " #", desc.seq,
                     " succeeded after a coordinated retry (attempt ", attempt + 1, ")");
@@ -370,6 +380,20 @@ void OpExecutor::InstallBackend(std::unique_ptr<Backend> backend, int generation
   owned_backends_.push_back(std::move(backend));
   generation_ = generation;
   requested_generation_ = std::max(requested_generation_, generation);
+  PublishMembershipLocked();
+}
+
+void OpExecutor::PublishMembershipLocked() {
+  // A seqlock (membership()): odd while the copies change. Writers are serialized by mu_.
+  const uint64_t version = membership_version_.load(std::memory_order_relaxed);
+  membership_version_.store(version + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  const Backend& b = *backend_.load();
+  epoch_.store(static_cast<int>(changes_.size()), std::memory_order_relaxed);
+  member_rank_.store(b.rank(), std::memory_order_relaxed);
+  member_world_.store(b.size(), std::memory_order_relaxed);
+  member_generation_.store(generation_, std::memory_order_relaxed);
+  membership_version_.store(version + 2, std::memory_order_release);
 }
 
 absl::Status OpExecutor::Reconfigure(
@@ -435,9 +459,19 @@ int OpExecutor::generation() const {
 }
 
 OpExecutor::MembershipSnapshot OpExecutor::membership() const {
-  absl::MutexLock lock(&mu_);
-  const Backend& b = *backend_.load();
-  return MembershipSnapshot{static_cast<int>(changes_.size()), b.rank(), b.size(), generation_};
+  // Every op reads it: without mu_ (PublishMembershipLocked). A read that overlapped a change,
+  // which takes a few stores, is read again.
+  while (true) {
+    const uint64_t version = membership_version_.load(std::memory_order_acquire);
+    const MembershipSnapshot m{epoch_.load(std::memory_order_relaxed),
+                               member_rank_.load(std::memory_order_relaxed),
+                               member_world_.load(std::memory_order_relaxed),
+                               member_generation_.load(std::memory_order_relaxed)};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if ((version & 1) == 0 && membership_version_.load(std::memory_order_relaxed) == version) {
+      return m;
+    }
+  }
 }
 
 void OpExecutor::RecoverIdleLocked() {
@@ -461,9 +495,8 @@ void OpExecutor::RecoverIdleLocked() {
 void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> failed,
                                      absl::Status cause) {
   const OpDesc& oldest = failed.front()->desc();
-  const bool retries = recovery_handler_ != nullptr && recovery_handler_->max_attempts() > 1;
   absl::Status status = std::move(cause);
-  for (int attempt = 1; retries && attempt < recovery_handler_->max_attempts() && !Aborted() &&
+  for (int attempt = 1; retries_ && attempt < recovery_handler_->max_attempts() && !Aborted() &&
                         !absl::IsInvalidArgument(status) && !IsMembershipChanged(status) &&
                         (recovery_handler_->Retryable(status) || RecoveryRequested()) &&
                         replay_.Covers(oldest.seq, failed.back()->desc().seq);
@@ -476,12 +509,15 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
       const std::shared_ptr<WorkImpl>& work = failed[relaunched];
       work->MarkRelaunching();
       status = replay_.RestoreInput(work->desc().seq);
-      bool launched = false;
-      if (status.ok()) status = Execute(work, &launched);
-      if (status.ok() && !launched) {
-        absl::MutexLock lock(
-            &mu_);  // ran to completion (the rebuilt backend is not stream-ordered)
-        CompleteLocked(work, absl::OkStatus());
+      std::optional<Launched> launched;
+      if (status.ok()) status = Execute(work, absl::Now(), &launched);
+      if (status.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (launched.has_value()) {
+          RecordLaunchLocked(work, *std::move(launched));
+        } else {
+          CompleteLocked(work, absl::OkStatus());  // the rebuilt backend is not stream-ordered
+        }
       }
     }
     absl::MutexLock lock(&mu_);

@@ -119,6 +119,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // Called by the watchdog at least once a second while it is alive (see HeartbeatMonitor).
   void SetHeartbeat(std::function<void()> beat) { heartbeat_ = std::move(beat); }
   void SetRecoveryHandler(std::shared_ptr<RecoveryHandler> handler) {
+    retries_ = handler != nullptr && handler->max_attempts() > 1;
     recovery_handler_ = std::move(handler);
   }
   // Another rank started a coordinated retry that builds `generation`: join it. A running op is
@@ -182,19 +183,35 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   bool CanLaunchInlineLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Runs `work` (just submitted) on the issuing thread. REQUIRES: mu_ held; released meanwhile.
   void LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stream-ordered op queued on the device (or whose launch failed there), not yet in
+  // in_flight_: the executing thread records it (RecordLaunchLocked) under its next hold of mu_,
+  // which saves taking mu_ once more per op.
+  struct Launched {
+    absl::StatusOr<std::shared_ptr<DeviceCompletion>> completion;
+    absl::Time started;  // of the attempt that launched it
+  };
   // Runs `op` (recording it for replay when retries are on) and, on a retryable failure, joins or
-  // starts a coordinated retry. Called while busy_, without mu_.
-  // *launched: the op went to the device (stream-ordered) and is the watchdog's now.
-  absl::Status RunWithRetry(const std::shared_ptr<WorkImpl>& work, bool* launched);
+  // starts a coordinated retry. Called while busy_, without mu_. `started`: when it started (the
+  // caller's clock read). *launched set: the op went to the device (stream-ordered); once recorded
+  // it is the watchdog's.
+  absl::Status RunWithRetry(const std::shared_ptr<WorkImpl>& work, absl::Time started,
+                            std::optional<Launched>* launched);
   // One coordinated retry round from this rank's `position`; re-runs ops [restart, position) from
   // the replay log. Called while busy_, without mu_.
   absl::Status RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
                            const absl::Status& cause);
   // The worker's recovery when another rank asked for one while this rank was idle.
   void RecoverIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs `work`'s op on the current backend: Launch for a stream-ordered device op (the work is
-  // then in flight: *launched = true), else Run. Called while busy_, without mu_.
-  absl::Status Execute(const std::shared_ptr<WorkImpl>& work, bool* launched);
+  // Runs `work`'s op on the current backend: Launch for a stream-ordered device op (its result in
+  // *launched, for RecordLaunchLocked), else Run. Called while busy_, without mu_. `started`: when
+  // this attempt started; an op that is the oldest in flight once launched has its device timeout
+  // counted from there (its launch included), which saves a clock read per op.
+  absl::Status Execute(const std::shared_ptr<WorkImpl>& work, absl::Time started,
+                       std::optional<Launched>* launched);
+  // Puts a launched op in flight (or, if its launch failed, hands the ops in flight to the
+  // device-failure path). REQUIRES: mu_ held.
+  void RecordLaunchLocked(const std::shared_ptr<WorkImpl>& work, Launched launched)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ops in flight failed on the device (`cause`): retries them in order or fails them. On the
   // worker, while busy_, without mu_.
   void HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> failed, absl::Status cause);
@@ -211,6 +228,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InstallBackend(std::unique_ptr<Backend> backend, int generation,
                       std::optional<MembershipChange> change);
+  // Copies what membership() reports for readers without mu_ (a seqlock: membership_version_ is
+  // odd while they change). Called whenever the backend, changes_ or generation_ change.
+  void PublishMembershipLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `work`'s op as it reads on the current membership (TranslateOp), or why it cannot run there.
   absl::StatusOr<OpDesc> ForCurrentMembership(const WorkImpl& work) const;
 
@@ -222,6 +242,12 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
   // Membership changes so far: changes_[e] leads from epoch e to e + 1.
   std::vector<MembershipChange> changes_ ABSL_GUARDED_BY(mu_);
+  // membership() as of the last PublishMembershipLocked(); epoch_ is changes_.size().
+  std::atomic<uint64_t> membership_version_{0};
+  std::atomic<int> epoch_{0};
+  std::atomic<int> member_rank_{0};
+  std::atomic<int> member_world_{1};
+  std::atomic<int> member_generation_{0};
   int requested_generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
   ReplayLog replay_;            // used only by the executing thread (busy_)
@@ -250,7 +276,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   std::shared_ptr<FailureHandler> failure_handler_;            // fixed after Start()
   PreRunCheck pre_run_check_;                                  // fixed after Start()
   std::shared_ptr<RecoveryHandler> recovery_handler_;          // fixed after Start()
-  std::function<void()> heartbeat_;                            // fixed after Start()
+  // recovery_handler_ allows more than one attempt: asked once, when it is set, not per op.
+  bool retries_ = false;
+  std::function<void()> heartbeat_;  // fixed after Start()
   std::thread worker_;
   std::thread watchdog_;
 };

@@ -19,9 +19,10 @@ class OpExecutor;
 
 class WorkImpl {
  public:
-  // `executor`: the one that runs it (Wait() without a bound may run the op on the waiting thread,
-  // OpExecutor::RunOnWaiter); empty for a Work that never runs.
-  explicit WorkImpl(OpDesc desc, std::weak_ptr<OpExecutor> executor = {});
+  // `enqueue_time`: when the op was issued (the caller's clock read, so that issuing one reads the
+  // clock once). `executor`: the one that runs it (Wait() without a bound may run the op on the
+  // waiting thread, OpExecutor::RunOnWaiter); empty for a Work that never runs.
+  WorkImpl(OpDesc desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor = {});
   // A Work that failed before being queued (bad input, broken communicator).
   static std::shared_ptr<WorkImpl> Failed(OpDesc desc, absl::Status status);
 
@@ -31,8 +32,9 @@ class WorkImpl {
   int membership_epoch() const { return membership_epoch_; }
   void set_membership_epoch(int epoch) { membership_epoch_ = epoch; }
 
-  // Pending -> running; the timeout clock starts here. False if already terminal (aborted).
-  bool MarkRunning();
+  // Pending -> running at `now` (the caller's clock read); the timeout clock starts here. False if
+  // already terminal (aborted).
+  bool MarkRunning(absl::Time now);
   // Any non-terminal state -> done/failed/timed out. The first call wins; later ones are ignored
   // (the watchdog and the executor may both try). Returns whether this call won.
   bool Finish(absl::Status status);

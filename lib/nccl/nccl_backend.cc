@@ -2,14 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
@@ -29,29 +27,6 @@ using cuda::PointerInfo;
 using cuda::ScopedCudaDevice;
 
 constexpr char kUidKey[] = "nccl/uid";
-
-// ncclCommAbort(comm) on a helper thread, waited for at most `bound`.
-absl::Status AbortBounded(const std::shared_ptr<NcclApi>& api, NcclComm comm,
-                          absl::Duration bound) {
-  // ncclCommAbort itself can hang (a peer stuck in a kernel): run it on its own thread and stop
-  // waiting at the bound. The thread keeps the API alive if it outlives this call.
-  auto done = std::make_shared<absl::Notification>();
-  auto result = std::make_shared<std::atomic<int>>(0);
-  std::thread([api, comm, done, result] {
-    result->store(static_cast<int>(api->CommAbort(comm)));
-    done->Notify();
-  }).detach();
-  if (!done->WaitForNotificationWithTimeout(bound)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("ncclCommAbort did not return within ", absl::FormatDuration(bound),
-                     "; abandoned (its resources leak until the process exits)"));
-  }
-  const auto r = static_cast<NcclResult>(result->load());
-  if (r != NcclResult::kSuccess) {
-    return absl::UnavailableError(absl::StrCat("ncclCommAbort: ", NcclResultName(r)));
-  }
-  return absl::OkStatus();
-}
 
 bool InFlight(NcclResult r) { return r == NcclResult::kSuccess || r == NcclResult::kInProgress; }
 
@@ -121,10 +96,10 @@ class NcclBackend final : public Backend, public StreamOrdered {
   // Aborts the communicator once; with keep_comm_for_shrink and `allow_park`, only parks it (the
   // ops end through health_, ncclCommAbort waits for a shrink or ReleaseComm).
   void AbortCommOnce(bool allow_park = true);
-  std::string What(const OpDesc& op) const {
-    return absl::StrCat("nccl ", OpKindName(op.kind), " seq ", op.seq, " (rank ", options_.rank,
-                        ", cuda:", options_.device, ")");
+  LaunchedOp Launched(const OpDesc& op) const {
+    return LaunchedOp{op.kind, op.seq, options_.rank, options_.device};
   }
+  std::string What(const OpDesc& op) const { return Launched(op).Name(); }
 
   const std::shared_ptr<NcclApi> api_;
   const std::shared_ptr<CudaApi> cuda_;
@@ -412,7 +387,6 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
   if (absl::Status s = BeginCall(op); !s.ok()) return s;
   std::shared_ptr<DeviceCompletion> completion;
   absl::Status status = FinishCall([&]() -> absl::Status {
-    const absl::Time deadline = absl::Now() + op.timeout;
     // Only the library's own threads launch: the device stays current on them between ops.
     ScopedCudaDevice device(*cuda_, options_.device);
     if (int e = device.error(); e != kCudaSuccess) {
@@ -429,7 +403,9 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
     }
     if (!InFlight(r)) return Break(MapNcclResult(r, What(op), api_->GetLastError(comm_)));
     // A nonblocking communicator may still be launching: the event may be recorded only once it
-    // says the launch is done.
+    // says the launch is done. The clock is read only if it is not (the deadline is set when the
+    // first answer is "in progress"): a launch NCCL finished at once reads none.
+    absl::Time deadline = absl::InfiniteFuture();
     for (int i = 0; r == NcclResult::kInProgress; ++i) {
       if (abort_requested_.load()) return health();
       NcclResult state = NcclResult::kSuccess;
@@ -440,7 +416,9 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
         return Break(MapNcclResult(state, absl::StrCat(What(op), " (asynchronous error)"),
                                    api_->GetLastError(comm_)));
       }
-      if (absl::Now() > deadline) {
+      if (i == 0) {
+        deadline = absl::Now() + op.timeout;
+      } else if (absl::Now() > deadline) {
         return Break(absl::DeadlineExceededError(
             absl::StrCat(What(op), " was still being launched after ",
                          absl::FormatDuration(op.timeout), "; the NCCL communicator was aborted")));
@@ -454,12 +432,7 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       return Break(absl::UnavailableError(
           absl::StrCat(What(op), ": cudaEventRecord: ", cuda_->ErrorString(e))));
     }
-    completion = std::make_shared<NcclCompletion>(
-        events_, health_, *done,
-        [kind = op.kind, seq = op.seq, rank = options_.rank, device = options_.device] {
-          return absl::StrCat("nccl ", OpKindName(kind), " seq ", seq, " (rank ", rank,
-                              ", cuda:", device, ")");
-        });
+    completion = std::make_shared<NcclCompletion>(events_, health_, *done, Launched(op));
     return absl::OkStatus();
   }());
   if (!status.ok()) return status;
@@ -560,7 +533,7 @@ void NcclBackend::AbortCommOnce(bool allow_park) {
                   ": communicator kept (not aborted) for an elastic ncclCommShrink");
     return;
   }
-  absl::Status s = AbortBounded(api_, comm_, options_.abort_timeout);
+  absl::Status s = CommAbortBounded(api_, comm_, options_.abort_timeout);
   if (!s.ok()) ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank, ": ", s.message());
 }
 
@@ -675,7 +648,7 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Shrink(const std::vector<i
                                     absl::FormatDuration(o.init_timeout), "; ncclCommAbort called"))
                               : MapNcclResult(state, who, detail);
     if (child != nullptr) {
-      if (absl::Status a = AbortBounded(api_, child, o.abort_timeout); !a.ok()) {
+      if (absl::Status a = CommAbortBounded(api_, child, o.abort_timeout); !a.ok()) {
         failed = absl::Status(failed.code(), absl::StrCat(failed.message(), "; ", a.message()));
       }
     }
@@ -795,7 +768,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclA
                   absl::FormatDuration(absl::Trunc(options.init_timeout, absl::Milliseconds(1))),
                   "; ncclCommAbort called"));
     if (comm != nullptr) {
-      if (absl::Status a = AbortBounded(api, comm, o.abort_timeout); !a.ok()) {
+      if (absl::Status a = CommAbortBounded(api, comm, o.abort_timeout); !a.ok()) {
         failed = absl::Status(failed.code(), absl::StrCat(failed.message(), "; ", a.message()));
       }
     }

@@ -42,14 +42,19 @@ void EventPool::Give(CudaEvent event) {
   free_.push_back(event);
 }
 
-absl::Status CommHealth::Check(const std::function<std::string()>& what) {
+std::string LaunchedOp::Name() const {
+  return absl::StrCat("nccl ", OpKindName(kind), " seq ", seq, " (rank ", rank, ", cuda:", device,
+                      ")");
+}
+
+absl::Status CommHealth::Check(const LaunchedOp& op) {
   absl::ReaderMutexLock lock(&mu_);
   if (!live_) return retired_;
   NcclResult state = NcclResult::kSuccess;
   NcclResult r = api_->CommGetAsyncError(comm_, &state);
   if (r != NcclResult::kSuccess) state = r;
   if (state == NcclResult::kSuccess || state == NcclResult::kInProgress) return absl::OkStatus();
-  return MapNcclResult(state, absl::StrCat(what(), " (asynchronous error)"),
+  return MapNcclResult(state, absl::StrCat(op.Name(), " (asynchronous error)"),
                        api_->GetLastError(comm_));
 }
 
@@ -64,17 +69,17 @@ absl::StatusOr<bool> NcclCompletion::Poll() {
   // The event first: ncclCommAbort also ends the kernels, so a done event counts only while the
   // communicator was not retired (an op it ended must fail, not pass as done).
   const int q = pool_->api().EventQuery(done_);
-  if (absl::Status s = health_->Check(what_); !s.ok()) return s;
+  if (absl::Status s = health_->Check(op_); !s.ok()) return s;
   if (q == kCudaSuccess) return true;
   if (q == kCudaErrorNotReady) return false;
   return absl::UnavailableError(
-      absl::StrCat(what_(), ": cudaEventQuery: ", pool_->api().ErrorString(q)));
+      absl::StrCat(op_.Name(), ": cudaEventQuery: ", pool_->api().ErrorString(q)));
 }
 
 absl::Status NcclCompletion::MakeStreamWait(void* stream) {
   if (int e = pool_->api().StreamWaitEvent(stream, done_); e != kCudaSuccess) {
     return absl::UnavailableError(
-        absl::StrCat(what_(), ": cudaStreamWaitEvent: ", pool_->api().ErrorString(e)));
+        absl::StrCat(op_.Name(), ": cudaStreamWaitEvent: ", pool_->api().ErrorString(e)));
   }
   return absl::OkStatus();
 }

@@ -10,7 +10,7 @@
 #ifndef ADAPTCOMM_LIB_NCCL_STREAM_ORDER_H_
 #define ADAPTCOMM_LIB_NCCL_STREAM_ORDER_H_
 
-#include <functional>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +49,17 @@ class EventPool {
   std::vector<cuda::CudaEvent> free_ ABSL_GUARDED_BY(mu_);
 };
 
+// Which op a completion belongs to, for its error messages: a plain value, so that a launch costs
+// neither a string nor a heap-allocated callable; Name() builds the text only when one is reported.
+struct LaunchedOp {
+  OpKind kind = OpKind::kAllreduce;
+  uint64_t seq = 0;
+  int rank = 0;
+  int device = 0;
+  // "nccl allreduce seq 12 (rank 1, cuda:1)"
+  std::string Name() const;
+};
+
 // Whether a communicator may still be asked about its asynchronous errors: a completion must not
 // touch it once ncclCommAbort or ncclCommDestroy may run. Shared by the backend and its
 // completions.
@@ -56,8 +67,8 @@ class CommHealth {
  public:
   CommHealth(std::shared_ptr<NcclApi> api, NcclComm comm) : api_(std::move(api)), comm_(comm) {}
   // OK while the communicator is live and NCCL reports no asynchronous error (ncclInProgress is
-  // no error); else the mapped NCCL error naming `what`, or why the communicator was retired.
-  absl::Status Check(const std::function<std::string()>& what);
+  // no error); else the mapped NCCL error naming `op`, or why the communicator was retired.
+  absl::Status Check(const LaunchedOp& op);
   // After this returns no Check() touches the communicator; later ones return `why`. The first
   // reason wins.
   void Retire(absl::Status why);
@@ -86,11 +97,10 @@ class NcclStreamPosition final : public StreamPosition {
 // An op on the communicator's stream, done when the event recorded after it is.
 class NcclCompletion final : public DeviceCompletion {
  public:
-  // `what` names the op in errors ("nccl allreduce seq 12 (rank 1, cuda:1)"); built only when one
-  // is reported, so that a launch costs no string.
+  // `op` names the op in errors (LaunchedOp::Name, only when one is reported).
   NcclCompletion(std::shared_ptr<EventPool> pool, std::shared_ptr<CommHealth> health,
-                 cuda::CudaEvent done, std::function<std::string()> what)
-      : pool_(std::move(pool)), health_(std::move(health)), done_(done), what_(std::move(what)) {}
+                 cuda::CudaEvent done, const LaunchedOp& op)
+      : pool_(std::move(pool)), health_(std::move(health)), done_(done), op_(op) {}
   ~NcclCompletion() override { pool_->Give(done_); }
   absl::StatusOr<bool> Poll() override;
   absl::Status MakeStreamWait(void* stream) override;
@@ -99,7 +109,7 @@ class NcclCompletion final : public DeviceCompletion {
   const std::shared_ptr<EventPool> pool_;
   const std::shared_ptr<CommHealth> health_;
   const cuda::CudaEvent done_;
-  const std::function<std::string()> what_;
+  const LaunchedOp op_;
 };
 
 }  // namespace adaptcomm::nccl

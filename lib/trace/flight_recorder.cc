@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -54,14 +55,12 @@ void FlightRecorder::SetGeneration(int generation, const std::string& backend) {
   backend_ = backend;
 }
 
-void FlightRecorder::OnEnqueue(const OpDesc& op, absl::Time when) {
-  absl::MutexLock lock(&mu_);
+FlightRecorder::Entry& FlightRecorder::RecordEnqueueLocked(const OpDesc& op, absl::Time when) {
   Entry& e = ring_[op.seq % ring_.size()];
   const TensorView& data =
       op.kind == OpKind::kRecv || op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllgather
           ? (op.kind == OpKind::kRecv ? op.output : op.input)
           : op.input;
-  e = Entry{};
   e.seq = op.seq;
   e.kind = op.kind;
   e.dtype = data.dtype;
@@ -70,19 +69,38 @@ void FlightRecorder::OnEnqueue(const OpDesc& op, absl::Time when) {
   e.peer = op.peer;
   e.backend = backend_;
   e.generation = generation_;
+  e.state = "queued";
   e.enqueue = when;
+  e.start = absl::UnixEpoch();
+  e.end = absl::UnixEpoch();
+  e.error.clear();
   last_enqueued_ = std::max(last_enqueued_, op.seq);
+  return e;
 }
 
-void FlightRecorder::OnStart(const OpDesc& op, absl::Time when) {
-  absl::MutexLock lock(&mu_);
-  if (Entry* e = Find(op.seq)) {
+void FlightRecorder::RecordStartLocked(Entry* e, uint64_t seq, absl::Time when) {
+  if (e != nullptr) {
     e->state = "running";
     e->start = when;
     e->backend = backend_;
     e->generation = generation_;
   }
-  last_started_ = std::max(last_started_, op.seq);
+  last_started_ = std::max(last_started_, seq);
+}
+
+void FlightRecorder::OnEnqueue(const OpDesc& op, absl::Time when) {
+  absl::MutexLock lock(&mu_);
+  RecordEnqueueLocked(op, when);
+}
+
+void FlightRecorder::OnStart(const OpDesc& op, absl::Time when) {
+  absl::MutexLock lock(&mu_);
+  RecordStartLocked(Find(op.seq), op.seq, when);
+}
+
+void FlightRecorder::OnEnqueueAndStart(const OpDesc& op, absl::Time when) {
+  absl::MutexLock lock(&mu_);
+  RecordStartLocked(&RecordEnqueueLocked(op, when), op.seq, when);
 }
 
 void FlightRecorder::OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) {

@@ -33,6 +33,7 @@ class FlightRecorder final : public OpObserver {
 
   void OnEnqueue(const OpDesc& op, absl::Time when) override;
   void OnStart(const OpDesc& op, absl::Time when) override;
+  void OnEnqueueAndStart(const OpDesc& op, absl::Time when) override;
   void OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) override;
 
   // The backend generation (bumped when a retry or degrade rebuilds the backend).
@@ -64,6 +65,11 @@ class FlightRecorder final : public OpObserver {
     std::string error;
   };
   Entry* Find(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OnEnqueue / OnStart under mu_. The ring's entries are reused field by field: their strings
+  // keep their buffers, so recording an op allocates nothing.
+  Entry& RecordEnqueueLocked(const OpDesc& op, absl::Time when) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordStartLocked(Entry* e, uint64_t seq, absl::Time when)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FlightRecorderOptions options_;
   mutable absl::Mutex mu_;

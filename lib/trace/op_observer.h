@@ -16,6 +16,12 @@ class OpObserver {
   virtual ~OpObserver() = default;
   virtual void OnEnqueue(const OpDesc& op, absl::Time when) = 0;
   virtual void OnStart(const OpDesc& op, absl::Time when) = 0;
+  // Queued and started at once (an op the issuing thread launches itself): one call, so that a
+  // recorder may take its lock once.
+  virtual void OnEnqueueAndStart(const OpDesc& op, absl::Time when) {
+    OnEnqueue(op, when);
+    OnStart(op, when);
+  }
   virtual void OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) = 0;
 };
 
