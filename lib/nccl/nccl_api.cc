@@ -1,7 +1,12 @@
-// Parts of the seam that need neither CUDA nor NCCL: names and version arithmetic.
+// Parts of the seam that need neither CUDA nor NCCL: names, version arithmetic and a bounded
+// abort.
 #include "lib/nccl/nccl_api.h"
 
+#include <atomic>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 
 namespace adaptcomm::nccl {
 
@@ -38,6 +43,28 @@ std::string NcclVersionString(int code) {
   const int v = NormalizeNcclVersion(code);
   if (v <= 0) return absl::StrCat("unknown (", code, ")");
   return absl::StrCat(v / 10000, ".", (v % 10000) / 100, ".", v % 100);
+}
+
+absl::Status CommAbortBounded(const std::shared_ptr<NcclApi>& api, NcclComm comm,
+                              absl::Duration bound) {
+  // ncclCommAbort itself can hang (a peer stuck in a kernel): run it on its own thread and stop
+  // waiting at the bound. The thread keeps the API alive if it outlives this call.
+  auto done = std::make_shared<absl::Notification>();
+  auto result = std::make_shared<std::atomic<int>>(0);
+  std::thread([api, comm, done, result] {
+    result->store(static_cast<int>(api->CommAbort(comm)));
+    done->Notify();
+  }).detach();
+  if (!done->WaitForNotificationWithTimeout(bound)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("ncclCommAbort did not return within ", absl::FormatDuration(bound),
+                     "; abandoned (its resources leak until the process exits)"));
+  }
+  const auto r = static_cast<NcclResult>(result->load());
+  if (r != NcclResult::kSuccess) {
+    return absl::UnavailableError(absl::StrCat("ncclCommAbort: ", NcclResultName(r)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace adaptcomm::nccl

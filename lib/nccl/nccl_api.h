@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "lib/cuda/cuda_api.h"
 
 namespace adaptcomm::nccl {
@@ -135,6 +136,12 @@ inline constexpr int kMinNcclVersion = 21400;
 std::string NcclVersionString(int code);
 // The code normalised to the 2.9+ scheme (2.8.4 = 2804 -> 20804), so codes compare.
 int NormalizeNcclVersion(int code);
+
+// api->CommAbort(comm) on a thread of its own, waited for at most `bound`: ncclCommAbort itself
+// can hang (a peer stuck in a kernel). DeadlineExceeded past the bound (the call is abandoned and
+// its resources leak until the process exits), Unavailable naming NCCL's error.
+[[nodiscard]] absl::Status CommAbortBounded(const std::shared_ptr<NcclApi>& api, NcclComm comm,
+                                            absl::Duration bound);
 
 // dlopen()s NCCL once per process: `path` if given, else $ADAPTCOMM_NCCL_LIBRARY, else
 // "libnccl.so.2". Every required symbol is checked (optional ones, ncclCommShrink, are resolved
