@@ -616,6 +616,16 @@ TEST(ElasticGrow, ReplacementWithAnotherProfileOrALiveRankIsRefusedNamingWhy) {
           EXPECT_THAT(std::string(comm.status().message()), HasSubstr("refused by rank 0"));
           EXPECT_THAT(std::string(comm.status().message()), HasSubstr("11s vs 10s"));
           o.timeout = absl::Seconds(10);
+          // World limits come from the API or the environment too, outside the profile's hash.
+          o.elastic.min_world_size = 3;
+          comm = Communicator::Create(o);
+          ASSERT_FALSE(comm.ok());
+          EXPECT_TRUE(absl::IsFailedPrecondition(comm.status())) << comm.status();
+          EXPECT_THAT(std::string(comm.status().message()),
+                      HasSubstr("has other elastic limits than rank 0: elastic.on_loss=shrink "
+                                "elastic.min_world_size=3 loss_window=1s vs elastic.on_loss=shrink "
+                                "elastic.min_world_size=2 loss_window=1s"));
+          o.elastic.min_world_size = 2;
           // Rank 1 is alive: this process would be a second rank 1 (#14, bad input).
           comm = Communicator::Create(o);
           ASSERT_FALSE(comm.ok());
@@ -667,17 +677,19 @@ TEST(ElasticGrow, ReplacementWithAnotherProfileOrALiveRankIsRefusedNamingWhy) {
 TEST(ElasticGrow, ReplacementFromAnotherBuildIsRefusedNamingBothBuilds) {
   std::shared_ptr<Store> store = CreateHashStore();
   const EffectiveConfig config;
+  const std::string limits = internal::ElasticLimits(internal::ElasticPolicy{});
   auto ask = [&](const std::string& build) {
     internal::JoinerIdentity me;
     me.who = "hostB:4242";
     me.build = build;
     me.claimed_rank = 2;
+    me.limits = limits;
     return internal::RequestAdmission(*store, config, me, absl::Now() + absl::Seconds(20));
   };
   auto screen_next = [&](int64_t handled) {
     for (int i = 0; i < 2000; ++i) {
       absl::StatusOr<internal::ScreenedJoiners> s =
-          internal::ScreenJoiners(*store, handled, config, BuildVersion());
+          internal::ScreenJoiners(*store, handled, config, BuildVersion(), limits);
       if (!s.ok() || s->count > handled) return s;
       absl::SleepFor(absl::Milliseconds(5));
     }

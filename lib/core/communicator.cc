@@ -266,7 +266,7 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
   std::vector<ScreenedJoiner> joiners;
   if (before.rank == 0) {
     absl::StatusOr<ScreenedJoiners> screened =
-        ScreenJoiners(store, joiners_handled_, config_, BuildVersion());
+        ScreenJoiners(store, joiners_handled_, config_, BuildVersion(), ElasticLimits(elastic_));
     if (!screened.ok()) {
       ADAPTCOMM_LOG(kWarning, "communicator '", options_.name,
                     "': cannot look for joiners: ", screened.status().ToString());

@@ -258,6 +258,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
   me.who = absl::StrCat(host, ":", getpid());
   me.build = BuildVersion();
   me.claimed_rank = o.rank;
+  me.limits = ElasticLimits(*elastic);
   absl::StatusOr<Admission> admitted = RequestAdmission(*rv->store, config, me, deadline);
   if (!admitted.ok()) {
     return absl::Status(admitted.status().code(),

@@ -24,6 +24,7 @@ constexpr int kMaxKeysNamed = 8;
 
 std::string JoinerKey(int64_t n) { return absl::StrCat("grow/joiner/", n); }
 std::string ListingKey(int64_t n) { return absl::StrCat("grow/joiner/", n, "/listing"); }
+std::string LimitsKey(int64_t n) { return absl::StrCat("grow/joiner/", n, "/limits"); }
 std::string AdmitKey(int64_t n) { return absl::StrCat("grow/admit/", n); }
 std::string DecisionKey(int64_t count) { return absl::StrCat("grow/decision/", count); }
 constexpr char kClaims[] = "grow/claims";
@@ -71,6 +72,7 @@ absl::StatusOr<Admission> RequestAdmission(Store& store, const EffectiveConfig& 
   if (!ticket.ok()) return ticket.status();
   // The listing first: once rank 0 sees the description, the listing is there to compare.
   if (absl::Status s = store.Set(ListingKey(*ticket), config.CanonicalListing()); !s.ok()) return s;
+  if (absl::Status s = store.Set(LimitsKey(*ticket), me.limits); !s.ok()) return s;
   if (absl::Status s = store.Set(
           JoinerKey(*ticket),
           absl::StrCat(HashText(config), "|", me.build, "|", me.claimed_rank, "|", me.who));
@@ -109,7 +111,7 @@ absl::StatusOr<Admission> RequestAdmission(Store& store, const EffectiveConfig& 
 
 absl::StatusOr<ScreenedJoiners> ScreenJoiners(Store& store, int64_t handled,
                                               const EffectiveConfig& config,
-                                              const std::string& build) {
+                                              const std::string& build, const std::string& limits) {
   ScreenedJoiners out;
   absl::StatusOr<int64_t> count = store.Add(kJoiners, 0);
   if (!count.ok()) return count.status();
@@ -134,6 +136,14 @@ absl::StatusOr<ScreenedJoiners> ScreenJoiners(Store& store, int64_t handled,
       refused.emplace_back(
           n, absl::StrCat("joiner ", joiner.who, " runs another build than rank 0: adaptcomm ",
                           parts[1], " vs ", build));
+      continue;
+    }
+    // A replacement that would shrink, wait or fail otherwise than the members (#14, bad input).
+    if (const std::string theirs = store.Get(LimitsKey(n), kDescribeBound).value_or("(unknown)");
+        theirs != limits) {
+      refused.emplace_back(
+          n, absl::StrCat("joiner ", joiner.who, " has other elastic limits than rank 0: ", theirs,
+                          " vs ", limits));
       continue;
     }
     if (parts[0] != ours) {

@@ -48,6 +48,10 @@ struct JoinerIdentity {
   std::string who;       // "host:pid"
   std::string build;     // BuildVersion() (lib/base/build_info.h); no '|'
   int claimed_rank = 0;  // the rank at creation it replaces (its RANK)
+  // Its loss policy and world limits in words (ElasticLimits, lib/core/membership.h): they come
+  // from the API or the environment as well as the profile, so the profile's hash does not cover
+  // them.
+  std::string limits;
 };
 
 // Joiner: asks to join and waits until `deadline` for the members' answer. FailedPrecondition
@@ -57,8 +61,8 @@ struct JoinerIdentity {
                                                          const JoinerIdentity& me,
                                                          absl::Time deadline);
 
-// Rank 0: the tickets after `handled` that may join (rank 0's build, `build`, and its profile);
-// each refused one is told why at once. `count`: the last ticket seen.
+// Rank 0: the tickets after `handled` that may join (rank 0's build, `build`, its elastic limits,
+// `limits`, and its profile); each refused one is told why at once. `count`: the last ticket seen.
 struct ScreenedJoiner {
   int64_t ticket = 0;
   int claimed_rank = 0;
@@ -70,7 +74,8 @@ struct ScreenedJoiners {
 };
 [[nodiscard]] absl::StatusOr<ScreenedJoiners> ScreenJoiners(Store& store, int64_t handled,
                                                             const EffectiveConfig& config,
-                                                            const std::string& build);
+                                                            const std::string& build,
+                                                            const std::string& limits);
 
 // Rank 0, once the members are final for this admission: a rank at creation is held by at most
 // one process. `holders`: rank at creation -> the process that holds it now, in words

@@ -77,6 +77,12 @@ absl::StatusOr<ElasticPolicy> ResolveElasticPolicy(const ElasticOptions& given,
   return p;
 }
 
+std::string ElasticLimits(const ElasticPolicy& policy) {
+  return absl::StrCat("elastic.on_loss=", policy.name,
+                      " elastic.min_world_size=", policy.min_world_size,
+                      " loss_window=", absl::FormatDuration(policy.loss_window));
+}
+
 absl::Status MembershipChangedError(const MembershipChange& change, const std::string& what) {
   return absl::AbortedError(absl::StrCat(kMembershipChangedPrefix, change.reason, "; ", what,
                                          ": not run on the new membership, redo the step"));

@@ -43,6 +43,9 @@ struct ElasticPolicy {
 };
 [[nodiscard]] absl::StatusOr<ElasticPolicy> ResolveElasticPolicy(const ElasticOptions& options,
                                                                  const ElasticSettings& profile);
+// The policy in words, as members and joiners compare it: "elastic.on_loss=shrink
+// elastic.min_world_size=2 loss_window=1s".
+std::string ElasticLimits(const ElasticPolicy& policy);
 
 // `op`, issued under the membership before `changes` (oldest first), as it reads on the newest:
 // root and peer renumbered. A membership-changed status (IsMembershipChanged) when its meaning
