@@ -796,6 +796,15 @@ TEST(ElasticPolicy, OptionsWinOverTheProfileAndWaitAddsTheReplacementTimeout) {
   EXPECT_TRUE(p->elastic);
   EXPECT_FALSE(p->shrink_on_loss);
   EXPECT_EQ(p->loss_window, absl::Seconds(10));
+  // A joiner is compared with the members on these words: the two waits must differ in them.
+  const std::string wait_then_fail = internal::ElasticLimits(*p);
+  EXPECT_EQ(wait_then_fail,
+            "elastic.on_loss=wait_for_replacement elastic.after_timeout=fail "
+            "elastic.min_world_size=1 loss_window=10s");
+  options.after_timeout = LossPolicy::kShrink;
+  p = internal::ResolveElasticPolicy(options, profile);
+  ASSERT_TRUE(p.ok());
+  EXPECT_NE(internal::ElasticLimits(*p), wait_then_fail);
   options.after_timeout = LossPolicy::kWaitForReplacement;
   EXPECT_FALSE(internal::ResolveElasticPolicy(options, profile).ok());
 }

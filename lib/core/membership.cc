@@ -78,7 +78,11 @@ absl::StatusOr<ElasticPolicy> ResolveElasticPolicy(const ElasticOptions& given,
 }
 
 std::string ElasticLimits(const ElasticPolicy& policy) {
-  return absl::StrCat("elastic.on_loss=", policy.name,
+  // wait_for_replacement names two policies: what it does once the wait ran out tells them apart.
+  const std::string after = policy.name != "wait_for_replacement" ? ""
+                            : policy.shrink_on_loss               ? " elastic.after_timeout=shrink"
+                                                                  : " elastic.after_timeout=fail";
+  return absl::StrCat("elastic.on_loss=", policy.name, after,
                       " elastic.min_world_size=", policy.min_world_size,
                       " loss_window=", absl::FormatDuration(policy.loss_window));
 }

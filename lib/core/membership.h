@@ -44,7 +44,7 @@ struct ElasticPolicy {
 [[nodiscard]] absl::StatusOr<ElasticPolicy> ResolveElasticPolicy(const ElasticOptions& options,
                                                                  const ElasticSettings& profile);
 // The policy in words, as members and joiners compare it: "elastic.on_loss=shrink
-// elastic.min_world_size=2 loss_window=1s".
+// elastic.min_world_size=2 loss_window=1s" (wait_for_replacement adds elastic.after_timeout).
 std::string ElasticLimits(const ElasticPolicy& policy);
 
 // `op`, issued under the membership before `changes` (oldest first), as it reads on the newest:
