@@ -5,11 +5,18 @@
 //                     [--retries N]   (attempts per op; 1 = off, the default: raw Gloo has none)
 //                     [--backend gloo|shm|auto]   (adaptcomm's backend; default gloo)
 //                     [--no-baseline]   (adaptcomm alone: profiling, or its cost per op alone)
+//                     [--hosts H]   (fake hosts: network namespaces, root only; default 1)
 //
-// Ranks are forked processes on loopback. Every size runs in rounds that alternate adaptcomm and
+// Ranks are forked processes on loopback. With --hosts H they are spread over H network
+// namespaces joined by a bridge (rank r on host r % H), which the library tells apart as hosts:
+// `--backend auto` then runs the hierarchical backend (shared memory inside each namespace, Gloo
+// between the host leaders) while raw Gloo stays one flat ring over every rank, as a Gloo user
+// would run it across those hosts. Every size runs in rounds that alternate adaptcomm and
 // raw Gloo (so drift of the machine hits both alike); the median time of each is reported with
 // nccl-tests' algbw/busbw. Raw Gloo has no reduce_scatter in its options API, so its baseline for
 // reduce_scatter is the allreduce a raw-Gloo user would call instead (said in the output).
+#include <fcntl.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +41,7 @@
 #include "gloo/transport/tcp/device.h"
 #include "lib/gloo/gloo_store_adapter.h"
 #include "tests/harness.h"
+#include "tests/netns.h"
 
 namespace {
 
@@ -49,6 +58,14 @@ struct Config {
   int retries = 1;
   adaptcomm::BackendChoice backend = adaptcomm::BackendChoice::kGloo;
   bool baseline = true;  // raw Gloo in the same rounds
+  int hosts = 1;         // > 1: network namespaces as hosts (root only)
+};
+
+// Where a rank runs: its namespace's address (loopback with one host) and rank 0's.
+struct Place {
+  std::string ip = "127.0.0.1";
+  std::string master_ip = "127.0.0.1";
+  std::string iface;  // the namespace's interface, empty on loopback
 };
 
 double BusFactor(const std::string& op, int n) {
@@ -145,37 +162,46 @@ double Median(std::vector<double> v) {
 }
 
 // Raw Gloo on its own context and pairs, rendezvous through the same TCP store.
-std::shared_ptr<gloo::rendezvous::Context> ConnectRawGloo(int rank, int world, int port) {
+std::shared_ptr<gloo::rendezvous::Context> ConnectRawGloo(int rank, int world, int port,
+                                                          const Place& place) {
   adaptcomm::TcpStoreOptions so;
+  so.host = place.master_ip;
   so.port = port;
   auto store = adaptcomm::ConnectTcpStore(so);
   if (!store.ok()) _exit(1);
   adaptcomm::gloo_backend::GlooStoreAdapter adapter(
       adaptcomm::CreatePrefixStore("raw-gloo", *store), absl::Seconds(60));
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  attr.hostname = place.ip;
   auto device = gloo::transport::tcp::CreateDevice(attr);
   auto raw = std::make_shared<gloo::rendezvous::Context>(rank, world);
   raw->connectFullMesh(adapter, device);
   return raw;
 }
 
-void RankMain(const Config& cfg, int rank, int world, int port, FILE* report) {
+void RankMain(const Config& cfg, int rank, int world, int port, const Place& place,
+              FILE* report) {
   adaptcomm::CommunicatorOptions o;
   o.rank = rank;
   o.world_size = world;
-  o.master_addr = "127.0.0.1";
+  o.master_addr = place.master_ip;
+  o.iface = place.iface;
   o.master_port = port;
   o.backend = cfg.backend;
-  o.fallback = adaptcomm::Fallback::kDeny;  // measure the backend asked for, or fail
+  // Measure the backend asked for, or fail; auto reports what it chose (and why) instead.
+  o.fallback = cfg.backend == adaptcomm::BackendChoice::kAuto ? adaptcomm::Fallback::kAllow
+                                                              : adaptcomm::Fallback::kDeny;
   o.max_retry_attempts = cfg.retries;
   auto comm = adaptcomm::Communicator::Create(o);
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
     _exit(1);
   }
+  if (report != nullptr) {
+    std::fprintf(report, "#%s: %s\n", (*comm)->backend_name(), (*comm)->selection_reason().c_str());
+  }
   std::shared_ptr<gloo::rendezvous::Context> raw;
-  if (cfg.baseline) raw = ConnectRawGloo(rank, world, port);
+  if (cfg.baseline) raw = ConnectRawGloo(rank, world, port, place);
   Runner runner(**comm, raw);
   for (const std::string& op : cfg.ops) {
     for (size_t bytes = cfg.min_bytes; bytes <= cfg.max_bytes; bytes *= 4) {
@@ -256,6 +282,9 @@ bool ParseArgs(int argc, char** argv, Config& cfg) {
         return false;
       }
       ++i;
+    } else if (a == "--hosts") {
+      if (!absl::SimpleAtoi(v, &cfg.hosts) || cfg.hosts < 1) return false;
+      ++i;
     } else if (a == "--quick") {
       cfg.quick = true;
     } else {
@@ -273,8 +302,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: collectives_bench [--ranks 2,4] [--ops allreduce,allgather,"
                  "reduce_scatter,broadcast] [--min-bytes N] [--max-bytes N] [--csv FILE] "
-                 "[--quick] [--retries N] [--backend gloo|shm|auto] [--no-baseline]\n");
+                 "[--quick] [--retries N] [--backend gloo|shm|auto] [--no-baseline] "
+                 "[--hosts H]\n");
     return 2;
+  }
+  std::unique_ptr<adaptcomm::testing::Netns> net;
+  if (cfg.hosts > 1) {
+    net = std::make_unique<adaptcomm::testing::Netns>(cfg.hosts);
+    if (!net->Up()) {
+      std::fprintf(stderr, "--hosts %d: cannot build network namespaces (root and iproute2 needed)\n",
+                   cfg.hosts);
+      return 1;
+    }
   }
   char tmpl[] = "/tmp/adaptcomm-bench-XXXXXX";
   int fd = mkstemp(tmpl);
@@ -286,8 +325,18 @@ int main(int argc, char** argv) {
     for (int r = 0; r < world; ++r) {
       pid_t pid = fork();
       if (pid == 0) {
+        Place place;
+        if (net != nullptr) {
+          const int ns = open(("/var/run/netns/" + net->Ns(r % cfg.hosts)).c_str(), O_RDONLY);
+          if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) {
+            std::fprintf(stderr, "rank %d: cannot enter namespace %s\n", r,
+                         net->Ns(r % cfg.hosts).c_str());
+            _exit(1);
+          }
+          place = {net->Ip(r % cfg.hosts), net->Ip(0), "eth0"};
+        }
         FILE* report = r == 0 ? std::fopen(tmpl, "a") : nullptr;
-        RankMain(cfg, r, world, port, report);
+        RankMain(cfg, r, world, port, place, report);
         if (report) std::fclose(report);
         _exit(0);
       }
@@ -309,11 +358,17 @@ int main(int argc, char** argv) {
       "op,ranks,bytes,adaptcomm_us,adaptcomm_algbw_GBps,adaptcomm_busbw_GBps,gloo_us,"
       "gloo_busbw_GBps,time_ratio";
   if (csv) std::fprintf(csv, "%s\n", header);
-  std::printf("adaptcomm backend: %s\n", adaptcomm::BackendChoiceName(cfg.backend));
+  std::printf("adaptcomm backend: %s", adaptcomm::BackendChoiceName(cfg.backend));
+  if (cfg.hosts > 1) std::printf(", ranks over %d network namespaces as hosts", cfg.hosts);
+  std::printf("\n");
   std::printf("%-15s %5s %9s %12s %9s %9s %12s %9s %7s\n", "op", "ranks", "size", "adaptcomm_us",
               "algbw", "busbw", "raw_gloo_us", "busbw", "ratio");
-  char line[512];
+  char line[4096];
   while (rows && std::fgets(line, sizeof(line), rows)) {
+    if (line[0] == '#') {  // a run's selected backend and why
+      std::printf("  %s", line + 1);
+      continue;
+    }
     if (csv) std::fputs(line, csv);
     char op[64];
     int world;
