@@ -179,8 +179,7 @@ std::shared_ptr<gloo::rendezvous::Context> ConnectRawGloo(int rank, int world, i
   return raw;
 }
 
-void RankMain(const Config& cfg, int rank, int world, int port, const Place& place,
-              FILE* report) {
+void RankMain(const Config& cfg, int rank, int world, int port, const Place& place, FILE* report) {
   adaptcomm::CommunicatorOptions o;
   o.rank = rank;
   o.world_size = world;
@@ -310,7 +309,8 @@ int main(int argc, char** argv) {
   if (cfg.hosts > 1) {
     net = std::make_unique<adaptcomm::testing::Netns>(cfg.hosts);
     if (!net->Up()) {
-      std::fprintf(stderr, "--hosts %d: cannot build network namespaces (root and iproute2 needed)\n",
+      std::fprintf(stderr,
+                   "--hosts %d: cannot build network namespaces (root and iproute2 needed)\n",
                    cfg.hosts);
       return 1;
     }
