@@ -2,6 +2,11 @@
 //
 // Ownership: a Work shares the operation's state with the communicator that runs it; dropping the
 // handle does not cancel the operation (it still runs, in order, like every other op).
+// Progress: an operation runs whether or not anyone waits for it. On a backend that runs on any
+// thread (shared memory), Wait() without a bound may run the caller's own host op on the calling
+// thread, and while a caller waits right after issuing, its ops may be left for it to run: one
+// nobody waits for starts on the communicator's thread within a millisecond (at once after a
+// bounded Wait, a state() or completed() query, or another op issued first).
 // Thread safety: all methods may be called from any thread, concurrently.
 // Handles are move-only: a copy would let two owners disagree about who waits.
 #ifndef ADAPTCOMM_WORK_H_

@@ -20,6 +20,11 @@ constexpr absl::Duration kDevicePoll = absl::Milliseconds(1);
 // (4) must cover a window behind and a window ahead of this rank's oldest unfinished op.
 constexpr size_t kInFlightWithRetries = 2;
 constexpr size_t kInFlightWithoutRetries = 1024;
+// While host ops are left to their waiters (defer_to_waiter_): how often the worker looks for one
+// nobody came for (an op issued and not waited for starts within two ticks), and how long it keeps
+// looking after the last one.
+constexpr absl::Duration kWaiterTick = absl::Microseconds(500);
+constexpr absl::Duration kTickingIdle = absl::Milliseconds(50);
 
 bool OnDevice(const OpDesc& op) { return op.output.device.is_cuda() || op.input.device.is_cuda(); }
 
@@ -104,6 +109,15 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
     work->Finish(absl::FailedPreconditionError("communicator is shutting down"));
   } else {
     for (const auto& o : observers_) o->OnEnqueue(work->desc(), work->enqueue_time());
+    if (deferred_seq_ != 0) {
+      // A second op before the first was waited for: the caller overlaps; the worker runs both.
+      deferred_seq_ = 0;
+      defer_to_waiter_ = false;
+    } else if (defer_to_waiter_ && queue_.empty() && !busy_ && in_flight_.empty() &&
+               !OnDevice(work->desc()) && backend().capabilities().runs_on_any_thread) {
+      deferred_seq_ = work->desc().seq;
+      last_deferred_ = work->enqueue_time();
+    }
     queue_.push_back(work);
   }
   return work;
@@ -111,13 +125,35 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
 
 bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
   absl::MutexLock lock(&mu_);
+  if (OnDevice(work->desc()) || !backend().capabilities().runs_on_any_thread) return false;
   if (!aborted_.ok() || stopping_ || busy_ || queue_.empty() || queue_.front().get() != work ||
-      !device_failure_.ok() || requested_generation_ > generation_ || !in_flight_.empty() ||
-      OnDevice(work->desc()) || !backend().capabilities().runs_on_any_thread) {
+      !device_failure_.ok() || requested_generation_ > generation_ || !in_flight_.empty()) {
+    // Waiting for the op the worker has just started: this caller waits right after issuing, so
+    // its next op is left to it.
+    if (running_.get() == work && absl::Now() - work->enqueue_time() < kWaiterTick) {
+      defer_to_waiter_ = true;
+    }
     return false;
   }
+  defer_to_waiter_ = true;
   RunHeadLocked();
   return true;
+}
+
+void OpExecutor::Expedite(const WorkImpl* work) {
+  absl::MutexLock lock(&mu_);
+  if (deferred_seq_ == 0 || deferred_seq_ != work->desc().seq) return;
+  deferred_seq_ = 0;
+  defer_to_waiter_ = false;
+}
+
+void OpExecutor::ExpireDeferralLocked(absl::Time now) {
+  if (deferred_seq_ != 0 && !queue_.empty() && queue_.front()->desc().seq == deferred_seq_ &&
+      now - queue_.front()->enqueue_time() >= kWaiterTick) {
+    deferred_seq_ = 0;  // issued and not waited for within a tick: the caller overlaps
+    defer_to_waiter_ = false;
+  }
+  if (deferred_seq_ == 0 && now - last_deferred_ >= kTickingIdle) defer_to_waiter_ = false;
 }
 
 bool OpExecutor::CanLaunchInlineLocked() const {
@@ -156,6 +192,7 @@ void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
 void OpExecutor::RunHeadLocked() {
   std::shared_ptr<WorkImpl> work = std::move(queue_.front());
   queue_.pop_front();
+  if (work->desc().seq == deferred_seq_) deferred_seq_ = 0;
   const absl::Time started = absl::Now();
   if (!work->MarkRunning(started)) return;  // finished by an abort while queued
   busy_ = true;
@@ -566,21 +603,33 @@ std::deque<std::shared_ptr<WorkImpl>> OpExecutor::TakeUnfinishedInFlightLocked()
 
 void OpExecutor::WorkerLoop() {
   absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    if (busy_) return false;
+    if (!device_failure_.ok()) return true;
+    const bool recovery = requested_generation_ > generation_;
+    // A retry another rank asked for while ops are in flight arrives as their failure.
+    if (recovery) return in_flight_.empty();
+    if (queue_.empty()) return stopping_ && in_flight_.empty();
+    if (queue_.front()->desc().seq == deferred_seq_ && !stopping_) return false;  // its waiter's
+    // A stream-ordered op joins those in flight (up to the window); any other op runs alone,
+    // after the device finished them (one NCCL communicator, one order of its ops).
+    const bool ordered =
+        queue_.front()->desc().issued_at != nullptr && backend().stream_ordered() != nullptr;
+    return ordered ? in_flight_.size() < InFlightWindow() : in_flight_.empty();
+  };
+  // Also when deferral starts or stops: the worker sleeps in ticks exactly while it is on.
+  auto wake = [this, &ready]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return defer_to_waiter_ != worker_ticking_ || ready();
+  };
   while (true) {
-    auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      if (busy_) return false;
-      if (!device_failure_.ok()) return true;
-      const bool recovery = requested_generation_ > generation_;
-      // A retry another rank asked for while ops are in flight arrives as their failure.
-      if (recovery) return in_flight_.empty();
-      if (queue_.empty()) return stopping_ && in_flight_.empty();
-      // A stream-ordered op joins those in flight (up to the window); any other op runs alone,
-      // after the device finished them (one NCCL communicator, one order of its ops).
-      const bool ordered =
-          queue_.front()->desc().issued_at != nullptr && backend().stream_ordered() != nullptr;
-      return ordered ? in_flight_.size() < InFlightWindow() : in_flight_.empty();
-    };
-    mu_.Await(absl::Condition(&ready));
+    worker_ticking_ = defer_to_waiter_;
+    if (worker_ticking_) {
+      mu_.AwaitWithDeadline(absl::Condition(&wake), absl::Now() + kWaiterTick);
+      ExpireDeferralLocked(absl::Now());
+    } else {
+      mu_.Await(absl::Condition(&wake));
+    }
+    if (!ready()) continue;
     if (!device_failure_.ok()) {
       absl::Status cause = std::move(device_failure_);
       device_failure_ = absl::OkStatus();
@@ -710,6 +759,7 @@ void OpExecutor::Abort(const absl::Status& reason) {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = reason.ok() ? absl::AbortedError("aborted") : reason;
     dropped.swap(queue_);
+    deferred_seq_ = 0;
     // The op being executed may be in a coordinated retry's vote or a failure report (store
     // waits the backend's abort cannot end): its waiters are released now; the worker finishes
     // later, and its result is dropped (the first Finish wins).

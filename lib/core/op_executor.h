@@ -153,8 +153,13 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // (Capabilities::runs_on_any_thread). The op then runs exactly as on the worker (watchdog,
   // failure handler, coordinated retry); it saves the hand-off to the worker and back, which costs
   // more than a small op on shared memory. Returns whether it ran the op (finished when it
-  // returns).
+  // returns). A caller that waits this way for the op it just issued makes the next ops wait for
+  // their waiters instead of waking the worker (see defer_to_waiter_); each is still started by
+  // the worker within two ticks (kWaiterTick) if no one comes for it.
   bool RunOnWaiter(const WorkImpl* work);
+  // Someone wants `work` to progress without running it (a bounded wait, a state query): if it was
+  // left to its waiter, the worker takes it now.
+  void Expedite(const WorkImpl* work);
   // Elastic grow (Communicator::AdmitJoiners): runs `reconfigure` on the calling thread while the
   // executor is idle (nothing queued, running or in flight, no retry pending; FailedPrecondition
   // otherwise) and installs the backend and membership change it returns. Ops submitted meanwhile
@@ -175,6 +180,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void WorkerLoop();
   void WatchdogLoop();
   void Beat();
+  // Ends the deferral of an op left unclaimed for a tick, and the worker's ticking once no op was
+  // deferred for kTickingIdle. REQUIRES: mu_ held.
+  void ExpireDeferralLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pops the head and runs it on the worker. REQUIRES: mu_ held, queue non-empty, !busy_.
   // Releases mu_ around the backend call.
   void RunHeadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -263,6 +271,16 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  // Host ops left to their waiter (RunOnWaiter): while callers wait for their ops right after
+  // issuing them, an op issued on an idle executor does not wake the worker, which would otherwise
+  // race the waiter for it and make it sleep until the op is done (two wake-ups per op, which cost
+  // more than a small op on shared memory). The worker then sleeps in ticks and takes such an op
+  // itself once it has waited a tick unclaimed, or at once when the caller waits with a bound,
+  // asks for its state, or issues another op first; each of those turns the deferral off again.
+  bool defer_to_waiter_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t deferred_seq_ ABSL_GUARDED_BY(mu_) = 0;    // the queued op left to its waiter; 0: none
+  absl::Time last_deferred_ ABSL_GUARDED_BY(mu_);     // when the last one was issued
+  bool worker_ticking_ ABSL_GUARDED_BY(mu_) = false;  // how the worker sleeps right now
   // Stream-ordered device ops queued on the device, oldest first, and their completion.
   struct InFlight {
     std::shared_ptr<WorkImpl> work;

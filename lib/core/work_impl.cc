@@ -69,7 +69,7 @@ absl::Status WorkImpl::Wait(absl::Duration bound) {
   // Without a bound the caller may run its own op when nothing else could run meanwhile: it then
   // waits exactly as long as it would for the worker, minus the hand-off. With a bound it only
   // waits (the op runs on the worker), so nothing here can outlast `bound`.
-  RunIfUnbounded(bound);
+  HelpProgress(bound);
   absl::MutexLock lock(&mu_);
   auto waited_for = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return IsTerminal(state_) || completion_ != nullptr;
@@ -85,13 +85,26 @@ absl::Status WorkImpl::Wait(absl::Duration bound) {
   return completion_->MakeStreamWait(view.stream);
 }
 
-void WorkImpl::RunIfUnbounded(absl::Duration bound) {
-  if (bound != absl::InfiniteDuration()) return;
-  if (std::shared_ptr<OpExecutor> executor = executor_.lock()) (void)executor->RunOnWaiter(this);
+void WorkImpl::HelpProgress(absl::Duration bound) {
+  std::shared_ptr<OpExecutor> executor = executor_.lock();
+  if (executor == nullptr) return;
+  if (bound == absl::InfiniteDuration()) {
+    (void)executor->RunOnWaiter(this);
+  } else {
+    executor->Expedite(this);
+  }
+}
+
+WorkState WorkImpl::PolledState() const {
+  const WorkState s = state();
+  if (s == WorkState::kPending) {
+    if (std::shared_ptr<OpExecutor> executor = executor_.lock()) executor->Expedite(this);
+  }
+  return s;
 }
 
 absl::Status WorkImpl::Synchronize(absl::Duration bound) {
-  RunIfUnbounded(bound);  // a host op: Synchronize is Wait
+  HelpProgress(bound);  // a host op: Synchronize is Wait
   const absl::Time deadline = absl::Now() + bound;
   absl::Duration step = absl::Microseconds(20);
   absl::MutexLock lock(&mu_);
@@ -166,7 +179,7 @@ absl::Status Work::Synchronize(absl::Duration timeout) {
   return impl_->Synchronize(timeout);
 }
 
-WorkState Work::state() const { return impl_ ? impl_->state() : WorkState::kFailed; }
+WorkState Work::state() const { return impl_ ? impl_->PolledState() : WorkState::kFailed; }
 
 absl::Status Work::status() const {
   if (impl_ == nullptr) return absl::FailedPreconditionError("empty Work handle");

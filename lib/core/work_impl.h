@@ -48,6 +48,8 @@ class WorkImpl {
   absl::Status Wait(absl::Duration bound);
   absl::Status Synchronize(absl::Duration bound);
   WorkState state() const;
+  // state() for the caller who polls its op: an op left to its waiter goes to the worker now.
+  WorkState PolledState() const;
   absl::Status status() const;
   absl::Time enqueue_time() const { return enqueue_time_; }
   absl::Time start_time() const;
@@ -55,8 +57,9 @@ class WorkImpl {
 
  private:
   // Without a bound, runs the op on this thread when nothing else could run meanwhile
-  // (OpExecutor::RunOnWaiter): the caller waits exactly as long, minus the hand-off.
-  void RunIfUnbounded(absl::Duration bound);
+  // (OpExecutor::RunOnWaiter): the caller waits exactly as long, minus the hand-off. With a bound,
+  // hands an op left to its waiter to the worker (OpExecutor::Expedite).
+  void HelpProgress(absl::Duration bound);
 
   const OpDesc desc_;
   const std::weak_ptr<OpExecutor> executor_;
