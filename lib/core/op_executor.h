@@ -281,6 +281,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   uint64_t deferred_seq_ ABSL_GUARDED_BY(mu_) = 0;    // the queued op left to its waiter; 0: none
   absl::Time last_deferred_ ABSL_GUARDED_BY(mu_);     // when the last one was issued
   bool worker_ticking_ ABSL_GUARDED_BY(mu_) = false;  // how the worker sleeps right now
+  bool worker_awaits_idle_ ABSL_GUARDED_BY(mu_) = false;  // until the waiter's op ends
   // Stream-ordered device ops queued on the device, oldest first, and their completion.
   struct InFlight {
     std::shared_ptr<WorkImpl> work;
