@@ -114,6 +114,7 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
       deferred_seq_ = 0;
       defer_to_waiter_ = false;
     } else if (defer_to_waiter_ && queue_.empty() && !busy_ && in_flight_.empty() &&
+               device_failure_.ok() && requested_generation_ <= generation_ &&
                !OnDevice(work->desc()) && backend().capabilities().runs_on_any_thread) {
       deferred_seq_ = work->desc().seq;
       last_deferred_ = work->enqueue_time();
@@ -132,10 +133,12 @@ bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
     // its next op is left to it.
     if (running_.get() == work && absl::Now() - work->enqueue_time() < kWaiterTick) {
       defer_to_waiter_ = true;
+      last_deferred_ = work->enqueue_time();
     }
     return false;
   }
   defer_to_waiter_ = true;
+  last_deferred_ = work->enqueue_time();
   RunHeadLocked();
   return true;
 }

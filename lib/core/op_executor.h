@@ -278,9 +278,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // itself once it has waited a tick unclaimed, or at once when the caller waits with a bound,
   // asks for its state, or issues another op first; each of those turns the deferral off again.
   bool defer_to_waiter_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t deferred_seq_ ABSL_GUARDED_BY(mu_) = 0;    // the queued op left to its waiter; 0: none
-  absl::Time last_deferred_ ABSL_GUARDED_BY(mu_);     // when the last one was issued
-  bool worker_ticking_ ABSL_GUARDED_BY(mu_) = false;  // how the worker sleeps right now
+  uint64_t deferred_seq_ ABSL_GUARDED_BY(mu_) = 0;  // the queued op left to its waiter; 0: none
+  // When the last op was left to (or run by) its waiter: the worker ticks until kTickingIdle after.
+  absl::Time last_deferred_ ABSL_GUARDED_BY(mu_);
+  bool worker_ticking_ ABSL_GUARDED_BY(mu_) = false;      // how the worker sleeps right now
   bool worker_awaits_idle_ ABSL_GUARDED_BY(mu_) = false;  // until the waiter's op ends
   // Stream-ordered device ops queued on the device, oldest first, and their completion.
   struct InFlight {
