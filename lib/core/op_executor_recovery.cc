@@ -1,0 +1,292 @@
+// OpExecutor's recovery: coordinated retry of a failed op (RunWithRetry, RecoverFrom), the
+// worker's part in a retry another rank started (RecoverIdleLocked), the device-failure path of
+// stream-ordered ops, and the installation of a rebuilt backend or a new membership.
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "adaptcomm/status.h"
+#include "lib/base/log.h"
+#include "lib/core/op_executor.h"  // IWYU pragma: associated
+
+namespace adaptcomm::internal {
+namespace {
+
+// What every rank must agree an op is: compared across ranks when they vote on a retry.
+std::string Fingerprint(const OpDesc& op) {
+  const TensorView& v = op.kind == OpKind::kRecv ? op.output : op.input;
+  return absl::StrCat(OpKindName(op.kind), " ", DTypeName(v.dtype), "[", v.count, "]",
+                      op.kind == OpKind::kAllreduce || op.kind == OpKind::kReduce ||
+                              op.kind == OpKind::kReduceScatter
+                          ? absl::StrCat(" ", ReduceOpName(op.reduce))
+                          : "",
+                      op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce
+                          ? absl::StrCat(" root=", op.root)
+                          : "");
+}
+
+}  // namespace
+
+absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, absl::Time started,
+                                      std::optional<Launched>* launched) {
+  const OpDesc& desc = work->desc();
+  if (pre_run_check_) {
+    if (absl::Status s = pre_run_check_(desc, Fingerprint(desc)); !s.ok()) return s;
+  }
+  bool replayable = false;
+  if (retries_) {
+    replay_.BeforeOp(desc);
+    absl::Status recorded = replay_.Record(desc, backend().device_memory());
+    replayable = recorded.ok();
+    if (!replayable && !replay_warned_) {
+      replay_warned_ = true;
+      ADAPTCOMM_LOG(kWarning, OpKindName(desc.kind), " #", desc.seq,
+                    " runs without coordinated retry (said once): ", recorded.message());
+    }
+  }
+  absl::Status status = Execute(work, started, launched);
+  // A failure while another rank's retry is pending (the backend was interrupted or already
+  // broken for it) joins that retry whatever its code; otherwise the policy decides.
+  for (int attempt = 1;
+       !status.ok() && replayable && attempt < recovery_handler_->max_attempts() && !Aborted() &&
+       !absl::IsInvalidArgument(status) && !IsMembershipChanged(status) &&
+       (recovery_handler_->Retryable(status) || RecoveryRequested());
+       ++attempt) {
+    {
+      // The vote and the rebuild bound themselves; the watchdog resumes for the re-run.
+      absl::MutexLock lock(&mu_);
+      running_ = nullptr;
+    }
+    status = RecoverFrom(desc.seq, Fingerprint(desc), attempt, status);
+    if (!status.ok()) break;  // no agreement: the error names who was missing
+    if (Aborted()) {
+      // Abort() came during the vote and released the caller: its buffers are its own again.
+      absl::MutexLock lock(&mu_);
+      status = aborted_;
+      break;
+    }
+    started = absl::Now();
+    {
+      absl::MutexLock lock(&mu_);
+      running_ = work;
+      running_since_ = started;
+    }
+    status = replay_.RestoreInput(desc.seq);
+    if (status.ok()) status = Execute(work, started, launched);
+    if (status.ok()) {
+      ADAPTCOMM_LOG(kWarning, OpKindName(desc.kind), " #", desc.seq,
+                    " succeeded after a coordinated retry (attempt ", attempt + 1, ")");
+    }
+  }
+  return status;
+}
+
+absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
+                                     const absl::Status& cause) {
+  int next;
+  {
+    absl::MutexLock lock(&mu_);
+    next = std::max(generation_, requested_generation_ - 1) + 1;
+  }
+  absl::StatusOr<RecoveryPlan> plan =
+      recovery_handler_->Recover(next, position, fingerprint, attempt, cause);
+  if (!plan.ok()) {
+    // No agreement (a rank is gone): the communicator is finished; later ops fail fast with the
+    // reason, and the pending request is dropped so nobody votes again.
+    absl::MutexLock lock(&mu_);
+    requested_generation_ = generation_;
+    if (aborted_.ok()) aborted_ = plan.status();
+    return plan.status();
+  }
+  const uint64_t restart = plan->restart_seq;
+  const bool changed = plan->change.has_value();
+  std::optional<MembershipChange> change = plan->change;
+  InstallBackend(std::move(plan->backend), plan->generation, std::move(plan->change));
+  if (plan->on_installed) plan->on_installed();
+  if (restart < position && !replay_.Covers(restart, position - 1)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("coordinated retry must restart at #", restart, " but rank ", backend().rank(),
+                     " kept inputs only of its last ops before #", position, "; cannot re-run"));
+  }
+  for (uint64_t seq = restart; seq < position; ++seq) {
+    // Completed here already: re-run for the ranks that did not complete it, into scratch.
+    absl::StatusOr<OpDesc> copy = replay_.DetachedCopy(seq);
+    if (!copy.ok()) return copy.status();
+    if (changed) {
+      // Ranks behind this one fail the op if its meaning did not survive; so does its re-run here.
+      absl::StatusOr<OpDesc> renumbered = TranslateOp(*copy, {&*change});
+      if (!renumbered.ok()) continue;
+      copy = std::move(renumbered);
+    }
+    if (absl::Status s = backend().Run(*copy); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+void OpExecutor::InstallBackend(std::unique_ptr<Backend> backend, int generation,
+                                std::optional<MembershipChange> change) {
+  absl::MutexLock lock(&mu_);
+  if (change.has_value()) changes_.push_back(*std::move(change));
+  backend_.store(backend.get());
+  owned_backends_.push_back(std::move(backend));
+  generation_ = generation;
+  requested_generation_ = std::max(requested_generation_, generation);
+  PublishMembershipLocked();
+}
+
+void OpExecutor::PublishMembershipLocked() {
+  // A seqlock (membership()): odd while the copies change. Writers are serialized by mu_. Every
+  // access is sequentially consistent (no fences: TSan does not model them); on x86 that costs the
+  // readers nothing and the rare writer an exchange per store.
+  const uint64_t version = membership_version_.load();
+  membership_version_.store(version + 1);
+  const Backend& b = *backend_.load();
+  epoch_.store(static_cast<int>(changes_.size()));
+  member_rank_.store(b.rank());
+  member_world_.store(b.size());
+  member_generation_.store(generation_);
+  membership_version_.store(version + 2);
+}
+
+absl::Status OpExecutor::Reconfigure(
+    const std::function<absl::StatusOr<RecoveryPlan>()>& reconfigure) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
+    if (stopping_ || busy_ || !queue_.empty() || !in_flight_.empty() ||
+        requested_generation_ > generation_ || !device_failure_.ok()) {
+      return absl::FailedPreconditionError(
+          "membership reconfiguration needs an idle communicator (a step boundary: every op "
+          "issued before it finished)");
+    }
+    busy_ = true;  // keeps the worker and inline launches off until the new backend is in
+  }
+  absl::StatusOr<RecoveryPlan> plan = reconfigure();
+  if (plan.ok()) {
+    InstallBackend(std::move(plan->backend), plan->generation, std::move(plan->change));
+    if (plan->on_installed) plan->on_installed();
+  }
+  absl::MutexLock lock(&mu_);
+  busy_ = false;
+  return plan.status();
+}
+
+void OpExecutor::RequestRecovery(int generation) {
+  Backend* to_interrupt = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    // A finished communicator (aborted, or its own retry found no agreement) votes no more: the
+    // caller already has its error, and a late wake from a peer must not start another round.
+    if (!aborted_.ok() || stopping_) return;
+    if (generation <= generation_ || generation <= requested_generation_) return;
+    requested_generation_ = generation;
+    // Ops in flight on the device end (and are retried from the oldest) once the backend aborts.
+    if (busy_ || !in_flight_.empty()) to_interrupt = backend_.load();
+  }
+  // A running op fails with Aborted and takes the retry path; an idle worker wakes up for it.
+  if (to_interrupt != nullptr) {
+    to_interrupt->Abort(absl::AbortedError(
+        absl::StrCat("another rank started coordinated retry generation ", generation)));
+  }
+}
+
+bool OpExecutor::RecoveryRequested() const {
+  absl::MutexLock lock(&mu_);
+  return requested_generation_ > generation_;
+}
+
+void OpExecutor::RecoverIdleLocked() {
+  busy_ = true;
+  const uint64_t position = last_completed_seq_ + 1;
+  mu_.Unlock();
+  absl::Status status =
+      RecoverFrom(position, "", 1, absl::AbortedError("requested by another rank"));
+  mu_.Lock();
+  busy_ = false;
+  if (!status.ok()) {
+    ADAPTCOMM_LOG(kError, "coordinated retry failed: ", status.ToString());
+    requested_generation_ = generation_;
+    if (aborted_.ok()) aborted_ = status;
+    std::deque<std::shared_ptr<WorkImpl>> dropped;
+    dropped.swap(queue_);
+    for (auto& work : dropped) work->Finish(status);
+  }
+}
+
+void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> failed,
+                                     absl::Status cause) {
+  const OpDesc& oldest = failed.front()->desc();
+  absl::Status status = std::move(cause);
+  for (int attempt = 1; retries_ && attempt < recovery_handler_->max_attempts() && !Aborted() &&
+                        !absl::IsInvalidArgument(status) && !IsMembershipChanged(status) &&
+                        (recovery_handler_->Retryable(status) || RecoveryRequested()) &&
+                        replay_.Covers(oldest.seq, failed.back()->desc().seq);
+       ++attempt) {
+    status = RecoverFrom(oldest.seq, Fingerprint(oldest), attempt, status);
+    if (!status.ok()) break;  // no agreement: the error names who was missing
+    // Queue them again, in order, each from its recorded input.
+    size_t relaunched = 0;
+    for (; relaunched < failed.size() && status.ok(); ++relaunched) {
+      const std::shared_ptr<WorkImpl>& work = failed[relaunched];
+      work->MarkRelaunching();
+      status = replay_.RestoreInput(work->desc().seq);
+      std::optional<Launched> launched;
+      if (status.ok()) status = Execute(work, absl::Now(), &launched);
+      if (status.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (launched.has_value()) {
+          RecordLaunchLocked(work, *std::move(launched));
+        } else {
+          CompleteLocked(work, absl::OkStatus());  // the rebuilt backend is not stream-ordered
+        }
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    if (status.ok() && device_failure_.ok()) {
+      ADAPTCOMM_LOG(kWarning, OpKindName(oldest.kind), " #", oldest.seq, " and the ",
+                    failed.size() - 1,
+                    " op(s) queued behind it were queued again after a "
+                    "coordinated retry (attempt ",
+                    attempt + 1, ")");
+      return;
+    }
+    // The new generation failed too: everything queued again is unfinished again.
+    if (status.ok()) status = device_failure_;
+    device_failure_ = absl::OkStatus();
+    std::deque<std::shared_ptr<WorkImpl>> again = TakeUnfinishedInFlightLocked();
+    for (size_t i = relaunched; i < failed.size(); ++i) again.push_back(std::move(failed[i]));
+    failed.swap(again);
+    if (failed.empty()) return;
+  }
+  const std::shared_ptr<WorkImpl> head = failed.front();
+  if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status) &&
+      !IsMembershipChanged(status)) {
+    status = failure_handler_->OnOpFailure(head->desc(), std::move(status));
+  }
+  absl::MutexLock lock(&mu_);
+  CompleteLocked(head, status);
+  for (size_t i = 1; i < failed.size(); ++i) {
+    const OpDesc& d = failed[i]->desc();
+    CompleteLocked(failed[i], absl::Status(status.code(),
+                                           absl::StrCat(OpKindName(d.kind), " #", d.seq,
+                                                        " did not complete: ", status.message())));
+  }
+}
+
+std::deque<std::shared_ptr<WorkImpl>> OpExecutor::TakeUnfinishedInFlightLocked() {
+  std::deque<std::shared_ptr<WorkImpl>> unfinished;
+  for (InFlight& f : in_flight_) {
+    // Synchronize() saw the device finish it (and returned its result to the caller): it is
+    // complete here, whatever failed after it; re-running it would write into buffers that are
+    // the caller's again.
+    if (f.work->state() == WorkState::kDone) {
+      CompleteLocked(f.work, absl::OkStatus());
+    } else {
+      unfinished.push_back(std::move(f.work));
+    }
+  }
+  in_flight_.clear();
+  return unfinished;
+}
+
+}  // namespace adaptcomm::internal
