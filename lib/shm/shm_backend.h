@@ -45,8 +45,10 @@ struct ShmBackendOptions {
   size_t max_segment_bytes = size_t{1} << 30;
   // Allreduce/reduce of at most this many bytes: flat exchange; above: reduce-scatter/allgather.
   size_t flat_max_bytes = size_t{64} << 10;
-  // Pipeline chunk of the large paths; 0 or more than half a slot: half a slot.
-  size_t chunk_bytes = size_t{1} << 20;
+  // Pipeline chunk of the large paths; 0 or more than half a slot: half a slot. 512 KiB beat 1 MiB
+  // at 4 MiB on 2 and 4 ranks in interleaved A/B runs of bench/shm_bench, and matched or beat it
+  // from 1 to 64 MiB (a step's working set stays within a core's L2).
+  size_t chunk_bytes = size_t{512} << 10;
   // Per message-size band values of the two above, from a tuned table (lib/config/tuned_table.h,
   // written by `adaptcomm tune`): an allreduce or reduce whose size a band holds uses the band's
   // value, any other size the static one. Looked up once per op.
