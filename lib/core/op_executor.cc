@@ -112,8 +112,10 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
 }
 
 bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
+  // Device ops (every stream-ordered Wait comes here) never run on the waiter: no lock for them.
+  if (OnDevice(work->desc())) return false;
   absl::MutexLock lock(&mu_);
-  if (OnDevice(work->desc()) || !backend().capabilities().runs_on_any_thread) return false;
+  if (!backend().capabilities().runs_on_any_thread) return false;
   if (!aborted_.ok() || stopping_ || busy_ || queue_.empty() || queue_.front().get() != work ||
       !device_failure_.ok() || requested_generation_ > generation_ || !in_flight_.empty()) {
     // Waiting for the op the worker has just started: this caller waits right after issuing, so
@@ -131,6 +133,7 @@ bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
 }
 
 void OpExecutor::Expedite(const WorkImpl* work) {
+  if (OnDevice(work->desc())) return;  // never deferred
   absl::MutexLock lock(&mu_);
   if (deferred_seq_ == 0 || deferred_seq_ != work->desc().seq) return;
   deferred_seq_ = 0;
