@@ -11,6 +11,8 @@
 #include "adaptcomm/adaptcomm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/core/op_executor.h"
+#include "lib/core/work_impl.h"
 
 namespace adaptcomm {
 namespace {
@@ -161,13 +163,29 @@ TEST(ExecutionModel, HostOpNobodyWaitsForStartsOnTheWorkerWithinTwoTicks) {
 }
 
 // A caller that issues a second op before waiting for the first, waits with a bound, or polls the
-// op's state hands an op left to its waiter to the worker at once.
+// op's state hands an op left to its waiter to the worker at once. The executor is driven directly
+// with a tick of a minute: an op not handed over would start only when that tick expires it, long
+// past the bounds below.
 TEST(ExecutionModel, OverlapBoundedWaitAndPollingHandTheOpToTheWorker) {
+  constexpr absl::Duration kTick = absl::Seconds(60);
+  constexpr absl::Duration kBound = absl::Seconds(10);
   auto owned = std::make_unique<ObservedBackend>(0, absl::ZeroDuration(), /*any_thread=*/true);
   ObservedBackend* backend = owned.get();
-  auto comm = Create(std::move(owned));
-  ASSERT_NE(comm, nullptr);
+  internal::ExecutorOptions options;
+  options.waiter_tick = kTick;
+  auto executor = std::make_shared<internal::OpExecutor>(std::move(owned), options);
+  executor->Start();
   float a = 1, b = 2;
+  auto allreduce = [&](float* x) {
+    OpDesc op;
+    op.kind = OpKind::kAllreduce;
+    op.input = op.output = HostView(x, 1);
+    op.timeout = absl::Seconds(60);
+    return executor->Submit(op);
+  };
+  auto wait_right_after_issuing = [&] {  // leaves the next op to its waiter
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(allreduce(&a)->Wait(absl::InfiniteDuration()).ok());
+  };
   auto last_ran_on_worker = [&](size_t ops) {
     std::vector<std::thread::id> threads = backend->threads();
     for (size_t i = threads.size() - ops; i < threads.size(); ++i) {
@@ -175,23 +193,31 @@ TEST(ExecutionModel, OverlapBoundedWaitAndPollingHandTheOpToTheWorker) {
     }
     return true;
   };
-  WaitRightAfterIssuing(*comm, 20);
-  Work first = comm->Allreduce(HostView(&a, 1));
-  Work second = comm->Allreduce(HostView(&b, 1));
-  ASSERT_TRUE(second.Wait().ok());
-  ASSERT_TRUE(first.Wait().ok());
+
+  wait_right_after_issuing();
+  absl::Time start = absl::Now();
+  std::shared_ptr<internal::WorkImpl> first = allreduce(&a);
+  std::shared_ptr<internal::WorkImpl> second = allreduce(&b);
+  ASSERT_TRUE(second->Wait(kBound).ok());
+  ASSERT_TRUE(first->Wait(kBound).ok());
+  EXPECT_LT(absl::Now() - start, kBound);
   EXPECT_TRUE(last_ran_on_worker(2)) << "issued two before waiting";
 
-  WaitRightAfterIssuing(*comm, 20);
-  ASSERT_TRUE(comm->Allreduce(HostView(&a, 1)).Wait(absl::Seconds(10)).ok());
+  wait_right_after_issuing();
+  start = absl::Now();
+  ASSERT_TRUE(allreduce(&a)->Wait(kBound).ok()) << "bounded wait";
+  EXPECT_LT(absl::Now() - start, kBound);
   EXPECT_TRUE(last_ran_on_worker(1)) << "bounded wait";
 
-  WaitRightAfterIssuing(*comm, 20);
-  Work polled = comm->Allreduce(HostView(&a, 1));
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (!polled.completed() && absl::Now() < until) absl::SleepFor(absl::Microseconds(50));
-  ASSERT_TRUE(polled.completed());
+  wait_right_after_issuing();
+  std::shared_ptr<internal::WorkImpl> polled = allreduce(&a);
+  const absl::Time until = absl::Now() + kBound;
+  while (!IsTerminal(polled->PolledState()) && absl::Now() < until) {
+    absl::SleepFor(absl::Microseconds(50));
+  }
+  ASSERT_TRUE(IsTerminal(polled->state())) << "polled";
   EXPECT_TRUE(last_ran_on_worker(1)) << "polled";
+  executor->Shutdown();
 }
 
 TEST(ExecutionModel, BoundedWaitAndOpsQueuedBehindOthersStayOnTheWorker) {

@@ -20,10 +20,8 @@ constexpr absl::Duration kDevicePoll = absl::Milliseconds(1);
 // (4) must cover a window behind and a window ahead of this rank's oldest unfinished op.
 constexpr size_t kInFlightWithRetries = 2;
 constexpr size_t kInFlightWithoutRetries = 1024;
-// While host ops are left to their waiters (defer_to_waiter_): how often the worker looks for one
-// nobody came for (an op issued and not waited for starts within two ticks), and how long it keeps
-// looking after the last one.
-constexpr absl::Duration kWaiterTick = absl::Microseconds(500);
+// While host ops are left to their waiters (defer_to_waiter_): how long the worker keeps ticking
+// (ExecutorOptions::waiter_tick) after the last one.
 constexpr absl::Duration kTickingIdle = absl::Milliseconds(50);
 
 bool OnDevice(const OpDesc& op) { return op.output.device.is_cuda() || op.input.device.is_cuda(); }
@@ -97,12 +95,10 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
   } else {
     for (const auto& o : observers_) o->OnEnqueue(work->desc(), work->enqueue_time());
     if (deferred_seq_ != 0) {
-      // A second op before the first was waited for: the caller overlaps; the worker runs both.
-      deferred_seq_ = 0;
-      defer_to_waiter_ = false;
+      EndDeferralLocked();  // a second op before the first was waited for: the caller overlaps
     } else if (defer_to_waiter_ && queue_.empty() && !busy_ && in_flight_.empty() &&
                device_failure_.ok() && requested_generation_ <= generation_ &&
-               !OnDevice(work->desc()) && backend().capabilities().runs_on_any_thread) {
+               WaiterMayRun(work->desc())) {
       deferred_seq_ = work->desc().seq;
       last_deferred_ = work->enqueue_time();
     }
@@ -111,16 +107,25 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
   return work;
 }
 
+bool OpExecutor::WaiterMayRun(const OpDesc& desc) const {
+  return !OnDevice(desc) && backend().capabilities().runs_on_any_thread;
+}
+
+void OpExecutor::EndDeferralLocked() {
+  deferred_seq_ = 0;
+  defer_to_waiter_ = false;
+}
+
 bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
-  // Device ops (every stream-ordered Wait comes here) never run on the waiter: no lock for them.
-  if (OnDevice(work->desc())) return false;
+  // Without the executor's lock: every stream-ordered Wait comes here (the backend pointer is
+  // atomic, and a replaced backend stays alive).
+  if (!WaiterMayRun(work->desc())) return false;
   absl::MutexLock lock(&mu_);
-  if (!backend().capabilities().runs_on_any_thread) return false;
   if (!aborted_.ok() || stopping_ || busy_ || queue_.empty() || queue_.front().get() != work ||
       !device_failure_.ok() || requested_generation_ > generation_ || !in_flight_.empty()) {
     // Waiting for the op the worker has just started: this caller waits right after issuing, so
     // its next op is left to it.
-    if (running_.get() == work && absl::Now() - work->enqueue_time() < kWaiterTick) {
+    if (running_.get() == work && absl::Now() - work->enqueue_time() < options_.waiter_tick) {
       defer_to_waiter_ = true;
       last_deferred_ = work->enqueue_time();
     }
@@ -133,18 +138,15 @@ bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
 }
 
 void OpExecutor::Expedite(const WorkImpl* work) {
-  if (OnDevice(work->desc())) return;  // never deferred
+  if (!WaiterMayRun(work->desc())) return;  // never deferred
   absl::MutexLock lock(&mu_);
-  if (deferred_seq_ == 0 || deferred_seq_ != work->desc().seq) return;
-  deferred_seq_ = 0;
-  defer_to_waiter_ = false;
+  if (deferred_seq_ != 0 && deferred_seq_ == work->desc().seq) EndDeferralLocked();
 }
 
 void OpExecutor::ExpireDeferralLocked(absl::Time now) {
   if (deferred_seq_ != 0 && !queue_.empty() && queue_.front()->desc().seq == deferred_seq_ &&
-      now - queue_.front()->enqueue_time() >= kWaiterTick) {
-    deferred_seq_ = 0;  // issued and not waited for within a tick: the caller overlaps
-    defer_to_waiter_ = false;
+      now - queue_.front()->enqueue_time() >= options_.waiter_tick) {
+    EndDeferralLocked();  // issued and not waited for within a tick: the caller overlaps
   }
   if (deferred_seq_ == 0 && now - last_deferred_ >= kTickingIdle) defer_to_waiter_ = false;
 }
@@ -362,7 +364,7 @@ void OpExecutor::WorkerLoop() {
       mu_.Await(absl::Condition(&wake));
       worker_awaits_idle_ = false;
     } else if (worker_ticking_) {
-      mu_.AwaitWithDeadline(absl::Condition(&wake), absl::Now() + kWaiterTick);
+      mu_.AwaitWithDeadline(absl::Condition(&wake), absl::Now() + options_.waiter_tick);
       ExpireDeferralLocked(absl::Now());
     } else {
       mu_.Await(absl::Condition(&wake));

@@ -55,6 +55,9 @@ struct ExecutorOptions {
   // sequence number, so that its votes and positions line up with the members'.
   int initial_generation = 0;
   uint64_t first_seq = 1;
+  // While host ops are left to their waiters (RunOnWaiter): how often the worker looks for one no
+  // one came for; such an op starts within two ticks.
+  absl::Duration waiter_tick = absl::Microseconds(500);
 };
 
 // Decides what a failed op's Work reports: called on the thread that ran the op, without the
@@ -155,7 +158,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // more than a small op on shared memory. Returns whether it ran the op (finished when it
   // returns). A caller that waits this way for the op it just issued makes the next ops wait for
   // their waiters instead of waking the worker (see defer_to_waiter_); each is still started by
-  // the worker within two ticks (kWaiterTick) if no one comes for it.
+  // the worker within two ticks (ExecutorOptions::waiter_tick) if no one comes for it.
   bool RunOnWaiter(const WorkImpl* work);
   // Someone wants `work` to progress without running it (a bounded wait, a state query): if it was
   // left to its waiter, the worker takes it now.
@@ -180,6 +183,11 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void WorkerLoop();
   void WatchdogLoop();
   void Beat();
+  // Whether `desc` may run on a waiting caller's thread: a host op on a backend that runs on any
+  // thread. Reads no guarded state.
+  bool WaiterMayRun(const OpDesc& desc) const;
+  // No op is left to its waiter any more, and the next ones wake the worker. REQUIRES: mu_ held.
+  void EndDeferralLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the deferral of an op left unclaimed for a tick, and the worker's ticking once no op was
   // deferred for kTickingIdle. REQUIRES: mu_ held.
   void ExpireDeferralLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
