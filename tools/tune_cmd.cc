@@ -387,6 +387,44 @@ CommunicatorOptions RankOptions(const TuneArgs& a, int rank, std::shared_ptr<Sto
   return o;
 }
 
+// One communicator per entry of `tables` (a tuned table's path, loaded through
+// ADAPTCOMM_TUNED_TABLE as a job loads it; empty: the static profile), measured twice: created in
+// order, then in reverse. Where a communicator stands in the creation order changed its small ops'
+// time whatever its settings (up to 1.7x slower created second; the static one, created first
+// among six, 2-6x slower at 4-64 KiB), so each order takes half of the rounds (`parts` = 2) or
+// all of them (1). `explain`: set to the last table's communicator's Explain(). Rank 0 records.
+absl::Status MeasureInBothCreationOrders(const TuneArgs& a, const Plan& p, int rank,
+                                         const std::shared_ptr<Store>& store,
+                                         const std::vector<std::string>& tables,
+                                         const std::string& name,
+                                         const std::function<std::vector<size_t>(uint64_t)>& which,
+                                         int parts, Samples* out, std::string* explain) {
+  const size_t n = tables.size();
+  for (int half = 0; half < 2; ++half) {
+    std::vector<std::unique_ptr<Communicator>> owned(n);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = half == 0 ? k : n - 1 - k;
+      if (tables[i].empty()) {
+        unsetenv(config::kTunedTableEnv);
+      } else {
+        setenv(config::kTunedTableEnv, tables[i].c_str(), 1);
+      }
+      absl::StatusOr<std::unique_ptr<Communicator>> c =
+          Communicator::Create(RankOptions(a, rank, store, absl::StrCat(name, half, "-", i)));
+      if (!c.ok()) return c.status();
+      owned[i] = *std::move(c);
+    }
+    unsetenv(config::kTunedTableEnv);
+    std::vector<Communicator*> comms;
+    for (const auto& c : owned) comms.push_back(c.get());
+    if (absl::Status st = Measure(a, p, comms, which, rank == 0 ? out : nullptr, parts); !st.ok()) {
+      return st;
+    }
+    if (explain != nullptr) *explain = owned.back()->Explain();
+  }
+  return absl::OkStatus();
+}
+
 struct Decision {
   std::string op;
   uint64_t bytes = 0;
@@ -532,41 +570,21 @@ int RunTune(const TuneArgs& a) {
     std::ofstream(absl::StrCat(dir, "/candidate", i, ".yaml"))
         << config::FormatTunedTable(CandidateTable(p, p.candidates[i], here));
   }
-  absl::Status tuned =
-      OnRanks(a.ranks, absl::StrCat(dir, "/tune"),
-              [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
-                // Where a communicator stands in the creation order changes its small ops' time
-                // whatever its settings (the static one, created first, measured 2-6x slower at
-                // 4-64 KiB than in the comparison): half of the rounds run with the candidates
-                // created in order, half with them created in reverse, as in the comparison.
-                Samples mine;
-                const size_t n = p.candidates.size();
-                for (int half = 0; half < 2; ++half) {
-                  std::vector<std::unique_ptr<Communicator>> owned(n);
-                  for (size_t k = 0; k < n; ++k) {
-                    const size_t i = half == 0 ? k : n - 1 - k;
-                    if (p.candidates[i].is_static) {
-                      unsetenv(config::kTunedTableEnv);
-                    } else {
-                      const std::string table = absl::StrCat(dir, "/candidate", i, ".yaml");
-                      setenv(config::kTunedTableEnv, table.c_str(), 1);
-                    }
-                    absl::StatusOr<std::unique_ptr<Communicator>> c = Communicator::Create(
-                        RankOptions(a, rank, store, absl::StrCat("tune", half, "-", i)));
-                    if (!c.ok()) return c.status();
-                    owned[i] = *std::move(c);
-                  }
-                  unsetenv(config::kTunedTableEnv);
-                  std::vector<Communicator*> comms;
-                  for (const auto& c : owned) comms.push_back(c.get());
-                  absl::Status st = Measure(
-                      a, p, comms, [&](uint64_t bytes) { return Distinct(p, bytes); },
-                      rank == 0 ? &mine : nullptr, /*parts=*/2);
-                  if (!st.ok()) return st;
-                }
-                if (rank == 0) std::ofstream(dir + "/tune/samples") << SamplesText(mine);
-                return absl::OkStatus();
-              });
+  absl::Status tuned = OnRanks(
+      a.ranks, absl::StrCat(dir, "/tune"),
+      [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
+        std::vector<std::string> tables;
+        for (size_t i = 0; i < p.candidates.size(); ++i) {
+          tables.push_back(p.candidates[i].is_static ? std::string()
+                                                     : absl::StrCat(dir, "/candidate", i, ".yaml"));
+        }
+        Samples mine;
+        absl::Status st = MeasureInBothCreationOrders(
+            a, p, rank, store, tables, "tune", [&](uint64_t bytes) { return Distinct(p, bytes); },
+            /*parts=*/2, &mine, nullptr);
+        if (st.ok() && rank == 0) std::ofstream(dir + "/tune/samples") << SamplesText(mine);
+        return st;
+      });
   if (!tuned.ok()) return Fail(a, 1, tuned.ToString());
   const Samples samples = ParseSamples(ReadWhole(dir + "/tune/samples"));
   const std::vector<Decision> decisions = Decide(a, p, samples);
@@ -588,41 +606,24 @@ int RunTune(const TuneArgs& a) {
   std::string explain;
   if (a.compare) {
     // Both communicators are created the way a job creates one: the static one without the
-    // table, the tuned one with ADAPTCOMM_TUNED_TABLE set (in the rank's own process). The one
-    // created second ran small ops up to 1.7x slower here whatever its settings, so the rounds
-    // are measured in two halves, each with the other one created first.
-    absl::Status st = OnRanks(
-        a.ranks, absl::StrCat(dir, "/compare"),
-        [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
-          Samples mine;
-          for (int half = 0; half < 2; ++half) {
-            std::unique_ptr<Communicator> comms[2];  // static, tuned
-            for (int k = 0; k < 2; ++k) {
-              const int which = (k + half) % 2;
-              if (which == 1) {
-                setenv(config::kTunedTableEnv, a.out.c_str(), 1);
-              } else {
-                unsetenv(config::kTunedTableEnv);
-              }
-              absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Create(
-                  RankOptions(a, rank, store, absl::StrCat(which == 1 ? "tuned" : "static", half)));
-              if (!comm.ok()) return comm.status();
-              comms[which] = *std::move(comm);
-            }
-            absl::Status m = Measure(
-                a, p, {comms[0].get(), comms[1].get()},
-                [](uint64_t) {
-                  return std::vector<size_t>{0, 1};
-                },
-                rank == 0 ? &mine : nullptr);
-            if (!m.ok()) return m;
-            if (half == 1 && rank == 0) {
-              std::ofstream(dir + "/compare/samples") << SamplesText(mine);
-              std::ofstream(dir + "/compare/explain") << comms[1]->Explain();
-            }
-          }
-          return absl::OkStatus();
-        });
+    // table, the tuned one with ADAPTCOMM_TUNED_TABLE set (in the rank's own process); all the
+    // rounds in each creation order.
+    absl::Status st = OnRanks(a.ranks, absl::StrCat(dir, "/compare"),
+                              [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
+                                Samples mine;
+                                std::string tuned_explain;
+                                absl::Status st = MeasureInBothCreationOrders(
+                                    a, p, rank, store, {std::string(), a.out}, "compare",
+                                    [](uint64_t) {
+                                      return std::vector<size_t>{0, 1};
+                                    },
+                                    /*parts=*/1, &mine, &tuned_explain);
+                                if (st.ok() && rank == 0) {
+                                  std::ofstream(dir + "/compare/samples") << SamplesText(mine);
+                                  std::ofstream(dir + "/compare/explain") << tuned_explain;
+                                }
+                                return st;
+                              });
     if (!st.ok()) return Fail(a, 1, st.ToString());
     Samples cs = ParseSamples(ReadWhole(dir + "/compare/samples"));
     explain = ReadWhole(dir + "/compare/explain");
