@@ -467,5 +467,59 @@ TEST(NcclBackend, RunRestoresTheCallersCurrentDevice) {
   }
 }
 
+// The end of a stream-ordered op is recorded on the event its position reserved at MarkIssue, once:
+// a second launch from the same position (or one of a renumbered op) records on an event of its
+// own, so that a Work still polling the first completion is not redirected to the second launch.
+TEST(NcclBackend, EachLaunchFromAPositionRecordsItsEndOnItsOwnEvent) {
+  Ranks r = Create(1);
+  ASSERT_TRUE(r.init[0].ok()) << r.init[0];
+  FakeNcclApi& api = *r.apis[0];
+  StreamOrdered* ordered = r.backends[0]->stream_ordered();
+  ASSERT_NE(ordered, nullptr);
+  cuda::CudaStream caller = nullptr;
+  ASSERT_EQ(api.StreamCreateNonBlocking(&caller), cuda::kCudaSuccess);
+  std::vector<float> data = {1.0f, 2.0f};
+  TensorView view{data.data(), data.size(), DType::kF32, Device::Cuda(0), caller};
+  OpDesc op = Op(OpKind::kAllreduce, view, view);
+  op.seq = 7;
+  absl::StatusOr<std::shared_ptr<const StreamPosition>> position = ordered->MarkIssue(op);
+  ASSERT_TRUE(position.ok()) << position.status();
+  op.issued_at = *position;
+  OpDesc renumbered = op;
+  renumbered.seq = 6;  // as TranslateOp makes it after a shrink
+
+  api.ClearCalls();
+  api.HoldStreams(true);
+  std::vector<std::shared_ptr<DeviceCompletion>> launched;
+  for (const OpDesc* d : {&op, &op, &renumbered}) {
+    absl::StatusOr<std::shared_ptr<DeviceCompletion>> c = ordered->Launch(*d);
+    ASSERT_TRUE(c.ok()) << c.status();
+    launched.push_back(*c);
+  }
+  std::vector<void*> ends;  // the event recorded after each NCCL call, on the backend's stream
+  for (const testing::FakeCall& call : api.calls()) {
+    if (call.name == "EventRecord") ends.push_back(call.event);
+  }
+  ASSERT_EQ(ends.size(), 3u);
+  EXPECT_NE(ends[0], ends[1]);
+  EXPECT_NE(ends[0], ends[2]);
+  EXPECT_NE(ends[1], ends[2]);
+  for (const auto& c : launched) {
+    absl::StatusOr<bool> done = c->Poll();
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_FALSE(*done) << "the device is held: no op may be done yet";
+  }
+  api.HoldStreams(false);
+  for (const auto& c : launched) ASSERT_TRUE(c->MakeStreamWait(caller).ok());
+  ASSERT_EQ(api.StreamSynchronize(caller), cuda::kCudaSuccess);
+  for (const auto& c : launched) {
+    absl::StatusOr<bool> done = c->Poll();
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_TRUE(*done);
+  }
+  EXPECT_EQ(data[0], 1.0f);  // one rank: a sum over one rank, three times
+  EXPECT_EQ(data[1], 2.0f);
+}
+
 }  // namespace
 }  // namespace adaptcomm

@@ -70,23 +70,31 @@ void OpExecutor::Start() {
 
 std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
   absl::MutexLock lock(&mu_);
+  desc.seq = next_seq_;
   if (aborted_.ok() && !stopping_ && OnDevice(desc)) {
     if (StreamOrdered* ordered = backend().stream_ordered(); ordered != nullptr) {
       // The op's place in the caller's stream is where the caller issued it, whenever the worker
       // gets to it; a refusal does not take a sequence number (no rank queued anything).
       absl::StatusOr<std::shared_ptr<const StreamPosition>> position = ordered->MarkIssue(desc);
-      if (!position.ok()) return WorkImpl::Failed(std::move(desc), position.status());
+      if (!position.ok()) {
+        desc.seq = 0;
+        return WorkImpl::Failed(std::move(desc), position.status());
+      }
       desc.issued_at = *std::move(position);
     }
   }
-  desc.seq = next_seq_++;
+  ++next_seq_;
   // The op's one clock read: its enqueue time, and its start when it is launched right here.
-  auto work = std::make_shared<WorkImpl>(std::move(desc), absl::Now(), weak_from_this());
-  work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
-  if (work->desc().issued_at != nullptr && CanLaunchInlineLocked()) {
+  const absl::Time now = absl::Now();
+  if (desc.issued_at != nullptr && CanLaunchInlineLocked()) {
+    // Created running: no one else can see it before it is launched.
+    auto work = std::make_shared<WorkImpl>(std::move(desc), now, weak_from_this(), now);
+    work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
     LaunchInlineLocked(work);
     return work;
   }
+  auto work = std::make_shared<WorkImpl>(std::move(desc), now, weak_from_this());
+  work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
   if (!aborted_.ok()) {
     work->Finish(absl::Status(aborted_.code(),
                               absl::StrCat("communicator was aborted: ", aborted_.message())));
@@ -170,7 +178,6 @@ void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
   mu_.Unlock();
   // Nothing else finishes it meanwhile: it is in neither queue_ nor in_flight_, and running_ keeps
   // Abort() off executing_. The observers hear of it before it can end (it is not launched yet).
-  (void)work->MarkRunning(started);
   for (const auto& o : observers_) o->OnEnqueueAndStart(work->desc(), started);
   std::optional<Launched> launched;
   absl::Status status = RunWithRetry(work, started, &launched);

@@ -8,8 +8,13 @@
 
 namespace adaptcomm::internal {
 
-WorkImpl::WorkImpl(OpDesc desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor)
-    : desc_(std::move(desc)), executor_(std::move(executor)), enqueue_time_(enqueue_time) {}
+WorkImpl::WorkImpl(OpDesc desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor,
+                   std::optional<absl::Time> started)
+    : desc_(std::move(desc)),
+      executor_(std::move(executor)),
+      enqueue_time_(enqueue_time),
+      state_(started.has_value() ? WorkState::kRunning : WorkState::kPending),
+      start_time_(started.value_or(absl::InfinitePast())) {}
 
 std::shared_ptr<WorkImpl> WorkImpl::Failed(OpDesc desc, absl::Status status) {
   auto work = std::make_shared<WorkImpl>(std::move(desc), absl::Now());
@@ -37,7 +42,7 @@ bool WorkImpl::Finish(absl::Status status) {
   }
   status_ = std::move(status);
   end_time_ = absl::Now();
-  completion_ = nullptr;  // its CUDA event goes back to the backend's pool
+  completion_ = nullptr;  // its events go back to the pool once the Work is gone too (desc_)
   return true;
 }
 

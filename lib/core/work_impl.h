@@ -4,6 +4,7 @@
 #define ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -21,8 +22,10 @@ class WorkImpl {
  public:
   // `enqueue_time`: when the op was issued (the caller's clock read, so that issuing one reads the
   // clock once). `executor`: the one that runs it (Wait() without a bound may run the op on the
-  // waiting thread, OpExecutor::RunOnWaiter); empty for a Work that never runs.
-  WorkImpl(OpDesc desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor = {});
+  // waiting thread, OpExecutor::RunOnWaiter); empty for a Work that never runs. `started`: set
+  // for an op that starts as it is created (running from then, as if MarkRunning(started)).
+  WorkImpl(OpDesc desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor = {},
+           std::optional<absl::Time> started = std::nullopt);
   // A Work that failed before being queued (bad input, broken communicator).
   static std::shared_ptr<WorkImpl> Failed(OpDesc desc, absl::Status status);
 

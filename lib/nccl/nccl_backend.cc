@@ -367,19 +367,19 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
         " view's stream is not usable (cudaStreamGetDevice: ", cuda_->ErrorString(g), ")"));
   }
   if (g == kCudaSuccess) last_checked_stream_.store(view.stream, std::memory_order_relaxed);
-  absl::StatusOr<CudaEvent> event = events_->Take();
-  if (!event.ok()) return event.status();
-  if (int e = cuda_->EventRecord(*event, view.stream); e != kCudaSuccess) {
-    events_->Give(*event);
+  CudaEvent issued = nullptr, done = nullptr;
+  if (absl::Status s = events_->TakeTwo(&issued, &done); !s.ok()) return s;
+  if (int e = cuda_->EventRecord(issued, view.stream); e != kCudaSuccess) {
+    events_->Give(issued, done);
     return absl::UnavailableError(absl::StrCat("nccl ", OpKindName(op.kind), " on rank ",
                                                options_.rank, ": cudaEventRecord on the ", which,
                                                " view's stream: ", cuda_->ErrorString(e)));
   }
-  return std::make_shared<NcclStreamPosition>(events_, *event);
+  return std::make_shared<NcclOpEvents>(events_, health_, issued, done, Launched(op));
 }
 
 absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDesc& op) {
-  const auto* issued = dynamic_cast<const NcclStreamPosition*>(op.issued_at.get());
+  const auto* issued = dynamic_cast<const NcclOpEvents*>(op.issued_at.get());
   if (issued == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(What(op), ": launched without a stream position from MarkIssue"));
@@ -393,7 +393,7 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       return Break(absl::UnavailableError(absl::StrCat(
           What(op), ": cudaSetDevice(", options_.device, "): ", cuda_->ErrorString(e))));
     }
-    if (int e = cuda_->StreamWaitEvent(stream_, issued->event()); e != kCudaSuccess) {
+    if (int e = cuda_->StreamWaitEvent(stream_, issued->issued()); e != kCudaSuccess) {
       return Break(absl::UnavailableError(
           absl::StrCat(What(op), ": cudaStreamWaitEvent: ", cuda_->ErrorString(e))));
     }
@@ -425,14 +425,23 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       }
       cuda::PollPause(i);
     }
-    absl::StatusOr<CudaEvent> done = events_->Take();
-    if (!done.ok()) return Break(done.status());
-    if (int e = cuda_->EventRecord(*done, stream_); e != kCudaSuccess) {
-      events_->Give(*done);
+    const LaunchedOp launched = Launched(op);
+    if (issued->ClaimLaunch(launched)) {
+      // The position's own done event: the completion shares its allocation. The object was made
+      // non-const (MarkIssue); OpDesc only hands it out as a const position.
+      completion =
+          std::shared_ptr<DeviceCompletion>(op.issued_at, const_cast<NcclOpEvents*>(issued));
+    } else {
+      absl::StatusOr<CudaEvent> done = events_->Take();
+      if (!done.ok()) return Break(done.status());
+      completion = std::make_shared<NcclOpEvents>(events_, health_, nullptr, *done, launched);
+    }
+    const auto* events = static_cast<const NcclOpEvents*>(completion.get());
+    if (int e = cuda_->EventRecord(events->done(), stream_); e != kCudaSuccess) {
+      completion = nullptr;
       return Break(absl::UnavailableError(
           absl::StrCat(What(op), ": cudaEventRecord: ", cuda_->ErrorString(e))));
     }
-    completion = std::make_shared<NcclCompletion>(events_, health_, *done, Launched(op));
     return absl::OkStatus();
   }());
   if (!status.ok()) return status;

@@ -37,9 +37,33 @@ absl::StatusOr<CudaEvent> EventPool::Take() {
   return event;
 }
 
-void EventPool::Give(CudaEvent event) {
+absl::Status EventPool::TakeTwo(CudaEvent* first, CudaEvent* second) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (free_.size() >= 2) {
+      *first = free_.back();
+      free_.pop_back();
+      *second = free_.back();
+      free_.pop_back();
+      return absl::OkStatus();
+    }
+  }
+  absl::StatusOr<CudaEvent> a = Take();
+  if (!a.ok()) return a.status();
+  absl::StatusOr<CudaEvent> b = Take();
+  if (!b.ok()) {
+    Give(*a);
+    return b.status();
+  }
+  *first = *a;
+  *second = *b;
+  return absl::OkStatus();
+}
+
+void EventPool::Give(CudaEvent event, CudaEvent other) {
   absl::MutexLock lock(&mu_);
-  free_.push_back(event);
+  if (event != nullptr) free_.push_back(event);
+  if (other != nullptr) free_.push_back(other);
 }
 
 std::string LaunchedOp::Name() const {
@@ -65,7 +89,9 @@ void CommHealth::Retire(absl::Status why) {
   retired_ = std::move(why);
 }
 
-absl::StatusOr<bool> NcclCompletion::Poll() {
+NcclOpEvents::~NcclOpEvents() { pool_->Give(issued_, done_); }
+
+absl::StatusOr<bool> NcclOpEvents::Poll() {
   // The event first: ncclCommAbort also ends the kernels, so a done event counts only while the
   // communicator was not retired (an op it ended must fail, not pass as done).
   const int q = pool_->api().EventQuery(done_);
@@ -76,7 +102,7 @@ absl::StatusOr<bool> NcclCompletion::Poll() {
       absl::StrCat(op_.Name(), ": cudaEventQuery: ", pool_->api().ErrorString(q)));
 }
 
-absl::Status NcclCompletion::MakeStreamWait(void* stream) {
+absl::Status NcclOpEvents::MakeStreamWait(void* stream) {
   if (int e = pool_->api().StreamWaitEvent(stream, done_); e != kCudaSuccess) {
     return absl::UnavailableError(
         absl::StrCat(op_.Name(), ": cudaStreamWaitEvent: ", pool_->api().ErrorString(e)));

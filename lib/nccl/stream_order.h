@@ -10,6 +10,7 @@
 #ifndef ADAPTCOMM_LIB_NCCL_STREAM_ORDER_H_
 #define ADAPTCOMM_LIB_NCCL_STREAM_ORDER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,8 +39,11 @@ class EventPool {
   // A free event, else a new one (created on the pool's device; the calling thread's current
   // device is restored). Unavailable naming the CUDA error.
   absl::StatusOr<cuda::CudaEvent> Take();
-  // REQUIRES: `event` came from Take() and no one will record or wait on it through its holder.
-  void Give(cuda::CudaEvent event);
+  // Two events under one hold of the pool's lock (an op's issue and end events).
+  absl::Status TakeTwo(cuda::CudaEvent* first, cuda::CudaEvent* second);
+  // REQUIRES: each non-null event came from Take or TakeTwo and no one will record or wait on it
+  // through its holder.
+  void Give(cuda::CudaEvent event, cuda::CudaEvent other = nullptr);
   cuda::CudaApi& api() const { return *api_; }
 
  private:
@@ -81,35 +85,37 @@ class CommHealth {
   absl::Status retired_ ABSL_GUARDED_BY(mu_);
 };
 
-// The point of a caller's stream an op was issued at: an event recorded there.
-class NcclStreamPosition final : public StreamPosition {
+// One stream-ordered op's two events: the point of its caller's stream it was issued at (the
+// StreamPosition, recorded by MarkIssue) and its end on the communicator's stream (the
+// DeviceCompletion, recorded by Launch). One allocation and one pool hold for both, which a
+// separate position and completion per op would each cost twice. Both events go back to the pool
+// when the last holder of either role lets go (the Work's OpDesc holds the position).
+class NcclOpEvents final : public StreamPosition, public DeviceCompletion {
  public:
-  NcclStreamPosition(std::shared_ptr<EventPool> pool, cuda::CudaEvent event)
-      : pool_(std::move(pool)), event_(event) {}
-  ~NcclStreamPosition() override { pool_->Give(event_); }
-  cuda::CudaEvent event() const { return event_; }
-
- private:
-  const std::shared_ptr<EventPool> pool_;
-  const cuda::CudaEvent event_;
-};
-
-// An op on the communicator's stream, done when the event recorded after it is.
-class NcclCompletion final : public DeviceCompletion {
- public:
+  // `issued` is null for a completion launched from a position it could not claim (ClaimLaunch);
   // `op` names the op in errors (LaunchedOp::Name, only when one is reported).
-  NcclCompletion(std::shared_ptr<EventPool> pool, std::shared_ptr<CommHealth> health,
-                 cuda::CudaEvent done, const LaunchedOp& op)
-      : pool_(std::move(pool)), health_(std::move(health)), done_(done), op_(op) {}
-  ~NcclCompletion() override { pool_->Give(done_); }
+  NcclOpEvents(std::shared_ptr<EventPool> pool, std::shared_ptr<CommHealth> health,
+               cuda::CudaEvent issued, cuda::CudaEvent done, const LaunchedOp& op)
+      : pool_(std::move(pool)), health_(std::move(health)), issued_(issued), done_(done), op_(op) {}
+  ~NcclOpEvents() override;
+  cuda::CudaEvent issued() const { return issued_; }
+  cuda::CudaEvent done() const { return done_; }
+  // Whether `op` may record its end on this object's done event: it is the op this position was
+  // made for (a renumbered op names another seq) and the first launch from it (a relaunch takes
+  // a fresh completion, since a Work may still poll the first).
+  bool ClaimLaunch(const LaunchedOp& op) const {
+    return op.kind == op_.kind && op.seq == op_.seq && !launched_.exchange(true);
+  }
   absl::StatusOr<bool> Poll() override;
   absl::Status MakeStreamWait(void* stream) override;
 
  private:
   const std::shared_ptr<EventPool> pool_;
   const std::shared_ptr<CommHealth> health_;
+  const cuda::CudaEvent issued_;
   const cuda::CudaEvent done_;
   const LaunchedOp op_;
+  mutable std::atomic<bool> launched_{false};
 };
 
 }  // namespace adaptcomm::nccl
