@@ -115,9 +115,16 @@ class NcclBackend final : public Backend, public StreamOrdered {
 
   std::atomic<bool> abort_requested_{false};
   std::atomic<CudaStream> last_checked_stream_{nullptr};  // on options_.device (MarkIssue)
+  // An op (or a shrink) is making NCCL calls on comm_: Abort() then leaves ncclCommAbort to it
+  // (FinishCall). Set and cleared by the executing thread without mu_ (BeginCall, FinishCall: every
+  // op); Abort() sets abort_requested_ before it reads running_, and a call sets running_ before
+  // it reads abort_requested_, so that (both sequentially consistent) at least one of them sees the
+  // other.
+  std::atomic<bool> running_{false};
+  // Set with broken_ (never cleared): BeginCall's check without mu_.
+  std::atomic<bool> broken_seen_{false};
   mutable absl::Mutex mu_;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  bool running_ ABSL_GUARDED_BY(mu_) = false;
   bool comm_aborted_ ABSL_GUARDED_BY(mu_) = false;
   bool comm_parked_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -299,27 +306,29 @@ NcclResult NcclBackend::Enqueue(const OpDesc& op, CudaStream stream) {
 }
 
 absl::Status NcclBackend::BeginCall(const OpDesc& op) {
-  absl::MutexLock lock(&mu_);
-  if (!broken_.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("nccl backend is broken; ",
-                                                      OpKindName(op.kind), " seq ", op.seq,
-                                                      " not run: ", broken_.ToString()));
+  running_.store(true);
+  if (!abort_requested_.load() && !broken_seen_.load()) return absl::OkStatus();
+  absl::Status refused;
+  {
+    absl::MutexLock lock(&mu_);  // after Abort() or Break() set broken_ (they hold mu_ meanwhile)
+    refused = absl::FailedPreconditionError(absl::StrCat("nccl backend is broken; ",
+                                                         OpKindName(op.kind), " seq ", op.seq,
+                                                         " not run: ", broken_.ToString()));
   }
-  running_ = true;
-  return absl::OkStatus();
+  (void)FinishCall(refused);  // an Abort() that saw this call running left ncclCommAbort to it
+  return refused;
 }
 
 absl::Status NcclBackend::FinishCall(absl::Status result) {
+  running_.store(false);
+  if (!abort_requested_.load()) return result;
   bool abort_now = false;
   {
     absl::MutexLock lock(&mu_);
-    running_ = false;
-    abort_now = abort_requested_.load() && !comm_aborted_;
+    abort_now = !comm_aborted_;
   }
   if (abort_now) AbortCommOnce();
-  if (!result.ok() && abort_requested_.load() && !absl::IsInvalidArgument(result)) {
-    return health();
-  }
+  if (!result.ok() && !absl::IsInvalidArgument(result)) return health();
   return result;
 }
 
@@ -501,6 +510,7 @@ absl::Status NcclBackend::Break(absl::Status status) {
       status = broken_;  // Abort() came first: report it, not the error it caused
     } else if (broken_.ok()) {
       broken_ = status;
+      broken_seen_.store(true);
     }
   }
   AbortCommOnce();
@@ -519,7 +529,8 @@ void NcclBackend::Abort(const absl::Status& reason) {
                                                     " (already broken: ", broken_.ToString(), ")"));
     // A running op aborts the communicator from its own polling loop, so that no NCCL call on
     // the communicator races with its destruction by ncclCommAbort.
-    abort_here = !running_;
+    broken_seen_.store(true);
+    abort_here = !running_.load();
   }
   ADAPTCOMM_LOG(kInfo, "nccl backend rank ", options_.rank, " aborting: ", reason.ToString());
   if (abort_here) AbortCommOnce();
@@ -614,11 +625,11 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Shrink(const std::vector<i
   bool broken = false;
   {
     absl::MutexLock lock(&mu_);
-    if (running_ || comm_aborted_) {
+    if (running_.load() || comm_aborted_) {
       return absl::FailedPreconditionError(
           absl::StrCat(who, ": the parent communicator is busy or aborted"));
     }
-    running_ = true;  // Abort() meanwhile must not call ncclCommAbort under ncclCommShrink
+    running_.store(true);  // Abort() meanwhile must not call ncclCommAbort under ncclCommShrink
     broken = !broken_.ok() || comm_parked_;
   }
   ScopedCudaDevice device(*cuda_, options_.device);
@@ -640,7 +651,8 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Shrink(const std::vector<i
   const std::string detail = api_->GetLastError(child != nullptr ? child : comm_);
   {
     absl::MutexLock lock(&mu_);
-    running_ = false;
+    running_.store(false);
+    broken_seen_.store(true);
     if (broken_.ok()) {
       broken_ = absl::FailedPreconditionError(
           absl::StrCat("nccl backend of rank ", options_.rank,
