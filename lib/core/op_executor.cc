@@ -24,8 +24,6 @@ constexpr size_t kInFlightWithoutRetries = 1024;
 // (ExecutorOptions::waiter_tick) after the last one.
 constexpr absl::Duration kTickingIdle = absl::Milliseconds(50);
 
-bool OnDevice(const OpDesc& op) { return op.output.device.is_cuda() || op.input.device.is_cuda(); }
-
 }  // namespace
 
 // Debian's abseil is built without NDEBUG, so every absl::Mutex operation also updates a
@@ -71,7 +69,7 @@ void OpExecutor::Start() {
 std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
   absl::MutexLock lock(&mu_);
   desc.seq = next_seq_;
-  if (aborted_.ok() && !stopping_ && OnDevice(desc)) {
+  if (aborted_.ok() && !stopping_ && IsDeviceOp(desc)) {
     if (StreamOrdered* ordered = backend().stream_ordered(); ordered != nullptr) {
       // The op's place in the caller's stream is where the caller issued it, whenever the worker
       // gets to it; a refusal does not take a sequence number (no rank queued anything).
@@ -116,7 +114,7 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
 }
 
 bool OpExecutor::WaiterMayRun(const OpDesc& desc) const {
-  return !OnDevice(desc) && backend().capabilities().runs_on_any_thread;
+  return !IsDeviceOp(desc) && backend().capabilities().runs_on_any_thread;
 }
 
 void OpExecutor::EndDeferralLocked() {

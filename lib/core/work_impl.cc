@@ -91,6 +91,7 @@ absl::Status WorkImpl::Wait(absl::Duration bound) {
 }
 
 void WorkImpl::HelpProgress(absl::Duration bound) {
+  if (IsDeviceOp(desc_)) return;  // never run on, or left to, its waiter: nothing to ask
   std::shared_ptr<OpExecutor> executor = executor_.lock();
   if (executor == nullptr) return;
   if (bound == absl::InfiniteDuration()) {

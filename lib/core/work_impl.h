@@ -18,6 +18,11 @@ namespace adaptcomm::internal {
 
 class OpExecutor;
 
+// An op on CUDA views: it never runs on a waiting caller's thread (OpExecutor::WaiterMayRun).
+inline bool IsDeviceOp(const OpDesc& op) {
+  return op.output.device.is_cuda() || op.input.device.is_cuda();
+}
+
 class WorkImpl {
  public:
   // `enqueue_time`: when the op was issued (the caller's clock read, so that issuing one reads the

@@ -1,6 +1,7 @@
 #include "lib/nccl/nccl_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <utility>
 
@@ -115,6 +116,12 @@ class NcclBackend final : public Backend, public StreamOrdered {
 
   std::atomic<bool> abort_requested_{false};
   std::atomic<CudaStream> last_checked_stream_{nullptr};  // on options_.device (MarkIssue)
+  // Device pointers of options_.device that CheckView found valid, by PointerSlot.
+  static constexpr size_t kCheckedPointers = 16;
+  static size_t PointerSlot(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) >> 8) % kCheckedPointers;
+  }
+  mutable std::array<std::atomic<const void*>, kCheckedPointers> checked_pointers_{};
   // An op (or a shrink) is making NCCL calls on comm_: Abort() then leaves ncclCommAbort to it
   // (FinishCall). Set and cleared by the executing thread without mu_ (BeginCall, FinishCall: every
   // op); Abort() sets abort_requested_ before it reads running_, and a call sets running_ before
@@ -198,7 +205,11 @@ absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
                                                    " has unknown dtype ",
                                                    static_cast<int>(v.dtype)));
   }
-  if (v.data != nullptr) {
+  // A training loop reuses a few buffers: each is asked about once while it stays among the last
+  // few checked (device allocations keep their addresses out of the host's until freed, and CUDA
+  // does not hand a freed device range to host allocations).
+  std::atomic<const void*>& checked = checked_pointers_[PointerSlot(v.data)];
+  if (v.data != nullptr && checked.load(std::memory_order_relaxed) != v.data) {
     PointerInfo info;
     const int e = cuda_->PointerGetAttributes(v.data, &info);
     if (e != kCudaSuccess || !info.is_device) {
@@ -212,6 +223,7 @@ absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
                                                      " is tagged cuda:", v.device.index,
                                                      " but its memory is on cuda:", info.device));
     }
+    checked.store(v.data, std::memory_order_relaxed);  // device memory of options_.device
   }
   return absl::OkStatus();
 }
