@@ -45,7 +45,7 @@ void QuietAbslDeadlockDetection() {
 OpExecutor::OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options)
     : backend_(backend.get()), options_(options) {
   QuietAbslDeadlockDetection();
-  absl::MutexLock lock(&mu_);
+  ExecutorLock lock(this);
   owned_backends_.push_back(std::move(backend));
   generation_ = requested_generation_ = options_.initial_generation;
   next_seq_ = options_.first_seq;
@@ -67,7 +67,7 @@ void OpExecutor::Start() {
 }
 
 std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
-  absl::MutexLock lock(&mu_);
+  ExecutorLock lock(this);
   desc.seq = next_seq_;
   if (aborted_.ok() && !stopping_ && IsDeviceOp(desc)) {
     if (StreamOrdered* ordered = backend().stream_ordered(); ordered != nullptr) {
@@ -126,7 +126,7 @@ bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
   // Without the executor's lock: every stream-ordered Wait comes here (the backend pointer is
   // atomic, and a replaced backend stays alive).
   if (!WaiterMayRun(work->desc())) return false;
-  absl::MutexLock lock(&mu_);
+  ExecutorLock lock(this);
   if (!aborted_.ok() || stopping_ || busy_ || queue_.empty() || queue_.front().get() != work ||
       !device_failure_.ok() || requested_generation_ > generation_ || !in_flight_.empty()) {
     // Waiting for the op the worker has just started: this caller waits right after issuing, so
@@ -145,7 +145,7 @@ bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
 
 void OpExecutor::Expedite(const WorkImpl* work) {
   if (!WaiterMayRun(work->desc())) return;  // never deferred
-  absl::MutexLock lock(&mu_);
+  ExecutorLock lock(this);
   if (deferred_seq_ != 0 && deferred_seq_ == work->desc().seq) EndDeferralLocked();
 }
 
@@ -173,7 +173,7 @@ void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
   running_ = work;
   executing_ = work;
   running_since_ = started;
-  mu_.Unlock();
+  UnlockAndWake();
   // Nothing else finishes it meanwhile: it is in neither queue_ nor in_flight_, and running_ keeps
   // Abort() off executing_. The observers hear of it before it can end (it is not launched yet).
   for (const auto& o : observers_) o->OnEnqueueAndStart(work->desc(), started);
@@ -200,7 +200,7 @@ void OpExecutor::RunHeadLocked() {
   executing_ = work;
   running_since_ = started;
   const OpDesc& desc = work->desc();
-  mu_.Unlock();
+  UnlockAndWake();
   for (const auto& o : observers_) o->OnStart(desc, started);
   std::optional<Launched> launched;
   absl::Status status = RunWithRetry(work, started, &launched);
@@ -219,7 +219,7 @@ void OpExecutor::RunHeadLocked() {
         !IsMembershipChanged(status)) {
       {
         // The backend returned: the watchdog has nothing left to bound; the handler bounds itself.
-        absl::MutexLock lock(&mu_);
+        ExecutorLock lock(this);
         running_ = nullptr;
       }
       status = failure_handler_->OnOpFailure(desc, std::move(status));
@@ -246,7 +246,7 @@ size_t OpExecutor::InFlightWindow() const {
 absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) const {
   std::vector<MembershipChange> since;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&mu_);  // reads only: wakes no one
     for (size_t e = static_cast<size_t>(std::max(work.membership_epoch(), 0)); e < changes_.size();
          ++e) {
       since.push_back(changes_[e]);
@@ -314,17 +314,17 @@ void OpExecutor::RecordLaunchLocked(const std::shared_ptr<WorkImpl>& work, Launc
 }
 
 uint64_t OpExecutor::next_seq() const {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu_);  // reads only: wakes no one
   return next_seq_;
 }
 
 bool OpExecutor::Aborted() const {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu_);  // reads only: wakes no one
   return !aborted_.ok();
 }
 
 int OpExecutor::generation() const {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu_);  // reads only: wakes no one
   return generation_;
 }
 
@@ -339,49 +339,81 @@ OpExecutor::MembershipSnapshot OpExecutor::membership() const {
   }
 }
 
+bool OpExecutor::WorkerReadyLocked() const {
+  if (busy_) return false;
+  if (!device_failure_.ok()) return true;
+  const bool recovery = requested_generation_ > generation_;
+  // A retry another rank asked for while ops are in flight arrives as their failure.
+  if (recovery) return in_flight_.empty();
+  if (queue_.empty()) return stopping_ && in_flight_.empty();
+  if (queue_.front()->desc().seq == deferred_seq_ && !stopping_) return false;  // its waiter's
+  // A stream-ordered op joins those in flight (up to the window); any other op runs alone,
+  // after the device finished them (one NCCL communicator, one order of its ops).
+  const bool ordered =
+      queue_.front()->desc().issued_at != nullptr && backend_.load()->stream_ordered() != nullptr;
+  return ordered ? in_flight_.size() < InFlightWindow() : in_flight_.empty();
+}
+
+bool OpExecutor::WorkerWakesLocked() const {
+  return defer_to_waiter_ != worker_ticking_ || (worker_awaits_idle_ && !busy_) ||
+         WorkerReadyLocked();
+}
+
+bool OpExecutor::WatchdogWakesLocked() const {
+  const bool earlier_bound =
+      running_.get() != watchdog_watched_ && running_ != nullptr &&
+      running_since_ + running_->desc().timeout + options_.watchdog_grace < watchdog_next_;
+  return earlier_bound || in_flight_.empty() != watchdog_idle_ ||
+         (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty());
+}
+
+void OpExecutor::WakeSleepersLocked() {
+  if (worker_sleeping_ && WorkerWakesLocked()) worker_cv_.Signal();
+  if (watchdog_sleeping_ && WatchdogWakesLocked()) watchdog_cv_.Signal();
+}
+
+void OpExecutor::UnlockAndWake() {
+  WakeSleepersLocked();
+  mu_.Unlock();
+}
+
+void OpExecutor::SleepLocked(absl::CondVar& cv, bool* sleeping, bool (OpExecutor::*wakes)() const,
+                             absl::Time deadline) {
+  WakeSleepersLocked();  // the other sleeper, for what this thread changed before sleeping
+  *sleeping = true;
+  while (!(this->*wakes)()) {
+    if (cv.WaitWithDeadline(&mu_, deadline)) break;  // the deadline passed
+  }
+  *sleeping = false;
+}
+
 void OpExecutor::WorkerLoop() {
-  absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    if (busy_) return false;
-    if (!device_failure_.ok()) return true;
-    const bool recovery = requested_generation_ > generation_;
-    // A retry another rank asked for while ops are in flight arrives as their failure.
-    if (recovery) return in_flight_.empty();
-    if (queue_.empty()) return stopping_ && in_flight_.empty();
-    if (queue_.front()->desc().seq == deferred_seq_ && !stopping_) return false;  // its waiter's
-    // A stream-ordered op joins those in flight (up to the window); any other op runs alone,
-    // after the device finished them (one NCCL communicator, one order of its ops).
-    const bool ordered =
-        queue_.front()->desc().issued_at != nullptr && backend().stream_ordered() != nullptr;
-    return ordered ? in_flight_.size() < InFlightWindow() : in_flight_.empty();
-  };
-  // Also when deferral starts or stops (the worker sleeps in ticks exactly while it is on), and
-  // when a waiter's op that the worker sleeps through ends.
-  auto wake = [this, &ready]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return defer_to_waiter_ != worker_ticking_ || (worker_awaits_idle_ && !busy_) || ready();
-  };
+  ExecutorLock lock(this);
   while (true) {
     worker_ticking_ = defer_to_waiter_;
     if (worker_ticking_ && busy_) {
       // A waiter runs its op: nothing can be deferred before it ends, and ticks meanwhile would
       // only preempt the ranks (a 64 MiB op would see 40 of them). One wake-up at its end instead.
       worker_awaits_idle_ = true;
-      mu_.Await(absl::Condition(&wake));
+      SleepLocked(worker_cv_, &worker_sleeping_, &OpExecutor::WorkerWakesLocked,
+                  absl::InfiniteFuture());
       worker_awaits_idle_ = false;
     } else if (worker_ticking_) {
-      mu_.AwaitWithDeadline(absl::Condition(&wake), absl::Now() + options_.waiter_tick);
+      SleepLocked(worker_cv_, &worker_sleeping_, &OpExecutor::WorkerWakesLocked,
+                  absl::Now() + options_.waiter_tick);
       ExpireDeferralLocked(absl::Now());
     } else {
-      mu_.Await(absl::Condition(&wake));
+      SleepLocked(worker_cv_, &worker_sleeping_, &OpExecutor::WorkerWakesLocked,
+                  absl::InfiniteFuture());
     }
-    if (!ready()) continue;
+    if (!WorkerReadyLocked()) continue;
     if (!device_failure_.ok()) {
       absl::Status cause = std::move(device_failure_);
       device_failure_ = absl::OkStatus();
       std::deque<std::shared_ptr<WorkImpl>> failed = TakeUnfinishedInFlightLocked();
       if (failed.empty()) continue;  // all done after all; the broken backend fails the next op
       busy_ = true;
-      mu_.Unlock();
+      UnlockAndWake();
       HandleDeviceFailure(std::move(failed), std::move(cause));
       mu_.Lock();
       busy_ = false;
@@ -425,7 +457,7 @@ absl::Time OpExecutor::PollInFlightLocked() {
     if (failure.ok()) return std::min(absl::Now() + kDevicePoll, deadline);
     ADAPTCOMM_LOG(kError, failure.message());
     device_failure_ = failure;
-    mu_.Unlock();
+    UnlockAndWake();
     backend().Abort(failure);  // ends the ops queued behind it too
     mu_.Lock();
   }
@@ -433,7 +465,7 @@ absl::Time OpExecutor::PollInFlightLocked() {
 }
 
 void OpExecutor::WatchdogLoop() {
-  absl::MutexLock lock(&mu_);
+  ExecutorLock lock(this);
   std::shared_ptr<WorkImpl> watched;  // the running op, as last seen
   absl::Time abort_sent = absl::InfiniteFuture();
   absl::Time last_beat = absl::Now();
@@ -460,7 +492,7 @@ void OpExecutor::WatchdogLoop() {
                          " (watchdog); aborting the ", backend().name(), " backend"));
         ADAPTCOMM_LOG(kError, timeout.message());
         abort_sent = now;
-        mu_.Unlock();
+        UnlockAndWake();
         backend().Abort(timeout);
         mu_.Lock();
         continue;
@@ -483,25 +515,20 @@ void OpExecutor::WatchdogLoop() {
       next = std::min(next, abort_sent != absl::InfiniteFuture() ? abort_sent + options_.abort_bound
                                                                  : deadline);
     }
-    const bool idle = in_flight_.empty();
     // An op that starts (or ends) only matters before `next` if its own bound falls earlier: most
     // ops' bounds are minutes away, and waking for each one would cost every op a context switch
     // (a wake-up and a sleep of this thread) for nothing; a later wake-up sees the op anyway.
-    const absl::Duration grace = options_.watchdog_grace;
-    auto changed = [this, &watched, idle, next, grace]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      const bool earlier_bound = running_ != watched && running_ != nullptr &&
-                                 running_since_ + running_->desc().timeout + grace < next;
-      return earlier_bound || in_flight_.empty() != idle ||
-             (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty());
-    };
-    mu_.AwaitWithDeadline(absl::Condition(&changed), next);
+    watchdog_watched_ = watched.get();
+    watchdog_idle_ = in_flight_.empty();
+    watchdog_next_ = next;
+    SleepLocked(watchdog_cv_, &watchdog_sleeping_, &OpExecutor::WatchdogWakesLocked, next);
   }
 }
 
 void OpExecutor::Abort(const absl::Status& reason) {
   std::deque<std::shared_ptr<WorkImpl>> dropped;
   {
-    absl::MutexLock lock(&mu_);
+    ExecutorLock lock(this);
     if (aborted_.ok()) aborted_ = reason.ok() ? absl::AbortedError("aborted") : reason;
     dropped.swap(queue_);
     deferred_seq_ = 0;
@@ -524,7 +551,7 @@ void OpExecutor::Abort(const absl::Status& reason) {
 void OpExecutor::Shutdown() {
   bool pending;
   {
-    absl::MutexLock lock(&mu_);
+    ExecutorLock lock(this);
     if (stopping_ && !worker_.joinable() && !watchdog_.joinable()) return;
     stopping_ = true;
     // Ops still queued or in flight get half the abort bound to finish; then they are aborted, so
@@ -533,6 +560,7 @@ void OpExecutor::Shutdown() {
     auto drained = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty();
     };
+    WakeSleepersLocked();  // stopping_: the worker and the watchdog drain, then stop
     pending = !mu_.AwaitWithTimeout(absl::Condition(&drained), options_.abort_bound / 2);
   }
   if (pending) {
@@ -543,7 +571,7 @@ void OpExecutor::Shutdown() {
   if (watchdog_.joinable()) watchdog_.join();
   bool stuck;
   {
-    absl::MutexLock lock(&mu_);
+    ExecutorLock lock(this);
     stuck = busy_;
   }
   if (worker_.joinable()) {

@@ -182,6 +182,39 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
  private:
   void WorkerLoop();
   void WatchdogLoop();
+
+  // The worker and the watchdog sleep on condition variables, not on mu_ with an absl::Condition:
+  // absl evaluates a Condition waiter's predicate on every release of the mutex
+  // (Mutex::UnlockSlow), which cost every op two slow releases of mu_. Whoever releases mu_ wakes
+  // them instead, when what they wait for came true: every hold of mu_ is an ExecutorLock, or ends
+  // in UnlockAndWake.
+  class ABSL_SCOPED_LOCKABLE ExecutorLock {
+   public:
+    explicit ExecutorLock(OpExecutor* executor) ABSL_EXCLUSIVE_LOCK_FUNCTION(executor->mu_)
+        : executor_(executor) {
+      executor_->mu_.Lock();
+    }
+    ~ExecutorLock() ABSL_UNLOCK_FUNCTION() { executor_->UnlockAndWake(); }
+    ExecutorLock(const ExecutorLock&) = delete;
+    ExecutorLock& operator=(const ExecutorLock&) = delete;
+
+   private:
+    OpExecutor* const executor_;
+  };
+  void UnlockAndWake() ABSL_UNLOCK_FUNCTION(mu_);
+  // Signals the worker or the watchdog if it sleeps and what it waits for came true.
+  void WakeSleepersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sleeps on `cv` until (this->*wakes)() or `deadline`; mu_ is released meanwhile.
+  void SleepLocked(absl::CondVar& cv, bool* sleeping, bool (OpExecutor::*wakes)() const,
+                   absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker can run something: the head op, a device failure or a recovery, or its stop.
+  bool WorkerReadyLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The worker must look again: it is ready, deferral started or stopped (it sleeps in ticks
+  // exactly while deferral is on), or a waiter's op that it sleeps through ended.
+  bool WorkerWakesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The watchdog must look before watchdog_next_: an op started whose bound falls earlier, the ops
+  // in flight went from none to some (or back), or the executor is stopping and drained.
+  bool WatchdogWakesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void Beat();
   // Whether `desc` may run on a waiting caller's thread: a host op on a backend that runs on any
   // thread. Reads no guarded state.
@@ -291,6 +324,15 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::Time last_deferred_ ABSL_GUARDED_BY(mu_);
   bool worker_ticking_ ABSL_GUARDED_BY(mu_) = false;      // how the worker sleeps right now
   bool worker_awaits_idle_ ABSL_GUARDED_BY(mu_) = false;  // until the waiter's op ends
+  absl::CondVar worker_cv_;
+  absl::CondVar watchdog_cv_;
+  bool worker_sleeping_ ABSL_GUARDED_BY(mu_) = false;
+  bool watchdog_sleeping_ ABSL_GUARDED_BY(mu_) = false;
+  // While the watchdog sleeps: the running op it last saw, whether nothing was in flight, and when
+  // it wakes anyway (WatchdogWakesLocked).
+  const WorkImpl* watchdog_watched_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool watchdog_idle_ ABSL_GUARDED_BY(mu_) = true;
+  absl::Time watchdog_next_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // Stream-ordered device ops queued on the device, oldest first, and their completion.
   struct InFlight {
     std::shared_ptr<WorkImpl> work;

@@ -54,20 +54,20 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, abs
        ++attempt) {
     {
       // The vote and the rebuild bound themselves; the watchdog resumes for the re-run.
-      absl::MutexLock lock(&mu_);
+      ExecutorLock lock(this);
       running_ = nullptr;
     }
     status = RecoverFrom(desc.seq, Fingerprint(desc), attempt, status);
     if (!status.ok()) break;  // no agreement: the error names who was missing
     if (Aborted()) {
       // Abort() came during the vote and released the caller: its buffers are its own again.
-      absl::MutexLock lock(&mu_);
+      ExecutorLock lock(this);
       status = aborted_;
       break;
     }
     started = absl::Now();
     {
-      absl::MutexLock lock(&mu_);
+      ExecutorLock lock(this);
       running_ = work;
       running_since_ = started;
     }
@@ -85,7 +85,7 @@ absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& finge
                                      const absl::Status& cause) {
   int next;
   {
-    absl::MutexLock lock(&mu_);
+    ExecutorLock lock(this);
     next = std::max(generation_, requested_generation_ - 1) + 1;
   }
   absl::StatusOr<RecoveryPlan> plan =
@@ -93,7 +93,7 @@ absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& finge
   if (!plan.ok()) {
     // No agreement (a rank is gone): the communicator is finished; later ops fail fast with the
     // reason, and the pending request is dropped so nobody votes again.
-    absl::MutexLock lock(&mu_);
+    ExecutorLock lock(this);
     requested_generation_ = generation_;
     if (aborted_.ok()) aborted_ = plan.status();
     return plan.status();
@@ -125,7 +125,7 @@ absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& finge
 
 void OpExecutor::InstallBackend(std::unique_ptr<Backend> backend, int generation,
                                 std::optional<MembershipChange> change) {
-  absl::MutexLock lock(&mu_);
+  ExecutorLock lock(this);
   if (change.has_value()) changes_.push_back(*std::move(change));
   backend_.store(backend.get());
   owned_backends_.push_back(std::move(backend));
@@ -151,7 +151,7 @@ void OpExecutor::PublishMembershipLocked() {
 absl::Status OpExecutor::Reconfigure(
     const std::function<absl::StatusOr<RecoveryPlan>()>& reconfigure) {
   {
-    absl::MutexLock lock(&mu_);
+    ExecutorLock lock(this);
     if (!aborted_.ok()) return aborted_;
     if (stopping_ || busy_ || !queue_.empty() || !in_flight_.empty() ||
         requested_generation_ > generation_ || !device_failure_.ok()) {
@@ -166,7 +166,7 @@ absl::Status OpExecutor::Reconfigure(
     InstallBackend(std::move(plan->backend), plan->generation, std::move(plan->change));
     if (plan->on_installed) plan->on_installed();
   }
-  absl::MutexLock lock(&mu_);
+  ExecutorLock lock(this);
   busy_ = false;
   return plan.status();
 }
@@ -174,7 +174,7 @@ absl::Status OpExecutor::Reconfigure(
 void OpExecutor::RequestRecovery(int generation) {
   Backend* to_interrupt = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    ExecutorLock lock(this);
     // A finished communicator (aborted, or its own retry found no agreement) votes no more: the
     // caller already has its error, and a late wake from a peer must not start another round.
     if (!aborted_.ok() || stopping_) return;
@@ -191,14 +191,14 @@ void OpExecutor::RequestRecovery(int generation) {
 }
 
 bool OpExecutor::RecoveryRequested() const {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu_);  // reads only: wakes no one
   return requested_generation_ > generation_;
 }
 
 void OpExecutor::RecoverIdleLocked() {
   busy_ = true;
   const uint64_t position = last_completed_seq_ + 1;
-  mu_.Unlock();
+  UnlockAndWake();
   absl::Status status =
       RecoverFrom(position, "", 1, absl::AbortedError("requested by another rank"));
   mu_.Lock();
@@ -233,7 +233,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
       std::optional<Launched> launched;
       if (status.ok()) status = Execute(work, absl::Now(), &launched);
       if (status.ok()) {
-        absl::MutexLock lock(&mu_);
+        ExecutorLock lock(this);
         if (launched.has_value()) {
           RecordLaunchLocked(work, *std::move(launched));
         } else {
@@ -241,7 +241,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
         }
       }
     }
-    absl::MutexLock lock(&mu_);
+    ExecutorLock lock(this);
     if (status.ok() && device_failure_.ok()) {
       ADAPTCOMM_LOG(kWarning, OpKindName(oldest.kind), " #", oldest.seq, " and the ",
                     failed.size() - 1,
@@ -263,7 +263,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
       !IsMembershipChanged(status)) {
     status = failure_handler_->OnOpFailure(head->desc(), std::move(status));
   }
-  absl::MutexLock lock(&mu_);
+  ExecutorLock lock(this);
   CompleteLocked(head, status);
   for (size_t i = 1; i < failed.size(); ++i) {
     const OpDesc& d = failed[i]->desc();
