@@ -408,6 +408,7 @@ int FakeNcclApi::RuntimeVersion(int* version) {
   return cuda::kCudaSuccess;
 }
 int FakeNcclApi::PointerGetAttributes(const void* ptr, cuda::PointerInfo* info) {
+  pointer_queries_.fetch_add(1);
   absl::MutexLock lock(&world_->mu);
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   info->is_device = true;

@@ -80,6 +80,7 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   int memcpy_calls() const { return memcpy_calls_.load(); }
   int malloc_calls() const { return malloc_calls_.load(); }
   int cast_calls() const { return cast_calls_.load(); }
+  int pointer_queries() const { return pointer_queries_.load(); }  // PointerGetAttributes
   // Collectives (or groups) posted to the world so far: started "on the device".
   int collectives_started() const;
   void HoldStreams(bool hold);
@@ -172,6 +173,7 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   std::atomic<int> memcpy_calls_{0};
   std::atomic<int> malloc_calls_{0};
   std::atomic<int> cast_calls_{0};
+  std::atomic<int> pointer_queries_{0};
 };
 
 }  // namespace adaptcomm::testing

@@ -251,6 +251,28 @@ TEST(NcclBackend, BadInputIsInvalidArgumentNamingTheView) {
   EXPECT_EQ(r.apis[0]->abort_calls(), 0);
 }
 
+TEST(NcclBackend, PointerIsAskedAboutOncePerBufferAndANewHostBufferIsStillRefused) {
+  Ranks r = Create(1);
+  ASSERT_TRUE(r.init[0].ok()) << r.init[0];
+  FakeNcclApi& api = *r.apis[0];
+  std::vector<float> device(4, 1.0f), host(4, 1.0f);
+  api.MarkHost(host.data(), host.size() * sizeof(float));
+  const OpDesc on_device = Op(OpKind::kAllreduce, Dev(device.data(), 4), Dev(device.data(), 4));
+  const int before = api.pointer_queries();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(r.backends[0]->Supports(on_device).ok());
+  EXPECT_EQ(api.pointer_queries(), before + 1) << "a training loop's buffer is asked about once";
+  absl::Status s =
+      r.backends[0]->Supports(Op(OpKind::kAllreduce, Dev(host.data(), 4), Dev(host.data(), 4)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("is tagged cuda:0 but its pointer is host memory"));
+  // Refused buffers are not remembered: asked about again, refused again.
+  s = r.backends[0]->Supports(Op(OpKind::kAllreduce, Dev(host.data(), 4), Dev(host.data(), 4)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(api.pointer_queries(), before + 3);
+  EXPECT_TRUE(r.backends[0]->Supports(on_device).ok());
+  EXPECT_EQ(api.pointer_queries(), before + 3);
+}
+
 TEST(NcclBackend, AsyncErrorMidCollectiveFailsWithMappedStatusAndAborts) {
   Ranks r = Create(1, [](int, FakeNcclFaults& f) { f.async_error_at_launch = 2; });
   ASSERT_TRUE(r.init[0].ok()) << r.init[0];
