@@ -373,8 +373,15 @@ void OpExecutor::WakeSleepersLocked() {
 }
 
 void OpExecutor::UnlockAndWake() {
-  WakeSleepersLocked();
+  // Decided under mu_, signalled after it: absl wakes a timed CondVar waiter at once, and one
+  // woken while mu_ is still held would only wait for it (or, for the ticking worker, win the race
+  // for the op its caller is about to run). A sleeper that wakes meanwhile on its own re-checks
+  // its predicate under mu_, so no wake-up is lost.
+  const bool worker = worker_sleeping_ && WorkerWakesLocked();
+  const bool watchdog = watchdog_sleeping_ && WatchdogWakesLocked();
   mu_.Unlock();
+  if (worker) worker_cv_.Signal();
+  if (watchdog) watchdog_cv_.Signal();
 }
 
 void OpExecutor::SleepLocked(absl::CondVar& cv, bool* sleeping, bool (OpExecutor::*wakes)() const,
