@@ -81,8 +81,15 @@ absl::Status WorkImpl::Wait(absl::Duration bound) {
   };
   // The clock is read only when there is something to wait for: a stream-ordered op issued on an
   // idle executor is already on the device here, and an op's host cost is a few clock reads.
-  if (!waited_for() && !mu_.AwaitWithDeadline(absl::Condition(&waited_for), absl::Now() + bound)) {
-    return absl::DeadlineExceededError(StillThere(desc_, bound, state_, false));
+  if (!waited_for()) {
+    const absl::Time deadline = absl::Now() + bound;
+    // absl's timed wait ends by the kernel's clock, which absl::Now() (calibrated from the cycle
+    // counter) may see as up to a millisecond early on a VM: the bound is kept by absl::Now().
+    while (!mu_.AwaitWithDeadline(absl::Condition(&waited_for), deadline)) {
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(StillThere(desc_, bound, state_, false));
+      }
+    }
   }
   if (IsTerminal(state_)) return status_;
   // Stream-ordered device op, queued: the caller's stream waits for it, the caller does not.
