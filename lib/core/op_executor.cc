@@ -84,15 +84,15 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
   ++next_seq_;
   // The op's one clock read: its enqueue time, and its start when it is launched right here.
   const absl::Time now = absl::Now();
-  if (desc.issued_at != nullptr && CanLaunchInlineLocked()) {
-    // Created running: no one else can see it before it is launched.
-    auto work = std::make_shared<WorkImpl>(std::move(desc), now, weak_from_this(), now);
-    work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
+  // Launched right here: created running (no one else can see it before it is launched).
+  const bool inline_launch = desc.issued_at != nullptr && CanLaunchInlineLocked();
+  auto work = std::make_shared<WorkImpl>(std::move(desc), now, weak_from_this(),
+                                         inline_launch ? std::optional(now) : std::nullopt);
+  work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
+  if (inline_launch) {
     LaunchInlineLocked(work);
     return work;
   }
-  auto work = std::make_shared<WorkImpl>(std::move(desc), now, weak_from_this());
-  work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
   if (!aborted_.ok()) {
     work->Finish(absl::Status(aborted_.code(),
                               absl::StrCat("communicator was aborted: ", aborted_.message())));
