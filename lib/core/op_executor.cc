@@ -367,21 +367,26 @@ bool OpExecutor::WatchdogWakesLocked() const {
          (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty());
 }
 
-void OpExecutor::WakeSleepersLocked() {
-  if (worker_sleeping_ && WorkerWakesLocked()) worker_cv_.Signal();
-  if (watchdog_sleeping_ && WatchdogWakesLocked()) watchdog_cv_.Signal();
+OpExecutor::Sleepers OpExecutor::SleepersToWakeLocked() const {
+  return Sleepers{worker_sleeping_ && WorkerWakesLocked(),
+                  watchdog_sleeping_ && WatchdogWakesLocked()};
 }
+
+void OpExecutor::Wake(Sleepers sleepers) {
+  if (sleepers.worker) worker_cv_.Signal();
+  if (sleepers.watchdog) watchdog_cv_.Signal();
+}
+
+void OpExecutor::WakeSleepersLocked() { Wake(SleepersToWakeLocked()); }
 
 void OpExecutor::UnlockAndWake() {
   // Decided under mu_, signalled after it: absl wakes a timed CondVar waiter at once, and one
   // woken while mu_ is still held would only wait for it (or, for the ticking worker, win the race
   // for the op its caller is about to run). A sleeper that wakes meanwhile on its own re-checks
   // its predicate under mu_, so no wake-up is lost.
-  const bool worker = worker_sleeping_ && WorkerWakesLocked();
-  const bool watchdog = watchdog_sleeping_ && WatchdogWakesLocked();
+  const Sleepers sleepers = SleepersToWakeLocked();
   mu_.Unlock();
-  if (worker) worker_cv_.Signal();
-  if (watchdog) watchdog_cv_.Signal();
+  Wake(sleepers);
 }
 
 void OpExecutor::SleepLocked(absl::CondVar& cv, bool* sleeping, bool (OpExecutor::*wakes)() const,
@@ -398,21 +403,14 @@ void OpExecutor::WorkerLoop() {
   ExecutorLock lock(this);
   while (true) {
     worker_ticking_ = defer_to_waiter_;
-    if (worker_ticking_ && busy_) {
-      // A waiter runs its op: nothing can be deferred before it ends, and ticks meanwhile would
-      // only preempt the ranks (a 64 MiB op would see 40 of them). One wake-up at its end instead.
-      worker_awaits_idle_ = true;
-      SleepLocked(worker_cv_, &worker_sleeping_, &OpExecutor::WorkerWakesLocked,
-                  absl::InfiniteFuture());
-      worker_awaits_idle_ = false;
-    } else if (worker_ticking_) {
-      SleepLocked(worker_cv_, &worker_sleeping_, &OpExecutor::WorkerWakesLocked,
-                  absl::Now() + options_.waiter_tick);
-      ExpireDeferralLocked(absl::Now());
-    } else {
-      SleepLocked(worker_cv_, &worker_sleeping_, &OpExecutor::WorkerWakesLocked,
-                  absl::InfiniteFuture());
-    }
+    // While a waiter runs its op nothing can be deferred before it ends, and ticks meanwhile would
+    // only preempt the ranks (a 64 MiB op would see 40 of them): one wake-up at its end instead.
+    worker_awaits_idle_ = worker_ticking_ && busy_;
+    const bool ticks = worker_ticking_ && !worker_awaits_idle_;
+    SleepLocked(worker_cv_, &worker_sleeping_, &OpExecutor::WorkerWakesLocked,
+                ticks ? absl::Now() + options_.waiter_tick : absl::InfiniteFuture());
+    worker_awaits_idle_ = false;
+    if (ticks) ExpireDeferralLocked(absl::Now());
     if (!WorkerReadyLocked()) continue;
     if (!device_failure_.ok()) {
       absl::Status cause = std::move(device_failure_);

@@ -202,7 +202,14 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
     OpExecutor* const executor_;
   };
   void UnlockAndWake() ABSL_UNLOCK_FUNCTION(mu_);
-  // Signals the worker or the watchdog if it sleeps and what it waits for came true.
+  // Which of the worker and the watchdog sleeps while what it waits for came true.
+  struct Sleepers {
+    bool worker = false;
+    bool watchdog = false;
+  };
+  Sleepers SleepersToWakeLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void Wake(Sleepers sleepers);
+  // Signals them with mu_ held (before this thread sleeps, or awaits the drain in Shutdown).
   void WakeSleepersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sleeps on `cv` until (this->*wakes)() or `deadline`; mu_ is released meanwhile.
   void SleepLocked(absl::CondVar& cv, bool* sleeping, bool (OpExecutor::*wakes)() const,
