@@ -330,15 +330,16 @@ absl::Status ShmBackend::ReduceChunk(const OpCtx& ctx, unsigned char* data, size
   if (absl::Status s = WaitAllPosted(ctx, 2 * step_ - 1); !s.ok()) return s;
   for (int p = 0; p < size_; ++p) srcs_[p] = Half(p) + my_lo * esz;
   srcs_[rank_] = data + my_lo * esz;
-  // The reduced slice goes where our copy of it would have been: no peer reads it before post 2.
+  // The reduced slice goes where our copy of it would have been (no peer reads it before post 2),
+  // and into our own result from the same L1 block.
+  const bool want_result = root < 0 || root == rank_;
   shm::ReduceSlots(op.output.dtype, op.reduce, srcs_.data(), size_, Half(rank_) + my_lo * esz,
-                   my_hi - my_lo);
+                   my_hi - my_lo, want_result ? data + my_lo * esz : nullptr);
   Publish(seg_->post(rank_), 2 * step_);
-  if (root < 0 || root == rank_) {
+  if (want_result) {
     for (int p = 0; p < size_; ++p) {
-      if (p != rank_) {
-        if (absl::Status s = Wait(ctx, seg_->post(p), 2 * step_, p); !s.ok()) return s;
-      }
+      if (p == rank_) continue;
+      if (absl::Status s = Wait(ctx, seg_->post(p), 2 * step_, p); !s.ok()) return s;
       std::memcpy(data + lo(p) * esz, Half(p) + lo(p) * esz, (lo(p + 1) - lo(p)) * esz);
     }
   }

@@ -27,8 +27,9 @@ void Distinct(T* __restrict o, const T* __restrict x, const T* __restrict y, siz
 }
 
 template <typename T, typename Op, bool kAvg>
-void ReduceNative(const void* const* srcs, int n, void* out, size_t count) {
+void ReduceNative(const void* const* srcs, int n, void* out, size_t count, void* second_out) {
   T* o = static_cast<T*>(out);
+  T* o2 = static_cast<T*>(second_out);
   auto src = [srcs](int j, size_t i) { return static_cast<const T*>(srcs[j]) + i; };
   // Each block is reduced in an L1-resident buffer and then stored: `out` may be any source.
   constexpr size_t kBlock = (16u << 10) / sizeof(T);
@@ -46,11 +47,12 @@ void ReduceNative(const void* const* srcs, int n, void* out, size_t count) {
       for (size_t k = 0; k < m; ++k) acc[k] = acc[k] / d;
     }
     std::memcpy(o + i, acc, m * sizeof(T));
+    if (o2 != nullptr) std::memcpy(o2 + i, acc, m * sizeof(T));
   }
 }
 
 template <bool kBF16, typename Op, bool kAvg>
-void Reduce16(const void* const* srcs, int n, void* out, size_t count) {
+void Reduce16(const void* const* srcs, int n, void* out, size_t count, void* second_out) {
   namespace p = ::adaptcomm::precision;
   const p::CastPath path = p::ActiveCastPath();
   constexpr bool kSum = std::is_same_v<Op, SumOp>;
@@ -62,6 +64,7 @@ void Reduce16(const void* const* srcs, int n, void* out, size_t count) {
     }
   };
   uint16_t* o = static_cast<uint16_t*>(out);
+  uint16_t* o2 = static_cast<uint16_t*>(second_out);
   auto src = [srcs](int j, size_t i) { return static_cast<const uint16_t*>(srcs[j]) + i; };
   constexpr size_t kBlock = 2048;
   alignas(64) float acc[kBlock];
@@ -88,10 +91,11 @@ void Reduce16(const void* const* srcs, int n, void* out, size_t count) {
     } else {
       (void)p::F32ToF16(path, acc, o + i, m);
     }
+    if (o2 != nullptr) std::memcpy(o2 + i, o + i, m * sizeof(uint16_t));
   }
 }
 
-using Kernel = void (*)(const void* const*, int, void*, size_t);
+using Kernel = void (*)(const void* const*, int, void*, size_t, void*);
 
 template <typename T>
 Kernel NativeFor(ReduceOp op) {
@@ -154,10 +158,10 @@ Kernel KernelFor(DType dtype, ReduceOp op) {
 
 bool CanReduce(DType dtype, ReduceOp op) { return KernelFor(dtype, op) != nullptr; }
 
-void ReduceSlots(DType dtype, ReduceOp op, const void* const* srcs, int n, void* out,
-                 size_t count) {
+void ReduceSlots(DType dtype, ReduceOp op, const void* const* srcs, int n, void* out, size_t count,
+                 void* second_out) {
   if (count == 0) return;
-  KernelFor(dtype, op)(srcs, n, out, count);
+  KernelFor(dtype, op)(srcs, n, out, count, second_out);
 }
 
 }  // namespace adaptcomm::shm

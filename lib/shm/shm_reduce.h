@@ -20,7 +20,10 @@ bool CanReduce(DType dtype, ReduceOp op);
 
 // REQUIRES: CanReduce(dtype, op), n >= 1. `out` may be any srcs[j] exactly (every source is read
 // before the output is written, block by block); no partial overlap. Each holds `count` elements.
-void ReduceSlots(DType dtype, ReduceOp op, const void* const* srcs, int n, void* out, size_t count);
+// A non-null `second_out` receives the same result, under the same aliasing rule: it is stored
+// from the block still in L1, which costs one write instead of a copy that reads `out` back.
+void ReduceSlots(DType dtype, ReduceOp op, const void* const* srcs, int n, void* out, size_t count,
+                 void* second_out = nullptr);
 
 }  // namespace adaptcomm::shm
 
