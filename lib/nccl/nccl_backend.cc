@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <typeinfo>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -398,7 +399,12 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
 }
 
 absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDesc& op) {
-  const auto* issued = dynamic_cast<const NcclOpEvents*>(op.issued_at.get());
+  // NcclOpEvents is final: a typeid check is a pointer compare where a dynamic_cast through its
+  // two bases walks the class hierarchy on every op.
+  const StreamPosition* position = op.issued_at.get();
+  const auto* issued = position != nullptr && typeid(*position) == typeid(NcclOpEvents)
+                           ? static_cast<const NcclOpEvents*>(position)
+                           : nullptr;
   if (issued == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(What(op), ": launched without a stream position from MarkIssue"));
