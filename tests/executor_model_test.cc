@@ -117,15 +117,26 @@ TEST(ExecutionModel, UnboundedWaiterRunsItsOwnOpWhenTheExecutorIsIdle) {
   ObservedBackend* backend = owned.get();
   auto comm = Create(std::move(owned));
   ASSERT_NE(comm, nullptr);
-  float x = 1.0f;
-  for (int i = 0; i < 200; ++i) ASSERT_TRUE(comm->Allreduce(HostView(&x, 1)).Wait().ok());
-  std::vector<std::thread::id> threads = backend->threads();
-  ASSERT_EQ(threads.size(), 200u);
   // Once a caller has waited for an op right after issuing it, the next ones are left to it (the
   // worker is not woken to race it). The worker still takes one the caller is late for (preempted
-  // between issuing and waiting for a tick), after which the two race again for a while.
-  const size_t on_caller = std::count(threads.begin(), threads.end(), std::this_thread::get_id());
-  EXPECT_GE(on_caller, 150u);
+  // between issuing and waiting for a tick), after which the two race again for a while. On a
+  // loaded machine (the suite runs tests side by side on two cores) preemptions can come often
+  // enough in one batch to hand the worker more than a quarter: the best of three batches counts;
+  // an executor that never leaves the op to its waiter fails all three.
+  constexpr size_t kOps = 200;
+  size_t best_on_caller = 0;
+  for (int batch = 0; batch < 3 && best_on_caller < 150; ++batch) {
+    float x = 1.0f;
+    for (size_t i = 0; i < kOps; ++i) {
+      ASSERT_TRUE(comm->Allreduce(HostView(&x, 1)).Wait().ok());
+    }
+    std::vector<std::thread::id> threads = backend->threads();
+    ASSERT_EQ(threads.size(), kOps * (batch + 1));
+    const size_t on_caller =
+        std::count(threads.end() - kOps, threads.end(), std::this_thread::get_id());
+    best_on_caller = std::max(best_on_caller, on_caller);
+  }
+  EXPECT_GE(best_on_caller, 150u);
 }
 
 // Issue-then-wait ops until the executor leaves them to their waiter.
