@@ -2,25 +2,42 @@
 //
 // The choice is measured, not assumed: where AVX-512 exists it is not always the fastest (on some
 // virtualised AMD EPYC hosts its casts run at a quarter of AVX2's speed), so the first call times
-// every supported vector path on a cache-resident buffer and keeps the fastest. Every path gives
-// the same bits (cast_kernels.h), so ranks that choose differently still agree.
+// every supported vector path on a cache-resident buffer and keeps the fastest. What is timed is
+// every kernel the path selects: the casts and the fused reduce-and-round of fused_kernels.h. The
+// casts alone run at memory speed on either path (a coin toss between AVX2 and AVX-512 on a noisy
+// host), while the fused kernel's AVX2 version, exact lane by lane, takes 2.7x the AVX-512 one on
+// AMD Zen 4: choosing by the casts alone picked AVX2 in 4-7 of 40 processes there, and those ranks
+// ran the shared-memory bf16 allreduce at 2x the time. Every path gives the same bits
+// (cast_kernels.h), so ranks that choose differently still agree.
 #include <algorithm>
 #include <chrono>
 #include <vector>
 
 #include "lib/base/cast_kernels.h"
+#include "lib/base/fused_kernels.h"
 
 namespace adaptcomm::precision {
 namespace {
 
-// Best of a few runs of a narrowing and a widening cast over `n` elements, in seconds.
-double TimePath(CastPath path, std::vector<float>& f32, std::vector<uint16_t>& wire) {
+// Best of a few runs of a narrowing cast, a two-rank fused reduce-and-round (the rank's own fp32
+// and a peer's bf16) and a widening cast over `f32.size()` elements, in seconds.
+double TimePath(CastPath path, const std::vector<float>& f32, std::vector<uint16_t>& wire,
+                std::vector<uint16_t>& peer, std::vector<float>& back) {
   using Clock = std::chrono::steady_clock;
+  const uint16_t* blocks[2] = {nullptr, peer.data()};
+  ReduceRoundArgs round;
+  round.blocks = blocks;
+  round.n = 2;
+  round.self = 0;
+  round.own = f32.data();
+  round.sum = wire.data();
+  round.count = f32.size();
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
-    (void)F32ToBF16(path, f32.data(), wire.data(), f32.size());
-    (void)BF16ToF32(path, wire.data(), f32.data(), f32.size());
+    (void)F32ToBF16(path, f32.data(), peer.data(), f32.size());
+    (void)ReduceRoundBF16(path, round);
+    (void)BF16ToF32(path, wire.data(), back.data(), back.size());
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return best;
@@ -33,16 +50,16 @@ CastPath DetectBestPath() {
   }
   if (candidates.empty()) return CastPath::kScalar;
   if (candidates.size() == 1) return candidates.front();
-  // 16 Ki elements: 96 KiB in all, in L2 everywhere; well under a millisecond per path.
-  std::vector<float> f32(16384);
+  // 16 Ki elements: 192 KiB in all, in L2 everywhere; well under a millisecond per path.
+  std::vector<float> f32(16384), back(f32.size());
   for (size_t i = 0; i < f32.size(); ++i) f32[i] = static_cast<float>(i % 977) * 0.37f - 150.0f;
-  std::vector<uint16_t> wire(f32.size());
+  std::vector<uint16_t> wire(f32.size()), peer(f32.size());
   CastPath best = candidates.front();
   double best_time = 1e30;
   for (CastPath p : candidates) {
-    (void)TimePath(p, f32, wire);  // warm up: the first AVX-512 instructions may stall
+    (void)TimePath(p, f32, wire, peer, back);  // warm up: the first AVX-512 instructions stall
     // Widest first: a narrower path must be clearly (10%) faster to replace a wider one.
-    const double t = TimePath(p, f32, wire);
+    const double t = TimePath(p, f32, wire, peer, back);
     if (t < best_time * 0.9) {
       best = p;
       best_time = t;
