@@ -82,11 +82,15 @@ absl::Status WorkImpl::Wait(absl::Duration bound) {
   // The clock is read only when there is something to wait for: a stream-ordered op issued on an
   // idle executor is already on the device here, and an op's host cost is a few clock reads.
   if (!waited_for()) {
-    const absl::Time deadline = absl::Now() + bound;
+    absl::Time now = absl::Now();
+    const absl::Time deadline = now + bound;
     // absl's timed wait ends by the kernel's clock, which absl::Now() (calibrated from the cycle
-    // counter) may see as up to a millisecond early on a VM: the bound is kept by absl::Now().
-    while (!mu_.AwaitWithDeadline(absl::Condition(&waited_for), deadline)) {
-      if (absl::Now() >= deadline) {
+    // counter) may see as up to a millisecond early on a VM: the bound is kept by absl::Now(). A
+    // wait that ended early sleeps again for what absl::Now() says is left (a deadline the kernel
+    // already passed would return at once, and this loop would spin until the clocks agree).
+    while (!mu_.AwaitWithTimeout(absl::Condition(&waited_for), deadline - now)) {
+      now = absl::Now();
+      if (now >= deadline) {
         return absl::DeadlineExceededError(StillThere(desc_, bound, state_, false));
       }
     }
