@@ -7,16 +7,21 @@
 // so only host cost is measured. Each loop is timed on its second pass, after an untimed one that
 // grows what it grows (HeldMicrosPerOp). Same run, interleaved rounds, medians.
 //
-//   build/bench/stream_order_bench [--ops 1000] [--rounds 7] [--only bare|api]
+//   build/bench/stream_order_bench [--ops 1000] [--rounds 7] [--only bare|api] [--paced US]
 //
 // --only runs one of the two loops, for a profiler (`perf stat -e instructions:u` counts what a
 // change saves without this machine's timing noise).
+// --paced US measures instead how busy the host keeps a device that finishes one collective every
+// US microseconds, with coordinated retry on (its small in-flight window) and off
+// (PacedDeviceUtilization).
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -116,13 +121,14 @@ double BareMicrosPerOp(int ops) {
 
 // Allreduce on a CUDA view + Wait(), through a one-rank communicator on the fake (public API but
 // for the internal factory that injects the fake).
-double ApiMicrosPerOp(int ops, const std::shared_ptr<FakeNcclApi>& api) {
+std::unique_ptr<Communicator> FakeCommunicator(const std::shared_ptr<FakeNcclApi>& api,
+                                               int retry_attempts) {
   CommunicatorOptions o;
   o.rank = 0;
   o.world_size = 1;
   o.store = CreateHashStore();
   o.backend = BackendChoice::kNccl;
-  o.max_retry_attempts = 1;
+  o.max_retry_attempts = retry_attempts;
   o.timeout = absl::Seconds(60);
   internal::CommunicatorDeps deps;  // the fake as this rank's CUDA runtime and NCCL
   deps.use_given_apis = true;
@@ -133,6 +139,11 @@ double ApiMicrosPerOp(int ops, const std::shared_ptr<FakeNcclApi>& api) {
     std::fprintf(stderr, "create: %s\n", comm.status().ToString().c_str());
     std::exit(1);
   }
+  return *std::move(comm);
+}
+
+double ApiMicrosPerOp(int ops, const std::shared_ptr<FakeNcclApi>& api) {
+  std::unique_ptr<Communicator> comm = FakeCommunicator(api, /*retry_attempts=*/1);
   cuda::CudaStream caller = nullptr;
   (void)api->StreamCreateNonBlocking(&caller);
   std::vector<float> buf(8, 1.0f);
@@ -144,7 +155,7 @@ double ApiMicrosPerOp(int ops, const std::shared_ptr<FakeNcclApi>& api) {
   return HeldMicrosPerOp(
       *api, ops, "adaptcomm",
       [&](int i) {
-        works.push_back((*comm)->Allreduce(view));
+        works.push_back(comm->Allreduce(view));
         if (!works.back().Wait(absl::Seconds(10)).ok()) {
           std::fprintf(stderr, "op %d: wait failed\n", i);
           std::exit(1);
@@ -159,28 +170,89 @@ double ApiMicrosPerOp(int ops, const std::shared_ptr<FakeNcclApi>& api) {
         works.clear();
         // A host op runs once the watchdog retired every op in flight (their events are back in
         // the pool).
-        if (!(*comm)->Barrier().Wait(absl::Seconds(60)).ok()) {
+        if (!comm->Barrier().Wait(absl::Seconds(60)).ok()) {
           std::fprintf(stderr, "adaptcomm: barrier after the pass failed\n");
           std::exit(1);
         }
       });
 }
 
+// A device that finishes one collective per `tick` (StepHeldDevice on a thread of its own) and a
+// trainer that issues `ops` allreduces back to back, waiting on each (which blocks its thread only
+// while the op cannot be queued on the device: the in-flight window is full). Returns the share
+// of the device's steps that found an op to run: below 1, the device idled for lack of queued
+// work, waiting for the host to notice that a slot of the window had freed.
+double PacedDeviceUtilization(int ops, int retry_attempts, absl::Duration tick) {
+  auto api = std::make_shared<FakeNcclApi>(testing::MakeFakeNcclWorld(), testing::FakeNcclFaults{});
+  std::unique_ptr<Communicator> comm = FakeCommunicator(api, retry_attempts);
+  cuda::CudaStream caller = nullptr;
+  (void)api->StreamCreateNonBlocking(&caller);
+  std::vector<float> buf(8, 1.0f);
+  TensorView view{buf.data(), buf.size(), DType::kF32, Device::Cuda(0), caller};
+  api->HoldStreams(true);
+  std::atomic<bool> stop{false};
+  std::atomic<int> steps{0}, ran{0};
+  std::thread device([&] {
+    while (!stop.load()) {
+      absl::SleepFor(tick);
+      // Counted from the first op on: before it the device idles because nothing was issued yet.
+      const int started = api->StepHeldDevice();
+      if (started > 0 || ran.load() > 0) {
+        steps.fetch_add(1);
+        ran.fetch_add(started);
+      }
+    }
+  });
+  std::vector<Work> works;
+  works.reserve(static_cast<size_t>(ops));
+  for (int i = 0; i < ops; ++i) {
+    works.push_back(comm->Allreduce(view));
+    if (!works.back().Wait(absl::Seconds(30)).ok()) {
+      std::fprintf(stderr, "paced op %d: wait failed\n", i);
+      std::exit(1);
+    }
+  }
+  const bool synced = works.back().Synchronize(absl::Seconds(60)).ok();
+  stop.store(true);
+  device.join();
+  api->HoldStreams(false);
+  if (!synced || ran.load() != ops) {
+    std::fprintf(stderr, "paced: %d of %d ops ran on the device\n", ran.load(), ops);
+    std::exit(1);
+  }
+  return static_cast<double>(ran.load()) / steps.load();
+}
 }  // namespace
 }  // namespace adaptcomm
 
 int main(int argc, char** argv) {
   int ops = 1000, rounds = 7;
   std::string only;
+  int paced_us = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) ops = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+    if (std::strcmp(argv[i], "--paced") == 0 && i + 1 < argc) paced_us = std::atoi(argv[++i]);
     // Debian's abseil checks every Mutex acquisition for lock-order cycles (a graph update per
     // lock): a process-wide setting that only the application may turn off.
     if (std::strcmp(argv[i], "--no-deadlock-detection") == 0) {
       absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     }
+  }
+  if (paced_us > 0) {
+    std::vector<double> with_retry, without;
+    for (int r = 0; r < rounds; ++r) {
+      const absl::Duration tick = absl::Microseconds(paced_us);
+      with_retry.push_back(adaptcomm::PacedDeviceUtilization(ops, /*retry_attempts=*/3, tick));
+      without.push_back(adaptcomm::PacedDeviceUtilization(ops, /*retry_attempts=*/1, tick));
+    }
+    std::printf(
+        "device busy share, one collective per %d us, %d ops issued + waited (median of %d)\n",
+        paced_us, ops, rounds);
+    std::printf("  coordinated retry on     %8.2f\n", adaptcomm::Median(with_retry));
+    std::printf("  coordinated retry off    %8.2f\n", adaptcomm::Median(without));
+    return 0;
   }
   std::vector<double> bare, api_us;
   for (int r = 0; r < rounds; ++r) {

@@ -26,17 +26,20 @@ namespace {
 
 struct FakeOp {
   int pending = 0;
-  void* marker_stream = nullptr;  // an event recorded behind deferred work of this stream
+  // The stream whose deferred work this op waits in (an event recorded behind it, a queued
+  // collective); null is the legacy default stream when on_stream is set.
+  void* marker_stream = nullptr;
+  bool on_stream = false;
   // ncclCommAbort ends the communicator's kernels: its ops stop holding their streams.
   bool aborted = false;
   bool done() const { return pending == 0 || aborted; }
 };
 
-// Deferred work of one stream (see the header): a cast, a wait for another op, or the point an
-// event was recorded at.
+// Deferred work of one stream (see the header): a cast, a copy (count in bytes), a wait for
+// another op, or the point an event was recorded at.
 struct HeldCollective;  // a collective queued on its stream (FakeNcclApi::HoldStreams)
 struct Deferred {
-  enum class Kind { kCast, kWait, kMarker, kCollective } kind = Kind::kCast;
+  enum class Kind { kCast, kCopy, kWait, kMarker, kCollective } kind = Kind::kCast;
   cuda::CastDirection direction = cuda::CastDirection::kF32ToBF16;
   const void* src = nullptr;
   void* dst = nullptr;
@@ -299,6 +302,7 @@ struct FakeNcclApi::State {
   std::vector<int> shrink_flags;
   std::map<void*, int> stream_devices;  // streams from StreamCreateNonBlocking
   bool holding = false;                 // HoldStreams(true): collectives wait on their stream
+  int held_starts = 0;                  // collectives that may start while held (StepHeldDevice)
   int collectives_started = 0;          // launches posted to the world
 
   void Log(const char* name, void* stream, void* event = nullptr, std::string detail = "") {
@@ -321,6 +325,8 @@ struct FakeNcclApi::State {
       Deferred d = it->second.front();
       if (d.kind == Deferred::Kind::kCast) {
         RunCast(d);
+      } else if (d.kind == Deferred::Kind::kCopy) {
+        std::memmove(d.dst, d.src, d.count);
       } else if (d.kind == Deferred::Kind::kCollective) {
         if (d.held->comm->aborted) {
           // ncclCommAbort ended the communicator's kernels: this one never runs.
@@ -328,7 +334,8 @@ struct FakeNcclApi::State {
           it->second.pop_front();
           continue;
         }
-        if (holding) return false;
+        if (holding && held_starts == 0) return false;
+        if (holding) --held_starts;
         ++collectives_started;
         Launch(d.held->comm, *d.held->faults, {d.held->part}, {}, d.op);
         // Later work of this stream runs after the collective: wait for it in its place.
@@ -338,7 +345,7 @@ struct FakeNcclApi::State {
       } else if (d.kind == Deferred::Kind::kMarker) {
         d.op->pending = 0;
       } else if (!d.op->done()) {
-        if (d.op->marker_stream != nullptr && depth < 8) {
+        if (d.op->on_stream && depth < 8) {
           Flush(mu, d.op->marker_stream, blocking, depth + 1, d.op.get());
         }
         if (!d.op->done() &&
@@ -438,6 +445,17 @@ void FakeNcclApi::HoldStreams(bool hold) {
   absl::MutexLock lock(&world_->mu);
   state_->holding = hold;
 }
+int FakeNcclApi::StepHeldDevice() {
+  absl::MutexLock lock(&world_->mu);
+  State& st = *state_;
+  const int before = st.collectives_started;
+  std::vector<void*> streams;
+  for (const auto& [stream, queue] : st.deferred) streams.push_back(stream);
+  st.held_starts = 1;
+  for (void* stream : streams) st.Flush(world_->mu, stream, /*blocking=*/false);
+  st.held_starts = 0;
+  return st.collectives_started - before;
+}
 int FakeNcclApi::collectives_started() const {
   absl::MutexLock lock(&world_->mu);
   return state_->collectives_started;
@@ -475,6 +493,7 @@ int FakeNcclApi::EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) {
   auto marker = std::make_shared<FakeOp>();
   marker->pending = 1;
   marker->marker_stream = stream;
+  marker->on_stream = true;
   q->second.push_back(
       Deferred{Deferred::Kind::kMarker, {}, nullptr, nullptr, 0, 1.0f, nullptr, marker, nullptr});
   st.events[event] = marker;
@@ -484,7 +503,7 @@ int FakeNcclApi::EventQuery(cuda::CudaEvent event) {
   absl::MutexLock lock(&world_->mu);
   auto it = state_->events.find(event);
   if (it == state_->events.end()) return 400;  // cudaErrorInvalidResourceHandle
-  if (it->second != nullptr && !it->second->done() && it->second->marker_stream != nullptr) {
+  if (it->second != nullptr && !it->second->done() && it->second->on_stream) {
     std::shared_ptr<FakeOp> op = it->second;
     state_->Flush(world_->mu, op->marker_stream, /*blocking=*/false);
     return op->done() ? cuda::kCudaSuccess : cuda::kCudaErrorNotReady;
@@ -500,12 +519,10 @@ int FakeNcclApi::EventDestroy(cuda::CudaEvent event) {
 int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, cuda::MemcpyKind,
                              cuda::CudaStream stream) {
   memcpy_calls_.fetch_add(1);
-  {
-    absl::MutexLock lock(&world_->mu);
-    state_->Log("MemcpyAsync", stream);
-    if (!state_->Flush(world_->mu, stream, /*blocking=*/true)) return 999;  // cudaErrorUnknown
-  }
-  std::memmove(dst, src, bytes);
+  absl::MutexLock lock(&world_->mu);
+  state_->Log("MemcpyAsync", stream);
+  state_->deferred[stream].push_back(
+      Deferred{Deferred::Kind::kCopy, {}, src, dst, bytes, 1.0f, nullptr, nullptr, nullptr});
   return cuda::kCudaSuccess;
 }
 int FakeNcclApi::Malloc(void** ptr, size_t bytes) {
@@ -553,7 +570,7 @@ int FakeNcclApi::StreamWaitEvent(cuda::CudaStream stream, cuda::CudaEvent event)
   std::shared_ptr<FakeOp> op = it->second;
   if (op == nullptr || op->done()) return cuda::kCudaSuccess;
   // The waiting stream's later work needs the event's work: force that stream (casts run now).
-  if (op->marker_stream != nullptr) st.Flush(world_->mu, op->marker_stream, /*blocking=*/false);
+  if (op->on_stream) st.Flush(world_->mu, op->marker_stream, /*blocking=*/false);
   if (!op->done()) {
     st.deferred[stream].push_back(
         Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, op, nullptr});
@@ -820,6 +837,7 @@ NcclResult Post([[maybe_unused]] absl::Mutex& mu, FakeNcclApi::State& st,
     auto fop = std::make_shared<FakeOp>();
     fop->pending = 1;
     fop->marker_stream = stream;
+    fop->on_stream = true;
     auto held = std::make_shared<HeldCollective>(HeldCollective{c, std::move(part), &faults});
     st.deferred[stream].push_back(
         Deferred{Deferred::Kind::kCollective, {}, nullptr, nullptr, 0, 1.0f, nullptr, fop, held});

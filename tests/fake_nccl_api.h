@@ -5,18 +5,21 @@
 // computed across the ranks of one FakeNcclWorld (ranks are threads) once every rank has launched
 // its part, so an op launched by one rank completes only when its peers launch theirs, as on a GPU.
 //
-// Streams are modelled only as far as the device mixed-precision path needs to show that its
-// barriers matter: LaunchCast is DEFERRED, queued on its stream, and runs (on the CPU reference
-// kernels of lib/precision) only when something forces that stream: any later call on the same
-// stream (in order), StreamSynchronize, an EventQuery of an event recorded on it after the cast,
-// or a StreamWaitEvent on such an event (the waiting stream's later work needs it). A collective
-// on another stream that did not wait reads whatever the buffer held before: the article's race.
-// A collective behind deferred work of its stream is queued too (enqueuing never waits for the
-// stream, as on a GPU). Every other call behaves as before (immediately), after flushing its
-// stream's deferred work.
+// Streams are modelled only as far as the device paths need to show that their ordering matters:
+// LaunchCast and MemcpyAsync are DEFERRED, queued on their stream, and run (a cast on the CPU
+// reference kernels of lib/precision) only when something forces that stream: any later call on
+// the same stream (in order), StreamSynchronize, an EventQuery of an event recorded on it after
+// the work, or a StreamWaitEvent on such an event (the waiting stream's later work needs it). A
+// collective on another stream that did not wait reads whatever the buffer held before (a cast
+// racing its collective), and a copy queued behind a point that a collective waited for runs
+// after that collective wrote the buffer. A collective behind deferred work of its stream is
+// queued too (enqueuing never waits for the stream, as on a GPU). Every other call behaves as
+// before (immediately), after flushing its stream's deferred work.
 // HoldStreams(true) models a GPU that has not run anything yet: collectives too are queued on
 // their stream and none starts, whatever forces the stream, until HoldStreams(false); then a
-// forced stream (EventQuery, StreamSynchronize, ...) launches them in order.
+// forced stream (EventQuery, StreamSynchronize, ...) launches them in order. StepHeldDevice()
+// models the device's own progress while held: one more collective runs, as a GPU would finish it
+// whether or not the host asks.
 #ifndef ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
 #define ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
 
@@ -84,6 +87,9 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   // Collectives (or groups) posted to the world so far: started "on the device".
   int collectives_started() const;
   void HoldStreams(bool hold);
+  // While held: runs the next queued collective (of the first stream that has one), with what is
+  // queued before it and the event records right after it. Returns how many it started (0 or 1).
+  int StepHeldDevice();
   // Every call on the seam that touches a stream or an event, in order.
   std::vector<FakeCall> calls() const;
   void ClearCalls();

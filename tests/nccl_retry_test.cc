@@ -32,7 +32,8 @@ constexpr int kFailingRank = 1;
 // launches afresh and runs only the 5 remaining ops: the fault does not recur.
 constexpr int kFaultAtLaunch = 6;
 
-std::string WriteProfile(const std::string& fallback) {
+// `retry_timeouts`: an op past its timeout is retried too (a device that never finishes it).
+std::string WriteProfile(const std::string& fallback, bool retry_timeouts = false) {
   char dir[] = "/tmp/adaptcomm_nccl_retry_XXXXXX";
   EXPECT_NE(mkdtemp(dir), nullptr);
   const std::string path = absl::StrCat(dir, "/profile.yaml");
@@ -42,6 +43,8 @@ std::string WriteProfile(const std::string& fallback) {
                       << "    max_attempts: 3\n"
                       << "    initial_backoff: 100ms\n"
                       << "    max_backoff: 1s\n"
+                      << (retry_timeouts ? "    retryable: unavailable,aborted,deadline_exceeded\n"
+                                         : "")
                       << "  backend:\n"
                       << "    fallback: " << fallback << "\n"
                       << "    degrade_after_failures: 1\n"
@@ -67,6 +70,25 @@ internal::CommunicatorDeps Seams(const std::shared_ptr<FakeNcclApi>& fake) {
   return deps;
 }
 
+// One fake per rank of one fake world; rank kFailingRank's injects `failing`.
+std::vector<std::shared_ptr<FakeNcclApi>> FakesWithFailingRank(const FakeNcclFaults& failing) {
+  auto world = testing::MakeFakeNcclWorld();
+  std::vector<std::shared_ptr<FakeNcclApi>> fakes;
+  for (int r = 0; r < kWorld; ++r) {
+    fakes.push_back(
+        std::make_shared<FakeNcclApi>(world, r == kFailingRank ? failing : FakeNcclFaults{}));
+  }
+  return fakes;
+}
+
+CommunicatorOptions RankOptions(const testing::RankEnv& env, const std::string& profile,
+                                BackendChoice backend) {
+  CommunicatorOptions o = env.options;
+  o.profile_file = profile;
+  o.backend = backend;
+  return o;
+}
+
 struct StreamRun {
   std::vector<std::shared_ptr<FakeNcclApi>> apis;
   std::vector<std::string> final_backend = std::vector<std::string>(kWorld);
@@ -75,19 +97,12 @@ struct StreamRun {
 // Every rank runs kOps device allreduces and checks each result element by element.
 StreamRun RunStream(const std::string& fallback) {
   StreamRun run;
-  auto world = testing::MakeFakeNcclWorld();
-  for (int r = 0; r < kWorld; ++r) {
-    FakeNcclFaults f;
-    if (r == kFailingRank) f.async_error_at_launch = kFaultAtLaunch;
-    run.apis.push_back(std::make_shared<FakeNcclApi>(world, f));
-  }
+  run.apis = FakesWithFailingRank(FakeNcclFaults{.async_error_at_launch = kFaultAtLaunch});
   const std::string profile = WriteProfile(fallback);
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
-        CommunicatorOptions o = env.options;
-        o.profile_file = profile;
-        o.backend = BackendChoice::kAuto;
+        CommunicatorOptions o = RankOptions(env, profile, BackendChoice::kAuto);
         o.timeout = absl::Seconds(10);
         o.failure_report_window = absl::Seconds(5);
         auto comm = internal::CreateCommunicatorWith(o, Seams(run.apis[env.rank]));
@@ -131,25 +146,116 @@ TEST(NcclRetry, PolicyThatForbidsDegradingRebuildsOnNcclWithExactResults) {
   }
 }
 
+// Rank 1's device never finishes the first collective of any communicator: every rebuild
+// relaunches the op and the device hangs on it again. The retries of that op are counted across
+// those device failures, so it fails after max_attempts (3: the first run and two rebuilds) with
+// the watchdog's error, instead of rebuilding for ever.
+TEST(NcclRetry, OpThatFailsOnTheDeviceAfterEveryRebuildFailsAfterMaxAttempts) {
+  // Counted per communicator: the first launch of each.
+  const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
+      FakesWithFailingRank(FakeNcclFaults{.hang_at_launch = 1});
+  const std::string profile = WriteProfile("deny", /*retry_timeouts=*/true);
+  testing::RunRanks(
+      testing::RankMode::kThreads, kWorld,
+      [&](const testing::RankEnv& env) {
+        CommunicatorOptions o = RankOptions(env, profile, BackendChoice::kNccl);
+        o.timeout = absl::Seconds(1);
+        o.failure_report_window = absl::Seconds(2);
+        auto comm = internal::CreateCommunicatorWith(o, Seams(fakes[env.rank]));
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<float> buf(64, static_cast<float>(env.rank + 1));
+        const absl::Time start = absl::Now();
+        absl::Status s = (*comm)
+                             ->Allreduce(TensorView{buf.data(), 64, DType::kF32, Device::Cuda(0)})
+                             .Synchronize(absl::Seconds(40));
+        EXPECT_FALSE(s.ok()) << "rank " << env.rank;
+        EXPECT_EQ(s.message().find("wait bound"), absl::string_view::npos)
+            << "rank " << env.rank << " still retrying after 40 s: " << s;
+        EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "rank " << env.rank << ": " << s;
+      },
+      absl::Seconds(90));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(fakes[static_cast<size_t>(r)]->init_calls(), 3) << "rank " << r;
+  }
+}
+
+// Rank 1's device hangs on its 4th collective while the 5th is queued behind it (the window of 2).
+// Each op's retry record is taken on the communicator's stream right before its collective, so
+// the 5th op's record is taken only once the hung collective ends (the abort ends it). The rebuilt
+// communicator re-runs both from their records, in order, with exact results; each restore waits
+// on the new stream for the end of the op's first launch on the old one (where its record was
+// taken), so it cannot read a record that stream has not taken yet.
+TEST(NcclRetry, OpQueuedBehindAHungOneIsReRunFromItsRecordExactly) {
+  constexpr int kFirst = 3, kInFlight = 2;
+  const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
+      FakesWithFailingRank(FakeNcclFaults{.hang_at_launch = kFirst + 1});
+  const std::string profile = WriteProfile("deny", /*retry_timeouts=*/true);
+  testing::RunRanks(
+      testing::RankMode::kThreads, kWorld,
+      [&](const testing::RankEnv& env) {
+        CommunicatorOptions o = RankOptions(env, profile, BackendChoice::kNccl);
+        o.timeout = absl::Seconds(1);
+        o.failure_report_window = absl::Seconds(2);
+        auto comm = internal::CreateCommunicatorWith(o, Seams(fakes[env.rank]));
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<std::vector<float>> bufs(kFirst + kInFlight, std::vector<float>(256));
+        std::vector<Work> works;
+        for (int op = 0; op < kFirst + kInFlight; ++op) {
+          std::vector<float>& buf = bufs[static_cast<size_t>(op)];
+          for (size_t i = 0; i < buf.size(); ++i) buf[i] = Input(env.rank, op, i);
+          works.push_back(
+              (*comm)->Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)}));
+          absl::Status s = op < kFirst ? works.back().Synchronize(absl::Seconds(10))
+                                       : works.back().Wait(absl::Seconds(10));
+          ASSERT_TRUE(s.ok()) << "rank " << env.rank << " op " << op << ": " << s;
+        }
+        for (int op = 0; op < kFirst + kInFlight; ++op) {
+          absl::Status s = works[static_cast<size_t>(op)].Synchronize(absl::Seconds(30));
+          ASSERT_TRUE(s.ok()) << "rank " << env.rank << " op " << op << ": " << s;
+          for (size_t i = 0; i < bufs[static_cast<size_t>(op)].size(); ++i) {
+            float want = 0;
+            for (int r = 0; r < kWorld; ++r) want += Input(r, op, i);
+            ASSERT_EQ(bufs[static_cast<size_t>(op)][i], want)
+                << "rank " << env.rank << " op " << op << " element " << i;
+          }
+        }
+      },
+      absl::Seconds(90));
+  for (int r = 0; r < kWorld; ++r) {
+    const FakeNcclApi& fake = *fakes[static_cast<size_t>(r)];
+    EXPECT_EQ(fake.init_calls(), 2) << "rank " << r << " rebuilt once";
+    // A restore: a copy on a communicator's stream right after it waited for the issue point and
+    // for an event recorded on another communicator's stream (the first launch's end).
+    std::vector<testing::FakeCall> calls = fake.calls();
+    int restores = 0;
+    for (size_t i = 2; i < calls.size(); ++i) {
+      if (calls[i].name != "MemcpyAsync" || calls[i - 2].name != "StreamWaitEvent" ||
+          calls[i - 1].name != "StreamWaitEvent") {
+        continue;
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (calls[j].name == "EventRecord" && calls[j].event == calls[i - 1].event &&
+            calls[j].stream != nullptr && calls[j].stream != calls[i].stream) {
+          ++restores;
+        }
+      }
+    }
+    EXPECT_EQ(restores, kInFlight) << "rank " << r;
+  }
+}
+
 // NCCL init fails on rank 1 at the first attempt only; with fallback deny the whole creation
 // fails there, and every rank retries it together. `inits`: each rank's NCCL init calls.
 std::vector<absl::StatusOr<std::string>> CreateWithFlakyInit(int max_retry_attempts,
                                                              std::vector<int>* inits) {
-  auto world = testing::MakeFakeNcclWorld();
-  std::vector<std::shared_ptr<FakeNcclApi>> fakes;
-  for (int r = 0; r < kWorld; ++r) {
-    FakeNcclFaults f;
-    if (r == kFailingRank) f.init_fails_first = 1;
-    fakes.push_back(std::make_shared<FakeNcclApi>(world, f));
-  }
+  const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
+      FakesWithFailingRank(FakeNcclFaults{.init_fails_first = 1});
   const std::string profile = WriteProfile("deny");
   std::vector<absl::StatusOr<std::string>> outcome(kWorld, absl::UnknownError("not run"));
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
-        CommunicatorOptions o = env.options;
-        o.profile_file = profile;
-        o.backend = BackendChoice::kNccl;
+        CommunicatorOptions o = RankOptions(env, profile, BackendChoice::kNccl);
         o.max_retry_attempts = max_retry_attempts;
         o.init_timeout = absl::Seconds(4);
         auto comm = internal::CreateCommunicatorWith(o, Seams(fakes[env.rank]));

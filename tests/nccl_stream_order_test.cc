@@ -65,6 +65,47 @@ float Input(int rank, int op, size_t i) {
   return static_cast<float>((rank + 1) * 100000 + op * 8 + static_cast<int>(i));
 }
 
+// A rank whose fake device holds every collective (HoldStreams) until the test lets it run, its
+// communicator (coordinated retry: `retries` attempts) and a stream of the caller's; the fake's
+// call log starts after them.
+struct HeldRank {
+  FakeNcclApi* fake = nullptr;
+  std::unique_ptr<Communicator> comm;
+  cuda::CudaStream caller = nullptr;
+};
+absl::StatusOr<HeldRank> StartHeld(FakeRanks& fakes, const testing::RankEnv& env, int retries) {
+  HeldRank held;
+  held.fake = &fakes.api(env.rank);
+  held.fake->HoldStreams(true);
+  auto comm = fakes.Create(env.rank, Options(env, retries, absl::Seconds(30)));
+  if (!comm.ok()) return comm.status();
+  held.comm = *std::move(comm);
+  if (held.fake->StreamCreateNonBlocking(&held.caller) != cuda::kCudaSuccess) {
+    return absl::InternalError("the fake refused a stream");
+  }
+  held.fake->ClearCalls();
+  return held;
+}
+
+// Fills `buf` with this rank's input of op `op` and issues its allreduce on `caller`.
+Work IssueAllreduce(Communicator& comm, std::vector<float>& buf, int rank, int op,
+                    cuda::CudaStream caller) {
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = Input(rank, op, i);
+  return comm.Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0), caller});
+}
+
+// Synchronizes every op and checks its result element by element.
+void ExpectSums(std::vector<Work>& works, const std::vector<std::vector<float>>& bufs, int rank) {
+  for (size_t op = 0; op < works.size(); ++op) {
+    ASSERT_TRUE(works[op].Synchronize(absl::Seconds(10)).ok()) << "op " << op;
+    for (size_t i = 0; i < bufs[op].size(); ++i) {
+      float want = 0;
+      for (int r = 0; r < kWorld; ++r) want += Input(r, static_cast<int>(op), i);
+      ASSERT_EQ(bufs[op][i], want) << "rank " << rank << " op " << op << " element " << i;
+    }
+  }
+}
+
 // 1,000 allreduces issued back to back: every issue + Wait() returns before the device ran any of
 // them, the calls reached the fake in stream order, and the results are exact once it runs.
 TEST(StreamOrder, ThousandAllreducesReturnBeforeTheDeviceRunsAny) {
@@ -74,23 +115,19 @@ TEST(StreamOrder, ThousandAllreducesReturnBeforeTheDeviceRunsAny) {
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
-        FakeNcclApi& fake = fakes.api(env.rank);
-        fake.HoldStreams(true);
-        auto comm = fakes.Create(env.rank, Options(env, 1, absl::Seconds(30)));
-        ASSERT_TRUE(comm.ok()) << comm.status();
-        ASSERT_STREQ((*comm)->backend_name(), "nccl");
-        cuda::CudaStream caller = nullptr;
-        ASSERT_EQ(fake.StreamCreateNonBlocking(&caller), cuda::kCudaSuccess);
-        fake.ClearCalls();
+        absl::StatusOr<HeldRank> held = StartHeld(fakes, env, 1);
+        ASSERT_TRUE(held.ok()) << held.status();
+        ASSERT_STREQ(held->comm->backend_name(), "nccl");
+        FakeNcclApi& fake = *held->fake;
+        Communicator& comm = *held->comm;
+        const cuda::CudaStream caller = held->caller;
 
         std::vector<std::vector<float>> bufs(kOps, std::vector<float>(kCount));
         std::vector<Work> works;
         const absl::Time start = absl::Now();
         for (int op = 0; op < kOps; ++op) {
-          std::vector<float>& buf = bufs[static_cast<size_t>(op)];
-          for (size_t i = 0; i < kCount; ++i) buf[i] = Input(env.rank, op, i);
-          works.push_back((*comm)->Allreduce(
-              TensorView{buf.data(), kCount, DType::kF32, Device::Cuda(0), caller}));
+          works.push_back(
+              IssueAllreduce(comm, bufs[static_cast<size_t>(op)], env.rank, op, caller));
           ASSERT_TRUE(works.back().Wait(absl::Seconds(5)).ok()) << "op " << op;
         }
         const absl::Duration issued = absl::Now() - start;
@@ -128,18 +165,116 @@ TEST(StreamOrder, ThousandAllreducesReturnBeforeTheDeviceRunsAny) {
 
         fake.HoldStreams(false);
         ASSERT_TRUE(works.back().Synchronize(absl::Seconds(30)).ok());
-        for (int op = 0; op < kOps; ++op) {
-          ASSERT_TRUE(works[static_cast<size_t>(op)].Synchronize(absl::Seconds(5)).ok());
-          for (size_t i = 0; i < kCount; ++i) {
-            float want = 0;
-            for (int r = 0; r < kWorld; ++r) want += Input(r, op, i);
-            ASSERT_EQ(bufs[static_cast<size_t>(op)][i], want)
-                << "rank " << env.rank << " op " << op << " element " << i;
-          }
-        }
+        ExpectSums(works, bufs, env.rank);
         EXPECT_EQ(fake.collectives_started(), kOps);
       },
       absl::Seconds(120));
+}
+
+// With coordinated retry on, each op's input is recorded by a device copy on the communicator's
+// stream, after that stream waited for the op's issue point and before the collective that
+// overwrites the input; on the caller's stream it would run behind the issue point, where the
+// collective (which waits only for that point) may already have overwritten the input.
+TEST(StreamOrder, RetryRecordIsCopiedOnTheCommunicatorStreamAheadOfTheCollective) {
+  constexpr int kOps = 2;  // the in-flight window with retries on: none waits for the device
+  constexpr size_t kCount = 16;
+  FakeRanks fakes{std::vector<FakeNcclFaults>(kWorld)};
+  testing::RunRanks(
+      testing::RankMode::kThreads, kWorld,
+      [&](const testing::RankEnv& env) {
+        absl::StatusOr<HeldRank> held = StartHeld(fakes, env, 3);
+        ASSERT_TRUE(held.ok()) << held.status();
+        FakeNcclApi& fake = *held->fake;
+        Communicator& comm = *held->comm;
+        const cuda::CudaStream caller = held->caller;
+        std::vector<std::vector<float>> bufs(kOps, std::vector<float>(kCount));
+        std::vector<Work> works;
+        for (int op = 0; op < kOps; ++op) {
+          works.push_back(
+              IssueAllreduce(comm, bufs[static_cast<size_t>(op)], env.rank, op, caller));
+          ASSERT_TRUE(works.back().Wait(absl::Seconds(5)).ok()) << "op " << op;
+        }
+        std::vector<testing::FakeCall> calls = fake.calls();
+        int copies = 0;
+        for (size_t i = 0; i < calls.size(); ++i) {
+          if (calls[i].name != "MemcpyAsync") continue;
+          ++copies;
+          ASSERT_GE(i, 2u);
+          ASSERT_LT(i + 2, calls.size());
+          // The issue point on the caller's stream, the communicator's stream waiting for it, the
+          // copy there, then that op's own wait and the collective on the same stream.
+          EXPECT_EQ(calls[i - 2].name, "EventRecord") << i;
+          EXPECT_EQ(calls[i - 2].stream, caller) << i;
+          EXPECT_EQ(calls[i - 1].name, "StreamWaitEvent") << i;
+          EXPECT_EQ(calls[i - 1].event, calls[i - 2].event) << i;
+          EXPECT_NE(calls[i].stream, caller) << "copy " << copies << " on the caller's stream";
+          EXPECT_EQ(calls[i].stream, calls[i - 1].stream) << i;
+          EXPECT_EQ(calls[i + 2].name, "AllReduce") << i;
+          EXPECT_EQ(calls[i + 2].stream, calls[i].stream) << i;
+        }
+        EXPECT_EQ(copies, kOps);
+        fake.HoldStreams(false);
+        ExpectSums(works, bufs, env.rank);
+      },
+      absl::Seconds(60));
+}
+
+// An op issued while the in-flight window is full (coordinated retry on: 2) waits for the worker
+// to launch it; it still runs at the point of the caller's stream where it was issued, not behind
+// work the trainer queued on that stream after issuing it (here a cast kernel).
+TEST(StreamOrder, OpQueuedBehindAFullWindowRunsAtItsIssuePoint) {
+  constexpr int kOps = 3;
+  constexpr size_t kCount = 16;
+  FakeRanks fakes{std::vector<FakeNcclFaults>(kWorld)};
+  testing::RunRanks(
+      testing::RankMode::kThreads, kWorld,
+      [&](const testing::RankEnv& env) {
+        absl::StatusOr<HeldRank> held = StartHeld(fakes, env, 3);
+        ASSERT_TRUE(held.ok()) << held.status();
+        FakeNcclApi& fake = *held->fake;
+        Communicator& comm = *held->comm;
+        const cuda::CudaStream caller = held->caller;
+        std::vector<std::vector<float>> bufs(kOps, std::vector<float>(kCount));
+        std::vector<Work> works;
+        for (int op = 0; op < kOps; ++op) {
+          works.push_back(
+              IssueAllreduce(comm, bufs[static_cast<size_t>(op)], env.rank, op, caller));
+          if (op + 1 < kOps) {
+            ASSERT_TRUE(works.back().Wait(absl::Seconds(5)).ok()) << "op " << op;
+          }
+        }
+        // The trainer's next kernel on the same stream, queued while the last op waits its turn.
+        std::vector<float> later_in(kCount, 1.5f);
+        std::vector<uint16_t> later_out(kCount);
+        ASSERT_EQ(fake.LaunchCast(cuda::CastDirection::kF32ToBF16, later_in.data(),
+                                  later_out.data(), kCount, 1.0f, caller, nullptr),
+                  cuda::kCudaSuccess);
+        fake.HoldStreams(false);
+        ASSERT_TRUE(works.back().Wait(absl::Seconds(10)).ok());
+        ASSERT_TRUE(works.back().Synchronize(absl::Seconds(10)).ok());
+
+        std::vector<testing::FakeCall> calls = fake.calls();
+        size_t cast = 0, last_collective = 0;
+        for (size_t i = 0; i < calls.size(); ++i) {
+          if (calls[i].name == "LaunchCast") cast = i;
+          if (calls[i].name == "AllReduce") last_collective = i;
+        }
+        ASSERT_GT(cast, 0u);
+        ASSERT_GT(last_collective, cast) << "the last op was launched before the trainer's kernel";
+        // What the communicator's stream waited for right before the last collective: an event
+        // recorded on the caller's stream before the trainer's kernel.
+        ASSERT_EQ(calls[last_collective - 1].name, "StreamWaitEvent");
+        void* awaited = calls[last_collective - 1].event;
+        size_t recorded = calls.size();
+        for (size_t i = 0; i < calls.size(); ++i) {
+          if (calls[i].name == "EventRecord" && calls[i].event == awaited) recorded = i;
+        }
+        ASSERT_LT(recorded, calls.size());
+        EXPECT_EQ(calls[recorded].stream, caller);
+        EXPECT_LT(recorded, cast) << "the op waits for work queued after it was issued";
+        ExpectSums(works, bufs, env.rank);
+      },
+      absl::Seconds(60));
 }
 
 // The device never finishes one of rank 0's collectives (its 4th launch, counting the one of

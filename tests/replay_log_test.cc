@@ -65,7 +65,7 @@ TEST(ReplayLog, DeviceInPlaceOpIsRecordedOnItsStreamAndRestored) {
   ReplayLog log;
   std::vector<float> buf = {1, 2, 3, 4};
   const OpDesc op = DeviceAllreduce(buf, 7);
-  ASSERT_TRUE(log.Record(op, mem).ok());
+  ASSERT_TRUE(log.Record(op, mem, nullptr).ok());
   ASSERT_EQ(mem->copies.size(), 1u);
   EXPECT_EQ(mem->copies[0].src, buf.data());
   EXPECT_EQ(mem->copies[0].bytes, 16u);
@@ -75,7 +75,7 @@ TEST(ReplayLog, DeviceInPlaceOpIsRecordedOnItsStreamAndRestored) {
   EXPECT_TRUE(log.Covers(7, 7));
 
   buf = {9, 9, 9, 9};  // the failed attempt scribbled over the buffer
-  ASSERT_TRUE(log.RestoreInput(7).ok());
+  ASSERT_TRUE(log.RestoreInput(7, nullptr).ok());
   EXPECT_EQ(buf, (std::vector<float>{1, 2, 3, 4}));
   EXPECT_EQ(mem->copies.back().dst, buf.data());
   EXPECT_EQ(mem->copies.back().stream, kStream);
@@ -85,9 +85,9 @@ TEST(ReplayLog, DetachedDeviceCopyRunsOnScratchNotTheCallersBuffer) {
   auto mem = std::make_shared<RecordingDeviceMemory>();
   ReplayLog log;
   std::vector<float> buf = {1, 2, 3};
-  ASSERT_TRUE(log.Record(DeviceAllreduce(buf, 3), mem).ok());
+  ASSERT_TRUE(log.Record(DeviceAllreduce(buf, 3), mem, nullptr).ok());
   buf = {6, 6, 6};  // completed: the caller owns its buffer again
-  absl::StatusOr<OpDesc> copy = log.DetachedCopy(3);
+  absl::StatusOr<OpDesc> copy = log.DetachedCopy(3, nullptr);
   ASSERT_TRUE(copy.ok()) << copy.status();
   EXPECT_NE(copy->input.data, buf.data());
   EXPECT_EQ(copy->output.data, copy->input.data);
@@ -104,10 +104,10 @@ TEST(ReplayLog, DeviceBuffersAreReusedAndFreed) {
     ReplayLog log(/*depth=*/2);
     std::vector<float> buf(256, 1.0f);
     for (uint64_t seq = 1; seq <= 20; ++seq)
-      ASSERT_TRUE(log.Record(DeviceAllreduce(buf, seq), mem).ok());
+      ASSERT_TRUE(log.Record(DeviceAllreduce(buf, seq), mem, nullptr).ok());
     EXPECT_EQ(mem->allocations, 2);  // one per entry, reused from then on
-    ASSERT_TRUE(log.DetachedCopy(20).ok());
-    ASSERT_TRUE(log.DetachedCopy(19).ok());
+    ASSERT_TRUE(log.DetachedCopy(20, nullptr).ok());
+    ASSERT_TRUE(log.DetachedCopy(19, nullptr).ok());
     EXPECT_EQ(mem->allocations, 3);  // plus one scratch shared by the re-runs
   }
   EXPECT_EQ(mem->frees, 3);
@@ -121,9 +121,9 @@ TEST(ReplayLog, HostOpsNeedNoDeviceMemory) {
   op.input = TensorView{in.data(), 2, DType::kI32};
   op.output = TensorView{out.data(), 4, DType::kI32};
   op.seq = 1;
-  ASSERT_TRUE(log.Record(op, nullptr).ok());
+  ASSERT_TRUE(log.Record(op, nullptr, nullptr).ok());
   in = {5, 5};
-  absl::StatusOr<OpDesc> copy = log.DetachedCopy(1);
+  absl::StatusOr<OpDesc> copy = log.DetachedCopy(1, nullptr);
   ASSERT_TRUE(copy.ok());
   EXPECT_EQ(static_cast<const int32_t*>(copy->input.data)[0], 1);
   EXPECT_EQ(static_cast<const int32_t*>(copy->input.data)[1], 2);
@@ -133,21 +133,21 @@ TEST(ReplayLog, HostOpsNeedNoDeviceMemory) {
 TEST(ReplayLog, DeviceOpsAreNotReplayableWithoutDeviceMemoryOrWhenACopyFails) {
   ReplayLog log;
   std::vector<float> buf(8);
-  absl::Status none = log.Record(DeviceAllreduce(buf, 1), nullptr);
+  absl::Status none = log.Record(DeviceAllreduce(buf, 1), nullptr, nullptr);
   EXPECT_TRUE(absl::IsUnimplemented(none)) << none;
   EXPECT_THAT(std::string(none.message()), HasSubstr("no device memory"));
   EXPECT_FALSE(log.Covers(1, 1));
 
   auto mem = std::make_shared<RecordingDeviceMemory>();
   mem->alloc_error = absl::InternalError("cudaMalloc of 32 bytes on cuda:1: out of memory");
-  absl::Status oom = log.Record(DeviceAllreduce(buf, 2), mem);
+  absl::Status oom = log.Record(DeviceAllreduce(buf, 2), mem, nullptr);
   EXPECT_THAT(std::string(oom.message()), HasSubstr("out of memory"));
   EXPECT_FALSE(log.Covers(2, 2));
-  EXPECT_TRUE(absl::IsFailedPrecondition(log.DetachedCopy(2).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(log.DetachedCopy(2, nullptr).status()));
 
   mem->alloc_error = absl::OkStatus();
   mem->copy_error = absl::InternalError("cudaMemcpyAsync: an illegal memory access");
-  EXPECT_FALSE(log.Record(DeviceAllreduce(buf, 3), mem).ok());
+  EXPECT_FALSE(log.Record(DeviceAllreduce(buf, 3), mem, nullptr).ok());
   EXPECT_FALSE(log.Covers(3, 3));
 }
 
@@ -160,7 +160,7 @@ TEST(ReplayLog, MixedHostAndDeviceViewsAreRefused) {
   op.input = TensorView{in.data(), 2, DType::kF32, Device::Cuda(0)};
   op.output = TensorView{out.data(), 4, DType::kF32};
   op.seq = 1;
-  absl::Status s = log.Record(op, mem);
+  absl::Status s = log.Record(op, mem, nullptr);
   EXPECT_THAT(std::string(s.message()), HasSubstr("host and CUDA memory"));
 }
 
@@ -177,10 +177,10 @@ OpDesc StableAllgather(std::vector<int32_t>& in, std::vector<int32_t>& out, uint
 TEST(ReplayLog, StableInputIsReferencedNotCopied) {
   ReplayLog log;
   std::vector<int32_t> in = {1, 2}, out(4);
-  ASSERT_TRUE(log.Record(StableAllgather(in, out, 1), nullptr).ok());
+  ASSERT_TRUE(log.Record(StableAllgather(in, out, 1), nullptr, nullptr).ok());
   // The record is the caller's buffer itself: what it holds when the op is re-run.
   in = {7, 8};
-  absl::StatusOr<OpDesc> copy = log.DetachedCopy(1);
+  absl::StatusOr<OpDesc> copy = log.DetachedCopy(1, nullptr);
   ASSERT_TRUE(copy.ok());
   EXPECT_EQ(copy->input.data, in.data());
   EXPECT_NE(copy->output.data, out.data());
@@ -189,15 +189,15 @@ TEST(ReplayLog, StableInputIsReferencedNotCopied) {
 TEST(ReplayLog, StableInputIsCopiedBeforeAnOpThatDoesNotProveEntry) {
   ReplayLog log;
   std::vector<int32_t> in = {1, 2}, out(4);
-  ASSERT_TRUE(log.Record(StableAllgather(in, out, 1), nullptr).ok());
+  ASSERT_TRUE(log.Record(StableAllgather(in, out, 1), nullptr, nullptr).ok());
   // A broadcast next: its completion here does not show that every rank left the allgather, so
   // the allgather's input is copied while the caller's promise still holds.
   OpDesc bcast;
   bcast.kind = OpKind::kBroadcast;
   bcast.seq = 2;
-  log.BeforeOp(bcast);
+  log.BeforeOp(bcast, nullptr);
   in = {7, 8};
-  absl::StatusOr<OpDesc> copy = log.DetachedCopy(1);
+  absl::StatusOr<OpDesc> copy = log.DetachedCopy(1, nullptr);
   ASSERT_TRUE(copy.ok());
   EXPECT_NE(copy->input.data, in.data());
   EXPECT_EQ(static_cast<const int32_t*>(copy->input.data)[0], 1);
@@ -210,7 +210,7 @@ TEST(ReplayLog, StableInputOfAnInPlaceOpIsCopiedAnyway) {
   std::vector<float> buf = {1, 2};
   OpDesc op = DeviceAllreduce(buf, 1);
   op.stable_input = true;  // the op itself overwrites it: no promise can keep it
-  ASSERT_TRUE(log.Record(op, mem).ok());
+  ASSERT_TRUE(log.Record(op, mem, nullptr).ok());
   EXPECT_EQ(mem->copies.size(), 1u);
 }
 

@@ -161,6 +161,13 @@ class ADAPTCOMM_EXPORT StreamOrdered {
   // op.timeout. Errors as Run's; InvalidArgument leaves the backend usable.
   [[nodiscard]] virtual absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(
       const OpDesc& op) = 0;
+  // Queues a copy of `bytes` from `src` to `dst` (both in the memory of the backend's device) on
+  // the backend's own stream, behind the caller's work that `at` marked and ahead of every op
+  // launched after it: the coordinated retry's record of an op's input is then taken before the
+  // collective overwrites it, and its restore lands before the re-run reads it, whatever the
+  // caller's stream does meanwhile. Never blocks. Called where Launch may be.
+  [[nodiscard]] virtual absl::Status CopyAt(const StreamPosition& at, void* dst, const void* src,
+                                            size_t bytes) = 0;
 };
 
 // Device memory services of a backend that takes CUDA views: what the coordinated retry needs to

@@ -18,7 +18,8 @@
 // window of ops are in flight: 1024 with retries off; with coordinated retry on, 2, so that the
 // retry record (ReplayLog, 4 entries) covers every restart point a vote can produce (a rank's first
 // unfinished op is at most a window behind another's). The watchdog polls the oldest op in
-// flight (every millisecond while any is) and finishes its Work when the device is done; a device
+// flight (every millisecond while any is; faster while ops wait in the queue for the window, see
+// kBacklogPollMin) and finishes its Work when the device is done; a device
 // failure or an op past its timeout (counted from when it became the oldest) aborts the backend
 // and hands the ops in flight to the worker, which retries them in order (or fails them).
 #ifndef ADAPTCOMM_LIB_CORE_OP_EXECUTOR_H_
@@ -220,7 +221,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // exactly while deferral is on), or a waiter's op that it sleeps through ended.
   bool WorkerWakesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The watchdog must look before watchdog_next_: an op started whose bound falls earlier, the ops
-  // in flight went from none to some (or back), or the executor is stopping and drained.
+  // in flight went from none to some (or back), an op began waiting for them (a backlog: it polls
+  // faster then), or the executor is stopping and drained.
   bool WatchdogWakesLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void Beat();
   // Whether `desc` may run on a waiting caller's thread: a host op on a backend that runs on any
@@ -308,6 +310,11 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
   ReplayLog replay_;            // used only by the executing thread (busy_)
   bool replay_warned_ = false;  // likewise
+  // The op whose device failure was retried last, and the attempt its relaunch is: a relaunch the
+  // rebuilt backend accepted that the device then fails again is that op's next attempt, not its
+  // first (HandleDeviceFailure). Likewise used only by the executing thread.
+  uint64_t device_retry_seq_ = 0;
+  int device_retry_attempt_ = 0;
   const ExecutorOptions options_;
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<WorkImpl>> queue_ ABSL_GUARDED_BY(mu_);
@@ -335,10 +342,11 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::CondVar watchdog_cv_;
   bool worker_sleeping_ ABSL_GUARDED_BY(mu_) = false;
   bool watchdog_sleeping_ ABSL_GUARDED_BY(mu_) = false;
-  // While the watchdog sleeps: the running op it last saw, whether nothing was in flight, and when
-  // it wakes anyway (WatchdogWakesLocked).
+  // While the watchdog sleeps: the running op it last saw, whether nothing was in flight, whether
+  // it polls at the backlog's pace, and when it wakes anyway (WatchdogWakesLocked).
   const WorkImpl* watchdog_watched_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool watchdog_idle_ ABSL_GUARDED_BY(mu_) = true;
+  bool watchdog_backlog_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time watchdog_next_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // Stream-ordered device ops queued on the device, oldest first, and their completion.
   struct InFlight {
@@ -347,6 +355,12 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   };
   std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
   absl::Time head_since_ ABSL_GUARDED_BY(mu_);  // when in_flight_.front() became the oldest
+  // How long the last op to complete was the oldest in flight: about its time on the device.
+  absl::Duration last_head_time_ ABSL_GUARDED_BY(mu_);
+  // Ops wait in the queue for those in flight (a full window, or an op that runs alone).
+  bool BacklogLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !queue_.empty() && !in_flight_.empty();
+  }
   // Set by the watchdog when the ops in flight failed; the worker handles it.
   absl::Status device_failure_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<trace::OpObserver>> observers_;  // fixed after Start()

@@ -35,8 +35,9 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, abs
   }
   bool replayable = false;
   if (retries_) {
-    replay_.BeforeOp(desc);
-    absl::Status recorded = replay_.Record(desc, backend().device_memory());
+    replay_.BeforeOp(desc, backend().stream_ordered());
+    absl::Status recorded =
+        replay_.Record(desc, backend().device_memory(), backend().stream_ordered());
     replayable = recorded.ok();
     if (!replayable && !replay_warned_) {
       replay_warned_ = true;
@@ -71,7 +72,7 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, abs
       running_ = work;
       running_since_ = started;
     }
-    status = replay_.RestoreInput(desc.seq);
+    status = replay_.RestoreInput(desc.seq, backend().stream_ordered());
     if (status.ok()) status = Execute(work, started, launched);
     if (status.ok()) {
       ADAPTCOMM_LOG(kWarning, OpKindName(desc.kind), " #", desc.seq,
@@ -110,7 +111,7 @@ absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& finge
   }
   for (uint64_t seq = restart; seq < position; ++seq) {
     // Completed here already: re-run for the ranks that did not complete it, into scratch.
-    absl::StatusOr<OpDesc> copy = replay_.DetachedCopy(seq);
+    absl::StatusOr<OpDesc> copy = replay_.DetachedCopy(seq, backend().stream_ordered());
     if (!copy.ok()) return copy.status();
     if (changed) {
       // Ranks behind this one fail the op if its meaning did not survive; so does its re-run here.
@@ -217,10 +218,11 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
                                      absl::Status cause) {
   const OpDesc& oldest = failed.front()->desc();
   absl::Status status = std::move(cause);
-  for (int attempt = 1; retries_ && attempt < recovery_handler_->max_attempts() && !Aborted() &&
-                        !absl::IsInvalidArgument(status) && !IsMembershipChanged(status) &&
-                        (recovery_handler_->Retryable(status) || RecoveryRequested()) &&
-                        replay_.Covers(oldest.seq, failed.back()->desc().seq);
+  for (int attempt = oldest.seq == device_retry_seq_ ? device_retry_attempt_ : 1;
+       retries_ && attempt < recovery_handler_->max_attempts() && !Aborted() &&
+       !absl::IsInvalidArgument(status) && !IsMembershipChanged(status) &&
+       (recovery_handler_->Retryable(status) || RecoveryRequested()) &&
+       replay_.Covers(oldest.seq, failed.back()->desc().seq);
        ++attempt) {
     status = RecoverFrom(oldest.seq, Fingerprint(oldest), attempt, status);
     if (!status.ok()) break;  // no agreement: the error names who was missing
@@ -229,7 +231,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
     for (; relaunched < failed.size() && status.ok(); ++relaunched) {
       const std::shared_ptr<WorkImpl>& work = failed[relaunched];
       work->MarkRelaunching();
-      status = replay_.RestoreInput(work->desc().seq);
+      status = replay_.RestoreInput(work->desc().seq, backend().stream_ordered());
       std::optional<Launched> launched;
       if (status.ok()) status = Execute(work, absl::Now(), &launched);
       if (status.ok()) {
@@ -243,6 +245,8 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
     }
     ExecutorLock lock(this);
     if (status.ok() && device_failure_.ok()) {
+      device_retry_seq_ = oldest.seq;
+      device_retry_attempt_ = attempt + 1;
       ADAPTCOMM_LOG(kWarning, OpKindName(oldest.kind), " #", oldest.seq, " and the ",
                     failed.size() - 1,
                     " op(s) queued behind it were queued again after a "

@@ -58,17 +58,22 @@ const ReplayLog::Entry* ReplayLog::Find(uint64_t seq) const {
   return e.seq == seq ? &e : nullptr;
 }
 
-absl::Status ReplayLog::Copy(const Entry& e, void* dst, const void* src, size_t bytes) {
+absl::Status ReplayLog::Copy(const Entry& e, void* dst, const void* src, size_t bytes,
+                             StreamOrdered* ordered) {
   if (bytes == 0) return absl::OkStatus();
   if (e.memory == nullptr) {
     StreamCopy(dst, src, bytes);
     return absl::OkStatus();
   }
+  if (ordered != nullptr && e.op.issued_at != nullptr) {
+    return ordered->CopyAt(*e.op.issued_at, dst, src, bytes);
+  }
   const TensorView& v = PrimaryView(e.op);
   return e.memory->CopyAsync(dst, src, bytes, v.device, v.stream);
 }
 
-absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> memory) {
+absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> memory,
+                               StreamOrdered* ordered) {
   Entry& e = entries_[op.seq % entries_.size()];
   e.seq = op.seq;
   e.op = op;
@@ -91,24 +96,24 @@ absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> m
   e.borrowed = op.stable_input && !InPlace(op.kind);
   if (e.borrowed) {
     e.input_copy = op.input.data;
-  } else if (absl::Status s = CopyInput(e, op.input.data); !s.ok()) {
+  } else if (absl::Status s = CopyInput(e, op.input.data, ordered); !s.ok()) {
     return s;
   }
   e.replayable = true;
   return absl::OkStatus();
 }
 
-absl::Status ReplayLog::CopyInput(Entry& e, const void* src) {
+absl::Status ReplayLog::CopyInput(Entry& e, const void* src, StreamOrdered* ordered) {
   const size_t bytes = e.op.input.bytes();
   absl::StatusOr<void*> copy = e.input.Reserve(bytes, PrimaryView(e.op).device, e.memory);
   if (!copy.ok()) return copy.status();
-  if (absl::Status s = Copy(e, *copy, src, bytes); !s.ok()) return s;
+  if (absl::Status s = Copy(e, *copy, src, bytes, ordered); !s.ok()) return s;
   e.input_copy = *copy;
   e.borrowed = false;
   return absl::OkStatus();
 }
 
-void ReplayLog::BeforeOp(const OpDesc& next) {
+void ReplayLog::BeforeOp(const OpDesc& next, StreamOrdered* ordered) {
   const OpKind k = next.kind;
   const bool proves_entry = k == OpKind::kAllreduce || k == OpKind::kAllgather ||
                             k == OpKind::kReduceScatter || k == OpKind::kAlltoall ||
@@ -116,7 +121,7 @@ void ReplayLog::BeforeOp(const OpDesc& next) {
   if (proves_entry || next.seq < 2) return;
   Entry* e = Find(next.seq - 1);
   if (e == nullptr || !e->borrowed) return;
-  if (!CopyInput(*e, e->input_copy).ok()) e->replayable = false;
+  if (!CopyInput(*e, e->input_copy, ordered).ok()) e->replayable = false;
 }
 
 bool ReplayLog::Covers(uint64_t from, uint64_t to) const {
@@ -128,13 +133,13 @@ bool ReplayLog::Covers(uint64_t from, uint64_t to) const {
   return true;
 }
 
-absl::Status ReplayLog::RestoreInput(uint64_t seq) {
+absl::Status ReplayLog::RestoreInput(uint64_t seq, StreamOrdered* ordered) {
   Entry* e = Find(seq);
   if (e == nullptr || !e->replayable || !InPlace(e->op.kind)) return absl::OkStatus();
-  return Copy(*e, e->op.input.data, e->input_copy, e->op.input.bytes());
+  return Copy(*e, e->op.input.data, e->input_copy, e->op.input.bytes(), ordered);
 }
 
-absl::StatusOr<OpDesc> ReplayLog::DetachedCopy(uint64_t seq) {
+absl::StatusOr<OpDesc> ReplayLog::DetachedCopy(uint64_t seq, StreamOrdered* ordered) {
   Entry* e = Find(seq);
   if (e == nullptr || !e->replayable) {
     return absl::FailedPreconditionError(absl::StrCat("op #", seq, " was not recorded"));
@@ -148,7 +153,7 @@ absl::StatusOr<OpDesc> ReplayLog::DetachedCopy(uint64_t seq) {
     const size_t bytes = op.input.bytes();
     absl::StatusOr<void*> scratch = scratch_.Reserve(bytes, device, e->memory);
     if (!scratch.ok()) return scratch.status();
-    if (absl::Status s = Copy(*e, *scratch, e->input_copy, bytes); !s.ok()) return s;
+    if (absl::Status s = Copy(*e, *scratch, e->input_copy, bytes, ordered); !s.ok()) return s;
     op.input.data = bytes > 0 ? *scratch : nullptr;
     op.output = op.input;
     return op;

@@ -4,10 +4,13 @@
 // Why copies: an in-place op (allreduce, broadcast, reduce) overwrites its input, and the caller
 // may reuse any buffer as soon as its Work completed. Cost while retries are on: one copy of each
 // op's input before it runs - a memcpy for host memory; for CUDA memory a device-to-device copy
-// queued on the op's own stream (through the backend's DeviceMemory), so it is ordered before the
-// op without any host synchronization. Device records live in device memory: up to `depth` times
-// the largest input plus one output scratch, allocated on first use and reused (no allocation in
-// steady state). Ops on CUDA memory under a backend without DeviceMemory are not replayable.
+// queued without any host synchronization: for a stream-ordered op on the backend's own stream,
+// behind the op's issue point and ahead of the collective (StreamOrdered::CopyAt; on the caller's
+// stream the collective, which waits only for the issue point, could overwrite the input before
+// the copy read it), otherwise on the op's stream (through the backend's DeviceMemory). Device
+// records live in device memory: up to `depth` times the largest input plus one output scratch,
+// allocated on first use and reused (no allocation in steady state). Ops on CUDA memory under a
+// backend without DeviceMemory are not replayable.
 #ifndef ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
 #define ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
 
@@ -49,22 +52,25 @@ class ReplayLog {
   explicit ReplayLog(size_t depth = 4) : entries_(depth) {}
 
   // Copies op's input (before it runs). `memory`: the running backend's device services (null if
-  // it has none). OK if the op can be replayed, else why not (the op then runs without a retry).
-  absl::Status Record(const OpDesc& op, std::shared_ptr<DeviceMemory> memory);
+  // it has none); `ordered`: its stream order (null if it has none), which takes the copies of ops
+  // with a stream position (OpDesc::issued_at). OK if the op can be replayed, else why not (the op
+  // then runs without a retry).
+  absl::Status Record(const OpDesc& op, std::shared_ptr<DeviceMemory> memory,
+                      StreamOrdered* ordered);
   // Before op `next` runs: an op whose completion does not prove that every rank entered it
   // (broadcast, reduce, send, recv) cannot retire the op before it, so a record of that op that
   // refers to the caller's stable input (OpDesc::stable_input) is copied now, while the promise
   // still holds. A failed copy makes that op not replayable.
-  void BeforeOp(const OpDesc& next);
+  void BeforeOp(const OpDesc& next, StreamOrdered* ordered);
   // Whether ops [from, to] are all recorded.
   bool Covers(uint64_t from, uint64_t to) const;
   // Restores the recorded input of `seq` into the op's own buffers (in-place ops, before a re-run
-  // of the op that failed).
-  absl::Status RestoreInput(uint64_t seq);
+  // of the op that failed), through `ordered` as Record.
+  absl::Status RestoreInput(uint64_t seq, StreamOrdered* ordered);
   // The op `seq` rewritten to read the recorded input and write into scratch: for re-running an op
-  // that already completed here, whose buffers belong to the caller again.
-  // REQUIRES: Covers(seq, seq).
-  absl::StatusOr<OpDesc> DetachedCopy(uint64_t seq);
+  // that already completed here, whose buffers belong to the caller again (an in-place op's
+  // record is copied into the scratch through `ordered` as Record). REQUIRES: Covers(seq, seq).
+  absl::StatusOr<OpDesc> DetachedCopy(uint64_t seq, StreamOrdered* ordered);
 
  private:
   struct Entry {
@@ -79,9 +85,10 @@ class ReplayLog {
   Entry* Find(uint64_t seq);
   const Entry* Find(uint64_t seq) const;
   // Copies the input into the entry's own buffer.
-  static absl::Status CopyInput(Entry& e, const void* src);
-  // A copy in the memory of the op's views: memcpy, or queued on the op's stream.
-  static absl::Status Copy(const Entry& e, void* dst, const void* src, size_t bytes);
+  static absl::Status CopyInput(Entry& e, const void* src, StreamOrdered* ordered);
+  // A copy in the memory of the op's views: memcpy, or queued on the device (see the top).
+  static absl::Status Copy(const Entry& e, void* dst, const void* src, size_t bytes,
+                           StreamOrdered* ordered);
   std::vector<Entry> entries_;
   ReplayBuffer scratch_;  // detached re-runs run one at a time: one scratch serves them all
 };

@@ -73,6 +73,7 @@ class NcclBackend final : public Backend, public StreamOrdered {
   StreamOrdered* stream_ordered() override { return this; }
   absl::StatusOr<std::shared_ptr<const StreamPosition>> MarkIssue(const OpDesc& op) override;
   absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(const OpDesc& op) override;
+  absl::Status CopyAt(const StreamPosition& at, void* dst, const void* src, size_t bytes) override;
 
   // ShrinkNcclBackend / CanShrinkNccl / ReleaseNcclComm (nccl_backend.h).
   absl::Status CanShrink() const;
@@ -398,13 +399,45 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
   return std::make_shared<NcclOpEvents>(events_, health_, issued, done, Launched(op));
 }
 
+// The events behind a position MarkIssue made (null for another kind of position). NcclOpEvents is
+// final: a typeid check is a pointer compare where a dynamic_cast through its two bases walks the
+// class hierarchy on every op.
+const NcclOpEvents* EventsOf(const StreamPosition* position) {
+  return position != nullptr && typeid(*position) == typeid(NcclOpEvents)
+             ? static_cast<const NcclOpEvents*>(position)
+             : nullptr;
+}
+
+absl::Status NcclBackend::CopyAt(const StreamPosition& at, void* dst, const void* src,
+                                 size_t bytes) {
+  const NcclOpEvents* events = EventsOf(&at);
+  if (events == nullptr || events->issued() == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl rank ", options_.rank, ": a copy at a stream position MarkIssue did not make"));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  ScopedCudaDevice device(*cuda_, options_.device);
+  if (int e = device.error(); e != kCudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("nccl rank ", options_.rank, ": cudaSetDevice(",
+                                               options_.device, "): ", cuda_->ErrorString(e)));
+  }
+  // A copy for an op launched already (a restore, or a re-run's scratch) reads a record taken on
+  // the stream of that launch, maybe another backend generation's: it waits for that launch's end
+  // too (an aborted collective ends; one that never does holds the copy, and the re-run behind it
+  // is the watchdog's, rather than reading a record not taken yet).
+  for (CudaEvent after : {events->issued(), events->WasLaunched() ? events->done() : nullptr}) {
+    if (after == nullptr) continue;
+    if (int e = cuda_->StreamWaitEvent(stream_, after); e != kCudaSuccess) {
+      return absl::UnavailableError(absl::StrCat("nccl rank ", options_.rank,
+                                                 ": cudaStreamWaitEvent before a copy of ", bytes,
+                                                 " bytes: ", cuda_->ErrorString(e)));
+    }
+  }
+  return device_memory_->CopyAsync(dst, src, bytes, Device::Cuda(options_.device), stream_);
+}
+
 absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDesc& op) {
-  // NcclOpEvents is final: a typeid check is a pointer compare where a dynamic_cast through its
-  // two bases walks the class hierarchy on every op.
-  const StreamPosition* position = op.issued_at.get();
-  const auto* issued = position != nullptr && typeid(*position) == typeid(NcclOpEvents)
-                           ? static_cast<const NcclOpEvents*>(position)
-                           : nullptr;
+  const NcclOpEvents* issued = EventsOf(op.issued_at.get());
   if (issued == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(What(op), ": launched without a stream position from MarkIssue"));

@@ -106,6 +106,8 @@ class NcclOpEvents final : public StreamPosition, public DeviceCompletion {
   bool ClaimLaunch(const LaunchedOp& op) const {
     return op.kind == op_.kind && op.seq == op_.seq && !launched_.exchange(true);
   }
+  // Whether an op was launched from this position with its end on done().
+  bool WasLaunched() const { return launched_.load(); }
   absl::StatusOr<bool> Poll() override;
   absl::Status MakeStreamWait(void* stream) override;
 
