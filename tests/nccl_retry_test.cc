@@ -89,6 +89,16 @@ CommunicatorOptions RankOptions(const testing::RankEnv& env, const std::string& 
   return o;
 }
 
+// A rank's communicator on its fake with a 1 s op timeout, for tests whose device hangs.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateWithShortTimeout(
+    const testing::RankEnv& env, const std::string& profile,
+    const std::shared_ptr<FakeNcclApi>& fake) {
+  CommunicatorOptions o = RankOptions(env, profile, BackendChoice::kNccl);
+  o.timeout = absl::Seconds(1);
+  o.failure_report_window = absl::Seconds(2);
+  return internal::CreateCommunicatorWith(o, Seams(fake));
+}
+
 struct StreamRun {
   std::vector<std::shared_ptr<FakeNcclApi>> apis;
   std::vector<std::string> final_backend = std::vector<std::string>(kWorld);
@@ -158,10 +168,7 @@ TEST(NcclRetry, OpThatFailsOnTheDeviceAfterEveryRebuildFailsAfterMaxAttempts) {
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
-        CommunicatorOptions o = RankOptions(env, profile, BackendChoice::kNccl);
-        o.timeout = absl::Seconds(1);
-        o.failure_report_window = absl::Seconds(2);
-        auto comm = internal::CreateCommunicatorWith(o, Seams(fakes[env.rank]));
+        auto comm = CreateWithShortTimeout(env, profile, fakes[env.rank]);
         ASSERT_TRUE(comm.ok()) << comm.status();
         std::vector<float> buf(64, static_cast<float>(env.rank + 1));
         const absl::Time start = absl::Now();
@@ -193,10 +200,7 @@ TEST(NcclRetry, OpQueuedBehindAHungOneIsReRunFromItsRecordExactly) {
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
-        CommunicatorOptions o = RankOptions(env, profile, BackendChoice::kNccl);
-        o.timeout = absl::Seconds(1);
-        o.failure_report_window = absl::Seconds(2);
-        auto comm = internal::CreateCommunicatorWith(o, Seams(fakes[env.rank]));
+        auto comm = CreateWithShortTimeout(env, profile, fakes[env.rank]);
         ASSERT_TRUE(comm.ok()) << comm.status();
         std::vector<std::vector<float>> bufs(kFirst + kInFlight, std::vector<float>(256));
         std::vector<Work> works;

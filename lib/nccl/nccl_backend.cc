@@ -30,6 +30,13 @@ using cuda::ScopedCudaDevice;
 
 bool InFlight(NcclResult r) { return r == NcclResult::kSuccess || r == NcclResult::kInProgress; }
 
+// Names a communicator stream for NcclOpEvents::AwaitedOn: unlike its handle, never reused by a
+// later backend generation.
+uint64_t NextStreamId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
 class NcclBackend final : public Backend, public StreamOrdered {
  public:
   NcclBackend(std::shared_ptr<NcclApi> api, std::shared_ptr<CudaApi> cuda,
@@ -109,7 +116,8 @@ class NcclBackend final : public Backend, public StreamOrdered {
   const int device_count_;
   const CudaEvent event_;
   const CudaStream stream_;  // the communicator's stream: barriers and stream-ordered ops
-  void* const scratch_;      // barrier's one-element device buffer
+  const uint64_t stream_id_ = NextStreamId();
+  void* const scratch_;  // barrier's one-element device buffer
   const std::shared_ptr<DeviceMemory> device_memory_;
   const std::shared_ptr<EventPool> events_;
   const std::shared_ptr<CommHealth> health_;
@@ -433,6 +441,7 @@ absl::Status NcclBackend::CopyAt(const StreamPosition& at, void* dst, const void
                                                  " bytes: ", cuda_->ErrorString(e)));
     }
   }
+  events->MarkAwaitedOn(stream_id_);
   return device_memory_->CopyAsync(dst, src, bytes, Device::Cuda(options_.device), stream_);
 }
 
@@ -451,7 +460,9 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       return Break(absl::UnavailableError(absl::StrCat(
           What(op), ": cudaSetDevice(", options_.device, "): ", cuda_->ErrorString(e))));
     }
-    if (int e = cuda_->StreamWaitEvent(stream_, issued->issued()); e != kCudaSuccess) {
+    if (int e = issued->AwaitedOn(stream_id_) ? kCudaSuccess
+                                              : cuda_->StreamWaitEvent(stream_, issued->issued());
+        e != kCudaSuccess) {
       return Break(absl::UnavailableError(
           absl::StrCat(What(op), ": cudaStreamWaitEvent: ", cuda_->ErrorString(e))));
     }

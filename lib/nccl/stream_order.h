@@ -108,6 +108,10 @@ class NcclOpEvents final : public StreamPosition, public DeviceCompletion {
   }
   // Whether an op was launched from this position with its end on done().
   bool WasLaunched() const { return launched_.load(); }
+  // The communicator stream (an id unique in the process) that already waits for issued(): the
+  // retry record's copy made it wait, so the launch right after need not queue the wait again.
+  void MarkAwaitedOn(uint64_t stream_id) const { awaited_on_.store(stream_id); }
+  bool AwaitedOn(uint64_t stream_id) const { return awaited_on_.load() == stream_id; }
   absl::StatusOr<bool> Poll() override;
   absl::Status MakeStreamWait(void* stream) override;
 
@@ -118,6 +122,7 @@ class NcclOpEvents final : public StreamPosition, public DeviceCompletion {
   const cuda::CudaEvent done_;
   const LaunchedOp op_;
   mutable std::atomic<bool> launched_{false};
+  mutable std::atomic<uint64_t> awaited_on_{0};
 };
 
 }  // namespace adaptcomm::nccl
