@@ -8,17 +8,25 @@
 // grows what it grows (HeldMicrosPerOp). Same run, interleaved rounds, medians.
 //
 //   build/bench/stream_order_bench [--ops 1000] [--rounds 7] [--only bare|api] [--paced US]
+//                                  [--burst N]
 //
 // --only runs one of the two loops, for a profiler (`perf stat -e instructions:u` counts what a
 // change saves without this machine's timing noise).
 // --paced US measures instead how busy the host keeps a device that finishes one collective every
 // US microseconds, with coordinated retry on (its small in-flight window) and off
 // (PacedDeviceUtilization).
+// --burst N measures how long a burst of N allreduces (issue + Wait each) holds the trainer's
+// thread while the device takes --paced US (default 100) per op, with retry.in_flight 2, 8 and 32
+// and with retries off (BurstHostMicros).
+#include <stdlib.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -121,9 +129,12 @@ double BareMicrosPerOp(int ops) {
 
 // Allreduce on a CUDA view + Wait(), through a one-rank communicator on the fake (public API but
 // for the internal factory that injects the fake).
+// `profile`: a profile file (empty: the default one).
 std::unique_ptr<Communicator> FakeCommunicator(const std::shared_ptr<FakeNcclApi>& api,
-                                               int retry_attempts) {
+                                               int retry_attempts,
+                                               const std::string& profile = "") {
   CommunicatorOptions o;
+  o.profile_file = profile;
   o.rank = 0;
   o.world_size = 1;
   o.store = CreateHashStore();
@@ -222,23 +233,102 @@ double PacedDeviceUtilization(int ops, int retry_attempts, absl::Duration tick) 
   }
   return static_cast<double>(ran.load()) / steps.load();
 }
+// A profile whose coordinated retry keeps `in_flight` device ops in flight (retry.in_flight).
+std::string WindowProfile(int in_flight) {
+  char dir[] = "/tmp/adaptcomm_stream_order_bench_XXXXXX";
+  if (mkdtemp(dir) == nullptr) {
+    std::perror("mkdtemp");
+    std::exit(1);
+  }
+  const std::string path = std::string(dir) + "/profile.yaml";
+  std::ofstream(path) << "schema: 1\ndefaults:\n  retry:\n    in_flight: " << in_flight
+                      << "\ntiers:\n  - name: bench\n    params: any\n";
+  return path;
+}
+
+// A device that finishes one collective per `tick` and a trainer that issues a burst of `ops`
+// allreduces, waiting on each (a backward pass's gradient buckets): how long the trainer's thread
+// is held, in microseconds. Ops beyond the in-flight window wait for the device there.
+double BurstHostMicros(int ops, int retry_attempts, const std::string& profile,
+                       absl::Duration tick) {
+  auto api = std::make_shared<FakeNcclApi>(testing::MakeFakeNcclWorld(), testing::FakeNcclFaults{});
+  std::unique_ptr<Communicator> comm = FakeCommunicator(api, retry_attempts, profile);
+  cuda::CudaStream caller = nullptr;
+  (void)api->StreamCreateNonBlocking(&caller);
+  std::vector<std::vector<float>> bufs(static_cast<size_t>(ops), std::vector<float>(8, 1.0f));
+  api->HoldStreams(true);
+  std::atomic<bool> stop{false};
+  std::thread device([&] {
+    while (!stop.load()) {
+      absl::SleepFor(tick);
+      (void)api->StepHeldDevice();
+    }
+  });
+  std::vector<Work> works;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < ops; ++i) {
+    std::vector<float>& buf = bufs[static_cast<size_t>(i)];
+    works.push_back(
+        comm->Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0), caller}));
+    if (!works.back().Wait(absl::Seconds(30)).ok()) {
+      std::fprintf(stderr, "burst op %d: wait failed\n", i);
+      std::exit(1);
+    }
+  }
+  const double held_us = absl::ToDoubleMicroseconds(absl::Now() - start);
+  const bool synced = works.back().Synchronize(absl::Seconds(60)).ok();
+  stop.store(true);
+  device.join();
+  api->HoldStreams(false);
+  if (!synced) {
+    std::fprintf(stderr, "burst: synchronize failed\n");
+    std::exit(1);
+  }
+  return held_us;
+}
 }  // namespace
 }  // namespace adaptcomm
 
 int main(int argc, char** argv) {
   int ops = 1000, rounds = 7;
   std::string only;
-  int paced_us = 0;
+  int paced_us = 0, burst = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) ops = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     if (std::strcmp(argv[i], "--paced") == 0 && i + 1 < argc) paced_us = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--burst") == 0 && i + 1 < argc) burst = std::atoi(argv[++i]);
     // Debian's abseil checks every Mutex acquisition for lock-order cycles (a graph update per
     // lock): a process-wide setting that only the application may turn off.
     if (std::strcmp(argv[i], "--no-deadlock-detection") == 0) {
       absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     }
+  }
+  if (burst > 0) {
+    const int tick_us = paced_us > 0 ? paced_us : 100;
+    const absl::Duration tick = absl::Microseconds(tick_us);
+    const int windows[] = {2, 8, 32};
+    std::vector<std::string> profiles;
+    for (int w : windows) profiles.push_back(adaptcomm::WindowProfile(w));
+    std::vector<std::vector<double>> with_retry(std::size(windows));
+    std::vector<double> without;
+    for (int r = 0; r < rounds; ++r) {
+      for (size_t w = 0; w < std::size(windows); ++w) {
+        with_retry[w].push_back(adaptcomm::BurstHostMicros(burst, 3, profiles[w], tick));
+      }
+      without.push_back(adaptcomm::BurstHostMicros(burst, 1, "", tick));
+    }
+    std::printf(
+        "host held by a burst of %d allreduces (issue + Wait each), device %d us per op "
+        "(median of %d)\n",
+        burst, tick_us, rounds);
+    for (size_t w = 0; w < std::size(windows); ++w) {
+      std::printf("  retry on, retry.in_flight %-3d %8.0f us\n", windows[w],
+                  adaptcomm::Median(with_retry[w]));
+    }
+    std::printf("  retry off                   %8.0f us\n", adaptcomm::Median(without));
+    return 0;
   }
   if (paced_us > 0) {
     std::vector<double> with_retry, without;

@@ -186,14 +186,16 @@ TEST(NcclRetry, OpThatFailsOnTheDeviceAfterEveryRebuildFailsAfterMaxAttempts) {
   }
 }
 
-// Rank 1's device hangs on its 4th collective while the 5th is queued behind it (the window of 2).
-// Each op's retry record is taken on the communicator's stream right before its collective, so
-// the 5th op's record is taken only once the hung collective ends (the abort ends it). The rebuilt
-// communicator re-runs both from their records, in order, with exact results; each restore waits
-// on the new stream for the end of the op's first launch on the old one (where its record was
-// taken), so it cannot read a record that stream has not taken yet.
-TEST(NcclRetry, OpQueuedBehindAHungOneIsReRunFromItsRecordExactly) {
-  constexpr int kFirst = 3, kInFlight = 2;
+// Rank 1's device hangs on the collective after its first `in_flight` + 1 while the next
+// `in_flight` - 1 are queued behind it (within the default window, retry.in_flight 8); the rebuilt
+// communicator, which counts its launches afresh, runs fewer than that, so the hang does not recur.
+// Each op's retry record is taken on the communicator's stream right before its collective, so the
+// records of the ops behind the hung one are taken only once it ends (the abort ends it). The
+// rebuilt communicator re-runs them all from their records, in order, with exact results; each
+// restore waits on the new stream for the end of the op's first launch on the old one (where its
+// record was taken), so it cannot read a record that stream has not taken yet.
+void ExpectOpsBehindAHungOneReRunFromTheirRecords(int in_flight) {
+  const int kFirst = in_flight + 1, kInFlight = in_flight;
   const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
       FakesWithFailingRank(FakeNcclFaults{.hang_at_launch = kFirst + 1});
   const std::string profile = WriteProfile("deny", /*retry_timeouts=*/true);
@@ -246,6 +248,14 @@ TEST(NcclRetry, OpQueuedBehindAHungOneIsReRunFromItsRecordExactly) {
     }
     EXPECT_EQ(restores, kInFlight) << "rank " << r;
   }
+}
+
+TEST(NcclRetry, OpQueuedBehindAHungOneIsReRunFromItsRecordExactly) {
+  ExpectOpsBehindAHungOneReRunFromTheirRecords(2);
+}
+
+TEST(NcclRetry, WindowOfOpsBehindAHungOneIsReRunFromTheirRecordsExactly) {
+  ExpectOpsBehindAHungOneReRunFromTheirRecords(7);
 }
 
 // NCCL init fails on rank 1 at the first attempt only; with fallback deny the whole creation

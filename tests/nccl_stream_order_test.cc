@@ -73,11 +73,15 @@ struct HeldRank {
   std::unique_ptr<Communicator> comm;
   cuda::CudaStream caller = nullptr;
 };
-absl::StatusOr<HeldRank> StartHeld(FakeRanks& fakes, const testing::RankEnv& env, int retries) {
+// `profile`: the profile file (empty: the default one).
+absl::StatusOr<HeldRank> StartHeld(FakeRanks& fakes, const testing::RankEnv& env, int retries,
+                                   const std::string& profile = "") {
   HeldRank held;
   held.fake = &fakes.api(env.rank);
   held.fake->HoldStreams(true);
-  auto comm = fakes.Create(env.rank, Options(env, retries, absl::Seconds(30)));
+  CommunicatorOptions o = Options(env, retries, absl::Seconds(30));
+  o.profile_file = profile;
+  auto comm = fakes.Create(env.rank, o);
   if (!comm.ok()) return comm.status();
   held.comm = *std::move(comm);
   if (held.fake->StreamCreateNonBlocking(&held.caller) != cuda::kCudaSuccess) {
@@ -85,6 +89,22 @@ absl::StatusOr<HeldRank> StartHeld(FakeRanks& fakes, const testing::RankEnv& env
   }
   held.fake->ClearCalls();
   return held;
+}
+
+// A profile whose coordinated retry keeps `in_flight` device ops in flight (retry.in_flight).
+std::string WindowProfile(int in_flight) {
+  char dir[] = "/tmp/adaptcomm_stream_order_XXXXXX";
+  EXPECT_NE(mkdtemp(dir), nullptr);
+  const std::string path = absl::StrCat(dir, "/profile.yaml");
+  std::ofstream(path) << "schema: 1\ndefaults:\n  retry:\n    in_flight: " << in_flight
+                      << "\ntiers:\n  - name: test\n    params: any\n";
+  return path;
+}
+
+int CallsNamed(const std::vector<testing::FakeCall>& calls, const std::string& name) {
+  int n = 0;
+  for (const testing::FakeCall& c : calls) n += c.name == name ? 1 : 0;
+  return n;
 }
 
 // Fills `buf` with this rank's input of op `op` and issues its allreduce on `caller`.
@@ -180,107 +200,132 @@ TEST(StreamOrder, ThousandAllreducesReturnBeforeTheDeviceRunsAny) {
       absl::Seconds(120));
 }
 
+// Runs `body(env, held)` on every rank, each with its held rank (StartHeld, coordinated retry on,
+// `profile`).
+template <typename Body>
+void RunHeldRanks(const std::string& profile, Body body) {
+  FakeRanks fakes{std::vector<FakeNcclFaults>(kWorld)};
+  testing::RunRanks(
+      testing::RankMode::kThreads, kWorld,
+      [&](const testing::RankEnv& env) {
+        absl::StatusOr<HeldRank> held = StartHeld(fakes, env, 3, profile);
+        ASSERT_TRUE(held.ok()) << held.status();
+        body(env, *held);
+      },
+      absl::Seconds(60));
+}
+
 // With coordinated retry on, each op's input is recorded by a device copy on the communicator's
 // stream, after that stream waited for the op's issue point and before the collective that
 // overwrites the input; on the caller's stream it would run behind the issue point, where the
 // collective (which waits only for that point) may already have overwritten the input.
 TEST(StreamOrder, RetryRecordIsCopiedOnTheCommunicatorStreamAheadOfTheCollective) {
-  constexpr int kOps = 2;  // the in-flight window with retries on: none waits for the device
+  constexpr int kOps = 2;  // within the in-flight window with retries on: none waits for the device
   constexpr size_t kCount = 16;
-  FakeRanks fakes{std::vector<FakeNcclFaults>(kWorld)};
-  testing::RunRanks(
-      testing::RankMode::kThreads, kWorld,
-      [&](const testing::RankEnv& env) {
-        absl::StatusOr<HeldRank> held = StartHeld(fakes, env, 3);
-        ASSERT_TRUE(held.ok()) << held.status();
-        FakeNcclApi& fake = *held->fake;
-        Communicator& comm = *held->comm;
-        const cuda::CudaStream caller = held->caller;
-        std::vector<std::vector<float>> bufs(kOps, std::vector<float>(kCount));
-        std::vector<Work> works = IssueAll(comm, bufs, env.rank, caller, kOps);
-        std::vector<testing::FakeCall> calls = fake.calls();
-        int copies = 0;
-        for (size_t i = 0; i < calls.size(); ++i) {
-          if (calls[i].name != "MemcpyAsync") continue;
-          ++copies;
-          ASSERT_GE(i, 2u);
-          ASSERT_LT(i + 1, calls.size());
-          // The issue point on the caller's stream, the communicator's stream waiting for it, the
-          // copy there, then the collective on the same stream (which already waits).
-          EXPECT_EQ(calls[i - 2].name, "EventRecord") << i;
-          EXPECT_EQ(calls[i - 2].stream, caller) << i;
-          EXPECT_EQ(calls[i - 1].name, "StreamWaitEvent") << i;
-          EXPECT_EQ(calls[i - 1].event, calls[i - 2].event) << i;
-          EXPECT_NE(calls[i].stream, caller) << "copy " << copies << " on the caller's stream";
-          EXPECT_EQ(calls[i].stream, calls[i - 1].stream) << i;
-          EXPECT_EQ(calls[i + 1].name, "AllReduce") << i;
-          EXPECT_EQ(calls[i + 1].stream, calls[i].stream) << i;
-        }
-        EXPECT_EQ(copies, kOps);
-        fake.HoldStreams(false);
-        ExpectSums(works, bufs, env.rank);
-      },
-      absl::Seconds(60));
+  RunHeldRanks("", [&](const testing::RankEnv& env, HeldRank& held) {
+    FakeNcclApi& fake = *held.fake;
+    Communicator& comm = *held.comm;
+    const cuda::CudaStream caller = held.caller;
+    std::vector<std::vector<float>> bufs(kOps, std::vector<float>(kCount));
+    std::vector<Work> works = IssueAll(comm, bufs, env.rank, caller, kOps);
+    std::vector<testing::FakeCall> calls = fake.calls();
+    int copies = 0;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (calls[i].name != "MemcpyAsync") continue;
+      ++copies;
+      ASSERT_GE(i, 2u);
+      ASSERT_LT(i + 1, calls.size());
+      // The issue point on the caller's stream, the communicator's stream waiting for it, the
+      // copy there, then the collective on the same stream (which already waits).
+      EXPECT_EQ(calls[i - 2].name, "EventRecord") << i;
+      EXPECT_EQ(calls[i - 2].stream, caller) << i;
+      EXPECT_EQ(calls[i - 1].name, "StreamWaitEvent") << i;
+      EXPECT_EQ(calls[i - 1].event, calls[i - 2].event) << i;
+      EXPECT_NE(calls[i].stream, caller) << "copy " << copies << " on the caller's stream";
+      EXPECT_EQ(calls[i].stream, calls[i - 1].stream) << i;
+      EXPECT_EQ(calls[i + 1].name, "AllReduce") << i;
+      EXPECT_EQ(calls[i + 1].stream, calls[i].stream) << i;
+    }
+    EXPECT_EQ(copies, kOps);
+    fake.HoldStreams(false);
+    ExpectSums(works, bufs, env.rank);
+  });
 }
 
-// An op issued while the in-flight window is full (coordinated retry on: 2) waits for the worker
-// to launch it; it still runs at the point of the caller's stream where it was issued, not behind
-// work the trainer queued on that stream after issuing it (here a cast kernel).
+// With coordinated retry on, the profile's retry.in_flight ops are queued on the device at once:
+// each one's Wait() returns while the device has run none of them. The next op waits in the
+// executor's queue (its bounded Wait() times out) until one of them ends; then every sum is exact.
+TEST(StreamOrder, RetryWindowFromTheProfileIsQueuedOnTheDeviceAtOnce) {
+  constexpr int kWindow = 5;
+  constexpr size_t kCount = 16;
+  RunHeldRanks(WindowProfile(kWindow), [&](const testing::RankEnv& env, HeldRank& held) {
+    FakeNcclApi& fake = *held.fake;
+    std::vector<std::vector<float>> bufs(kWindow + 1, std::vector<float>(kCount));
+    std::vector<Work> works = IssueAll(*held.comm, bufs, env.rank, held.caller, kWindow);
+    EXPECT_EQ(CallsNamed(fake.calls(), "AllReduce"), kWindow);
+    EXPECT_EQ(CallsNamed(fake.calls(), "MemcpyAsync"), kWindow) << "one record per op";
+    const absl::Status beyond = works.back().Wait(absl::Milliseconds(100));
+    EXPECT_TRUE(absl::IsDeadlineExceeded(beyond)) << beyond;
+    EXPECT_EQ(CallsNamed(fake.calls(), "AllReduce"), kWindow);
+    EXPECT_EQ(fake.collectives_started(), 0) << "the device ran an op while held";
+    fake.HoldStreams(false);
+    ExpectSums(works, bufs, env.rank);
+    EXPECT_EQ(CallsNamed(fake.calls(), "AllReduce"), kWindow + 1);
+  });
+}
+
+// An op issued while the in-flight window is full (coordinated retry on, retry.in_flight 2) waits
+// for the worker to launch it; it still runs at the point of the caller's stream where it was
+// issued, not behind work the trainer queued on that stream after issuing it (here a cast kernel).
 TEST(StreamOrder, OpQueuedBehindAFullWindowRunsAtItsIssuePoint) {
   constexpr int kOps = 3;
   constexpr size_t kCount = 16;
-  FakeRanks fakes{std::vector<FakeNcclFaults>(kWorld)};
-  testing::RunRanks(
-      testing::RankMode::kThreads, kWorld,
-      [&](const testing::RankEnv& env) {
-        absl::StatusOr<HeldRank> held = StartHeld(fakes, env, 3);
-        ASSERT_TRUE(held.ok()) << held.status();
-        FakeNcclApi& fake = *held->fake;
-        Communicator& comm = *held->comm;
-        const cuda::CudaStream caller = held->caller;
-        std::vector<std::vector<float>> bufs(kOps, std::vector<float>(kCount));
-        // The last one is not waited for: the trainer queues its next kernel first.
-        std::vector<Work> works = IssueAll(comm, bufs, env.rank, caller, kOps - 1);
-        // The trainer's next kernel on the same stream, queued while the last op waits its turn.
-        std::vector<float> later_in(kCount, 1.5f);
-        std::vector<uint16_t> later_out(kCount);
-        ASSERT_EQ(fake.LaunchCast(cuda::CastDirection::kF32ToBF16, later_in.data(),
-                                  later_out.data(), kCount, 1.0f, caller, nullptr),
-                  cuda::kCudaSuccess);
-        fake.HoldStreams(false);
-        ASSERT_TRUE(works.back().Wait(absl::Seconds(10)).ok());
-        ASSERT_TRUE(works.back().Synchronize(absl::Seconds(10)).ok());
+  RunHeldRanks(WindowProfile(kOps - 1), [&](const testing::RankEnv& env, HeldRank& held) {
+    FakeNcclApi& fake = *held.fake;
+    Communicator& comm = *held.comm;
+    const cuda::CudaStream caller = held.caller;
+    std::vector<std::vector<float>> bufs(kOps, std::vector<float>(kCount));
+    // The last one is not waited for: the trainer queues its next kernel first.
+    std::vector<Work> works = IssueAll(comm, bufs, env.rank, caller, kOps - 1);
+    // The trainer's next kernel on the same stream, queued while the last op waits its turn.
+    std::vector<float> later_in(kCount, 1.5f);
+    std::vector<uint16_t> later_out(kCount);
+    ASSERT_EQ(fake.LaunchCast(cuda::CastDirection::kF32ToBF16, later_in.data(), later_out.data(),
+                              kCount, 1.0f, caller, nullptr),
+              cuda::kCudaSuccess);
+    fake.HoldStreams(false);
+    ASSERT_TRUE(works.back().Wait(absl::Seconds(10)).ok());
+    ASSERT_TRUE(works.back().Synchronize(absl::Seconds(10)).ok());
 
-        std::vector<testing::FakeCall> calls = fake.calls();
-        size_t cast = 0, last_collective = 0;
-        for (size_t i = 0; i < calls.size(); ++i) {
-          if (calls[i].name == "LaunchCast") cast = i;
-          if (calls[i].name == "AllReduce") last_collective = i;
-        }
-        ASSERT_GT(cast, 0u);
-        ASSERT_GT(last_collective, cast) << "the last op was launched before the trainer's kernel";
-        // What the communicator's stream last waited for before the last collective (before its
-        // retry record's copy): an event recorded on the caller's stream before the trainer's
-        // kernel.
-        size_t wait = last_collective;
-        while (wait > cast && !(calls[wait].name == "StreamWaitEvent" &&
-                                calls[wait].stream == calls[last_collective].stream)) {
-          --wait;
-        }
-        ASSERT_EQ(calls[wait].name, "StreamWaitEvent");
-        ASSERT_EQ(calls[wait + 1].name, "MemcpyAsync");  // the record, then the collective
-        ASSERT_EQ(wait + 2, last_collective);
-        void* awaited = calls[wait].event;
-        size_t recorded = calls.size();
-        for (size_t i = 0; i < calls.size(); ++i) {
-          if (calls[i].name == "EventRecord" && calls[i].event == awaited) recorded = i;
-        }
-        ASSERT_LT(recorded, calls.size());
-        EXPECT_EQ(calls[recorded].stream, caller);
-        EXPECT_LT(recorded, cast) << "the op waits for work queued after it was issued";
-        ExpectSums(works, bufs, env.rank);
-      },
-      absl::Seconds(60));
+    std::vector<testing::FakeCall> calls = fake.calls();
+    size_t cast = 0, last_collective = 0;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (calls[i].name == "LaunchCast") cast = i;
+      if (calls[i].name == "AllReduce") last_collective = i;
+    }
+    ASSERT_GT(cast, 0u);
+    ASSERT_GT(last_collective, cast) << "the last op was launched before the trainer's kernel";
+    // What the communicator's stream last waited for before the last collective (before its
+    // retry record's copy): an event recorded on the caller's stream before the trainer's
+    // kernel.
+    size_t wait = last_collective;
+    while (wait > cast && !(calls[wait].name == "StreamWaitEvent" &&
+                            calls[wait].stream == calls[last_collective].stream)) {
+      --wait;
+    }
+    ASSERT_EQ(calls[wait].name, "StreamWaitEvent");
+    ASSERT_EQ(calls[wait + 1].name, "MemcpyAsync");  // the record, then the collective
+    ASSERT_EQ(wait + 2, last_collective);
+    void* awaited = calls[wait].event;
+    size_t recorded = calls.size();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (calls[i].name == "EventRecord" && calls[i].event == awaited) recorded = i;
+    }
+    ASSERT_LT(recorded, calls.size());
+    EXPECT_EQ(calls[recorded].stream, caller);
+    EXPECT_LT(recorded, cast) << "the op waits for work queued after it was issued";
+    ExpectSums(works, bufs, env.rank);
+  });
 }
 
 // The device never finishes one of rank 0's collectives (its 4th launch, counting the one of

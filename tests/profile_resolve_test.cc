@@ -308,6 +308,19 @@ TEST_F(ProfileResolve, IntraHostAndHierarchicalKeys) {
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "intra_host")) << bad.status();
 }
 
+// retry.in_flight: how many device ops may be in flight with coordinated retry on (their records
+// cost device memory); 8 unless the profile says otherwise.
+TEST_F(ProfileResolve, RetryWindowDefaultsToEightAndComesFromTheProfile) {
+  auto defaults = FromText("tiers:\n  - name: only\n");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->retry.in_flight, 8);
+  EXPECT_EQ(Find(*defaults, "retry.in_flight")->source, "default");
+  auto set = FromText("defaults:\n  retry:\n    in_flight: 32\ntiers:\n  - name: only\n");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->retry.in_flight, 32);
+  EXPECT_EQ(Find(*set, "retry.in_flight")->source, "test.yaml:3");
+}
+
 TEST_F(ProfileResolve, TemplatesLoad) {
   for (const char* t : {"templates/3b.yaml", "templates/7b.yaml", "templates/30b.yaml"}) {
     auto cfg = Resolve("", 8, t);
@@ -355,6 +368,8 @@ TEST_F(ProfileResolve, BrokenFilesNameLineAndColumn) {
       {"bad size", "tiers:\n  - name: a\n    params: \"<=7Q\"\n",
        "test.yaml:3:13: model size '7Q': unknown suffix 'Q' (use K, M, B or T, e.g. 7B, 1.5T) (at "
        "'<=7Q')"},
+      {"retry window", "defaults:\n  retry:\n    in_flight: 0\ntiers: [{name: a}]\n",
+       "test.yaml:3:16: retry.in_flight: 0 is outside 1..256 (at '0')"},
       {"buffsize", "tiers:\n  - name: a\n    nccl:\n      NCCL_BUFFSIZE: 2MeB\n",
        "test.yaml:4:22: NCCL_BUFFSIZE: size '2MeB': unknown unit 'MeB' (use B, KiB, MiB, GiB, KB, "
        "MB or GB) (at '2MeB')"},

@@ -2,7 +2,9 @@
 // copies go through the backend's DeviceMemory on the op's own stream and reuse their buffers.
 #include "lib/core/replay_log.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -128,6 +130,43 @@ TEST(ReplayLog, HostOpsNeedNoDeviceMemory) {
   EXPECT_EQ(static_cast<const int32_t*>(copy->input.data)[0], 1);
   EXPECT_EQ(static_cast<const int32_t*>(copy->input.data)[1], 2);
   EXPECT_NE(copy->output.data, out.data());
+}
+
+// A log deep enough for a wide window of device ops keeps every device op of that depth, but host
+// ops (which run one at a time) share kHostRecords host buffers: the oldest host records are
+// dropped, not overwritten under a record that still claims them.
+TEST(ReplayLog, DeepLogKeepsEveryDeviceOpButOnlyTheLastHostOps) {
+  constexpr uint64_t kDepth = 16;
+  ReplayLog log(kDepth);
+  auto memory = std::make_shared<RecordingDeviceMemory>();
+  std::vector<std::vector<float>> device(kDepth, std::vector<float>(4));
+  for (uint64_t seq = 1; seq <= kDepth; ++seq) {
+    std::fill(device[seq - 1].begin(), device[seq - 1].end(), static_cast<float>(seq));
+    ASSERT_TRUE(log.Record(DeviceAllreduce(device[seq - 1], seq), memory, nullptr).ok()) << seq;
+  }
+  EXPECT_TRUE(log.Covers(1, kDepth));
+  EXPECT_EQ(memory->allocations, static_cast<int>(kDepth));
+
+  std::vector<std::vector<int32_t>> host(kDepth, std::vector<int32_t>(3));
+  for (uint64_t seq = kDepth + 1; seq <= 2 * kDepth; ++seq) {
+    std::vector<int32_t>& buf = host[seq - kDepth - 1];
+    std::fill(buf.begin(), buf.end(), static_cast<int32_t>(seq));
+    OpDesc op;
+    op.kind = OpKind::kAllreduce;
+    op.input = TensorView{buf.data(), buf.size(), DType::kI32};
+    op.output = op.input;
+    op.seq = seq;
+    ASSERT_TRUE(log.Record(op, nullptr, nullptr).ok()) << seq;
+    std::fill(buf.begin(), buf.end(), -1);  // the op's result overwrites its input
+  }
+  const uint64_t last = 2 * kDepth, kept = ReplayLog::kHostRecords;
+  EXPECT_TRUE(log.Covers(last - kept + 1, last));
+  EXPECT_FALSE(log.Covers(last - kept, last - kept)) << "a host record older than the buffers";
+  for (uint64_t seq = last - kept + 1; seq <= last; ++seq) {
+    ASSERT_TRUE(log.RestoreInput(seq, nullptr).ok());
+    EXPECT_THAT(host[seq - kDepth - 1], ::testing::Each(static_cast<int32_t>(seq))) << seq;
+  }
+  EXPECT_EQ(memory->allocations, static_cast<int>(kDepth)) << "host ops took device memory";
 }
 
 TEST(ReplayLog, DeviceOpsAreNotReplayableWithoutDeviceMemoryOrWhenACopyFails) {

@@ -105,6 +105,10 @@ struct TimeoutConfig {
 
 struct RetryPolicy {
   int max_attempts = 3;  // including the first
+  // Stream-ordered device ops in flight at once while retries are on (more wait in the queue):
+  // each keeps a copy of its input, as do as many completed ones before them, so the records take
+  // 2 x in_flight x the largest device op's input of device memory.
+  int in_flight = 8;
   absl::Duration initial_backoff;
   double multiplier = 2.0;
   absl::Duration max_backoff;

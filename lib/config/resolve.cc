@@ -220,6 +220,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
 
   RetryPolicy& r = cfg.retry;
   r.max_attempts = static_cast<int>(v.Int("retry.max_attempts"));
+  r.in_flight = static_cast<int>(v.Int("retry.in_flight"));
   r.initial_backoff = v.Duration("retry.initial_backoff");
   r.multiplier = v.Double("retry.multiplier");
   r.max_backoff = v.Duration("retry.max_backoff");

@@ -64,6 +64,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   recorder_ = std::make_shared<trace::FlightRecorder>(std::move(fr));
   ExecutorOptions exec;
   exec.abort_bound = config_.timeouts.abort;
+  exec.in_flight_with_retries = static_cast<size_t>(config_.retry.in_flight);
   if (joined.has_value()) {
     exec.initial_generation = joined->generation;
     exec.first_seq = joined->first_seq;

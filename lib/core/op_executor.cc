@@ -21,11 +21,9 @@ constexpr absl::Duration kDevicePoll = absl::Milliseconds(1);
 // device, within these bounds. A slot of the window freed on the device is then refilled within a
 // fraction of an op's time, while the op behind it runs; at kDevicePoll the device idled between
 // the ops of a full window (stream_order_bench --paced: 0.38 of its time busy at one op per
-// 100 us, with coordinated retry's window of 2).
+// 100 us, with coordinated retry on and a window of 2).
 constexpr absl::Duration kBacklogPollMin = absl::Microseconds(10);
-// Stream-ordered ops in flight at once (see the header): with retries the replay record's depth
-// (4) must cover a window behind and a window ahead of this rank's oldest unfinished op.
-constexpr size_t kInFlightWithRetries = 2;
+// Stream-ordered ops in flight at once without retries (with them: ExecutorOptions).
 constexpr size_t kInFlightWithoutRetries = 1024;
 // While host ops are left to their waiters (defer_to_waiter_): how long the worker keeps ticking
 // (ExecutorOptions::waiter_tick) after the last one.
@@ -50,7 +48,9 @@ void QuietAbslDeadlockDetection() {
 }  // namespace
 
 OpExecutor::OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options)
-    : backend_(backend.get()), options_(options) {
+    : backend_(backend.get()),
+      replay_(2 * std::clamp<size_t>(options.in_flight_with_retries, 1, kInFlightWithoutRetries)),
+      options_(options) {
   QuietAbslDeadlockDetection();
   ExecutorLock lock(this);
   owned_backends_.push_back(std::move(backend));
@@ -247,7 +247,7 @@ void OpExecutor::CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Sta
 }
 
 size_t OpExecutor::InFlightWindow() const {
-  return retries_ ? kInFlightWithRetries : kInFlightWithoutRetries;
+  return retries_ ? replay_.depth() / 2 : kInFlightWithoutRetries;
 }
 
 absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) const {

@@ -15,9 +15,10 @@
 // idle the caller also queues the op on the device itself (a few non-blocking CUDA/NCCL calls for
 // its own op only; a hand-off to the worker and back would cost more than the op's launch);
 // otherwise the worker does, and moves on to the next op without waiting for the device. Up to a
-// window of ops are in flight: 1024 with retries off; with coordinated retry on, 2, so that the
-// retry record (ReplayLog, 4 entries) covers every restart point a vote can produce (a rank's first
-// unfinished op is at most a window behind another's). The watchdog polls the oldest op in
+// window of ops are in flight: 1024 with retries off; with coordinated retry on,
+// ExecutorOptions::in_flight_with_retries (8 by default), so that the retry record (ReplayLog,
+// twice as many entries) covers every restart point a vote can produce (a rank's first unfinished
+// op is at most a window behind another's). The watchdog polls the oldest op in
 // flight (every millisecond while any is; faster while ops wait in the queue for the window, see
 // kBacklogPollMin) and finishes its Work when the device is done; a device
 // failure or an op past its timeout (counted from when it became the oldest) aborts the backend
@@ -59,6 +60,10 @@ struct ExecutorOptions {
   // While host ops are left to their waiters (RunOnWaiter): how often the worker looks for one no
   // one came for; such an op starts within two ticks.
   absl::Duration waiter_tick = absl::Microseconds(500);
+  // Stream-ordered ops in flight at once while coordinated retry is on (profile retry.in_flight).
+  // The replay record keeps twice as many ops: a window behind and a window ahead of this rank's
+  // oldest unfinished op cover every restart point a vote can produce.
+  size_t in_flight_with_retries = 8;
 };
 
 // Decides what a failed op's Work reports: called on the thread that ran the op, without the

@@ -105,7 +105,19 @@ absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> m
 
 absl::Status ReplayLog::CopyInput(Entry& e, const void* src, StreamOrdered* ordered) {
   const size_t bytes = e.op.input.bytes();
-  absl::StatusOr<void*> copy = e.input.Reserve(bytes, PrimaryView(e.op).device, e.memory);
+  ReplayBuffer* buffer = &e.input;
+  if (e.memory == nullptr) {
+    const size_t turn = e.seq % kHostRecords;
+    if (host_record_seq_[turn] != e.seq) {
+      if (Entry* previous = host_record_seq_[turn] != 0 ? Find(host_record_seq_[turn]) : nullptr;
+          previous != nullptr && previous->memory == nullptr && !previous->borrowed) {
+        previous->replayable = false;
+      }
+      host_record_seq_[turn] = e.seq;
+    }
+    buffer = &host_records_[turn];
+  }
+  absl::StatusOr<void*> copy = buffer->Reserve(bytes, PrimaryView(e.op).device, e.memory);
   if (!copy.ok()) return copy.status();
   if (absl::Status s = Copy(e, *copy, src, bytes, ordered); !s.ok()) return s;
   e.input_copy = *copy;

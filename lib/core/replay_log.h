@@ -9,8 +9,10 @@
 // stream the collective, which waits only for the issue point, could overwrite the input before
 // the copy read it), otherwise on the op's stream (through the backend's DeviceMemory). Device
 // records live in device memory: up to `depth` times the largest input plus one output scratch,
-// allocated on first use and reused (no allocation in steady state). Ops on CUDA memory under a
-// backend without DeviceMemory are not replayable.
+// allocated on first use and reused (no allocation in steady state). Host ops run one at a time,
+// so their records need no such depth: they share kHostRecords host buffers, whatever `depth` the
+// device ops' window asks for (a host record older than that is dropped: not replayable). Ops on
+// CUDA memory under a backend without DeviceMemory are not replayable.
 #ifndef ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
 #define ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
 
@@ -51,6 +53,12 @@ class ReplayLog {
   // so a small depth covers every restart point a vote can produce.
   explicit ReplayLog(size_t depth = 4) : entries_(depth) {}
 
+  // Host buffers of host ops' records: a window of one op behind and ahead of this rank's oldest
+  // unfinished op, with room to spare.
+  static constexpr size_t kHostRecords = 4;
+
+  size_t depth() const { return entries_.size(); }
+
   // Copies op's input (before it runs). `memory`: the running backend's device services (null if
   // it has none); `ordered`: its stream order (null if it has none), which takes the copies of ops
   // with a stream position (OpDesc::issued_at). OK if the op can be replayed, else why not (the op
@@ -78,18 +86,22 @@ class ReplayLog {
     bool replayable = false;
     OpDesc op;
     std::shared_ptr<DeviceMemory> memory;  // set for ops on CUDA memory
-    ReplayBuffer input;
-    const void* input_copy = nullptr;  // the recorded bytes: in `input`, or the caller's own
-    bool borrowed = false;             // input_copy is the caller's stable input
+    ReplayBuffer input;                    // a device op's record (host ops' are in host_records_)
+    // The recorded bytes: in `input`, in host_records_, or the caller's own.
+    const void* input_copy = nullptr;
+    bool borrowed = false;  // input_copy is the caller's stable input
   };
   Entry* Find(uint64_t seq);
   const Entry* Find(uint64_t seq) const;
-  // Copies the input into the entry's own buffer.
-  static absl::Status CopyInput(Entry& e, const void* src, StreamOrdered* ordered);
+  // Copies the input into the entry's buffer: its own for a device op, else the host buffer of its
+  // turn, whose previous record is dropped.
+  absl::Status CopyInput(Entry& e, const void* src, StreamOrdered* ordered);
   // A copy in the memory of the op's views: memcpy, or queued on the device (see the top).
   static absl::Status Copy(const Entry& e, void* dst, const void* src, size_t bytes,
                            StreamOrdered* ordered);
   std::vector<Entry> entries_;
+  ReplayBuffer host_records_[kHostRecords];
+  uint64_t host_record_seq_[kHostRecords] = {};  // the op whose record each holds (0: none)
   ReplayBuffer scratch_;  // detached re-runs run one at a time: one scratch serves them all
 };
 
