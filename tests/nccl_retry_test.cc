@@ -89,14 +89,26 @@ CommunicatorOptions RankOptions(const testing::RankEnv& env, const std::string& 
   return o;
 }
 
-// A rank's communicator on its fake with a 1 s op timeout, for tests whose device hangs.
-absl::StatusOr<std::unique_ptr<Communicator>> CreateWithShortTimeout(
-    const testing::RankEnv& env, const std::string& profile,
-    const std::shared_ptr<FakeNcclApi>& fake) {
-  CommunicatorOptions o = RankOptions(env, profile, BackendChoice::kNccl);
-  o.timeout = absl::Seconds(1);
-  o.failure_report_window = absl::Seconds(2);
-  return internal::CreateCommunicatorWith(o, Seams(fake));
+// Runs `body(env, comm)` on every rank, each with its communicator on its fake (a 1 s op timeout,
+// timeouts retried, no degrading), where rank kFailingRank's device never finishes its
+// `hang_at_launch`-th launch (counted per NCCL communicator). Returns the fakes, for their counts.
+template <typename Body>
+std::vector<std::shared_ptr<FakeNcclApi>> RunWithHangingDevice(int hang_at_launch, Body body) {
+  const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
+      FakesWithFailingRank(FakeNcclFaults{.hang_at_launch = hang_at_launch});
+  const std::string profile = WriteProfile("deny", /*retry_timeouts=*/true);
+  testing::RunRanks(
+      testing::RankMode::kThreads, kWorld,
+      [&](const testing::RankEnv& env) {
+        CommunicatorOptions o = RankOptions(env, profile, BackendChoice::kNccl);
+        o.timeout = absl::Seconds(1);
+        o.failure_report_window = absl::Seconds(2);
+        auto comm = internal::CreateCommunicatorWith(o, Seams(fakes[env.rank]));
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        body(env, **comm);
+      },
+      absl::Seconds(90));
+  return fakes;
 }
 
 struct StreamRun {
@@ -163,24 +175,16 @@ TEST(NcclRetry, PolicyThatForbidsDegradingRebuildsOnNcclWithExactResults) {
 TEST(NcclRetry, OpThatFailsOnTheDeviceAfterEveryRebuildFailsAfterMaxAttempts) {
   // Counted per communicator: the first launch of each.
   const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
-      FakesWithFailingRank(FakeNcclFaults{.hang_at_launch = 1});
-  const std::string profile = WriteProfile("deny", /*retry_timeouts=*/true);
-  testing::RunRanks(
-      testing::RankMode::kThreads, kWorld,
-      [&](const testing::RankEnv& env) {
-        auto comm = CreateWithShortTimeout(env, profile, fakes[env.rank]);
-        ASSERT_TRUE(comm.ok()) << comm.status();
+      RunWithHangingDevice(1, [](const testing::RankEnv& env, Communicator& comm) {
         std::vector<float> buf(64, static_cast<float>(env.rank + 1));
         const absl::Time start = absl::Now();
-        absl::Status s = (*comm)
-                             ->Allreduce(TensorView{buf.data(), 64, DType::kF32, Device::Cuda(0)})
+        absl::Status s = comm.Allreduce(TensorView{buf.data(), 64, DType::kF32, Device::Cuda(0)})
                              .Synchronize(absl::Seconds(40));
         EXPECT_FALSE(s.ok()) << "rank " << env.rank;
         EXPECT_EQ(s.message().find("wait bound"), absl::string_view::npos)
             << "rank " << env.rank << " still retrying after 40 s: " << s;
         EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "rank " << env.rank << ": " << s;
-      },
-      absl::Seconds(90));
+      });
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(fakes[static_cast<size_t>(r)]->init_calls(), 3) << "rank " << r;
   }
@@ -197,20 +201,14 @@ TEST(NcclRetry, OpThatFailsOnTheDeviceAfterEveryRebuildFailsAfterMaxAttempts) {
 void ExpectOpsBehindAHungOneReRunFromTheirRecords(int in_flight) {
   const int kFirst = in_flight + 1, kInFlight = in_flight;
   const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
-      FakesWithFailingRank(FakeNcclFaults{.hang_at_launch = kFirst + 1});
-  const std::string profile = WriteProfile("deny", /*retry_timeouts=*/true);
-  testing::RunRanks(
-      testing::RankMode::kThreads, kWorld,
-      [&](const testing::RankEnv& env) {
-        auto comm = CreateWithShortTimeout(env, profile, fakes[env.rank]);
-        ASSERT_TRUE(comm.ok()) << comm.status();
+      RunWithHangingDevice(kFirst + 1, [&](const testing::RankEnv& env, Communicator& comm) {
         std::vector<std::vector<float>> bufs(kFirst + kInFlight, std::vector<float>(256));
         std::vector<Work> works;
         for (int op = 0; op < kFirst + kInFlight; ++op) {
           std::vector<float>& buf = bufs[static_cast<size_t>(op)];
           for (size_t i = 0; i < buf.size(); ++i) buf[i] = Input(env.rank, op, i);
           works.push_back(
-              (*comm)->Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)}));
+              comm.Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)}));
           absl::Status s = op < kFirst ? works.back().Synchronize(absl::Seconds(10))
                                        : works.back().Wait(absl::Seconds(10));
           ASSERT_TRUE(s.ok()) << "rank " << env.rank << " op " << op << ": " << s;
@@ -225,8 +223,7 @@ void ExpectOpsBehindAHungOneReRunFromTheirRecords(int in_flight) {
                 << "rank " << env.rank << " op " << op << " element " << i;
           }
         }
-      },
-      absl::Seconds(90));
+      });
   for (int r = 0; r < kWorld; ++r) {
     const FakeNcclApi& fake = *fakes[static_cast<size_t>(r)];
     EXPECT_EQ(fake.init_calls(), 2) << "rank " << r << " rebuilt once";
