@@ -33,27 +33,30 @@ constexpr int kFailingRank = 1;
 constexpr int kFaultAtLaunch = 6;
 
 // `retry_timeouts`: an op past its timeout is retried too (a device that never finishes it).
-std::string WriteProfile(const std::string& fallback, bool retry_timeouts = false) {
+// `record_bytes`: retry.record_bytes, if not empty.
+std::string WriteProfile(const std::string& fallback, bool retry_timeouts = false,
+                         const std::string& record_bytes = "") {
   char dir[] = "/tmp/adaptcomm_nccl_retry_XXXXXX";
   EXPECT_NE(mkdtemp(dir), nullptr);
   const std::string path = absl::StrCat(dir, "/profile.yaml");
-  std::ofstream(path) << "schema: 1\n"
-                      << "defaults:\n"
-                      << "  retry:\n"
-                      << "    max_attempts: 3\n"
-                      << "    initial_backoff: 100ms\n"
-                      << "    max_backoff: 1s\n"
-                      << (retry_timeouts ? "    retryable: unavailable,aborted,deadline_exceeded\n"
-                                         : "")
-                      << "  backend:\n"
-                      << "    fallback: " << fallback << "\n"
-                      << "    degrade_after_failures: 1\n"
-                      << "    degrade_window: 10min\n"
-                      << "  flight_recorder:\n"
-                      << "    dump_dir: " << dir << "\n"
-                      << "tiers:\n"
-                      << "  - name: test\n"
-                      << "    params: any\n";
+  std::ofstream(path)
+      << "schema: 1\n"
+      << "defaults:\n"
+      << "  retry:\n"
+      << "    max_attempts: 3\n"
+      << "    initial_backoff: 100ms\n"
+      << "    max_backoff: 1s\n"
+      << (retry_timeouts ? "    retryable: unavailable,aborted,deadline_exceeded\n" : "")
+      << (record_bytes.empty() ? "" : absl::StrCat("    record_bytes: ", record_bytes, "\n"))
+      << "  backend:\n"
+      << "    fallback: " << fallback << "\n"
+      << "    degrade_after_failures: 1\n"
+      << "    degrade_window: 10min\n"
+      << "  flight_recorder:\n"
+      << "    dump_dir: " << dir << "\n"
+      << "tiers:\n"
+      << "  - name: test\n"
+      << "    params: any\n";
   return path;
 }
 
@@ -92,11 +95,13 @@ CommunicatorOptions RankOptions(const testing::RankEnv& env, const std::string& 
 // Runs `body(env, comm)` on every rank, each with its communicator on its fake (a 1 s op timeout,
 // timeouts retried, no degrading), where rank kFailingRank's device never finishes its
 // `hang_at_launch`-th launch (counted per NCCL communicator). Returns the fakes, for their counts.
+// `record_bytes`: the profile's retry.record_bytes (empty: its default).
 template <typename Body>
-std::vector<std::shared_ptr<FakeNcclApi>> RunWithHangingDevice(int hang_at_launch, Body body) {
+std::vector<std::shared_ptr<FakeNcclApi>> RunWithHangingDevice(
+    int hang_at_launch, Body body, const std::string& record_bytes = "") {
   const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
       FakesWithFailingRank(FakeNcclFaults{.hang_at_launch = hang_at_launch});
-  const std::string profile = WriteProfile("deny", /*retry_timeouts=*/true);
+  const std::string profile = WriteProfile("deny", /*retry_timeouts=*/true, record_bytes);
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
@@ -187,6 +192,28 @@ TEST(NcclRetry, OpThatFailsOnTheDeviceAfterEveryRebuildFailsAfterMaxAttempts) {
       });
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(fakes[static_cast<size_t>(r)]->init_calls(), 3) << "rank " << r;
+  }
+}
+
+// An op whose retry record would take the device records past retry.record_bytes runs without
+// one: when rank 1's device never finishes it, it fails with the watchdog's error on every rank,
+// and no rank rebuilds its communicator for a re-run it could not make exactly. With the default
+// budget the same op is retried (OpThatFailsOnTheDeviceAfterEveryRebuildFailsAfterMaxAttempts).
+TEST(NcclRetry, OpWhoseRecordIsOverTheBudgetFailsWithoutARebuild) {
+  const std::vector<std::shared_ptr<FakeNcclApi>> fakes = RunWithHangingDevice(
+      1,
+      [](const testing::RankEnv& env, Communicator& comm) {
+        std::vector<float> buf(512, static_cast<float>(env.rank + 1));  // 2 KiB
+        const absl::Time start = absl::Now();
+        absl::Status s =
+            comm.Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)})
+                .Synchronize(absl::Seconds(40));
+        EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << "rank " << env.rank << ": " << s;
+        EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << "rank " << env.rank << ": " << s;
+      },
+      "1KiB");
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(fakes[static_cast<size_t>(r)]->init_calls(), 1) << "rank " << r;
   }
 }
 

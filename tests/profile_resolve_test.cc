@@ -321,6 +321,19 @@ TEST_F(ProfileResolve, RetryWindowDefaultsToEightAndComesFromTheProfile) {
   EXPECT_EQ(Find(*set, "retry.in_flight")->source, "test.yaml:3");
 }
 
+// retry.record_bytes: the device memory those records may hold; 1 GiB unless the profile says
+// otherwise, in the profile's units.
+TEST_F(ProfileResolve, RetryRecordBudgetDefaultsToOneGibAndComesFromTheProfile) {
+  auto defaults = FromText("tiers:\n  - name: only\n");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->retry.record_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(Find(*defaults, "retry.record_bytes")->source, "default");
+  auto set = FromText("defaults:\n  retry:\n    record_bytes: 256MiB\ntiers:\n  - name: only\n");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->retry.record_bytes, uint64_t{256} << 20);
+  EXPECT_EQ(Find(*set, "retry.record_bytes")->source, "test.yaml:3");
+}
+
 TEST_F(ProfileResolve, TemplatesLoad) {
   for (const char* t : {"templates/3b.yaml", "templates/7b.yaml", "templates/30b.yaml"}) {
     auto cfg = Resolve("", 8, t);
@@ -370,6 +383,9 @@ TEST_F(ProfileResolve, BrokenFilesNameLineAndColumn) {
        "'<=7Q')"},
       {"retry window", "defaults:\n  retry:\n    in_flight: 0\ntiers: [{name: a}]\n",
        "test.yaml:3:16: retry.in_flight: 0 is outside 1..256 (at '0')"},
+      {"retry record budget", "defaults:\n  retry:\n    record_bytes: 2GeB\ntiers: [{name: a}]\n",
+       "test.yaml:3:19: retry.record_bytes: size '2GeB': unknown unit 'GeB' (use B, KiB, MiB, GiB, "
+       "KB, MB or GB) (at '2GeB')"},
       {"buffsize", "tiers:\n  - name: a\n    nccl:\n      NCCL_BUFFSIZE: 2MeB\n",
        "test.yaml:4:22: NCCL_BUFFSIZE: size '2MeB': unknown unit 'MeB' (use B, KiB, MiB, GiB, KB, "
        "MB or GB) (at '2MeB')"},

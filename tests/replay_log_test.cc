@@ -169,6 +169,50 @@ TEST(ReplayLog, DeepLogKeepsEveryDeviceOpButOnlyTheLastHostOps) {
   EXPECT_EQ(memory->allocations, static_cast<int>(kDepth)) << "host ops took device memory";
 }
 
+// The device records stay within their budget (retry.record_bytes): an op whose record would take
+// them past it is not recorded (not replayable) and takes no memory; one whose slot's buffer is big
+// enough already still is. The refusal says which retry.in_flight fits ops of its size.
+TEST(ReplayLog, DeviceRecordsStayWithinTheirBudget) {
+  constexpr uint64_t kKiB = 1024;
+  ReplayLog log(/*depth=*/4, /*device_record_bytes=*/3 * kKiB);
+  auto memory = std::make_shared<RecordingDeviceMemory>();
+  std::vector<std::vector<float>> bufs(7, std::vector<float>(kKiB / sizeof(float)));
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    std::fill(bufs[seq].begin(), bufs[seq].end(), static_cast<float>(seq));
+    ASSERT_TRUE(log.Record(DeviceAllreduce(bufs[seq], seq), memory, nullptr).ok()) << seq;
+  }
+  EXPECT_EQ(memory->allocations, 3);
+
+  // A fourth 1 KiB record would make 4 KiB.
+  absl::Status over = log.Record(DeviceAllreduce(bufs[4], 4), memory, nullptr);
+  EXPECT_TRUE(absl::IsResourceExhausted(over)) << over;
+  EXPECT_EQ(over.message(),
+            "its retry record (1 KiB) would take the device ops' records to 4 KiB, past "
+            "retry.record_bytes (3 KiB); the records of ops this size fit it with "
+            "retry.in_flight 1 (now 2)");
+  EXPECT_FALSE(log.Covers(4, 4));
+  EXPECT_EQ(memory->allocations, 3) << "a refused record took memory";
+  EXPECT_TRUE(log.Covers(1, 3)) << "a refusal dropped the records before it";
+
+  // Op 5 takes op 1's slot, whose buffer holds it already.
+  std::fill(bufs[5].begin(), bufs[5].end(), 5.0f);
+  ASSERT_TRUE(log.Record(DeviceAllreduce(bufs[5], 5), memory, nullptr).ok());
+  std::fill(bufs[5].begin(), bufs[5].end(), -1.0f);  // the op's result
+  ASSERT_TRUE(log.RestoreInput(5, nullptr).ok());
+  EXPECT_THAT(bufs[5], ::testing::Each(5.0f));
+  EXPECT_EQ(memory->allocations, 3);
+
+  // Op 6 (2 KiB) would grow op 2's 1 KiB slot: 4 KiB; not even one window of it fits.
+  std::vector<float> big(2 * kKiB / sizeof(float), 6.0f);
+  absl::Status too_big = log.Record(DeviceAllreduce(big, 6), memory, nullptr);
+  EXPECT_TRUE(absl::IsResourceExhausted(too_big)) << too_big;
+  EXPECT_THAT(std::string(too_big.message()),
+              HasSubstr("one op this size needs retry.record_bytes of at least 4 KiB "
+                        "(with retry.in_flight 1)"));
+  EXPECT_EQ(memory->allocations, 3);
+  EXPECT_EQ(memory->frees, 0);
+}
+
 TEST(ReplayLog, DeviceOpsAreNotReplayableWithoutDeviceMemoryOrWhenACopyFails) {
   ReplayLog log;
   std::vector<float> buf(8);

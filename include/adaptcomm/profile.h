@@ -109,6 +109,10 @@ struct RetryPolicy {
   // each keeps a copy of its input, as do as many completed ones before them, so the records take
   // 2 x in_flight x the largest device op's input of device memory.
   int in_flight = 8;
+  // Device memory the records of device ops may hold (records of every rank's window, above): an
+  // op whose record would take them past it runs without coordinated retry (logged once, with
+  // the retry.in_flight at which ops of its size fit).
+  uint64_t record_bytes = uint64_t{1} << 30;
   absl::Duration initial_backoff;
   double multiplier = 2.0;
   absl::Duration max_backoff;

@@ -72,6 +72,13 @@ const std::vector<KeySpec>& Schema() {
        "8",
        "retry: device ops in flight at once (records: 2 x this x the largest input, in device "
        "memory)"},
+      {"retry.record_bytes",
+       Kind::kBytes,
+       0,
+       0,
+       {},
+       "1GiB",
+       "retry: device memory for device ops' records; an op past it runs without retry"},
       {"retry.initial_backoff", Kind::kDuration, 0, 0, {}, "1s", "retry: first backoff"},
       {"retry.multiplier", Kind::kDouble, 1, 10, {}, "2", "retry: backoff growth per attempt"},
       {"retry.max_backoff", Kind::kDuration, 0, 0, {}, "30s", "retry: backoff cap"},

@@ -43,6 +43,11 @@ class Values {
     (void)absl::SimpleAtoi(At(key).text, &v);
     return v;
   }
+  // A byte size as written (a default such as "1GiB") or as normalized (a plain integer).
+  uint64_t Bytes(const std::string& key) const {
+    auto b = ParseByteSize(At(key).text);
+    return b.ok() ? *b : 0;
+  }
   double Double(const std::string& key) const {
     double v = 0;
     (void)absl::SimpleAtod(At(key).text, &v);
@@ -221,6 +226,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   RetryPolicy& r = cfg.retry;
   r.max_attempts = static_cast<int>(v.Int("retry.max_attempts"));
   r.in_flight = static_cast<int>(v.Int("retry.in_flight"));
+  r.record_bytes = v.Bytes("retry.record_bytes");
   r.initial_backoff = v.Duration("retry.initial_backoff");
   r.multiplier = v.Double("retry.multiplier");
   r.max_backoff = v.Duration("retry.max_backoff");

@@ -8,16 +8,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "lib/base/byte_text.h"
 #include "lib/config/nccl_registry.h"
 #include "lib/config/units.h"
 #include "lib/config/yaml_util.h"
 
 namespace adaptcomm::config {
 namespace {
-
-constexpr uint64_t kKiB = uint64_t{1} << 10;
-constexpr uint64_t kMiB = uint64_t{1} << 20;
-constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 const std::vector<std::string> kTopKeys = {"schema", "kind", "description", "fingerprint",
                                            "entries"};
@@ -61,11 +58,7 @@ std::string OneOf(const std::vector<std::string>& names) {
 }
 
 std::string BytesText(uint64_t bytes) {
-  if (bytes == kTunedMaxBytesUnbounded) return "max";
-  if (bytes != 0 && bytes % kGiB == 0) return absl::StrCat(bytes / kGiB, " GiB");
-  if (bytes != 0 && bytes % kMiB == 0) return absl::StrCat(bytes / kMiB, " MiB");
-  if (bytes != 0 && bytes % kKiB == 0) return absl::StrCat(bytes / kKiB, " KiB");
-  return absl::StrCat(bytes, " B");
+  return bytes == kTunedMaxBytesUnbounded ? "max" : ByteSizeText(bytes);
 }
 
 // Line numbers for band messages ("line 7").

@@ -65,6 +65,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   ExecutorOptions exec;
   exec.abort_bound = config_.timeouts.abort;
   exec.in_flight_with_retries = static_cast<size_t>(config_.retry.in_flight);
+  exec.retry_record_bytes = config_.retry.record_bytes;
   if (joined.has_value()) {
     exec.initial_generation = joined->generation;
     exec.first_seq = joined->first_seq;

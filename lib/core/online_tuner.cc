@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "lib/base/byte_text.h"
 #include "lib/base/log.h"
 #include "lib/config/units.h"
 #include "lib/core/op_executor.h"
@@ -15,14 +16,7 @@
 namespace adaptcomm::internal {
 namespace {
 
-std::string BytesText(uint64_t b) {
-  constexpr uint64_t kKiB = 1024, kMiB = kKiB * 1024, kGiB = kMiB * 1024;
-  if (b == UINT64_MAX) return "max";
-  if (b != 0 && b % kGiB == 0) return absl::StrCat(b / kGiB, " GiB");
-  if (b != 0 && b % kMiB == 0) return absl::StrCat(b / kMiB, " MiB");
-  if (b != 0 && b % kKiB == 0) return absl::StrCat(b / kKiB, " KiB");
-  return absl::StrCat(b, " B");
-}
+std::string BytesText(uint64_t b) { return b == UINT64_MAX ? "max" : ByteSizeText(b); }
 
 std::string BandText(const std::string& op, int band) {
   return absl::StrCat(op, " (", BytesText(config::OnlineBandMin(band)), ", ",

@@ -49,7 +49,8 @@ void QuietAbslDeadlockDetection() {
 
 OpExecutor::OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options)
     : backend_(backend.get()),
-      replay_(2 * std::clamp<size_t>(options.in_flight_with_retries, 1, kInFlightWithoutRetries)),
+      replay_(2 * std::clamp<size_t>(options.in_flight_with_retries, 1, kInFlightWithoutRetries),
+              options.retry_record_bytes),
       options_(options) {
   QuietAbslDeadlockDetection();
   ExecutorLock lock(this);

@@ -64,6 +64,8 @@ struct ExecutorOptions {
   // The replay record keeps twice as many ops: a window behind and a window ahead of this rank's
   // oldest unfinished op cover every restart point a vote can produce.
   size_t in_flight_with_retries = 8;
+  // Device memory those records may hold (profile retry.record_bytes; ReplayLog).
+  uint64_t retry_record_bytes = uint64_t{1} << 30;
 };
 
 // Decides what a failed op's Work reports: called on the thread that ran the op, without the

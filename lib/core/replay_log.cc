@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/byte_text.h"
 #include "lib/base/stream_copy.h"
 
 namespace adaptcomm::internal {
@@ -103,8 +104,30 @@ absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> m
   return absl::OkStatus();
 }
 
+absl::Status ReplayLog::WithinDeviceBudget(const Entry& e, size_t bytes) const {
+  const uint64_t mine = e.input.device_bytes();
+  if (bytes <= mine) return absl::OkStatus();  // its buffer is big enough already: no growth
+  uint64_t held = 0;
+  for (const Entry& other : entries_) held += other.input.device_bytes();
+  const uint64_t after = held - mine + bytes;
+  if (after <= device_record_bytes_) return absl::OkStatus();
+  const uint64_t window = entries_.size() / 2;
+  const uint64_t fits = device_record_bytes_ / (2 * static_cast<uint64_t>(bytes));
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "its retry record (", ByteSizeText(bytes), ") would take the device ops' records to ",
+      ByteSizeText(after), ", past retry.record_bytes (", ByteSizeText(device_record_bytes_), "); ",
+      fits >= 1 ? absl::StrCat("the records of ops this size fit it with retry.in_flight ", fits,
+                               " (now ", window, ")")
+                : absl::StrCat("one op this size needs retry.record_bytes of at least ",
+                               ByteSizeText(2 * static_cast<uint64_t>(bytes)),
+                               " (with retry.in_flight 1)")));
+}
+
 absl::Status ReplayLog::CopyInput(Entry& e, const void* src, StreamOrdered* ordered) {
   const size_t bytes = e.op.input.bytes();
+  if (e.memory != nullptr) {
+    if (absl::Status s = WithinDeviceBudget(e, bytes); !s.ok()) return s;
+  }
   ReplayBuffer* buffer = &e.input;
   if (e.memory == nullptr) {
     const size_t turn = e.seq % kHostRecords;

@@ -9,10 +9,12 @@
 // stream the collective, which waits only for the issue point, could overwrite the input before
 // the copy read it), otherwise on the op's stream (through the backend's DeviceMemory). Device
 // records live in device memory: up to `depth` times the largest input plus one output scratch,
-// allocated on first use and reused (no allocation in steady state). Host ops run one at a time,
-// so their records need no such depth: they share kHostRecords host buffers, whatever `depth` the
-// device ops' window asks for (a host record older than that is dropped: not replayable). Ops on
-// CUDA memory under a backend without DeviceMemory are not replayable.
+// allocated on first use and reused (no allocation in steady state), and bounded by the record
+// budget (profile retry.record_bytes): an op whose record would take the device records past it is
+// not recorded, so it is not replayable, rather than taking the trainer's memory. Host ops run one
+// at a time, so their records need no such depth: they share kHostRecords host buffers, whatever
+// `depth` the device ops' window asks for (a host record older than that is dropped: not
+// replayable). Ops on CUDA memory under a backend without DeviceMemory are not replayable.
 #ifndef ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
 #define ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
 
@@ -37,6 +39,8 @@ class ReplayBuffer {
   // At least `bytes` in the memory of `device` (through `memory` when it is a CUDA device).
   absl::StatusOr<void*> Reserve(size_t bytes, Device device,
                                 const std::shared_ptr<DeviceMemory>& memory);
+  // Device memory held (0 for host bytes).
+  size_t device_bytes() const { return device_bytes_; }
 
  private:
   void ReleaseDevice();
@@ -51,7 +55,10 @@ class ReplayLog {
  public:
   // Keeps the last `depth` ops. Collectives let no rank run more than one op ahead of another,
   // so a small depth covers every restart point a vote can produce.
-  explicit ReplayLog(size_t depth = 4) : entries_(depth) {}
+  // `device_record_bytes`: the most device memory the records of device ops may hold together (the
+  // re-run scratch is not counted: it exists only during a recovery).
+  explicit ReplayLog(size_t depth = 4, uint64_t device_record_bytes = UINT64_MAX)
+      : entries_(depth), device_record_bytes_(device_record_bytes) {}
 
   // Host buffers of host ops' records: a window of one op behind and ahead of this rank's oldest
   // unfinished op, with room to spare.
@@ -96,10 +103,14 @@ class ReplayLog {
   // Copies the input into the entry's buffer: its own for a device op, else the host buffer of its
   // turn, whose previous record is dropped.
   absl::Status CopyInput(Entry& e, const void* src, StreamOrdered* ordered);
+  // OK if growing e's device record to `bytes` keeps the device records within the budget, else
+  // ResourceExhausted saying by how much, and which retry.in_flight would fit ops of this size.
+  absl::Status WithinDeviceBudget(const Entry& e, size_t bytes) const;
   // A copy in the memory of the op's views: memcpy, or queued on the device (see the top).
   static absl::Status Copy(const Entry& e, void* dst, const void* src, size_t bytes,
                            StreamOrdered* ordered);
   std::vector<Entry> entries_;
+  const uint64_t device_record_bytes_;
   ReplayBuffer host_records_[kHostRecords];
   uint64_t host_record_seq_[kHostRecords] = {};  // the op whose record each holds (0: none)
   ReplayBuffer scratch_;  // detached re-runs run one at a time: one scratch serves them all
