@@ -2,10 +2,12 @@
 // thread): what the transport itself costs per op, in rounds that alternate the two.
 //
 //   shm_bench [--ranks 2] [--sizes 4096,262144,4194304,67108864] [--rounds 6] [--chunk BYTES]
-//             [--flat BYTES] [--slot BYTES] [--spin-us N] [--no-gloo]
+//             [--flat BYTES] [--slot BYTES] [--spin-us N] [--no-gloo] [--bind-to auto|core|none]
 //
-// float32 sum allreduce; ranks are forked processes sharing a file store. Prints, per size, the
-// median over rounds of the mean op time in a round, with nccl-tests' busbw.
+// float32 sum allreduce; ranks are forked processes sharing a file store, each on a core of its
+// own when there are enough (--bind-to auto, as `adaptcomm launch`; OpenMPI's mpirun binds its
+// ranks to cores too). Prints, per size, the median over rounds of the mean op time in a round,
+// with nccl-tests' busbw.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "adaptcomm/adaptcomm.h"
+#include "lib/base/cpu_binding.h"
 #include "lib/gloo/gloo_backend.h"
 #include "lib/shm/shm_backend.h"
 
@@ -33,6 +36,7 @@ struct Config {
   int rounds = 6;
   adaptcomm::ShmBackendOptions shm;
   bool gloo = true;
+  adaptcomm::CpuBindMode bind = adaptcomm::CpuBindMode::kAuto;
 };
 
 int Iterations(size_t bytes) { return bytes <= (256u << 10) ? 200 : bytes <= (4u << 20) ? 20 : 4; }
@@ -142,6 +146,11 @@ bool Parse(int argc, char** argv, Config& cfg) {
       ++i;
     } else if (a == "--no-gloo") {
       cfg.gloo = false;
+    } else if (a == "--bind-to") {
+      absl::StatusOr<adaptcomm::CpuBindMode> mode = adaptcomm::ParseCpuBindMode(v);
+      if (!mode.ok()) return false;
+      cfg.bind = *mode;
+      ++i;
     } else {
       return false;
     }
@@ -156,8 +165,20 @@ int main(int argc, char** argv) {
   if (!Parse(argc, argv, cfg)) {
     std::fprintf(stderr,
                  "usage: shm_bench [--ranks N] [--sizes B,B,...] [--rounds N] [--chunk B] "
-                 "[--flat B] [--slot B] [--spin-us N] [--no-gloo]\n");
+                 "[--flat B] [--slot B] [--spin-us N] [--no-gloo] [--bind-to auto|core|none]\n");
     return 2;
+  }
+  const std::vector<std::vector<int>> cores = adaptcomm::AllowedCores();
+  std::vector<std::vector<int>> rank_cpus;
+  for (int r = 0; r < cfg.ranks; ++r) {
+    absl::StatusOr<std::vector<int>> cpus =
+        adaptcomm::CpusForLocalRank(cores, cfg.bind, r, cfg.ranks);
+    if (!cpus.ok()) {
+      std::fprintf(stderr, "shm_bench: --bind-to: %s\n",
+                   std::string(cpus.status().message()).c_str());
+      return 2;
+    }
+    rank_cpus.push_back(*std::move(cpus));
   }
   char tmpl[] = "/tmp/shm_bench.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return 1;
@@ -165,6 +186,12 @@ int main(int argc, char** argv) {
   for (int r = 0; r < cfg.ranks; ++r) {
     const pid_t pid = fork();
     if (pid == 0) {
+      if (const std::vector<int>& cpus = rank_cpus[static_cast<size_t>(r)]; !cpus.empty()) {
+        if (absl::Status s = adaptcomm::BindCallingThread(cpus); !s.ok()) {
+          std::fprintf(stderr, "shm_bench: rank %d: %s\n", r, std::string(s.message()).c_str());
+          std::_Exit(1);
+        }
+      }
       RankMain(cfg, r, tmpl, r == 0 ? stdout : nullptr);
       std::fflush(stdout);
       std::_Exit(0);

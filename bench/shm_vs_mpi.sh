@@ -2,6 +2,8 @@
 # 2- and 4-rank float32 allreduce: the shm backend and the Gloo backend (bench/shm_bench) and
 # OpenMPI's shared-memory transport (vader), interleaved per round so machine drift hits all alike.
 # OpenMPI is a measurement peer only: apt-get install openmpi-bin libopenmpi-dev.
+# Both place ranks alike: a core each when there are enough (mpirun's default for 2 ranks,
+# shm_bench's --bind-to auto), unbound otherwise (mpirun --oversubscribe, auto with too few cores).
 #
 #   bench/shm_vs_mpi.sh [build dir] [rounds]   (the *_best columns: GB/s busbw of the best round)
 set -euo pipefail

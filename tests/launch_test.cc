@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -23,10 +24,15 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/base/cpu_binding.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ::adaptcomm::AllowedCores;
+using ::adaptcomm::CpuBindMode;
+using ::adaptcomm::CpuListText;
+using ::adaptcomm::CpusForLocalRank;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -281,6 +287,40 @@ TEST_F(LaunchTest, EachRankGetsTorchrunVariables) {
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
   EXPECT_EQ(ports.size(), 1u) << "every rank must see the same MASTER_PORT";
   EXPECT_EQ(tokens.size(), 1u) << "every rank must see the same token";
+}
+
+// With a core per rank, each rank runs on cores of its own (the threads and processes it starts
+// too) and is told which in ADAPTCOMM_BOUND_CPUS; --bind-to none leaves every rank the launcher's
+// CPUs; core with more ranks than cores is refused before anything starts.
+TEST_F(LaunchTest, EachRankRunsOnCoresOfItsOwnWhenThereAreEnough) {
+  const std::vector<std::vector<int>> cores = AllowedCores();
+  if (cores.size() < 2) GTEST_SKIP() << "needs 2 cores, this process may use " << cores.size();
+  const std::string report =
+      "echo \"$ADAPTCOMM_BOUND_CPUS|$(sh -c 'grep Cpus_allowed_list /proc/self/status' | cut "
+      "-f2)\"";
+  Result bound = RunLauncher({"-n", "2", "--", "sh", "-c", report});
+  ASSERT_EQ(bound.code, 0) << bound.err;
+  std::vector<std::string> lines = Lines(bound.out);
+  std::sort(lines.begin(), lines.end());
+  const std::string rank0 = CpuListText(*CpusForLocalRank(cores, CpuBindMode::kCore, 0, 2));
+  const std::string rank1 = CpuListText(*CpusForLocalRank(cores, CpuBindMode::kCore, 1, 2));
+  EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] " + rank0 + "|" + rank0,
+                                             "[rank 1] " + rank1 + "|" + rank1}));
+
+  std::vector<int> all;
+  for (const std::vector<int>& core : cores) all.insert(all.end(), core.begin(), core.end());
+  Result unbound = RunLauncher({"-n", "2", "--bind-to", "none", "--", "sh", "-c", report});
+  ASSERT_EQ(unbound.code, 0) << unbound.err;
+  for (const std::string& line : Lines(unbound.out)) {
+    EXPECT_THAT(line, ::testing::EndsWith("] |" + CpuListText(all)));
+  }
+
+  const std::string too_many = std::to_string(cores.size() + 1);
+  Result refused = RunLauncher({"-n", too_many, "--bind-to", "core", "--", "true"});
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_THAT(refused.err, HasSubstr("--bind-to core: " + too_many + " ranks on this host but " +
+                                     std::to_string(cores.size()) + " core(s) to run on"));
+  EXPECT_TRUE(refused.out.empty()) << "a rank started: " << refused.out;
 }
 
 TEST_F(LaunchTest, GivenPortAndTokenAreKept) {

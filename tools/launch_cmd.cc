@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -40,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "adaptcomm/store.h"
+#include "lib/base/cpu_binding.h"
 #include "tools/launch_io.h"
 #include "tools/launch_options.h"
 #include "tools/launch_proc.h"
@@ -133,6 +135,8 @@ class Launcher {
   bool AllPipesClosed() const;
 
   const LaunchOptions& options_;
+  // The CPUs of each rank index (--bind-to; empty: unbound), decided before the first starts.
+  std::vector<std::vector<int>> rank_cpus_;
   std::vector<Rank> ranks_;
   int signal_pipe_[2] = {-1, -1};
   bool signals_installed_ = false;
@@ -238,6 +242,12 @@ bool Launcher::StartRank(size_t slot, int index, const std::vector<std::string>&
   for (const std::string& entry : env) envp.push_back(const_cast<char*>(entry.c_str()));
   envp.push_back(nullptr);
   const pid_t parent = getpid();
+  const std::vector<int>& cpus = rank_cpus_[static_cast<size_t>(index)];
+  cpu_set_t cpu_set;
+  CPU_ZERO(&cpu_set);
+  for (int cpu : cpus) CPU_SET(cpu, &cpu_set);
+  const std::string unbound = absl::StrCat("adaptcomm launch: cannot bind rank ", index,
+                                           " to CPUs ", CpuListText(cpus), "; it runs unbound\n");
 
   // The child inherits the launcher's handlers, which only write to the launcher's signal pipe: a
   // signal reaching the child before exec (or after a failed exec) would be taken for one sent
@@ -273,6 +283,10 @@ bool Launcher::StartRank(size_t slot, int index, const std::vector<std::string>&
     }
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
+    // Before exec: every thread the program starts inherits it.
+    if (!cpus.empty() && sched_setaffinity(0, sizeof(cpu_set), &cpu_set) != 0) {
+      (void)!write(STDERR_FILENO, unbound.data(), unbound.size());
+    }
     execvpe(argv[0], argv.data(), envp.data());
     const int err = errno;
     (void)!write(exec_status[1], &err, sizeof(err));
@@ -424,6 +438,9 @@ std::vector<std::pair<std::string, std::string>> Launcher::RankVariables(int ind
       {"ADAPTCOMM_STORE_TOKEN", token_},
   };
   if (flight_dir_created_) overrides.emplace_back("ADAPTCOMM_FLIGHT_RECORDER_DIR", flight_dir_);
+  if (const std::vector<int>& cpus = rank_cpus_[static_cast<size_t>(index)]; !cpus.empty()) {
+    overrides.emplace_back("ADAPTCOMM_BOUND_CPUS", CpuListText(cpus));
+  }
   if (options_.elastic) {
     // The trainer's own choice (API, or an exported variable) wins.
     if (getenv("ADAPTCOMM_ELASTIC") == nullptr)
@@ -529,6 +546,21 @@ bool Launcher::AllPipesClosed() const {
 int Launcher::Run() {
   start_ = Clock::now();
   start_wall_ = time(nullptr);
+  // A replacement (--max-restarts) takes the CPUs of the rank it replaces.
+  const absl::StatusOr<CpuBindMode> mode = ParseCpuBindMode(options_.bind_to);
+  const std::vector<std::vector<int>> cores = AllowedCores();
+  for (int i = 0; mode.ok() && i < options_.nproc; ++i) {
+    absl::StatusOr<std::vector<int>> cpus = CpusForLocalRank(cores, *mode, i, options_.nproc);
+    if (!cpus.ok()) {
+      Message(absl::StrCat("--bind-to ", options_.bind_to, ": ", cpus.status().message()));
+      return 2;
+    }
+    rank_cpus_.push_back(*std::move(cpus));
+  }
+  if (!mode.ok()) {
+    Message(std::string(mode.status().message()));
+    return 2;
+  }
   int port = options_.master_port;
   if (port == 0 && !options_.elastic) {
     port = PickFreePort();

@@ -40,12 +40,21 @@ void AddLaunchOptions(CLI::App& sub, LaunchOptions& options) {
                  "admit it at their next Communicator::AdmitJoiners()")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
+  sub.add_option("--bind-to", options.bind_to,
+                 "core: each rank on cores of its own (the host's cores split in N contiguous "
+                 "runs, a rank gets every hardware thread of its run); none: the ranks inherit "
+                 "the launcher's CPUs; auto: core when there are at least N cores, else none")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "core", "none"}));
   sub.add_option("command", options.command, "PROGRAM ARGS... (after --)")->required();
   sub.footer(
       "Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1,\n"
       "MASTER_PORT and ADAPTCOMM_STORE_TOKEN (kept if already set), and\n"
       "ADAPTCOMM_FLIGHT_RECORDER_DIR: if not set, a new ${TMPDIR:-/tmp}/adaptcomm-flight-* per\n"
-      "job (removed at the end when empty). When a rank fails (or --timeout passes), the others\n"
+      "job (removed at the end when empty). A rank bound to cores (--bind-to) gets them in\n"
+      "ADAPTCOMM_BOUND_CPUS (\"0-3,64-67\"); the threads and processes it starts share them (two\n"
+      "ranks left on one core take turns: a small shared-memory op then waits for a context\n"
+      "switch). When a rank fails (or --timeout passes), the others\n"
       "that catch SIGUSR2 (the library does) get it and up to --dump-wait seconds (default 3) to\n"
       "dump their flight records; then SIGTERM, then SIGKILL after the grace period. The launcher\n"
       "names the rank that failed first (pid, exit code or signal) and the directory holding the\n"

@@ -25,6 +25,8 @@ struct LaunchOptions {
   bool elastic = false;
   int min_nproc = 1;
   int max_restarts = 0;
+  // --bind-to (lib/base/cpu_binding.h): auto, core or none.
+  std::string bind_to = "auto";
   std::vector<std::string> command;
 };
 

@@ -45,6 +45,7 @@
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
+#include "lib/base/cpu_binding.h"
 #include "lib/config/tuned_table.h"
 #include "lib/config/tuning.h"
 #include "lib/config/units.h"
@@ -71,6 +72,7 @@ struct TuneArgs {
   bool compare = false;
   bool json = false;
   double timeout_s = 120;
+  std::string bind_to = "auto";  // lib/base/cpu_binding.h, as `adaptcomm launch --bind-to`
 };
 
 // One point of the tuning space: a value for every knob of the backend, used for every size.
@@ -338,11 +340,21 @@ std::string ReadWhole(const std::string& path) {
   return ss.str();
 }
 
-// Runs body(rank, store) in `n` forked processes, as a launched job's ranks run, sharing a file
-// store in `dir` (a fresh directory); each writes its status to dir/status.<rank>. The first
-// failure wins. A rank's waits are all bounded by --timeout, so every child ends.
-absl::Status OnRanks(int n, const std::string& dir,
+// Runs body(rank, store) in `n` forked processes, as a launched job's ranks run (on the CPUs
+// `bind_to` gives them), sharing a file store in `dir` (a fresh directory); each writes its status
+// to dir/status.<rank>. The first failure wins. A rank's waits are all bounded by --timeout, so
+// every child ends.
+absl::Status OnRanks(int n, const std::string& bind_to, const std::string& dir,
                      const std::function<absl::Status(int, std::shared_ptr<Store>)>& body) {
+  absl::StatusOr<CpuBindMode> mode = ParseCpuBindMode(bind_to);
+  if (!mode.ok()) return mode.status();
+  const std::vector<std::vector<int>> cores = AllowedCores();
+  std::vector<std::vector<int>> rank_cpus;
+  for (int r = 0; r < n; ++r) {
+    absl::StatusOr<std::vector<int>> cpus = CpusForLocalRank(cores, *mode, r, n);
+    if (!cpus.ok()) return cpus.status();
+    rank_cpus.push_back(*std::move(cpus));
+  }
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> children;
@@ -350,9 +362,11 @@ absl::Status OnRanks(int n, const std::string& dir,
     const pid_t pid = fork();
     if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
     if (pid == 0) {
-      absl::Status st;
+      absl::Status st = rank_cpus[static_cast<size_t>(r)].empty()
+                            ? absl::OkStatus()
+                            : BindCallingThread(rank_cpus[static_cast<size_t>(r)]);
       absl::StatusOr<std::shared_ptr<Store>> store = CreateFileStore(dir + "/store");
-      st = store.ok() ? body(r, *store) : store.status();
+      if (st.ok()) st = store.ok() ? body(r, *store) : store.status();
       std::ofstream(absl::StrCat(dir, "/status.", r)) << (st.ok() ? "ok" : st.ToString());
       std::fflush(stdout);
       std::fflush(stderr);
@@ -571,7 +585,7 @@ int RunTune(const TuneArgs& a) {
         << config::FormatTunedTable(CandidateTable(p, p.candidates[i], here));
   }
   absl::Status tuned = OnRanks(
-      a.ranks, absl::StrCat(dir, "/tune"),
+      a.ranks, a.bind_to, absl::StrCat(dir, "/tune"),
       [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
         std::vector<std::string> tables;
         for (size_t i = 0; i < p.candidates.size(); ++i) {
@@ -608,7 +622,7 @@ int RunTune(const TuneArgs& a) {
     // Both communicators are created the way a job creates one: the static one without the
     // table, the tuned one with ADAPTCOMM_TUNED_TABLE set (in the rank's own process); all the
     // rounds in each creation order.
-    absl::Status st = OnRanks(a.ranks, absl::StrCat(dir, "/compare"),
+    absl::Status st = OnRanks(a.ranks, a.bind_to, absl::StrCat(dir, "/compare"),
                               [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
                                 Samples mine;
                                 std::string tuned_explain;
@@ -732,6 +746,11 @@ std::function<int()> SetupTune(CLI::App& sub) {
   sub.add_option("--timeout", a->timeout_s, "Bound of creation and of each operation, seconds")
       ->check(DurationSeconds(/*zero_allowed=*/false))
       ->capture_default_str();
+  sub.add_option("--bind-to", a->bind_to,
+                 "The ranks' CPUs, as `adaptcomm launch --bind-to`: core, none, or auto (core "
+                 "when each rank can have a core of its own)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "core", "none"}));
   sub.add_flag("--json", a->json, "Machine-readable output");
   sub.footer(
       "Candidates (each applied to every size): shm: the static profile, flat exchange, "
