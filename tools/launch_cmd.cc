@@ -546,20 +546,22 @@ bool Launcher::AllPipesClosed() const {
 int Launcher::Run() {
   start_ = Clock::now();
   start_wall_ = time(nullptr);
-  // A replacement (--max-restarts) takes the CPUs of the rank it replaces.
+  // A launcher started by a bound rank: its own ranks are told their own CPUs, or none.
+  unsetenv("ADAPTCOMM_BOUND_CPUS");
   const absl::StatusOr<CpuBindMode> mode = ParseCpuBindMode(options_.bind_to);
+  if (!mode.ok()) {
+    Message(std::string(mode.status().message()));
+    return 2;
+  }
+  // A replacement (--max-restarts) takes the CPUs of the rank it replaces.
   const std::vector<std::vector<int>> cores = AllowedCores();
-  for (int i = 0; mode.ok() && i < options_.nproc; ++i) {
+  for (int i = 0; i < options_.nproc; ++i) {
     absl::StatusOr<std::vector<int>> cpus = CpusForLocalRank(cores, *mode, i, options_.nproc);
     if (!cpus.ok()) {
       Message(absl::StrCat("--bind-to ", options_.bind_to, ": ", cpus.status().message()));
       return 2;
     }
     rank_cpus_.push_back(*std::move(cpus));
-  }
-  if (!mode.ok()) {
-    Message(std::string(mode.status().message()));
-    return 2;
   }
   int port = options_.master_port;
   if (port == 0 && !options_.elastic) {

@@ -55,8 +55,8 @@ class ReplayLog {
  public:
   // Keeps the last `depth` ops. Collectives let no rank run more than one op ahead of another,
   // so a small depth covers every restart point a vote can produce.
-  // `device_record_bytes`: the most device memory the records of device ops may hold together (the
-  // re-run scratch is not counted: it exists only during a recovery).
+  // `device_record_bytes`: the most device memory the records of device ops may hold together (not
+  // counting the re-run scratch, which a recovery's first re-run allocates).
   explicit ReplayLog(size_t depth = 4, uint64_t device_record_bytes = UINT64_MAX)
       : entries_(depth), device_record_bytes_(device_record_bytes) {}
 
