@@ -192,7 +192,7 @@ TEST(ExecutionModel, OverlapBoundedWaitAndPollingHandTheOpToTheWorker) {
     op.kind = OpKind::kAllreduce;
     op.input = op.output = HostView(x, 1);
     op.timeout = absl::Seconds(60);
-    return executor->Submit(op);
+    return executor->Submit(std::move(op));
   };
   auto wait_right_after_issuing = [&] {  // leaves the next op to its waiter
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(allreduce(&a)->Wait(absl::InfiniteDuration()).ok());

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/core/communicator_factory.h"
+#include "nlohmann/json.hpp"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 
@@ -391,6 +392,43 @@ TEST(StreamOrder, SynchronizeAfterAbortReturnsTheAbortAtOnce) {
         EXPECT_TRUE(absl::IsAborted(s) || absl::IsCancelled(s)) << s;
         EXPECT_THAT(s.message(), HasSubstr("trainer stopping"));
         fakes.api(env.rank).HoldStreams(false);
+      },
+      absl::Seconds(60));
+}
+
+// A device op launched at its issue (the inline path, which reads the clock once, without
+// absl::Now()) is stamped on the wall clock every other record uses: its flight-record times lie
+// between readings of absl::Now() taken around it.
+TEST(StreamOrder, DeviceOpTimesInTheFlightRecordAreWallClockTimes) {
+  FakeRanks fakes{std::vector<FakeNcclFaults>(kWorld)};
+  const std::string dir = ::testing::TempDir() + "/stream_order_flight";
+  testing::RunRanks(
+      testing::RankMode::kThreads, kWorld,
+      [&](const testing::RankEnv& env) {
+        CommunicatorOptions o = Options(env, 1, absl::Seconds(30));
+        o.flight_recorder_dir = dir;
+        auto comm = fakes.Create(env.rank, o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<float> buf(16, 1.0f);
+        const int64_t before_us = absl::ToUnixMicros(absl::Now());
+        Work work =
+            (*comm)->Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)});
+        const int64_t issued_us = absl::ToUnixMicros(absl::Now());
+        ASSERT_TRUE(work.Synchronize(absl::Seconds(10)).ok());
+        absl::StatusOr<std::string> path = (*comm)->DumpFlightRecord("test");
+        ASSERT_TRUE(path.ok()) << path.status();
+        std::ifstream in(*path);
+        const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+        ASSERT_FALSE(doc.is_discarded()) << *path;
+        const nlohmann::json* op = nullptr;
+        for (const nlohmann::json& e : doc["entries"]) {
+          if (e["op"] == "allreduce") op = &e;
+        }
+        ASSERT_NE(op, nullptr) << doc.dump(1);
+        const int64_t enqueue_us = (*op)["enqueue_us"].get<int64_t>();
+        EXPECT_GE(enqueue_us, before_us);
+        EXPECT_LE(enqueue_us, issued_us);
+        EXPECT_EQ((*op)["start_us"].get<int64_t>(), enqueue_us);  // launched as it was issued
       },
       absl::Seconds(60));
 }

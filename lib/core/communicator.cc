@@ -182,7 +182,7 @@ absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorImpl::cuda_api() cons
   return deps_.cuda;
 }
 
-Work CommunicatorImpl::Submit(OpDesc desc) {
+Work CommunicatorImpl::Submit(OpDesc&& desc) {
   if (desc.timeout == absl::ZeroDuration()) {
     desc.timeout =
         long_operation_scopes_.load() > 0 ? config_.timeouts.long_operation : options_.timeout;

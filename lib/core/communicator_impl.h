@@ -47,7 +47,7 @@ class CommunicatorImpl {
   ~CommunicatorImpl();
 
   // Validates `desc` (generic rules, then the backend's), fills in the default timeout, queues it.
-  Work Submit(OpDesc desc);
+  Work Submit(OpDesc&& desc);
 
   const CommunicatorOptions& options() const { return options_; }
   OpExecutor& executor() { return *executor_; }

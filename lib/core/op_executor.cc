@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/status.h"
 #include "lib/base/log.h"
+#include "lib/base/wall_clock.h"
 
 namespace adaptcomm::internal {
 namespace {
@@ -74,7 +75,7 @@ void OpExecutor::Start() {
   watchdog_ = std::thread([this] { WatchdogLoop(); });
 }
 
-std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
+std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc&& desc, int epoch) {
   ExecutorLock lock(this);
   desc.seq = next_seq_;
   if (aborted_.ok() && !stopping_ && IsDeviceOp(desc)) {
@@ -91,7 +92,7 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc desc, int epoch) {
   }
   ++next_seq_;
   // The op's one clock read: its enqueue time, and its start when it is launched right here.
-  const absl::Time now = absl::Now();
+  const absl::Time now = WallNow();
   // Launched right here: created running (no one else can see it before it is launched).
   const bool inline_launch = desc.issued_at != nullptr && CanLaunchInlineLocked();
   auto work = std::make_shared<WorkImpl>(std::move(desc), now, weak_from_this(),

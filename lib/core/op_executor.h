@@ -157,7 +157,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // records its place in the caller's stream (StreamOrdered::MarkIssue).
   // `epoch`: the membership the caller validated `desc` against (membership().epoch); -1: the
   // current one.
-  std::shared_ptr<WorkImpl> Submit(OpDesc desc, int epoch = -1);
+  std::shared_ptr<WorkImpl> Submit(OpDesc&& desc, int epoch = -1);
   // A caller that waits for `work` without a bound runs it on its own thread when nothing else can
   // run in the meantime: `work` is next in the queue, the executor is idle (no op running, none in
   // flight, no retry pending), it is a host op and the backend runs on any thread

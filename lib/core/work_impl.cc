@@ -8,7 +8,7 @@
 
 namespace adaptcomm::internal {
 
-WorkImpl::WorkImpl(OpDesc desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor,
+WorkImpl::WorkImpl(OpDesc&& desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor,
                    std::optional<absl::Time> started)
     : desc_(std::move(desc)),
       executor_(std::move(executor)),
@@ -16,7 +16,7 @@ WorkImpl::WorkImpl(OpDesc desc, absl::Time enqueue_time, std::weak_ptr<OpExecuto
       state_(started.has_value() ? WorkState::kRunning : WorkState::kPending),
       start_time_(started.value_or(absl::InfinitePast())) {}
 
-std::shared_ptr<WorkImpl> WorkImpl::Failed(OpDesc desc, absl::Status status) {
+std::shared_ptr<WorkImpl> WorkImpl::Failed(OpDesc&& desc, absl::Status status) {
   auto work = std::make_shared<WorkImpl>(std::move(desc), absl::Now());
   work->Finish(std::move(status));
   return work;

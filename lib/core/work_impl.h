@@ -29,10 +29,10 @@ class WorkImpl {
   // clock once). `executor`: the one that runs it (Wait() without a bound may run the op on the
   // waiting thread, OpExecutor::RunOnWaiter); empty for a Work that never runs. `started`: set
   // for an op that starts as it is created (running from then, as if MarkRunning(started)).
-  WorkImpl(OpDesc desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor = {},
+  WorkImpl(OpDesc&& desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor = {},
            std::optional<absl::Time> started = std::nullopt);
   // A Work that failed before being queued (bad input, broken communicator).
-  static std::shared_ptr<WorkImpl> Failed(OpDesc desc, absl::Status status);
+  static std::shared_ptr<WorkImpl> Failed(OpDesc&& desc, absl::Status status);
 
   const OpDesc& desc() const { return desc_; }
   // The membership (OpExecutor::membership().epoch) the op was issued under. Set by the executor
