@@ -2,7 +2,8 @@
 // with it applies it and Explain()s every tuned value with its file:line and measurement; tables
 // for another topology, corrupt ones and ranks with different tables are refused by name. The
 // per-band knobs give the right results at every band edge (their speed is bench material:
-// `adaptcomm tune --compare`).
+// `adaptcomm tune --compare`). Its decision rule (lib/diag/paired_speedup.h) on synthetic rounds:
+// a candidate must beat the noise of an A/A control measured in the same rounds.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,7 +25,9 @@
 #include "lib/config/tuned_table.h"
 #include "lib/config/tuning.h"
 #include "lib/core/backend_selection.h"
+#include "lib/diag/paired_speedup.h"
 #include "lib/shm/shm_backend.h"
+#include "nlohmann/json.hpp"
 #include "tests/harness.h"
 
 namespace adaptcomm {
@@ -174,10 +177,56 @@ TEST(Tune, WritesATableThatACommunicatorLoadsAppliesAndExplains) {
   EXPECT_THAT(explain, HasSubstr("backend: shm ("));
 }
 
+// A round where the machine was loaded slows every candidate of that round alike: speedups are
+// paired by round, and a round without both times is left out.
+TEST(TuneDecision, SpeedupsArePairedRoundByRound) {
+  const diag::PairedSpeedup s = diag::PairSpeedups({10, 40, 12, 0, 8}, {5, 20, 6, 3, 2});
+  EXPECT_EQ(s.rounds, 4);
+  EXPECT_DOUBLE_EQ(s.p25, 2.0);
+  EXPECT_DOUBLE_EQ(s.median, 2.0);
+  EXPECT_DOUBLE_EQ(s.p75, 2.5);  // rounds 2, 2, 2, 4: interpolated between the closest ranks
+  EXPECT_EQ(diag::PairSpeedups({}, {1, 2}).rounds, 0);
+}
+
+TEST(TuneDecision, ACandidateMustBeatTheNoiseOfTheAAControl) {
+  const diag::PairedSpeedup candidate{31, 1.08, 1.02, 1.14};  // 8% faster in the median round
+  const diag::PairedSpeedup quiet{31, 1.00, 0.98, 1.02};      // identical settings, quiet machine
+  const diag::PairedSpeedup noisy{31, 1.01, 0.91, 1.10};      // identical settings, 10% apart
+  EXPECT_TRUE(diag::FasterBeyondNoise(candidate, quiet, /*threshold_pct=*/3));
+  EXPECT_FALSE(diag::FasterBeyondNoise(candidate, noisy, 3));
+  // The threshold still holds where the control is quiet.
+  const diag::PairedSpeedup slight{31, 1.025, 1.01, 1.04};
+  EXPECT_FALSE(diag::FasterBeyondNoise(slight, quiet, 3));
+  EXPECT_TRUE(diag::FasterBeyondNoise(slight, quiet, 1));
+  // Slower in more than a round of four: refused whatever its median.
+  EXPECT_FALSE(diag::FasterBeyondNoise({31, 1.30, 0.99, 1.50}, quiet, 3));
+  // Nothing measured: nothing chosen.
+  EXPECT_FALSE(diag::FasterBeyondNoise({}, quiet, 3));
+}
+
+// Every band reports the A/A control it was judged against (text and --json).
+TEST(Tune, EveryBandReportsItsAAControl) {
+  const std::string path = Temp("tuned_aa.yaml");
+  Result r =
+      RunCli(absl::StrCat("tune --ranks 2 --sizes 4KiB,64KiB --rounds 3 --json --out ", path));
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["bands"].size(), 2u) << r.out;
+  for (const nlohmann::json& band : j["bands"]) {
+    EXPECT_GT(band["aa_p25"].get<double>(), 0) << band.dump();
+    EXPECT_LE(band["aa_p25"].get<double>(), band["aa_median"].get<double>()) << band.dump();
+    EXPECT_LE(band["aa_median"].get<double>(), band["aa_p75"].get<double>()) << band.dump();
+    EXPECT_NE(band["chosen"], "static (A/A)") << band.dump();  // the control is never chosen
+  }
+  EXPECT_THAT(ReadFile(path), HasSubstr("A/A ["));  // each entry's source names its noise
+}
+
 TEST(Tune, HelpStatesTheDecisionRuleAndBadArgumentsExitTwo) {
   Result help = RunCli("tune --help");
   EXPECT_EQ(help.code, 0);
   EXPECT_THAT(help.out, HasSubstr("paired round by round"));
+  EXPECT_THAT(help.out, HasSubstr("A/A control's 75th percentile"));
   EXPECT_THAT(help.out, HasSubstr("--compare"));
   EXPECT_EQ(RunCli("tune --backend nccl").code, 2);
   EXPECT_EQ(RunCli("tune --ops broadcast").code, 2);

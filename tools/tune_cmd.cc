@@ -9,10 +9,11 @@
 // run of every candidate and size is checked element by element on every rank.
 //
 // Deciding, on speedups paired round by round (static time / candidate time, both measured in
-// the same round, so a load change on this shared machine cancels out): a candidate replaces the
-// static value in a band only when its median speedup exceeds 1 + --threshold percent AND its
-// 25th percentile exceeds 1 (faster in three rounds of four); otherwise the band keeps the static
-// value.
+// the same round, so a load change on this shared machine cancels out), against the noise of an
+// A/A control (a second static communicator timed in the same rounds, lib/diag/paired_speedup.h):
+// a candidate replaces the static value in a band only when its median speedup exceeds
+// 1 + --threshold percent AND the control's 75th percentile, AND its 25th percentile exceeds 1
+// (faster in three rounds of four); otherwise the band keeps the static value.
 // Exit codes: 0 ok, 1 a rank failed or a result was wrong, 2 bad arguments.
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -51,6 +52,7 @@
 #include "lib/config/units.h"
 #include "lib/core/backend_selection.h"
 #include "lib/diag/collective_timing.h"
+#include "lib/diag/paired_speedup.h"
 #include "lib/shm/shm_backend.h"
 #include "nlohmann/json.hpp"
 #include "tools/subcommands.h"
@@ -80,13 +82,16 @@ struct Candidate {
   std::string name;
   bool is_static = false;
   std::map<std::string, int64_t> knobs;  // TunedKnobSpec::knob -> value (choice: index)
+  // The A/A control: the static profile again, on a communicator of its own, never chosen; its
+  // speedup over the static one is this machine's noise at each size.
+  bool control = false;
 };
 
 struct Plan {
   std::string backend;  // "shm" or "gloo"
   std::vector<std::string> ops;
   std::vector<uint64_t> sizes;        // ascending
-  std::vector<Candidate> candidates;  // [0] is the static profile
+  std::vector<Candidate> candidates;  // [0] is the static profile, the last its A/A control
 };
 
 std::string Human(uint64_t b) {
@@ -160,6 +165,10 @@ absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile)
            {{"algorithm", algo}, {"max_segment_bytes", static_cast<int64_t>(seg)}}});
     }
   }
+  Candidate control = p.candidates[0];
+  control.name = "static (A/A)";
+  control.control = true;
+  p.candidates.push_back(std::move(control));
   return p;
 }
 
@@ -179,6 +188,10 @@ std::vector<size_t> Distinct(const Plan& p, uint64_t bytes) {
   std::vector<size_t> out;
   std::vector<std::string> seen;
   for (size_t i = 0; i < p.candidates.size(); ++i) {
+    if (p.candidates[i].control) {
+      out.push_back(i);  // measured at every size: the twin of the static one on purpose
+      continue;
+    }
     std::string b = Behaviour(p, p.candidates[i], bytes);
     if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
     seen.push_back(b);
@@ -445,19 +458,9 @@ struct Decision {
   size_t winner = 0;  // candidate index; 0 = static kept
   size_t best = 0;    // the candidate with the highest median speedup (0: none measured)
   diag::TimingSummary stat, alt;
-  // Per round: static time / best time, both measured in that round.
-  double speedup_median = 0, speedup_p25 = 0, speedup_p75 = 0;
+  diag::PairedSpeedup speedup;  // of the best candidate over the static one
+  diag::PairedSpeedup control;  // of the A/A control over the static one: the noise
 };
-
-// Speedups of `other` over `base`, round by round (samples are in round order).
-std::vector<double> PairedSpeedups(const std::vector<double>& base,
-                                   const std::vector<double>& other) {
-  std::vector<double> out;
-  for (size_t r = 0; r < std::min(base.size(), other.size()); ++r) {
-    if (other[r] > 0) out.push_back(base[r] / other[r]);
-  }
-  return out;
-}
 
 std::vector<Decision> Decide(const TuneArgs& a, const Plan& p, const Samples& s) {
   std::vector<Decision> out;
@@ -470,20 +473,17 @@ std::vector<Decision> Decide(const TuneArgs& a, const Plan& p, const Samples& s)
       d.stat = diag::Summarize(per.at(0));
       for (const auto& [id, samples] : per) {
         if (id == 0) continue;
-        const std::vector<double> speedups = PairedSpeedups(per.at(0), samples);
-        const double m = diag::Median(speedups);
-        if (d.best == 0 || m > d.speedup_median) {
+        const diag::PairedSpeedup sp = diag::PairSpeedups(per.at(0), samples);
+        if (p.candidates[id].control) {
+          d.control = sp;
+        } else if (d.best == 0 || sp.median > d.speedup.median) {
           d.best = id;
-          d.speedup_median = m;
-          d.speedup_p25 = diag::Percentile(speedups, 25);
-          d.speedup_p75 = diag::Percentile(speedups, 75);
+          d.speedup = sp;
         }
       }
       if (d.best != 0) {
         d.alt = diag::Summarize(per.at(d.best));
-        // Beyond the noise: faster by the threshold in the median round, and faster at all in
-        // three rounds of four.
-        if (d.speedup_median > 1 + a.threshold_pct / 100 && d.speedup_p25 > 1) d.winner = d.best;
+        if (diag::FasterBeyondNoise(d.speedup, d.control, a.threshold_pct)) d.winner = d.best;
       }
       out.push_back(d);
     }
@@ -534,14 +534,15 @@ config::TunedTable MakeTable(const TuneArgs& a, const Plan& p, const std::vector
             d.winner != 0
                 ? absl::StrFormat(
                       "adaptcomm tune %s at %s: %s %.1f us vs static %.1f us, "
-                      "speedup %.2f [%.2f, %.2f]",
+                      "speedup %.2f [%.2f, %.2f], A/A [%.2f, %.2f]",
                       Today(), Human(d.bytes), c.name, d.alt.median, d.stat.median,
-                      d.speedup_median, d.speedup_p25, d.speedup_p75)
+                      d.speedup.median, d.speedup.p25, d.speedup.p75, d.control.p25, d.control.p75)
                 : absl::StrFormat(
                       "adaptcomm tune %s at %s: static %.1f us kept (best %s %.1f us, "
-                      "speedup %.2f [%.2f, %.2f], within noise)",
+                      "speedup %.2f [%.2f, %.2f], A/A [%.2f, %.2f], within noise)",
                       Today(), Human(d.bytes), d.stat.median, d.best == 0 ? "none" : best.name,
-                      d.alt.median, d.speedup_median, d.speedup_p25, d.speedup_p75);
+                      d.alt.median, d.speedup.median, d.speedup.p25, d.speedup.p75, d.control.p25,
+                      d.control.p75);
         t.entries.push_back(std::move(e));
       }
     }
@@ -643,10 +644,9 @@ int RunTune(const TuneArgs& a) {
     explain = ReadWhole(dir + "/compare/explain");
     for (const std::string& op : p.ops) {
       for (uint64_t bytes : p.sizes) {
-        const std::vector<double> sp = PairedSpeedups(cs[op][bytes][0], cs[op][bytes][1]);
+        const diag::PairedSpeedup sp = diag::PairSpeedups(cs[op][bytes][0], cs[op][bytes][1]);
         compare.push_back({op, bytes, diag::Median(cs[op][bytes][0]),
-                           diag::Median(cs[op][bytes][1]), diag::Median(sp),
-                           diag::Percentile(sp, 25), diag::Percentile(sp, 75)});
+                           diag::Median(cs[op][bytes][1]), sp.median, sp.p25, sp.p75});
       }
     }
   }
@@ -670,9 +670,12 @@ int RunTune(const TuneArgs& a) {
                             {"static_median_us", d.stat.median},
                             {"best", d.best == 0 ? "" : p.candidates[d.best].name},
                             {"best_median_us", d.alt.median},
-                            {"speedup_median", d.speedup_median},
-                            {"speedup_p25", d.speedup_p25},
-                            {"speedup_p75", d.speedup_p75},
+                            {"speedup_median", d.speedup.median},
+                            {"speedup_p25", d.speedup.p25},
+                            {"speedup_p75", d.speedup.p75},
+                            {"aa_median", d.control.median},
+                            {"aa_p25", d.control.p25},
+                            {"aa_p75", d.control.p75},
                             {"chosen", p.candidates[d.winner].name}});
     }
     if (a.compare) {
@@ -694,13 +697,13 @@ int RunTune(const TuneArgs& a) {
   }
   std::printf("adaptcomm tune: %d ranks (processes), backend %s, fingerprint %s\n", a.ranks,
               p.backend.c_str(), table.fingerprint.Describe().c_str());
-  std::printf("%-10s %8s %11s %-18s %11s %-21s  %s\n", "op", "size", "static_us", "best", "best_us",
-              "speedup [p25, p75]", "chosen");
+  std::printf("%-10s %8s %11s %-18s %11s %-21s  %-14s  %s\n", "op", "size", "static_us", "best",
+              "best_us", "speedup [p25, p75]", "A/A [p25, p75]", "chosen");
   for (const Decision& d : decisions) {
-    std::printf("%-10s %8s %11.1f %-18s %11.1f %5.2f [%5.2f, %5.2f]    %s\n", d.op.c_str(),
-                Human(d.bytes).c_str(), d.stat.median,
+    std::printf("%-10s %8s %11.1f %-18s %11.1f %5.2f [%5.2f, %5.2f]    [%5.2f, %5.2f]  %s\n",
+                d.op.c_str(), Human(d.bytes).c_str(), d.stat.median,
                 d.best == 0 ? "-" : p.candidates[d.best].name.c_str(), d.alt.median,
-                d.speedup_median, d.speedup_p25, d.speedup_p75,
+                d.speedup.median, d.speedup.p25, d.speedup.p75, d.control.p25, d.control.p75,
                 d.winner == 0 ? "static (within noise)" : p.candidates[d.winner].name.c_str());
   }
   std::printf("wrote %s (%zu entries) in %.1f s\n", a.out.c_str(), table.entries.size(), tune_s);
@@ -755,15 +758,18 @@ std::function<int()> SetupTune(CLI::App& sub) {
   sub.footer(
       "Candidates (each applied to every size): shm: the static profile, flat exchange, "
       "two-phase with 64 KiB/256 KiB/1 MiB/4 MiB chunks; gloo: the static profile, the other "
-      "algorithm, 1/4/16 MiB segments. Candidates that behave alike at a size are measured "
-      "once. Each round times every candidate once (in a shuffled order), half of the rounds with "
+      "algorithm, 1/4/16 MiB segments; and an A/A control, the static profile again on a "
+      "communicator of its own, whose speedup over the static one is the noise. Candidates that "
+      "behave alike at a size are measured once. Each round times every candidate once (in a "
+      "shuffled order), half of the rounds with "
       "the candidates' communicators created in reverse order; a sample is the mean of enough "
       "back-to-back ops after a barrier, on rank 0's clock. The first run of every candidate and "
       "size is checked element by element.\n"
       "Decision per band, on speedups paired round by round (static time / candidate time, both "
       "from the same round, so load changes cancel): a candidate replaces the static value only "
-      "when its median speedup exceeds 1 + --threshold percent AND its 25th percentile exceeds 1 "
-      "(faster in three rounds of four); otherwise the band keeps the static value.\n"
+      "when its median speedup exceeds 1 + --threshold percent AND the A/A control's 75th "
+      "percentile, AND its 25th percentile exceeds 1 (faster in three rounds of four); otherwise "
+      "the band keeps the static value.\n"
       "Load the table with the profile's `tuning: {table: PATH}` or ADAPTCOMM_TUNED_TABLE; it "
       "applies only on this fingerprint (hosts, ranks per host, cores, backend, Gloo version).\n"
       "Exit code: 0 ok, 1 a rank failed or a result was wrong, 2 bad arguments.");
