@@ -1,10 +1,12 @@
-// The wall clock of per-op timestamps, read without absl::Now()'s cost.
+// The wall clock of per-op timestamps (an op's enqueue, start and end, OpExecutor and WorkImpl),
+// read without absl::Now()'s cost.
 //
 // absl::Now() scales a cycle counter against a kernel time sample it refreshes under a seqlock;
 // Debian's abseil takes about twice as long as the vDSO's clock_gettime for that (and twice the
-// code: the issue path of a device op reads the clock once and is sized to stay in the
-// instruction cache, bench/stream_order_bench). Both read CLOCK_REALTIME, so the times compare
-// with absl::Now()'s.
+// code: the issue path of a device op reads the clock once, bench/stream_order_bench). Both are
+// CLOCK_REALTIME, but absl::Now() may lag the kernel's clock by some microseconds on a VM: an op's
+// times and the executor's comparisons with them (the waiter tick) all come from here, so that
+// they compare among themselves; bounds of waits stay with absl::Now() and absl's CondVar.
 #ifndef ADAPTCOMM_LIB_BASE_WALL_CLOCK_H_
 #define ADAPTCOMM_LIB_BASE_WALL_CLOCK_H_
 

@@ -140,7 +140,7 @@ bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
       !device_failure_.ok() || requested_generation_ > generation_ || !in_flight_.empty()) {
     // Waiting for the op the worker has just started: this caller waits right after issuing, so
     // its next op is left to it.
-    if (running_.get() == work && absl::Now() - work->enqueue_time() < options_.waiter_tick) {
+    if (running_.get() == work && WallNow() - work->enqueue_time() < options_.waiter_tick) {
       defer_to_waiter_ = true;
       last_deferred_ = work->enqueue_time();
     }
@@ -202,7 +202,7 @@ void OpExecutor::RunHeadLocked() {
   std::shared_ptr<WorkImpl> work = std::move(queue_.front());
   queue_.pop_front();
   if (work->desc().seq == deferred_seq_) deferred_seq_ = 0;
-  const absl::Time started = absl::Now();
+  const absl::Time started = WallNow();
   if (!work->MarkRunning(started)) return;  // finished by an abort while queued
   busy_ = true;
   running_ = work;
@@ -243,7 +243,7 @@ void OpExecutor::RunHeadLocked() {
 
 void OpExecutor::CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Status status) {
   const OpDesc& desc = work->desc();
-  for (const auto& o : observers_) o->OnEnd(desc, status, absl::Now());
+  for (const auto& o : observers_) o->OnEnd(desc, status, WallNow());
   if (status.ok()) last_completed_seq_ = std::max(last_completed_seq_, desc.seq);
   work->Finish(std::move(status));
 }
@@ -409,7 +409,7 @@ void OpExecutor::WorkerLoop() {
     SleepLocked(worker_cv_, &worker_sleeping_, &OpExecutor::WorkerWakesLocked,
                 ticks ? absl::Now() + options_.waiter_tick : absl::InfiniteFuture());
     worker_awaits_idle_ = false;
-    if (ticks) ExpireDeferralLocked(absl::Now());
+    if (ticks) ExpireDeferralLocked(WallNow());
     if (!WorkerReadyLocked()) continue;
     if (!device_failure_.ok()) {
       absl::Status cause = std::move(device_failure_);
@@ -444,7 +444,7 @@ absl::Time OpExecutor::PollInFlightLocked() {
     if (done.ok() && *done) {
       std::shared_ptr<WorkImpl> work = std::move(head.work);
       in_flight_.pop_front();
-      const absl::Time now = absl::Now();
+      const absl::Time now = WallNow();  // head_since_ is an op time
       last_head_time_ = now - head_since_;
       head_since_ = now;
       CompleteLocked(work, absl::OkStatus());

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/status.h"
 #include "lib/base/log.h"
+#include "lib/base/wall_clock.h"
 #include "lib/core/op_executor.h"  // IWYU pragma: associated
 
 namespace adaptcomm::internal {
@@ -66,7 +67,7 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, abs
       status = aborted_;
       break;
     }
-    started = absl::Now();
+    started = WallNow();
     {
       ExecutorLock lock(this);
       running_ = work;
@@ -233,7 +234,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
       work->MarkRelaunching();
       status = replay_.RestoreInput(work->desc().seq, backend().stream_ordered());
       std::optional<Launched> launched;
-      if (status.ok()) status = Execute(work, absl::Now(), &launched);
+      if (status.ok()) status = Execute(work, WallNow(), &launched);
       if (status.ok()) {
         ExecutorLock lock(this);
         if (launched.has_value()) {

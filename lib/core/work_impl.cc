@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/wall_clock.h"
 #include "lib/core/op_executor.h"
 
 namespace adaptcomm::internal {
@@ -17,7 +18,7 @@ WorkImpl::WorkImpl(OpDesc&& desc, absl::Time enqueue_time, std::weak_ptr<OpExecu
       start_time_(started.value_or(absl::InfinitePast())) {}
 
 std::shared_ptr<WorkImpl> WorkImpl::Failed(OpDesc&& desc, absl::Status status) {
-  auto work = std::make_shared<WorkImpl>(std::move(desc), absl::Now());
+  auto work = std::make_shared<WorkImpl>(std::move(desc), WallNow());
   work->Finish(std::move(status));
   return work;
 }
@@ -41,7 +42,7 @@ bool WorkImpl::Finish(absl::Status status) {
     state_ = WorkState::kFailed;
   }
   status_ = std::move(status);
-  end_time_ = absl::Now();
+  end_time_ = WallNow();
   completion_ = nullptr;  // its events go back to the pool once the Work is gone too (desc_)
   return true;
 }
@@ -135,7 +136,7 @@ absl::Status WorkImpl::Synchronize(absl::Duration bound) {
       if (done.ok() && *done) {
         state_ = WorkState::kDone;
         status_ = absl::OkStatus();
-        end_time_ = absl::Now();
+        end_time_ = WallNow();
         completion_ = nullptr;
         break;
       }
