@@ -1,8 +1,9 @@
 // CUDA fp32 <-> bf16/fp16 casts for the device mixed-precision path. Bit for bit the CPU casts of
 // lib/precision: both compile the same conversions (lib/base/cast_bits.h); bench/gpu_check
-// compares all 65536 half patterns and the fp32 edge cases on a GPU. Vectorized: 4 elements per thread and step (a 16-byte fp32 access
-// and an 8-byte half access) when both buffers are aligned, else one; grid-stride loops; counts
-// summed per block and added to the device counters with one atomic per block.
+// compares all 65536 half patterns and the fp32 edge cases on a GPU. Vectorized: 4 elements per
+// thread and step (a 16-byte fp32 access and an 8-byte half access) when both buffers are aligned,
+// else one; grid-stride loops; counts summed per block and added to the device counters with one
+// atomic per block.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,7 +17,7 @@ namespace {
 using precision::bits::kF32AbsMask;
 using precision::bits::kF32Inf;
 using precision::bits::kF32QuietBit;
-constexpr uint32_t kX86DefaultNaN = 0xffc00000u;     // what an x86 invalid multiply returns
+constexpr uint32_t kX86DefaultNaN = 0xffc00000u;  // what an x86 invalid multiply returns
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 4096;
 
@@ -52,7 +53,7 @@ __device__ __forceinline__ uint32_t F16ToF32Bits(uint16_t h, Counts& c) {
 // returned (quieted), an invalid product (Inf * 0) is the negative default NaN. A GPU would return
 // its canonical 0x7fffffff instead.
 __device__ __forceinline__ uint32_t ScaleBits(uint32_t x, float scale) {
-  if ((x & kF32AbsMask) > kF32Inf) return x;  // already quiet
+  if ((x & kF32AbsMask) > kF32Inf) return x | kF32QuietBit;  // a signaling NaN too (x86 quiets it)
   const uint32_t s = __float_as_uint(scale);
   if ((s & kF32AbsMask) > kF32Inf) return s | kF32QuietBit;
   const uint32_t r = __float_as_uint(__fmul_rn(__uint_as_float(x), scale));
