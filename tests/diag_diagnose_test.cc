@@ -84,6 +84,18 @@ TEST(EnvLintTest, FlagsDeadDeprecatedUnknownAndOutOfRange) {
       << Find(rs, "env.summary")->detail;
 }
 
+TEST(EnvLintTest, ImageMetadataIsClean) {
+  auto rs = LintEnvironment(LintInput({"NCCL_VERSION=2.28.3-1", "NCCL_VERSON=2.28"}));
+  EXPECT_EQ(Find(rs, "env.NCCL_VERSION"), nullptr);
+  ASSERT_NE(Find(rs, "env.NCCL_VERSON"), nullptr) << "a misspelt name is still unknown";
+  EXPECT_EQ(Find(rs, "env.NCCL_VERSON")->status, CheckStatus::kWarn);
+  ASSERT_NE(Find(rs, "env.summary"), nullptr);
+  EXPECT_NE(
+      Find(rs, "env.summary")->detail.find("2 NCCL_/GLOO_/ADAPTCOMM_ variable(s) set, 1 clean"),
+      std::string::npos)
+      << Find(rs, "env.summary")->detail;
+}
+
 TEST(EnvLintTest, UnknownNcclNameGetsDidYouMean) {
   auto rs = LintEnvironment(LintInput({"NCCL_BUFSIZE=4194304"}));
   const CheckResult* r = Find(rs, "env.NCCL_BUFSIZE");

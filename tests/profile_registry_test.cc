@@ -33,6 +33,14 @@ TEST(NcclRegistry, ArticleFactsAreData) {
   EXPECT_EQ(mtu->status, ParamStatus::kNeverRead);
   EXPECT_NE(reg.Describe("NCCL_IB_MTU").find("never read by NCCL"), std::string::npos);
 
+  // NVIDIA's container images export NCCL_VERSION (seen: NCCL_VERSION=2.28.3-1 on an H200 image).
+  const NcclParam* version = reg.Lookup("NCCL_VERSION");
+  ASSERT_NE(version, nullptr);
+  EXPECT_EQ(version->status, ParamStatus::kMetadata);
+  EXPECT_NE(reg.Describe("NCCL_VERSION").find("NCCL_VERSION: not an NCCL setting: exported by"),
+            std::string::npos)
+      << reg.Describe("NCCL_VERSION");
+
   const NcclParam* ibext = reg.Lookup("NCCL_IBEXT_DISABLE");
   ASSERT_NE(ibext, nullptr);
   EXPECT_EQ(ibext->status, ParamStatus::kPluginOnly);
@@ -79,9 +87,10 @@ TEST(NcclRegistry, NormalizeChecksTypeAndRange) {
 TEST(NcclRegistry, BrokenRegistryNamesPosition) {
   auto r = NcclRegistry::Parse("params:\n  NCCL_X:\n    status: curent\n", "reg.yaml");
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().message(),
-            "reg.yaml:3:13: status must be current, deprecated, never_read or plugin_only (at "
-            "'curent')");
+  EXPECT_EQ(
+      r.status().message(),
+      "reg.yaml:3:13: status must be current, deprecated, never_read, plugin_only or metadata "
+      "(at 'curent')");
   auto dangling = NcclRegistry::Parse(
       "params:\n  NCCL_A:\n    status: deprecated\n    alias_of: NCCL_B\n", "reg.yaml");
   ASSERT_FALSE(dangling.ok());

@@ -227,6 +227,23 @@ tiers:
   unsetenv("NCCL_IB_TC");
 }
 
+// An image's NCCL_VERSION is neither a warning nor a setting handed to NCCL; a profile that names
+// it is told it is no setting, with file:line.
+TEST_F(ProfileResolve, ImageMetadataIsNeitherWarnedAboutNorApplied) {
+  config::ResolveInputs in;
+  in.text = "infrastructure:\n  env:\n    NCCL_VERSION: 2.28.3-1\ntiers:\n  - name: only\n";
+  in.file = "image.yaml";
+  in.user_env = {{"NCCL_VERSION", "2.28.3-1"}, {"NCCL_IB_TC", "41"}};
+  auto cfg = config::ResolveFromText(in, Registry());
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(Find(*cfg, "nccl.NCCL_VERSION"), nullptr);
+  EXPECT_EQ(Find(*cfg, "nccl.NCCL_IB_TC")->value, "41");
+  ASSERT_EQ(cfg->warnings.size(), 1u) << AllWarnings(*cfg);
+  EXPECT_EQ(cfg->warnings[0],
+            "image.yaml:3:5: NCCL_VERSION is not an NCCL setting (exported by NVIDIA's CUDA and "
+            "PyTorch container images to name the NCCL they ship; NCCL never reads it); dropped");
+}
+
 TEST_F(ProfileResolve, ArticleListWarnsAndTranslates) {
   auto cfg = Resolve("235B", 8, "templates/article.yaml");
   ASSERT_TRUE(cfg.ok()) << cfg.status();

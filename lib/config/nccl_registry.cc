@@ -81,8 +81,11 @@ absl::Status ParseEntry(const std::string& file, const YAML::Node& key, const YA
         p->status = ParamStatus::kNeverRead;
       } else if (*text == "plugin_only") {
         p->status = ParamStatus::kPluginOnly;
+      } else if (*text == "metadata") {
+        p->status = ParamStatus::kMetadata;
       } else {
-        return ErrorAt(file, v, "status must be current, deprecated, never_read or plugin_only");
+        return ErrorAt(file, v,
+                       "status must be current, deprecated, never_read, plugin_only or metadata");
       }
     } else if (k == "type") {
       if (*text == "int") {
@@ -315,6 +318,8 @@ std::string NcclRegistry::Describe(const std::string& name) const {
           p->suggest.empty() ? "" : absl::StrCat(" (did you mean ", p->suggest, "?)"));
     case ParamStatus::kPluginOnly:
       return absl::StrCat(name, ": read only by ", p->plugin, ", not by NCCL");
+    case ParamStatus::kMetadata:
+      return absl::StrCat(name, ": not an NCCL setting: ", p->note);
   }
   return name;
 }

@@ -21,7 +21,10 @@
 
 namespace adaptcomm::config {
 
-enum class ParamStatus { kCurrent, kDeprecated, kNeverRead, kPluginOnly };
+// kMetadata: an NCCL_* name that is no setting at all, such as NCCL_VERSION, which NVIDIA's
+// container images export to name the NCCL they ship; NCCL never reads it, and seeing it exported
+// is normal, so it is neither applied nor warned about.
+enum class ParamStatus { kCurrent, kDeprecated, kNeverRead, kPluginOnly, kMetadata };
 
 enum class ParamType { kInt, kBool, kBytes, kString };
 

@@ -11,11 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "lib/base/log.h"
 #include "lib/config/profile_schema.h"
 #include "lib/config/resolve_internal.h"
 #include "lib/config/units.h"
 #include "lib/config/yaml_util.h"
-#include "lib/base/log.h"
 
 namespace adaptcomm::config {
 namespace {
@@ -98,11 +98,13 @@ absl::Status ParseNcclEntry(const std::string& file, const YAML::Node& key, cons
     layer->nccl.emplace_back(name, entry);
     return absl::OkStatus();
   }
-  if (param->status == ParamStatus::kNeverRead) {
+  if (param->status == ParamStatus::kNeverRead || param->status == ParamStatus::kMetadata) {
     std::string hint = reg.DidYouMean(name);
-    std::string msg =
-        absl::StrCat(at, ": ", name, " is never read by NCCL (", param->note, "); dropped",
-                     hint.empty() ? "" : absl::StrCat("; did you mean ", hint, "?"));
+    std::string msg = absl::StrCat(
+        at, ": ", name,
+        param->status == ParamStatus::kMetadata ? " is not an NCCL setting ("
+                                                : " is never read by NCCL (",
+        param->note, "); dropped", hint.empty() ? "" : absl::StrCat("; did you mean ", hint, "?"));
     layer->warnings.push_back(msg);
     layer->refusals.push_back(msg);
     return absl::OkStatus();

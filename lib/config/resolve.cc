@@ -294,6 +294,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   std::map<std::string, bool> user_exported;
   for (const auto& [name, value] : in.user_env) {
     const NcclParam* p = reg.Lookup(name);
+    if (p != nullptr && p->status == ParamStatus::kMetadata) continue;
     if (p == nullptr || p->status == ParamStatus::kNeverRead ||
         p->status == ParamStatus::kDeprecated) {
       if (absl::StartsWith(name, "NCCL_")) {

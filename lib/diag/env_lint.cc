@@ -198,6 +198,9 @@ std::vector<CheckResult> LintEnvironment(const EnvLintInput& in) {
               absl::StrCat(name, " is read only by ", p->plugin, ", not by NCCL: ", p->note),
               "keep it only if that plugin is installed");
           break;
+        case config::ParamStatus::kMetadata:  // set by container images; NCCL ignores it
+          ++clean;
+          continue;
         case config::ParamStatus::kCurrent:
           break;
       }
