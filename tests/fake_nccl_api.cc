@@ -500,6 +500,7 @@ int FakeNcclApi::EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) {
   return cuda::kCudaSuccess;
 }
 int FakeNcclApi::EventQuery(cuda::CudaEvent event) {
+  if (faults_.event_query_takes > absl::ZeroDuration()) absl::SleepFor(faults_.event_query_takes);
   absl::MutexLock lock(&world_->mu);
   auto it = state_->events.find(event);
   if (it == state_->events.end()) return 400;  // cudaErrorInvalidResourceHandle

@@ -49,7 +49,8 @@ struct FakeNcclFaults {
   int async_error_at_launch = 0;     // 1-based launch that fails asynchronously (never completes)
   nccl::NcclResult async_error = nccl::NcclResult::kRemoteError;
   int hang_at_launch = 0;  // 1-based launch that never completes, without any error
-  absl::Duration abort_hangs_for = absl::ZeroDuration();  // ncclCommAbort blocks this long
+  absl::Duration abort_hangs_for = absl::ZeroDuration();    // ncclCommAbort blocks this long
+  absl::Duration event_query_takes = absl::ZeroDuration();  // a slow driver: each cudaEventQuery
   bool host_alloc_fails = false;
   int launch_cast_error = cuda::kCudaSuccess;  // LaunchCast returns this (nothing is queued)
   // ncclCommShrink (NCCL 2.27+): advertised (has_comm_shrink) and implemented: the survivors that

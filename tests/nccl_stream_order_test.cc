@@ -433,6 +433,37 @@ TEST(StreamOrder, DeviceOpTimesInTheFlightRecordAreWallClockTimes) {
       absl::Seconds(60));
 }
 
+// The watchdog asks the device about the ops in flight without the executor's lock, which the
+// issuing thread takes for every op: a slow cudaEventQuery (300 ms here; about a microsecond on an
+// H200, where holding the lock through one per op kept the trainer's thread blocked for 60% of its
+// time) delays no issue. Holding the lock, the second op's issue would wait out the query.
+TEST(StreamOrder, WatchdogAsksTheDeviceWithoutHoldingUpTheIssuingThread) {
+  FakeNcclFaults slow_query;
+  slow_query.event_query_takes = absl::Milliseconds(300);
+  FakeRanks fakes{std::vector<FakeNcclFaults>(kWorld, slow_query)};
+  testing::RunRanks(
+      testing::RankMode::kThreads, kWorld,
+      [&](const testing::RankEnv& env) {
+        auto comm = fakes.Create(env.rank, Options(env, 1, absl::Seconds(30)));
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<float> buf(16, 1.0f);
+        const TensorView view{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)};
+        ASSERT_TRUE((*comm)->Allreduce(view).Wait(absl::Seconds(5)).ok());
+        absl::SleepFor(absl::Milliseconds(50));  // the watchdog's next poll is in its query
+        const absl::Time start = absl::Now();
+        Work last;
+        for (int i = 0; i < 4; ++i) {
+          last = (*comm)->Allreduce(view);
+          ASSERT_TRUE(last.Wait(absl::Seconds(5)).ok());
+        }
+        const absl::Duration issued = absl::Now() - start;
+        EXPECT_LT(issued, absl::Milliseconds(150)) << "4 issues + Wait behind a 300 ms query";
+        ASSERT_TRUE(last.Synchronize(absl::Seconds(20)).ok());
+        EXPECT_EQ(buf[0], 32.0f);  // five allreduces in place over two ranks: 1 * 2^5
+      },
+      absl::Seconds(60));
+}
+
 // A CUDA view whose stream belongs to another device is refused at the call, naming the view.
 TEST(StreamOrder, ViewWhoseStreamIsOnAnotherDeviceIsInvalidArgument) {
   std::vector<FakeNcclFaults> faults(kWorld);

@@ -364,6 +364,12 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::Time head_since_ ABSL_GUARDED_BY(mu_);  // when in_flight_.front() became the oldest
   // How long the last op to complete was the oldest in flight: about its time on the device.
   absl::Duration last_head_time_ ABSL_GUARDED_BY(mu_);
+  // Device ops the watchdog took from in_flight_ as done and is finishing (their Works) without
+  // mu_: until then the device counts as busy for whatever must follow every op in flight.
+  size_t ending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool DeviceIdleLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return in_flight_.empty() && ending_ == 0;
+  }
   // Ops wait in the queue for those in flight (a full window, or an op that runs alone).
   bool BacklogLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return !queue_.empty() && !in_flight_.empty();

@@ -155,7 +155,7 @@ absl::Status OpExecutor::Reconfigure(
   {
     ExecutorLock lock(this);
     if (!aborted_.ok()) return aborted_;
-    if (stopping_ || busy_ || !queue_.empty() || !in_flight_.empty() ||
+    if (stopping_ || busy_ || !queue_.empty() || !DeviceIdleLocked() ||
         requested_generation_ > generation_ || !device_failure_.ok()) {
       return absl::FailedPreconditionError(
           "membership reconfiguration needs an idle communicator (a step boundary: every op "
