@@ -132,7 +132,9 @@ class ADAPTCOMM_EXPORT StreamPosition {
   virtual ~StreamPosition() = default;
 };
 
-// A device op that a stream-ordered backend queued on the device.
+// A device op that a stream-ordered backend queued on the device. The ops of one backend finish
+// in the order it launched them (one stream): once Poll() says an op is done, every op launched
+// before it is done too, which lets the executor ask about the newest first.
 // Thread safety: every method may be called from any thread; none blocks.
 class ADAPTCOMM_EXPORT DeviceCompletion {
  public:

@@ -26,6 +26,8 @@ constexpr absl::Duration kDevicePoll = absl::Milliseconds(1);
 constexpr absl::Duration kBacklogPollMin = absl::Microseconds(10);
 // Stream-ordered ops in flight at once without retries (with them: ExecutorOptions).
 constexpr size_t kInFlightWithoutRetries = 1024;
+// How long the watchdog keeps polling at kDevicePoll after the last op in flight ended.
+constexpr absl::Duration kWatchdogTicking = absl::Milliseconds(50);
 // How many of the oldest ops in flight the watchdog asks the device about per release of mu_.
 constexpr size_t kPollBatch = 256;
 // While host ops are left to their waiters (defer_to_waiter_): how long the worker keeps ticking
@@ -363,7 +365,7 @@ bool OpExecutor::WatchdogWakesLocked() const {
   const bool earlier_bound =
       running_.get() != watchdog_watched_ && running_ != nullptr &&
       running_since_ + running_->desc().timeout + options_.watchdog_grace < watchdog_next_;
-  return earlier_bound || in_flight_.empty() != watchdog_idle_ ||
+  return earlier_bound || (watchdog_idle_ && !in_flight_.empty()) ||
          BacklogLocked() != watchdog_backlog_ ||
          (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty());
 }
@@ -438,15 +440,43 @@ void OpExecutor::Beat() {
   if (heartbeat_) heartbeat_();
 }
 
+size_t OpExecutor::CountDone(const std::vector<std::shared_ptr<DeviceCompletion>>& oldest,
+                             absl::Status* failure) {
+  // Ops end in the order they were launched (StreamOrdered), so the done ones are a prefix, found
+  // by asking the newest first (all done: one query), then by bisection: a handful of queries
+  // where one per op kept the device busy answering the watchdog and, through the CUDA runtime's
+  // and NCCL's own locks, held up the trainer's launches (sampled on an H200).
+  size_t lo = 0, hi = oldest.size();  // [0, lo) done, [hi, size) not done
+  while (lo < hi) {
+    const size_t mid = hi == oldest.size() ? hi - 1 : lo + (hi - lo) / 2;
+    absl::StatusOr<bool> finished = oldest[mid]->Poll();
+    if (!finished.ok()) {
+      // A failure names the oldest op that is not done, as it always has: asked in order.
+      for (lo = 0; lo < oldest.size(); ++lo) {
+        finished = oldest[lo]->Poll();
+        if (!finished.ok()) *failure = finished.status();
+        if (!finished.ok() || !*finished) break;
+      }
+      return lo;
+    }
+    if (*finished) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 absl::Time OpExecutor::PollInFlightLocked() {
   std::vector<std::shared_ptr<DeviceCompletion>> oldest;
   std::vector<std::shared_ptr<WorkImpl>> ended;
   while (!in_flight_.empty() && device_failure_.ok()) {
+    absl::Status failure;
     // The device is asked without mu_: a cudaEventQuery takes about a microsecond, and while the
     // watchdog held mu_ through one per op, the trainer's thread, which takes mu_ twice per op it
     // issues, spent most of its time blocked on it (sampled on an H200: 60% of an 11 us op).
-    // Ops end in the order they were queued on the communicator's stream, so the oldest ones are
-    // asked in order, up to the first that is not done.
+    // Ops end in the order they were launched (StreamOrdered): see CountDone.
     oldest.clear();
     for (const InFlight& f : in_flight_) {
       if (f.completion == nullptr || oldest.size() == kPollBatch) break;
@@ -454,13 +484,7 @@ absl::Time OpExecutor::PollInFlightLocked() {
     }
     if (oldest.empty()) break;  // a failed launch at the head: device_failure_ is set
     UnlockAndWake();
-    size_t done = 0;
-    absl::Status failure;
-    for (; done < oldest.size(); ++done) {
-      absl::StatusOr<bool> finished = oldest[done]->Poll();
-      if (!finished.ok()) failure = finished.status();
-      if (!finished.ok() || !*finished) break;
-    }
+    const size_t done = CountDone(oldest, &failure);
     mu_.Lock();
     // Meanwhile an abort or a device failure may have taken them: only those still the oldest.
     // Their Works are finished after mu_ is released again, for the same reason.
@@ -520,6 +544,7 @@ void OpExecutor::WatchdogLoop() {
   std::shared_ptr<WorkImpl> watched;  // the running op, as last seen
   absl::Time abort_sent = absl::InfiniteFuture();
   absl::Time last_beat = absl::Now();
+  absl::Time last_in_flight = absl::InfinitePast();
   while (true) {
     if (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty()) return;
     if (absl::Now() - last_beat >= kBeat / 2) {
@@ -527,7 +552,10 @@ void OpExecutor::WatchdogLoop() {
       last_beat = absl::Now();
     }
     absl::Time next = last_beat + kBeat / 2;
-    if (!in_flight_.empty()) next = std::min(next, PollInFlightLocked());
+    if (!in_flight_.empty()) {
+      next = std::min(next, PollInFlightLocked());
+      last_in_flight = absl::Now();
+    }
     if (running_ != watched) {
       watched = running_;
       abort_sent = absl::InfiniteFuture();
@@ -569,8 +597,14 @@ void OpExecutor::WatchdogLoop() {
     // An op that starts (or ends) only matters before `next` if its own bound falls earlier: most
     // ops' bounds are minutes away, and waking for each one would cost every op a context switch
     // (a wake-up and a sleep of this thread) for nothing; a later wake-up sees the op anyway.
+    // Likewise the first op in flight after a pause: for a while after the device last had ops,
+    // the watchdog ticks at the device poll's pace instead, so that a trainer issuing ops faster
+    // than one per poll does not wake it with nearly every op (the device finishes small ones
+    // between two issues; on an H200 that was a wake-up per two 8-byte ops).
+    const bool recently_busy = absl::Now() - last_in_flight < kWatchdogTicking;
+    if (recently_busy) next = std::min(next, absl::Now() + kDevicePoll);
     watchdog_watched_ = watched.get();
-    watchdog_idle_ = in_flight_.empty();
+    watchdog_idle_ = in_flight_.empty() && !recently_busy;
     watchdog_backlog_ = BacklogLocked();
     watchdog_next_ = next;
     SleepLocked(watchdog_cv_, &watchdog_sleeping_, &OpExecutor::WatchdogWakesLocked, next);

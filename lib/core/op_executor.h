@@ -283,6 +283,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // Watchdog: finishes the ops in flight the device completed; returns when the oldest one must
   // be looked at again. REQUIRES: mu_ held.
   absl::Time PollInFlightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many of `oldest` (the oldest ops in flight, oldest first) the device has finished; sets
+  // *failure when it reports one failed (the count then stops at it). Called without mu_.
+  static size_t CountDone(const std::vector<std::shared_ptr<DeviceCompletion>>& oldest,
+                          absl::Status* failure);
   // Completed here: counts it and tells the observers. REQUIRES: mu_ held.
   void CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -349,8 +353,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::CondVar watchdog_cv_;
   bool worker_sleeping_ ABSL_GUARDED_BY(mu_) = false;
   bool watchdog_sleeping_ ABSL_GUARDED_BY(mu_) = false;
-  // While the watchdog sleeps: the running op it last saw, whether nothing was in flight, whether
-  // it polls at the backlog's pace, and when it wakes anyway (WatchdogWakesLocked).
+  // While the watchdog sleeps: the running op it last saw, whether it sleeps without polling the
+  // device (nothing in flight for a while), whether it polls at the backlog's pace, and when it
+  // wakes anyway (WatchdogWakesLocked).
   const WorkImpl* watchdog_watched_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool watchdog_idle_ ABSL_GUARDED_BY(mu_) = true;
   bool watchdog_backlog_ ABSL_GUARDED_BY(mu_) = false;
