@@ -464,6 +464,36 @@ TEST(StreamOrder, WatchdogAsksTheDeviceWithoutHoldingUpTheIssuingThread) {
       absl::Seconds(60));
 }
 
+// Ops end in launch order, so the watchdog asks the newest op in flight first: 300 ops the device
+// finished are retired after one query of 10 ms, where asking each in turn would take 3 s.
+TEST(StreamOrder, WatchdogRetiresFinishedOpsWithAFewQueries) {
+  FakeNcclFaults slow_query;
+  slow_query.event_query_takes = absl::Milliseconds(10);
+  FakeRanks fakes{std::vector<FakeNcclFaults>(1, slow_query)};  // no peer to wait for
+  testing::RunRanks(
+      testing::RankMode::kThreads, 1,
+      [&](const testing::RankEnv& env) {
+        FakeNcclApi& api = fakes.api(env.rank);
+        auto comm = fakes.Create(env.rank, Options(env, 1, absl::Seconds(30)));
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        std::vector<float> buf(16, 1.0f);
+        const TensorView view{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)};
+        api.HoldStreams(true);
+        std::vector<Work> works;
+        for (int i = 0; i < 300; ++i) {
+          works.push_back((*comm)->Allreduce(view));
+          ASSERT_TRUE(works.back().Wait(absl::Seconds(5)).ok());
+        }
+        const absl::Time released = absl::Now();
+        api.HoldStreams(false);  // the device runs them all once asked about one
+        // A host op runs once the watchdog has retired every op in flight.
+        ASSERT_TRUE((*comm)->Barrier().Wait(absl::Seconds(20)).ok());
+        EXPECT_LT(absl::Now() - released, absl::Milliseconds(1500));
+        for (Work& w : works) EXPECT_TRUE(w.completed());
+      },
+      absl::Seconds(60));
+}
+
 // A CUDA view whose stream belongs to another device is refused at the call, naming the view.
 TEST(StreamOrder, ViewWhoseStreamIsOnAnotherDeviceIsInvalidArgument) {
   std::vector<FakeNcclFaults> faults(kWorld);
