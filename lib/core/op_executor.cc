@@ -26,8 +26,6 @@ constexpr absl::Duration kDevicePoll = absl::Milliseconds(1);
 constexpr absl::Duration kBacklogPollMin = absl::Microseconds(10);
 // Stream-ordered ops in flight at once without retries (with them: ExecutorOptions).
 constexpr size_t kInFlightWithoutRetries = 1024;
-// How long the watchdog keeps polling at kDevicePoll after the last op in flight ended.
-constexpr absl::Duration kWatchdogTicking = absl::Milliseconds(50);
 // How many of the oldest ops in flight the watchdog asks the device about per release of mu_.
 constexpr size_t kPollBatch = 256;
 // While host ops are left to their waiters (defer_to_waiter_): how long the worker keeps ticking
@@ -365,7 +363,7 @@ bool OpExecutor::WatchdogWakesLocked() const {
   const bool earlier_bound =
       running_.get() != watchdog_watched_ && running_ != nullptr &&
       running_since_ + running_->desc().timeout + options_.watchdog_grace < watchdog_next_;
-  return earlier_bound || (watchdog_idle_ && !in_flight_.empty()) ||
+  return earlier_bound || in_flight_.empty() != watchdog_idle_ ||
          BacklogLocked() != watchdog_backlog_ ||
          (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty());
 }
@@ -544,7 +542,6 @@ void OpExecutor::WatchdogLoop() {
   std::shared_ptr<WorkImpl> watched;  // the running op, as last seen
   absl::Time abort_sent = absl::InfiniteFuture();
   absl::Time last_beat = absl::Now();
-  absl::Time last_in_flight = absl::InfinitePast();
   while (true) {
     if (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty()) return;
     if (absl::Now() - last_beat >= kBeat / 2) {
@@ -552,10 +549,7 @@ void OpExecutor::WatchdogLoop() {
       last_beat = absl::Now();
     }
     absl::Time next = last_beat + kBeat / 2;
-    if (!in_flight_.empty()) {
-      next = std::min(next, PollInFlightLocked());
-      last_in_flight = absl::Now();
-    }
+    if (!in_flight_.empty()) next = std::min(next, PollInFlightLocked());
     if (running_ != watched) {
       watched = running_;
       abort_sent = absl::InfiniteFuture();
@@ -597,14 +591,8 @@ void OpExecutor::WatchdogLoop() {
     // An op that starts (or ends) only matters before `next` if its own bound falls earlier: most
     // ops' bounds are minutes away, and waking for each one would cost every op a context switch
     // (a wake-up and a sleep of this thread) for nothing; a later wake-up sees the op anyway.
-    // Likewise the first op in flight after a pause: for a while after the device last had ops,
-    // the watchdog ticks at the device poll's pace instead, so that a trainer issuing ops faster
-    // than one per poll does not wake it with nearly every op (the device finishes small ones
-    // between two issues; on an H200 that was a wake-up per two 8-byte ops).
-    const bool recently_busy = absl::Now() - last_in_flight < kWatchdogTicking;
-    if (recently_busy) next = std::min(next, absl::Now() + kDevicePoll);
     watchdog_watched_ = watched.get();
-    watchdog_idle_ = in_flight_.empty() && !recently_busy;
+    watchdog_idle_ = in_flight_.empty();
     watchdog_backlog_ = BacklogLocked();
     watchdog_next_ = next;
     SleepLocked(watchdog_cv_, &watchdog_sleeping_, &OpExecutor::WatchdogWakesLocked, next);

@@ -353,9 +353,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::CondVar watchdog_cv_;
   bool worker_sleeping_ ABSL_GUARDED_BY(mu_) = false;
   bool watchdog_sleeping_ ABSL_GUARDED_BY(mu_) = false;
-  // While the watchdog sleeps: the running op it last saw, whether it sleeps without polling the
-  // device (nothing in flight for a while), whether it polls at the backlog's pace, and when it
-  // wakes anyway (WatchdogWakesLocked).
+  // While the watchdog sleeps: the running op it last saw, whether nothing was in flight, whether
+  // it polls at the backlog's pace, and when it wakes anyway (WatchdogWakesLocked).
   const WorkImpl* watchdog_watched_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool watchdog_idle_ ABSL_GUARDED_BY(mu_) = true;
   bool watchdog_backlog_ ABSL_GUARDED_BY(mu_) = false;
