@@ -465,11 +465,16 @@ TEST_F(TcpStoreTest, IdleConnectionFloodDoesNotLockOutTheJob) {
     ASSERT_TRUE(flood.back()->connected()) << "connection " << i;
   }
   const absl::Time start = absl::Now();
-  // Well inside a job's connect timeout (the profiles give 60 s); under ASan or TSan on a loaded
-  // 2-core machine the 64 oldest handshakes' evictions take seconds, not minutes (the old server
-  // refused the job outright).
-  ExpectServerHealthy(absl::Seconds(10));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // Well inside a job's connect timeout (the profiles give 60 s); the old server refused the job
+  // outright. The job's client is accepted behind the flood's 4,200 connections, each accepted and
+  // evicted first: under TSan on a 2-core machine that took 3.6 ms apiece (15 s in all).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr absl::Duration kBound = absl::Seconds(30);
+#else
+  constexpr absl::Duration kBound = absl::Seconds(10);
+#endif
+  ExpectServerHealthy(kBound);
+  EXPECT_LT(absl::Now() - start, kBound);
 }
 
 TEST(LogThrottleTest, OneLinePerIntervalThenTheCountOfSuppressedOnes) {
