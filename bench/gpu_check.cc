@@ -42,42 +42,18 @@
 #include "absl/time/clock.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/precision.h"
-#include "bench/stack_sampler.h"
-#include "bench/timed_seams.h"
+#include "bench/gpu_check_common.h"
 #include "lib/base/cast_kernels.h"
-#include "lib/core/communicator_factory.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 #include "tests/dtype_values.h"
 
 extern char** environ;
 
-namespace adaptcomm {
-namespace {
+namespace adaptcomm::gpu_check {
 
 int failures = 0;
-#define CHECK_OK(expr, what)                                                            \
-  do {                                                                                  \
-    absl::Status _s = (expr);                                                           \
-    if (!_s.ok()) {                                                                     \
-      ++failures;                                                                       \
-      std::printf("  FAIL %s: %s\n", std::string(what).c_str(), _s.ToString().c_str()); \
-    }                                                                                   \
-  } while (0)
-
-// The process's CUDA runtime (set by main).
 std::shared_ptr<cuda::CudaApi> g_cuda;
-
-// Host <-> device copies of small test vectors, encoded in `t` from doubles.
-std::vector<char> Encode(DType t, const std::vector<double>& v) {
-  std::vector<char> out(v.size() * DTypeSize(t));
-  for (size_t i = 0; i < v.size(); ++i)
-    adaptcomm::testing::StoreAs(t, v[i], out.data() + i * DTypeSize(t));
-  return out;
-}
-double DecodeAt(DType t, const std::vector<char>& b, size_t i) {
-  return adaptcomm::testing::LoadAs(t, b.data() + i * DTypeSize(t));
-}
 
 void Sync(void* stream) {
   void* ev = nullptr;
@@ -89,29 +65,35 @@ void Sync(void* stream) {
   g_cuda->EventDestroy(ev);
 }
 
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  DevBuf(size_t n) : bytes(n) {
-    if (g_cuda->Malloc(&p, n == 0 ? 1 : n) != cuda::kCudaSuccess) p = nullptr;
-  }
-  ~DevBuf() {
-    if (p) g_cuda->Free(p);
-  }
-  TensorView View(DType t, int device, void* stream) const {
-    return TensorView{p, bytes / DTypeSize(t), t, Device::Cuda(device), stream};
-  }
-  void Put(const std::vector<char>& h, void* stream) {
-    g_cuda->MemcpyAsync(p, h.data(), h.size(), cuda::MemcpyKind::kHostToDevice, stream);
-    Sync(stream);
-  }
-  std::vector<char> Get(void* stream) const {
-    std::vector<char> h(bytes);
-    g_cuda->MemcpyAsync(h.data(), p, bytes, cuda::MemcpyKind::kDeviceToHost, stream);
-    Sync(stream);
-    return h;
-  }
-};
+CommunicatorOptions Options(const std::string& name, BackendChoice b, int rank, int world, int port,
+                            std::shared_ptr<Store> store, int retry_attempts) {
+  CommunicatorOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.name = name;
+  o.backend = b;
+  o.fallback = Fallback::kDeny;
+  o.timeout = absl::Seconds(120);
+  o.init_timeout = absl::Seconds(120);
+  o.store = std::move(store);
+  o.master_addr = "127.0.0.1";
+  o.master_port = port;
+  o.max_retry_attempts = retry_attempts;  // 0: the profile's
+  return o;
+}
+
+namespace {
+
+// Host <-> device copies of small test vectors, encoded in `t` from doubles.
+std::vector<char> Encode(DType t, const std::vector<double>& v) {
+  std::vector<char> out(v.size() * DTypeSize(t));
+  for (size_t i = 0; i < v.size(); ++i)
+    adaptcomm::testing::StoreAs(t, v[i], out.data() + i * DTypeSize(t));
+  return out;
+}
+double DecodeAt(DType t, const std::vector<char>& b, size_t i) {
+  return adaptcomm::testing::LoadAs(t, b.data() + i * DTypeSize(t));
+}
 
 void Expect(const std::string& what, DType t, const std::vector<char>& got,
             const std::vector<double>& want) {
@@ -221,23 +203,6 @@ void Functional(Communicator& comm, int device, void* stream) {
     ++failures;
     std::printf("  FAIL host view on nccl: %s\n", s.ToString().c_str());
   }
-}
-
-CommunicatorOptions Options(const std::string& name, BackendChoice b, int rank, int world, int port,
-                            std::shared_ptr<Store> store, int retry_attempts) {
-  CommunicatorOptions o;
-  o.rank = rank;
-  o.world_size = world;
-  o.name = name;
-  o.backend = b;
-  o.fallback = Fallback::kDeny;
-  o.timeout = absl::Seconds(120);
-  o.init_timeout = absl::Seconds(120);
-  o.store = std::move(store);
-  o.master_addr = "127.0.0.1";
-  o.master_port = port;
-  o.max_retry_attempts = retry_attempts;  // 0: the profile's
-  return o;
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> Make(const std::string& name, BackendChoice b,
@@ -527,253 +492,6 @@ void MixedCheck(Communicator& comm, int device, void* stream) {
               absl::ToDoubleMicroseconds(absl::Now() - t0) / 20);
 }
 
-// ---- [6] host overhead against ncclAllReduce itself ----
-
-// A raw NCCL communicator over the same ranks (its unique id through the store), for the
-// baseline: ncclAllReduce + an event record per op, as a hand-written loop does.
-struct RawNccl {
-  std::shared_ptr<nccl::NcclApi> api;
-  nccl::NcclComm comm = nullptr;
-  ~RawNccl() {
-    if (comm != nullptr) (void)api->CommDestroy(comm);
-  }
-};
-
-absl::Status MakeRaw(Store& store, int rank, int world, bool blocking, RawNccl* raw) {
-  absl::StatusOr<std::shared_ptr<nccl::NcclApi>> api = nccl::LoadNcclApi();
-  if (!api.ok()) return api.status();
-  raw->api = *api;
-  const std::string key = absl::StrCat("gpu_check/raw_uid/", blocking ? "blocking" : "nonblocking");
-  nccl::NcclUniqueId id;
-  if (rank == 0) {
-    (void)raw->api->GetUniqueId(&id);
-    if (absl::Status s = store.Set(key, std::string(id.internal, sizeof(id.internal))); !s.ok()) {
-      return s;
-    }
-  } else {
-    absl::StatusOr<std::string> v = store.Get(key, absl::Seconds(60));
-    if (!v.ok()) return v.status();
-    std::memcpy(id.internal, v->data(), std::min(v->size(), sizeof(id.internal)));
-  }
-  nccl::NcclCommConfig config;
-  config.blocking = blocking ? 1 : 0;
-  nccl::NcclResult r = raw->api->CommInitRankConfig(&raw->comm, world, id, rank, config);
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (r == nccl::NcclResult::kInProgress && absl::Now() < deadline) {
-    nccl::NcclResult state = nccl::NcclResult::kSuccess;
-    if (raw->api->CommGetAsyncError(raw->comm, &state) != nccl::NcclResult::kSuccess) break;
-    r = state;
-  }
-  if (r != nccl::NcclResult::kSuccess) {
-    return absl::UnavailableError(
-        absl::StrCat("ncclCommInitRankConfig: ", nccl::NcclResultName(r)));
-  }
-  return absl::OkStatus();
-}
-
-// A nonblocking communicator's call may return ncclInProgress: the caller polls until the launch
-// is done (NCCL docs, "Fault Tolerance"), as adaptcomm's backend does.
-nccl::NcclResult SettleNonblocking(RawNccl& raw, nccl::NcclResult r) {
-  while (r == nccl::NcclResult::kInProgress) {
-    nccl::NcclResult state = nccl::NcclResult::kSuccess;
-    if (raw.api->CommGetAsyncError(raw.comm, &state) != nccl::NcclResult::kSuccess) break;
-    r = state;
-  }
-  return r;
-}
-
-// Host time per call of `body`, run `n` times back to back (the GPU runs the work meanwhile).
-template <typename F>
-double UsPerCall(int n, void* stream, F&& body) {
-  Sync(stream);
-  const absl::Time t0 = absl::Now();
-  for (int i = 0; i < n; ++i) body();
-  const double us = absl::ToDoubleMicroseconds(absl::Now() - t0) / n;
-  Sync(stream);
-  return us;
-}
-
-// `comm` has coordinated retry on (the profile's default: each op's input is copied first),
-// `lean` has it off: the like-for-like comparison with a hand-written ncclAllReduce loop.
-void OverheadCheck(Communicator& comm, Communicator& lean, Store& store, int device, void* stream) {
-  RawNccl raw, raw_nb;
-  for (auto [r, blocking] : {std::pair{&raw, true}, std::pair{&raw_nb, false}}) {
-    if (absl::Status s = MakeRaw(store, comm.rank(), comm.size(), blocking, r); !s.ok()) {
-      ++failures;
-      std::printf("  FAIL raw NCCL communicator: %s\n", s.ToString().c_str());
-      return;
-    }
-  }
-  void *issued = nullptr, *done = nullptr, *side = nullptr;
-  g_cuda->EventCreateDisableTiming(&issued);
-  g_cuda->EventCreateDisableTiming(&done);
-  g_cuda->StreamCreateNonBlocking(&side);
-  DevBuf buf(size_t{1} << 30), record(4096);
-  // 8 bytes: host cost per op, 2000 ops issued back to back. The rows below the first two are
-  // the CUDA calls a stream-ordered op makes, alone and as the bare sequence, for the breakdown.
-  constexpr int kSmallOps = 2000;
-  const TensorView small{buf.p, 2, DType::kF32, Device::Cuda(device), stream};
-  for (Communicator* c : {&comm, &lean}) {
-    for (int i = 0; i < 50; ++i) CHECK_OK(c->Allreduce(small).Wait(), "overhead warm-up");
-  }
-  const auto nccl_call = [&](RawNccl& r, void* s) {
-    return r.api->AllReduce(buf.p, buf.p, 2, nccl::NcclDataType::kFloat32, nccl::NcclRedOp::kSum,
-                            r.comm, s);
-  };
-  const double raw_us = UsPerCall(kSmallOps, stream, [&] {
-    (void)nccl_call(raw, stream);
-    g_cuda->EventRecord(done, stream);
-  });
-  const double raw_nb_us = UsPerCall(kSmallOps, stream, [&] {
-    (void)SettleNonblocking(raw_nb, nccl_call(raw_nb, stream));
-    g_cuda->EventRecord(done, stream);
-  });
-  const double record_us =
-      UsPerCall(kSmallOps, stream, [&] { g_cuda->EventRecord(issued, stream); });
-  const double wait_us =
-      UsPerCall(kSmallOps, stream, [&] { g_cuda->StreamWaitEvent(side, issued); });
-  const double copy_us = UsPerCall(kSmallOps, stream, [&] {
-    g_cuda->MemcpyAsync(record.p, buf.p, 8, cuda::MemcpyKind::kDeviceToDevice, side);
-  });
-  const double kernel_copy_us = UsPerCall(kSmallOps, stream, [&] {
-    g_cuda->LaunchCast(cuda::CastDirection::kF32ToF32, buf.p, record.p, 2, 1.0f, side, nullptr);
-  });
-  int current = 0;
-  const double get_device_us = UsPerCall(kSmallOps, stream, [&] { g_cuda->GetDevice(&current); });
-  // The bare sequence of the issue path: mark the caller's stream, the side stream waits for it,
-  // the collective there, its end event; Wait() makes the caller's stream wait for that.
-  const double bare_us = UsPerCall(kSmallOps, stream, [&] {
-    g_cuda->EventRecord(issued, stream);
-    g_cuda->StreamWaitEvent(side, issued);
-    (void)SettleNonblocking(raw_nb, nccl_call(raw_nb, side));
-    g_cuda->EventRecord(done, side);
-    g_cuda->StreamWaitEvent(stream, done);
-  });
-  const double bare_copy_us = UsPerCall(kSmallOps, stream, [&] {
-    g_cuda->EventRecord(issued, stream);
-    g_cuda->StreamWaitEvent(side, issued);
-    g_cuda->MemcpyAsync(record.p, buf.p, 8, cuda::MemcpyKind::kDeviceToDevice, side);
-    (void)SettleNonblocking(raw_nb, nccl_call(raw_nb, side));
-    g_cuda->EventRecord(done, side);
-    g_cuda->StreamWaitEvent(stream, done);
-  });
-  Work last;
-  const auto ours = [&](Communicator& c) {
-    return UsPerCall(kSmallOps, stream, [&] {
-      last = c.Allreduce(small);
-      CHECK_OK(last.Wait(), "overhead");
-    });
-  };
-  const double lean_us = ours(lean);
-  const double retry_us = ours(comm);
-  // GPU_CHECK_PROFILE=path: where the caller's thread spends an op without retry, sampled.
-  if (const char* path = std::getenv("GPU_CHECK_PROFILE"); path != nullptr && *path != '\0') {
-    if (bench::StackSampler::Start(/*period_us=*/50)) {
-      for (int i = 0; i < 20000; ++i) {
-        last = lean.Allreduce(small);
-        CHECK_OK(last.Wait(), "profiled op");
-      }
-      bench::StackSampler::Stop();
-      std::printf("  %d stack samples of the issue + Wait loop in %s\n",
-                  bench::StackSampler::samples(),
-                  bench::StackSampler::Write(path) ? path : "(not written)");
-    }
-  }
-  CHECK_OK(last.Synchronize(absl::Seconds(60)), "overhead sync");
-  std::printf(
-      "  8 B host cost per op (us): ncclAllReduce %.2f (nonblocking comm %.2f);\n"
-      "    calls alone: cudaEventRecord %.2f, cudaStreamWaitEvent %.2f, 8 B D2D "
-      "cudaMemcpyAsync %.2f (as a copy kernel of ours %.2f), cudaGetDevice %.2f;\n"
-      "    bare sequence (record, wait, nonblocking ncclAllReduce, record, wait) %.2f, "
-      "with the retry copy %.2f;\n"
-      "    adaptcomm retry off %.2f (+%.2f over ncclAllReduce, %.2fx the bare sequence), "
-      "retry on %.2f (%.2fx the bare sequence with the copy)\n",
-      raw_us, raw_nb_us, record_us, wait_us, copy_us, kernel_copy_us, get_device_us, bare_us,
-      bare_copy_us, lean_us, lean_us - raw_us, lean_us / bare_us, retry_us,
-      retry_us / bare_copy_us);
-  if (lean_us - raw_us > 5.0) {
-    ++failures;
-    std::printf("  FAIL host overhead above 5 us per op (retry off)\n");
-  }
-  // Time to completion of back-to-back ops. With one rank NCCL's in-place allreduce has nothing to
-  // move (no kernel), so on one GPU this measures host cost only; the 2% target needs two GPUs.
-  for (size_t bytes = size_t{1} << 20; bytes <= (size_t{1} << 30); bytes *= 4) {
-    const size_t n = bytes / 4;
-    const int iters = static_cast<int>(std::clamp<size_t>((size_t{2} << 30) / bytes, 5, 40));
-    const TensorView v{buf.p, n, DType::kF32, Device::Cuda(device), stream};
-    Sync(stream);
-    absl::Time t0 = absl::Now();
-    for (int i = 0; i < iters; ++i) {
-      (void)raw.api->AllReduce(buf.p, buf.p, n, nccl::NcclDataType::kFloat32, nccl::NcclRedOp::kSum,
-                               raw.comm, stream);
-    }
-    Sync(stream);
-    const double raw_t = absl::ToDoubleMicroseconds(absl::Now() - t0) / iters;
-    double ours_t[2] = {0, 0};
-    for (int k = 0; k < 2; ++k) {
-      Communicator& c = k == 0 ? lean : comm;
-      t0 = absl::Now();
-      for (int i = 0; i < iters; ++i) {
-        last = c.Allreduce(v);
-        CHECK_OK(last.Wait(), "overhead large");
-      }
-      CHECK_OK(last.Synchronize(absl::Seconds(120)), "overhead large sync");
-      ours_t[k] = absl::ToDoubleMicroseconds(absl::Now() - t0) / iters;
-    }
-    std::printf(
-        "  %10zu B: ncclAllReduce %9.1f us, adaptcomm retry off %9.1f us (%.3fx), "
-        "retry on %9.1f us\n",
-        bytes, raw_t, ours_t[0], ours_t[0] / raw_t, ours_t[1]);
-    if (ours_t[0] > raw_t * 1.02 + 5.0) {
-      ++failures;
-      std::printf("  FAIL more than 2%% + 5 us slower than ncclAllReduce (retry off)\n");
-    }
-  }
-  Sync(side);
-  g_cuda->StreamDestroy(side);
-  g_cuda->EventDestroy(issued);
-  g_cuda->EventDestroy(done);
-}
-
-// Where an 8-byte op's host time goes: the same issue + Wait loop on communicators whose CUDA
-// and NCCL seams are timed per call (bench/timed_seams.h), split by thread.
-void BreakdownCheck(int rank, int world, int port, const std::shared_ptr<Store>& store, int device,
-                    void* stream) {
-  absl::StatusOr<std::shared_ptr<nccl::NcclApi>> api = nccl::LoadNcclApi();
-  if (!api.ok()) return;
-  auto times = std::make_shared<bench::SeamTimes>();
-  internal::CommunicatorDeps deps;
-  deps.use_given_apis = true;
-  deps.cuda = std::make_shared<bench::TimedCudaApi>(g_cuda, times);
-  deps.nccl = std::make_shared<bench::TimedNcclApi>(*api, times);
-  DevBuf buf(64);
-  const TensorView small{buf.p, 2, DType::kF32, Device::Cuda(device), stream};
-  for (int attempts : {1, 2}) {
-    auto comm = internal::CreateCommunicatorWith(
-        Options(attempts == 1 ? "check_timed" : "check_timed_retry", BackendChoice::kNccl, rank,
-                world, port, store, attempts),
-        deps);
-    if (!comm.ok()) {
-      ++failures;
-      std::printf("  FAIL timed communicator: %s\n", comm.status().ToString().c_str());
-      return;
-    }
-    for (int i = 0; i < 50; ++i) CHECK_OK((*comm)->Allreduce(small).Wait(), "timed warm-up");
-    Sync(stream);
-    constexpr int kOps = 2000;
-    Work last;
-    times->Reset();
-    const double us = UsPerCall(kOps, stream, [&] {
-      last = (*comm)->Allreduce(small);
-      CHECK_OK(last.Wait(), "timed op");
-    });
-    CHECK_OK(last.Synchronize(absl::Seconds(60)), "timed sync");
-    std::printf("    retry %s, seams timed: %.2f us per op (issue + Wait); per op:\n",
-                attempts == 1 ? "off" : "on", us);
-    times->Print(kOps);
-  }
-}
-
 // ---- [7] overlap with compute on another stream ----
 
 void OverlapCheck(Communicator& comm, int device, void* stream) {
@@ -912,10 +630,11 @@ int FreePort() {
 }
 
 }  // namespace
-}  // namespace adaptcomm
+}  // namespace adaptcomm::gpu_check
 
 int main(int argc, char** argv) {
   using namespace adaptcomm;
+  using namespace adaptcomm::gpu_check;
   auto c = cuda::LoadCudaApi();
   if (!c.ok()) {
     std::printf("no GPU: %s\n", std::string(c.status().message()).c_str());

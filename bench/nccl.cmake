@@ -1,6 +1,7 @@
 # GPU check of the NCCL backend (bench/gpu_check.sh builds and runs it). Without a GPU it prints
 # "no GPU" and exits 0; it uses adaptcomm's CUDA seam, so it needs no CUDA header itself.
-add_executable(gpu_check ${CMAKE_CURRENT_LIST_DIR}/gpu_check.cc)
+add_executable(gpu_check ${CMAKE_CURRENT_LIST_DIR}/gpu_check.cc
+                         ${CMAKE_CURRENT_LIST_DIR}/gpu_check_overhead.cc)
 target_include_directories(gpu_check PRIVATE ${PROJECT_SOURCE_DIR})
 target_link_libraries(gpu_check PRIVATE adaptcomm_internal absl::strings absl::time)
 adaptcomm_warnings(gpu_check)
