@@ -438,8 +438,12 @@ void OpExecutor::Beat() {
   if (heartbeat_) heartbeat_();
 }
 
-size_t OpExecutor::CountDone(const std::vector<std::shared_ptr<DeviceCompletion>>& oldest,
-                             absl::Status* failure) {
+namespace {
+
+// How many of `oldest` (the oldest ops in flight, oldest first) the device has finished; sets
+// *failure when it reports one failed (the count then stops at it). Called without mu_.
+size_t CountDone(const std::vector<std::shared_ptr<DeviceCompletion>>& oldest,
+                 absl::Status* failure) {
   // Ops end in the order they were launched (StreamOrdered), so the done ones are a prefix, found
   // by asking the newest first (all done: one query), then by bisection: a handful of queries
   // where one per op kept the device busy answering the watchdog and, through the CUDA runtime's
@@ -465,6 +469,8 @@ size_t OpExecutor::CountDone(const std::vector<std::shared_ptr<DeviceCompletion>
   }
   return lo;
 }
+
+}  // namespace
 
 absl::Time OpExecutor::PollInFlightLocked() {
   std::vector<std::shared_ptr<DeviceCompletion>> oldest;

@@ -283,10 +283,6 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // Watchdog: finishes the ops in flight the device completed; returns when the oldest one must
   // be looked at again. REQUIRES: mu_ held.
   absl::Time PollInFlightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // How many of `oldest` (the oldest ops in flight, oldest first) the device has finished; sets
-  // *failure when it reports one failed (the count then stops at it). Called without mu_.
-  static size_t CountDone(const std::vector<std::shared_ptr<DeviceCompletion>>& oldest,
-                          absl::Status* failure);
   // Completed here: counts it and tells the observers. REQUIRES: mu_ held.
   void CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
