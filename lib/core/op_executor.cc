@@ -244,10 +244,13 @@ void OpExecutor::RunHeadLocked() {
 }
 
 void OpExecutor::CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Status status) {
-  const OpDesc& desc = work->desc();
-  for (const auto& o : observers_) o->OnEnd(desc, status, WallNow());
-  if (status.ok()) last_completed_seq_ = std::max(last_completed_seq_, desc.seq);
-  work->Finish(std::move(status));
+  if (status.ok()) last_completed_seq_ = std::max(last_completed_seq_, work->desc().seq);
+  End(*work, std::move(status), WallNow());
+}
+
+void OpExecutor::End(WorkImpl& work, absl::Status status, absl::Time when) {
+  for (const auto& o : observers_) o->OnEnd(work.desc(), status, when);
+  work.Finish(std::move(status));
 }
 
 size_t OpExecutor::InFlightWindow() const {
@@ -492,10 +495,9 @@ absl::Time OpExecutor::PollInFlightLocked() {
     mu_.Lock();
     // Meanwhile an abort or a device failure may have taken them: only those still the oldest.
     // Their Works are finished after mu_ is released again, for the same reason.
-    ended.clear();
     const absl::Time now = WallNow();  // head_since_ is an op time
-    for (; ended.size() < done && !in_flight_.empty() &&
-           in_flight_.front().completion == oldest[ended.size()];) {
+    while (ended.size() < done && !in_flight_.empty() &&
+           in_flight_.front().completion == oldest[ended.size()]) {
       ended.push_back(std::move(in_flight_.front().work));
       in_flight_.pop_front();
       last_completed_seq_ = std::max(last_completed_seq_, ended.back()->desc().seq);
@@ -508,10 +510,7 @@ absl::Time OpExecutor::PollInFlightLocked() {
       UnlockAndWake();
       // Completed in order by this thread alone (a device op is finished elsewhere only once it
       // has left in_flight_ through an abort or a device failure, which these left first).
-      for (const std::shared_ptr<WorkImpl>& work : ended) {
-        for (const auto& o : observers_) o->OnEnd(work->desc(), absl::OkStatus(), now);
-        work->Finish(absl::OkStatus());
-      }
+      for (const std::shared_ptr<WorkImpl>& work : ended) End(*work, absl::OkStatus(), now);
       ended.clear();
       mu_.Lock();
       ending_ = 0;
