@@ -3,7 +3,10 @@
 //
 // One thread accepts, one thread serves each connection (rendezvous traffic is a few requests
 // per rank, and a thread per connection keeps blocking GET/WAIT simple). Connections are
-// bounded; anything malformed closes only the connection that sent it.
+// bounded; anything malformed closes only the connection that sent it. The threads are detached
+// and counted (ThreadCount); Stop() waits for the count to reach zero: a process that exits while
+// a server is still stopping (a rank that stopped waiting for its departure, LeaveRendezvous)
+// leaves running threads, not finished ones that no one joined.
 //
 // A peer proves it belongs to the job (HELLO with the token) before the server reads more than
 // kMaxHandshakeBytes from it. Connections still in their handshake are few (kMaxPendingHandshakes)
@@ -25,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -119,7 +123,9 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) {
       return absl::UnavailableError(absl::StrCat("TCP store: pipe: ", std::strerror(errno)));
     }
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    if (!Spawn([this] { AcceptLoop(); })) {
+      return absl::UnavailableError("TCP store: cannot start the thread that accepts connections");
+    }
     ADAPTCOMM_LOG(kDebug, "TCP store serving on ", options_.host, ":", port_);
     return absl::OkStatus();
   }
@@ -129,8 +135,35 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     int fd = -1;  // closed (and set to -1) under conns_mu_ by the serving thread
     bool done = false;
     bool authenticated = false;  // set under conns_mu_ once its HELLO was accepted
-    std::thread thread;
   };
+
+  // The server's threads that have not ended. Shared with them, so that a thread that has left
+  // the server (its last access) may still report its end after the server is gone.
+  struct ThreadCount {
+    absl::Mutex mu;
+    int live ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  // Runs `body` on a detached thread counted in threads_; false if no thread could be started.
+  template <typename Body>
+  bool Spawn(Body body) {
+    {
+      absl::MutexLock lock(&threads_->mu);
+      ++threads_->live;
+    }
+    try {
+      std::thread([body = std::move(body), count = threads_] {
+        body();
+        absl::MutexLock lock(&count->mu);
+        --count->live;
+      }).detach();
+      return true;
+    } catch (const std::system_error&) {
+      absl::MutexLock lock(&threads_->mu);
+      --threads_->live;
+      return false;
+    }
+  }
 
   void Stop() {
     {
@@ -138,21 +171,28 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       stopping_ = true;
       cv_.SignalAll();
     }
-    if (accept_thread_.joinable()) {
+    if (wake_pipe_[1] >= 0) {
       char b = 1;
-      (void)!::write(wake_pipe_[1], &b, 1);
-      accept_thread_.join();
+      (void)!::write(wake_pipe_[1], &b, 1);  // the accept loop returns
     }
-    std::vector<std::unique_ptr<Conn>> conns;
     {
       absl::MutexLock lock(&conns_mu_);
+      closing_ = true;  // a connection accepted from now on is closed at once
       // Wakes every serving thread out of recv/poll; the fds stay open until their threads close
       // them, so no fd number is reused under us.
       for (auto& c : conns_)
         if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
-      conns.swap(conns_);
     }
-    for (auto& c : conns) c->thread.join();
+    {
+      absl::MutexLock lock(&threads_->mu);
+      ThreadCount* count = threads_.get();
+      auto ended = [count]() ABSL_SHARED_LOCKS_REQUIRED(count->mu) { return count->live == 0; };
+      threads_->mu.Await(absl::Condition(&ended));
+    }
+    {
+      absl::MutexLock lock(&conns_mu_);
+      conns_.clear();
+    }
     if (listen_fd_ >= 0) ::close(listen_fd_);
     for (int& fd : wake_pipe_)
       if (fd >= 0) ::close(fd);
@@ -182,6 +222,10 @@ class TcpStoreServerImpl final : public TcpStoreServer {
         continue;
       }
       absl::MutexLock lock(&conns_mu_);
+      if (closing_) {
+        ::close(fd);
+        return;
+      }
       EvictOldestPendingLocked();
       if (conns_.size() >= kMaxConnections) {
         ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: refusing connection from ",
@@ -194,14 +238,14 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       auto conn = std::make_unique<Conn>();
       conn->fd = fd;
       Conn* raw = conn.get();
-      try {
-        conn->thread = std::thread([this, raw] { Serve(raw); });
-      } catch (const std::system_error& e) {
-        ADAPTCOMM_LOG(kWarning, "TCP store: cannot start a thread for a connection: ", e.what());
-        ::close(fd);
-        continue;
-      }
+      // Listed before its thread starts: the thread marks it done under conns_mu_, held here.
       conns_.push_back(std::move(conn));
+      if (!Spawn([this, raw] { Serve(raw); })) {
+        ADAPTCOMM_LOG(kWarning, "TCP store: cannot start a thread for a connection from ",
+                      PeerName(fd));
+        ::close(fd);
+        conns_.pop_back();
+      }
     }
   }
 
@@ -225,20 +269,10 @@ class TcpStoreServerImpl final : public TcpStoreServer {
                             " dropped so far): a scan or flood, or a client that is not adaptcomm");
   }
 
+  // Forgets the connections whose threads are done with them.
   void ReapFinished() {
-    std::vector<std::unique_ptr<Conn>> finished;
-    {
-      absl::MutexLock lock(&conns_mu_);
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        if ((*it)->done) {
-          finished.push_back(std::move(*it));
-          it = conns_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    for (auto& c : finished) c->thread.join();
+    absl::MutexLock lock(&conns_mu_);
+    std::erase_if(conns_, [](const std::unique_ptr<Conn>& c) { return c->done; });
   }
 
   void Serve(Conn* conn) {
@@ -465,10 +499,11 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   int listen_fd_ = -1;
   int port_ = 0;
   int wake_pipe_[2] = {-1, -1};
-  std::thread accept_thread_;
+  const std::shared_ptr<ThreadCount> threads_ = std::make_shared<ThreadCount>();
 
   absl::Mutex conns_mu_;
   std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(conns_mu_);
+  bool closing_ ABSL_GUARDED_BY(conns_mu_) = false;
   int64_t evicted_ ABSL_GUARDED_BY(conns_mu_) = 0;
   log::LogThrottle refusals_{kRefusalLogInterval};
 
