@@ -7,9 +7,12 @@
 // so only host cost is measured. Each loop is timed on its second pass, after an untimed one that
 // grows what it grows (HeldMicrosPerOp). Same run, interleaved rounds, medians.
 //
-//   build/bench/stream_order_bench [--ops 1000] [--rounds 7] [--only bare|api] [--paced US]
-//                                  [--burst N]
+//   build/bench/stream_order_bench [--ops 1000] [--rounds 7] [--only bare|api] [--seams]
+//                                  [--paced US] [--burst N]
 //
+// --seams times every call into the fake, in both loops alike (bench/timed_seams.h: two clock
+// reads a call), and splits each loop's host cost into the time spent inside the fake's calls and
+// the rest: the same calls may cost more between the library's own code than in a tight loop.
 // --only runs one of the two loops, for a profiler (`perf stat -e instructions:u` counts what a
 // change saves without this machine's timing noise).
 // --paced US measures instead how busy the host keeps a device that finishes one collective every
@@ -36,6 +39,7 @@
 #include "absl/time/clock.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/store.h"
+#include "bench/timed_seams.h"
 #include "lib/core/communicator_factory.h"
 #include "tests/fake_nccl_api.h"
 
@@ -43,6 +47,12 @@ namespace adaptcomm {
 namespace {
 
 using testing::FakeNcclApi;
+
+// Host time per op of one loop, and (with --seams) the part spent inside the fake's calls.
+struct HostCost {
+  double us = 0;
+  double in_seams_us = 0;
+};
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -53,16 +63,20 @@ double Median(std::vector<double> v) {
 // while the host is timed, then lets the device run them (drain()). Twice: the first pass warms
 // what the timed one would otherwise grow (the library's event pool, the fake's event table and
 // call log, whose reallocation would be charged to whichever loop crossed its size), then the
-// second is timed. Exits if the device ran an op while held.
+// second is timed. Exits if the device ran an op while held. `seams`: the timings of the calls the
+// loop makes into the fake, if they are timed.
 template <typename Issue, typename Drain>
-double HeldMicrosPerOp(FakeNcclApi& api, int ops, const char* what, Issue issue, Drain drain) {
-  double us = 0;
+HostCost HeldMicrosPerOp(FakeNcclApi& api, bench::SeamTimes* seams, int ops, const char* what,
+                         Issue issue, Drain drain) {
+  HostCost cost;
   for (int pass = 0; pass < 2; ++pass) {
     const int before = api.collectives_started();
     api.HoldStreams(true);
+    if (seams != nullptr) seams->Reset();
     const absl::Time start = absl::Now();
     for (int i = 0; i < ops; ++i) issue(i);
-    us = absl::ToDoubleMicroseconds(absl::Now() - start) / ops;
+    cost.us = absl::ToDoubleMicroseconds(absl::Now() - start) / ops;
+    if (seams != nullptr) cost.in_seams_us = seams->CallerMicrosPerOp(ops);
     const int started = api.collectives_started() - before;
     api.HoldStreams(false);
     drain();
@@ -72,13 +86,36 @@ double HeldMicrosPerOp(FakeNcclApi& api, int ops, const char* what, Issue issue,
       std::exit(1);
     }
   }
-  return us;
+  return cost;
+}
+
+// The fake as the CUDA runtime and NCCL, each call timed into `times` when it is given.
+struct Seams {
+  std::shared_ptr<FakeNcclApi> fake;
+  std::shared_ptr<cuda::CudaApi> cuda;
+  std::shared_ptr<nccl::NcclApi> nccl;
+  std::shared_ptr<bench::SeamTimes> times;
+};
+
+Seams MakeSeams(bool timed) {
+  Seams s;
+  s.fake = std::make_shared<FakeNcclApi>(testing::MakeFakeNcclWorld(), testing::FakeNcclFaults{});
+  s.cuda = s.fake;
+  s.nccl = s.fake;
+  if (timed) {
+    s.times = std::make_shared<bench::SeamTimes>();
+    s.cuda = std::make_shared<bench::TimedCudaApi>(s.fake, s.times);
+    s.nccl = std::make_shared<bench::TimedNcclApi>(s.fake, s.times);
+  }
+  return s;
 }
 
 // The same calls per op as the backend makes, and Work::Wait after them, on pre-created events,
 // nothing else.
-double BareMicrosPerOp(int ops) {
-  auto api = std::make_shared<FakeNcclApi>(testing::MakeFakeNcclWorld(), testing::FakeNcclFaults{});
+HostCost BareMicrosPerOp(int ops, bool timed) {
+  const Seams seams = MakeSeams(timed);
+  cuda::CudaApi* const cu = seams.cuda.get();
+  nccl::NcclApi* const api = seams.nccl.get();
   nccl::NcclUniqueId id;
   (void)api->GetUniqueId(&id);
   nccl::NcclComm comm = nullptr;
@@ -86,20 +123,20 @@ double BareMicrosPerOp(int ops) {
   nonblocking.blocking = 0;
   (void)api->CommInitRankConfig(&comm, 1, id, 0, nonblocking);
   cuda::CudaStream caller = nullptr, comm_stream = nullptr;
-  (void)api->StreamCreateNonBlocking(&caller);
-  (void)api->StreamCreateNonBlocking(&comm_stream);
+  (void)cu->StreamCreateNonBlocking(&caller);
+  (void)cu->StreamCreateNonBlocking(&comm_stream);
   std::vector<cuda::CudaEvent> issued(static_cast<size_t>(ops)), done(static_cast<size_t>(ops));
   for (int i = 0; i < ops; ++i) {
-    (void)api->EventCreateDisableTiming(&issued[static_cast<size_t>(i)]);
-    (void)api->EventCreateDisableTiming(&done[static_cast<size_t>(i)]);
+    (void)cu->EventCreateDisableTiming(&issued[static_cast<size_t>(i)]);
+    (void)cu->EventCreateDisableTiming(&done[static_cast<size_t>(i)]);
   }
   std::vector<float> buf(8, 1.0f);
-  const double us = HeldMicrosPerOp(
-      *api, ops, "bare",
+  const HostCost cost = HeldMicrosPerOp(
+      *seams.fake, seams.times.get(), ops, "bare",
       [&](int op) {
         const size_t i = static_cast<size_t>(op);
-        (void)api->EventRecord(issued[i], caller);
-        (void)api->StreamWaitEvent(comm_stream, issued[i]);
+        (void)cu->EventRecord(issued[i], caller);
+        (void)cu->StreamWaitEvent(comm_stream, issued[i]);
         const nccl::NcclResult r =
             api->AllReduce(buf.data(), buf.data(), buf.size(), nccl::NcclDataType::kFloat32,
                            nccl::NcclRedOp::kSum, comm, comm_stream);
@@ -111,27 +148,26 @@ double BareMicrosPerOp(int ops) {
         while (r == nccl::NcclResult::kInProgress && state == nccl::NcclResult::kInProgress) {
           (void)api->CommGetAsyncError(comm, &state);
         }
-        (void)api->EventRecord(done[i], comm_stream);
-        (void)api->StreamWaitEvent(caller, done[i]);  // what Work::Wait does
+        (void)cu->EventRecord(done[i], comm_stream);
+        (void)cu->StreamWaitEvent(caller, done[i]);  // what Work::Wait does
       },
       [&] {
         // Both streams: work left queued on the caller's stream (its waits for the done events)
         // would be run by the timed pass's first call that forces it.
-        if (api->StreamSynchronize(comm_stream) != cuda::kCudaSuccess ||
-            api->StreamSynchronize(caller) != cuda::kCudaSuccess) {
+        if (cu->StreamSynchronize(comm_stream) != cuda::kCudaSuccess ||
+            cu->StreamSynchronize(caller) != cuda::kCudaSuccess) {
           std::fprintf(stderr, "bare: synchronize failed\n");
           std::exit(1);
         }
       });
   (void)api->CommDestroy(comm);
-  return us;
+  return cost;
 }
 
 // Allreduce on a CUDA view + Wait(), through a one-rank communicator on the fake (public API but
 // for the internal factory that injects the fake).
 // `profile`: a profile file (empty: the default one).
-std::unique_ptr<Communicator> FakeCommunicator(const std::shared_ptr<FakeNcclApi>& api,
-                                               int retry_attempts,
+std::unique_ptr<Communicator> FakeCommunicator(const Seams& seams, int retry_attempts,
                                                const std::string& profile = "") {
   CommunicatorOptions o;
   o.profile_file = profile;
@@ -143,8 +179,8 @@ std::unique_ptr<Communicator> FakeCommunicator(const std::shared_ptr<FakeNcclApi
   o.timeout = absl::Seconds(60);
   internal::CommunicatorDeps deps;  // the fake as this rank's CUDA runtime and NCCL
   deps.use_given_apis = true;
-  deps.cuda = api;
-  deps.nccl = api;
+  deps.cuda = seams.cuda;
+  deps.nccl = seams.nccl;
   auto comm = internal::CreateCommunicatorWith(o, deps);
   if (!comm.ok()) {
     std::fprintf(stderr, "create: %s\n", comm.status().ToString().c_str());
@@ -153,8 +189,10 @@ std::unique_ptr<Communicator> FakeCommunicator(const std::shared_ptr<FakeNcclApi
   return *std::move(comm);
 }
 
-double ApiMicrosPerOp(int ops, const std::shared_ptr<FakeNcclApi>& api) {
-  std::unique_ptr<Communicator> comm = FakeCommunicator(api, /*retry_attempts=*/1);
+HostCost ApiMicrosPerOp(int ops, bool timed) {
+  const Seams seams = MakeSeams(timed);
+  FakeNcclApi* const api = seams.fake.get();
+  std::unique_ptr<Communicator> comm = FakeCommunicator(seams, /*retry_attempts=*/1);
   cuda::CudaStream caller = nullptr;
   (void)api->StreamCreateNonBlocking(&caller);
   std::vector<float> buf(8, 1.0f);
@@ -164,7 +202,7 @@ double ApiMicrosPerOp(int ops, const std::shared_ptr<FakeNcclApi>& api) {
   std::vector<Work> works;
   works.reserve(static_cast<size_t>(ops));
   return HeldMicrosPerOp(
-      *api, ops, "adaptcomm",
+      *api, seams.times.get(), ops, "adaptcomm",
       [&](int i) {
         works.push_back(comm->Allreduce(view));
         if (!works.back().Wait(absl::Seconds(10)).ok()) {
@@ -194,8 +232,9 @@ double ApiMicrosPerOp(int ops, const std::shared_ptr<FakeNcclApi>& api) {
 // of the device's steps that found an op to run: below 1, the device idled for lack of queued
 // work, waiting for the host to notice that a slot of the window had freed.
 double PacedDeviceUtilization(int ops, int retry_attempts, absl::Duration tick) {
-  auto api = std::make_shared<FakeNcclApi>(testing::MakeFakeNcclWorld(), testing::FakeNcclFaults{});
-  std::unique_ptr<Communicator> comm = FakeCommunicator(api, retry_attempts);
+  const Seams seams = MakeSeams(/*timed=*/false);
+  FakeNcclApi* const api = seams.fake.get();
+  std::unique_ptr<Communicator> comm = FakeCommunicator(seams, retry_attempts);
   cuda::CudaStream caller = nullptr;
   (void)api->StreamCreateNonBlocking(&caller);
   std::vector<float> buf(8, 1.0f);
@@ -251,8 +290,9 @@ std::string WindowProfile(int in_flight) {
 // is held, in microseconds. Ops beyond the in-flight window wait for the device there.
 double BurstHostMicros(int ops, int retry_attempts, const std::string& profile,
                        absl::Duration tick) {
-  auto api = std::make_shared<FakeNcclApi>(testing::MakeFakeNcclWorld(), testing::FakeNcclFaults{});
-  std::unique_ptr<Communicator> comm = FakeCommunicator(api, retry_attempts, profile);
+  const Seams seams = MakeSeams(/*timed=*/false);
+  FakeNcclApi* const api = seams.fake.get();
+  std::unique_ptr<Communicator> comm = FakeCommunicator(seams, retry_attempts, profile);
   cuda::CudaStream caller = nullptr;
   (void)api->StreamCreateNonBlocking(&caller);
   std::vector<std::vector<float>> bufs(static_cast<size_t>(ops), std::vector<float>(8, 1.0f));
@@ -293,7 +333,9 @@ int main(int argc, char** argv) {
   int ops = 1000, rounds = 7;
   std::string only;
   int paced_us = 0, burst = 0;
+  bool seams = false;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--seams") == 0) seams = true;
     if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) ops = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) rounds = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
@@ -344,13 +386,17 @@ int main(int argc, char** argv) {
     std::printf("  coordinated retry off    %8.2f\n", adaptcomm::Median(without));
     return 0;
   }
-  std::vector<double> bare, api_us;
+  std::vector<double> bare, api_us, bare_seams, api_seams;
   for (int r = 0; r < rounds; ++r) {
-    if (only != "api") bare.push_back(adaptcomm::BareMicrosPerOp(ops));
+    if (only != "api") {
+      const adaptcomm::HostCost c = adaptcomm::BareMicrosPerOp(ops, seams);
+      bare.push_back(c.us);
+      bare_seams.push_back(c.in_seams_us);
+    }
     if (only == "bare") continue;
-    auto api = std::make_shared<adaptcomm::testing::FakeNcclApi>(
-        adaptcomm::testing::MakeFakeNcclWorld(), adaptcomm::testing::FakeNcclFaults{});
-    api_us.push_back(adaptcomm::ApiMicrosPerOp(ops, api));
+    const adaptcomm::HostCost c = adaptcomm::ApiMicrosPerOp(ops, seams);
+    api_us.push_back(c.us);
+    api_seams.push_back(c.in_seams_us);
   }
   if (!only.empty()) {
     const std::vector<double>& ran = only == "bare" ? bare : api_us;
@@ -365,12 +411,19 @@ int main(int argc, char** argv) {
   for (size_t r = 0; r < bare.size(); ++r) paired.push_back(api_us[r] / bare[r]);
   std::sort(paired.begin(), paired.end());
   const double b = adaptcomm::Median(bare), a = adaptcomm::Median(api_us);
-  std::printf("stream-ordered allreduce, %d ops issued + waited, device held (median of %d)\n", ops,
-              rounds);
+  std::printf("stream-ordered allreduce, %d ops issued + waited, device held (median of %d)%s\n",
+              ops, rounds, seams ? ", every call into the fake timed" : "");
   std::printf("  bare seam calls per op   %8.2f us\n", b);
   std::printf("  adaptcomm issue + Wait   %8.2f us\n", a);
   std::printf("  ratio (paired rounds)    %8.2fx  (quartiles %.2f-%.2f; ratio of medians %.2fx)\n",
               adaptcomm::Median(paired), paired[paired.size() / 4], paired[(3 * paired.size()) / 4],
               a / b);
+  if (seams) {
+    const double bs = adaptcomm::Median(bare_seams), as = adaptcomm::Median(api_seams);
+    std::printf(
+        "  inside the fake's calls: bare %.2f us, adaptcomm %.2f us (%.2fx the same calls)\n", bs,
+        as, as / bs);
+    std::printf("  outside them:            bare %.2f us, adaptcomm %.2f us\n", b - bs, a - as);
+  }
   return 0;
 }

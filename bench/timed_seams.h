@@ -24,18 +24,18 @@ namespace adaptcomm::bench {
 
 #define ADAPTCOMM_SEAM_CALLS(X)                                                                   \
   X(GetDeviceCount)                                                                               \
-  X(SetDevice) X(DriverVersion) X(RuntimeVersion) X(PointerGetAttributes)                         \
-      X(StreamCreateNonBlocking) X(StreamDestroy) X(EventCreateDisableTiming) X(EventRecord)      \
-          X(EventQuery) X(EventDestroy) X(MemcpyAsync) X(Malloc) X(Free) X(HostAlloc) X(FreeHost) \
-              X(LaunchHostFunc) X(ErrorString) X(GetDevice) X(StreamWaitEvent)                    \
-                  X(StreamSynchronize) X(StreamGetDevice) X(MemsetAsync) X(LaunchCast)            \
-                      X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRankConfig)              \
-                          X(ncclCommGetAsyncError) X(ncclCommFinalize) X(ncclCommDestroy)         \
-                              X(ncclCommAbort) X(ncclGetErrorString) X(ncclGetLastError)          \
-                                  X(ncclGroupStart) X(ncclGroupEnd) X(ncclAllReduce)              \
-                                      X(ncclBroadcast) X(ncclReduce) X(ncclAllGather)             \
-                                          X(ncclReduceScatter) X(ncclSend) X(ncclRecv)            \
-                                              X(ncclCommShrink)
+  X(SetDevice)                                                                                    \
+  X(DriverVersion) X(RuntimeVersion) X(PointerGetAttributes) X(StreamCreateNonBlocking)           \
+      X(StreamDestroy) X(EventCreateDisableTiming) X(EventRecord) X(EventQuery) X(EventDestroy)   \
+          X(MemcpyAsync) X(Malloc) X(Free) X(HostAlloc) X(FreeHost) X(LaunchHostFunc)             \
+              X(ErrorString) X(GetDevice) X(StreamWaitEvent) X(StreamSynchronize)                 \
+                  X(StreamGetDevice) X(MemsetAsync) X(LaunchCast) X(ncclGetVersion)               \
+                      X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommGetAsyncError)       \
+                          X(ncclCommFinalize) X(ncclCommDestroy) X(ncclCommAbort)                 \
+                              X(ncclGetErrorString) X(ncclGetLastError) X(ncclGroupStart)         \
+                                  X(ncclGroupEnd) X(ncclAllReduce) X(ncclBroadcast) X(ncclReduce) \
+                                      X(ncclAllGather) X(ncclReduceScatter) X(ncclSend)           \
+                                          X(ncclRecv) X(ncclCommShrink)
 
 enum class SeamCall : int {
 #define ADAPTCOMM_SEAM_ENUM(name) k##name,
@@ -58,6 +58,12 @@ class SeamTimes {
     for (Slot& s : slots_) {
       for (int who = 0; who < 2; ++who) s.calls[who] = 0, s.ns[who] = 0;
     }
+  }
+  // Microseconds per op that the caller's thread spent in the seams.
+  double CallerMicrosPerOp(int ops) const {
+    int64_t ns = 0;
+    for (const Slot& s : slots_) ns += s.ns[0].load();
+    return static_cast<double>(ns) / 1e3 / ops;
   }
   // One line per call made, per op: "name: N calls X us on the caller's thread, M calls Y us on
   // others"; then the caller thread's total in the seams.
