@@ -73,25 +73,19 @@ nccl::NcclResult SettleNonblocking(RawNccl& raw, nccl::NcclResult r) {
   return r;
 }
 
-// Host time per call of `body`, run `n` times back to back (the GPU runs the work meanwhile).
+enum class Until { kIssued, kDone };
+
+// Microseconds per call of `body`, run `n` times back to back: until the host has issued the last
+// (the GPU runs the work meanwhile; kIssued) or until the device has finished it (kDone).
 template <typename F>
-double UsPerCall(int n, void* stream, F&& body) {
+double UsPerCall(int n, void* stream, F&& body, Until until = Until::kIssued) {
   Sync(stream);
   const absl::Time t0 = absl::Now();
   for (int i = 0; i < n; ++i) body();
+  if (until == Until::kDone) Sync(stream);
   const double us = absl::ToDoubleMicroseconds(absl::Now() - t0) / n;
   Sync(stream);
   return us;
-}
-
-// Microseconds per op from the first issue to the device's end of the last of `n` calls of `body`.
-template <typename F>
-double UsPerOpToCompletion(int n, void* stream, F&& body) {
-  Sync(stream);
-  const absl::Time t0 = absl::Now();
-  for (int i = 0; i < n; ++i) body();
-  Sync(stream);
-  return absl::ToDoubleMicroseconds(absl::Now() - t0) / n;
 }
 
 }  // namespace
@@ -215,17 +209,23 @@ void OverheadCheck(Communicator& comm, Communicator& lean, Store& store, int dev
     // Per op: before(), then the collective: ncclAllReduce, then each communicator's.
     const auto time_ops = [&](auto before) {
       OpTimes t;
-      t.raw = UsPerOpToCompletion(iters, stream, [&] {
-        before();
-        (void)raw.api->AllReduce(buf.p, buf.p, n, nccl::NcclDataType::kFloat32,
-                                 nccl::NcclRedOp::kSum, raw.comm, stream);
-      });
+      t.raw = UsPerCall(
+          iters, stream,
+          [&] {
+            before();
+            (void)raw.api->AllReduce(buf.p, buf.p, n, nccl::NcclDataType::kFloat32,
+                                     nccl::NcclRedOp::kSum, raw.comm, stream);
+          },
+          Until::kDone);
       for (Communicator* c : {&lean, &comm}) {
-        (c == &lean ? t.lean : t.retry) = UsPerOpToCompletion(iters, stream, [&] {
-          before();
-          last = c->Allreduce(v);
-          CHECK_OK(last.Wait(), "overhead large");
-        });
+        (c == &lean ? t.lean : t.retry) = UsPerCall(
+            iters, stream,
+            [&] {
+              before();
+              last = c->Allreduce(v);
+              CHECK_OK(last.Wait(), "overhead large");
+            },
+            Until::kDone);
         CHECK_OK(last.Synchronize(absl::Seconds(120)), "overhead large sync");
       }
       return t;
@@ -244,7 +244,7 @@ void OverheadCheck(Communicator& comm, Communicator& lean, Store& store, int dev
       g_cuda->MemcpyAsync(buf.p, produced.p, bytes, cuda::MemcpyKind::kDeviceToDevice, stream);
     };
     report(time_ops([] {}), absl::StrCat(absl::Dec(bytes, absl::kSpacePad10), " B"));
-    const double copy_us = UsPerOpToCompletion(iters, stream, produce);
+    const double copy_us = UsPerCall(iters, stream, produce, Until::kDone);
     report(time_ops(produce), absl::StrFormat("  after a copy (alone %.1f us)", copy_us));
   }
   Sync(side);

@@ -89,7 +89,7 @@ HostCost HeldMicrosPerOp(FakeNcclApi& api, bench::SeamTimes* seams, int ops, con
   return cost;
 }
 
-// The fake as the CUDA runtime and NCCL, each call timed into `times` when it is given.
+// The fake as the CUDA runtime and NCCL; with `timed`, each call is timed into `times`.
 struct Seams {
   std::shared_ptr<FakeNcclApi> fake;
   std::shared_ptr<cuda::CudaApi> cuda;
