@@ -86,6 +86,7 @@ TEST(CpuBinding, AllowedCoresHoldEveryAllowedCpuOnce) {
   }
   EXPECT_EQ(static_cast<int>(listed.size()), CPU_COUNT(&set));
   for (int cpu : listed) EXPECT_TRUE(CPU_ISSET(cpu, &set)) << cpu;
+  EXPECT_EQ(AllowedCpuCount(), CPU_COUNT(&set));
 }
 
 // On a thread of its own, so the test process keeps its CPUs.
@@ -94,8 +95,10 @@ TEST(CpuBinding, BoundThreadRunsOnlyOnItsCpusAndSoDoThreadsItStarts) {
   ASSERT_FALSE(cores.empty());
   const int cpu = cores.back().front();
   std::vector<int> own, child;
+  int own_count = 0;
   std::thread([&] {
     ASSERT_TRUE(BindCallingThread({cpu}).ok());
+    own_count = AllowedCpuCount();
     auto read = [](std::vector<int>* out) {
       cpu_set_t set;
       CPU_ZERO(&set);
@@ -109,6 +112,7 @@ TEST(CpuBinding, BoundThreadRunsOnlyOnItsCpusAndSoDoThreadsItStarts) {
   }).join();
   EXPECT_THAT(own, ElementsAre(cpu));
   EXPECT_THAT(child, ElementsAre(cpu));
+  EXPECT_EQ(own_count, 1);
   absl::Status bad = BindCallingThread({CPU_SETSIZE + 1});
   EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
 }

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/base/cpu_binding.h"
 #include "lib/base/log.h"
 #include "lib/core/backend_selection.h"
 #include "lib/nccl/nccl_backend.h"
@@ -224,8 +225,37 @@ TEST(NcclSelection, GlooRequestedNeverTouchesNccl) {
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(out.result[i].ok()) << out.result[i].status();
     EXPECT_STREQ(out.result[i]->backend->name(), "gloo");  // no device: no staging
-    EXPECT_EQ(out.result[i]->reason, "backend=gloo requested");
+    // (On a one-CPU machine the reason goes on: GlooOnARankConfinedToOneCpuSaysSoInItsReason.)
+    if (AllowedCpuCount() > 1) {
+      EXPECT_EQ(out.result[i]->reason, "backend=gloo requested");
+    }
     EXPECT_EQ(out.apis[i]->init_calls(), 0);
+  }
+}
+
+// Gloo hands every op between the caller, the executor's worker and its own I/O thread: a rank
+// confined to one CPU (as `adaptcomm launch --bind-to auto` leaves it where the host has a core
+// per rank) is told why its small ops are slow, and how to launch instead.
+TEST(NcclSelection, GlooOnARankConfinedToOneCpuSaysSoInItsReason) {
+  const std::vector<std::vector<int>> cores = AllowedCores();
+  ASSERT_FALSE(cores.empty());
+  CommunicatorOptions o;
+  o.backend = BackendChoice::kGloo;
+  Outcome out = Select(
+      2, o, [](int, FakeNcclFaults& f) { f.device_count = 0; },
+      [&](int i, SelectionDeps&) {
+        if (i == 0) {
+          ASSERT_TRUE(BindCallingThread({cores.front().front()}).ok());
+        }
+      });
+  ASSERT_TRUE(out.result[0].ok()) << out.result[0].status();
+  EXPECT_EQ(out.result[0]->reason,
+            "backend=gloo requested; this rank may run on one CPU only (its affinity), where "
+            "gloo's threads take turns on every op: small ops run several times slower "
+            "(`adaptcomm launch --bind-to none`, or 2 or more CPUs per rank)");
+  ASSERT_TRUE(out.result[1].ok()) << out.result[1].status();
+  if (AllowedCpuCount() > 1) {
+    EXPECT_EQ(out.result[1]->reason, "backend=gloo requested");
   }
 }
 

@@ -22,6 +22,7 @@
 #include "adaptcomm/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/base/cpu_binding.h"
 #include "lib/config/tuned_table.h"
 #include "lib/config/tuning.h"
 #include "lib/core/backend_selection.h"
@@ -220,6 +221,29 @@ TEST(Tune, EveryBandReportsItsAAControl) {
     EXPECT_NE(band["chosen"], "static (A/A)") << band.dump();  // the control is never chosen
   }
   EXPECT_THAT(ReadFile(path), HasSubstr("A/A ["));  // each entry's source names its noise
+}
+
+// Gloo's threads take turns on a rank's only CPU at every op: `auto` measures Gloo ranks unbound
+// where it would give each one CPU (as the ranks' own warning advises a job to run), and says so;
+// `core` binds them anyway, and each rank's selection reason then carries the warning.
+TEST(Tune, GlooRanksStayUnboundWhereAutoWouldGiveEachOneCpu) {
+  const std::vector<std::vector<int>> cores = AllowedCores();
+  const int ranks = static_cast<int>(cores.size());
+  if (ranks < 2 || ranks > 4) GTEST_SKIP() << ranks << " cores: a rank per core is 2 to 4 here";
+  absl::StatusOr<std::vector<int>> fewest =
+      CpusForLocalRank(cores, CpuBindMode::kAuto, ranks - 1, ranks);
+  ASSERT_TRUE(fewest.ok()) << fewest.status();
+  if (fewest->size() != 1) GTEST_SKIP() << "a core here has several hardware threads";
+  const std::string cmd = absl::StrCat("tune --backend gloo --ranks ", ranks,
+                                       " --sizes 4KiB --rounds 3 --out ", Temp("tuned_gloo.yaml"));
+  Result unbound = RunCli(cmd);
+  ASSERT_EQ(unbound.code, 0) << unbound.err << unbound.out;
+  EXPECT_THAT(unbound.err, HasSubstr("tune: gloo ranks left unbound"));
+  EXPECT_THAT(unbound.err, Not(HasSubstr("may run on one CPU only")));
+  Result bound = RunCli(cmd + " --bind-to core");
+  ASSERT_EQ(bound.code, 0) << bound.err << bound.out;
+  EXPECT_THAT(bound.err, Not(HasSubstr("gloo ranks left unbound")));
+  EXPECT_THAT(bound.err, HasSubstr("this rank may run on one CPU only (its affinity)"));
 }
 
 TEST(Tune, HelpStatesTheDecisionRuleAndBadArgumentsExitTwo) {

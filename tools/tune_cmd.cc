@@ -565,8 +565,26 @@ int Fail(const TuneArgs& a, int code, const std::string& message) {
   return code;
 }
 
+// The ranks' binding: --bind-to, except that `auto` leaves Gloo ranks unbound where it would give
+// each a single CPU. Gloo's threads (the caller's, the executor's worker, its tcp event loop) then
+// take turns on that CPU at every op (the rank's selection reason says so), and a table tuned on
+// that would be tuned on what a job launched with `--bind-to none`, as that reason advises, does
+// not see.
+std::string RanksBindTo(const TuneArgs& a) {
+  if (a.bind_to != "auto" || a.backend != "gloo") return a.bind_to;
+  // The last rank gets the fewest CPUs (CpusForLocalRank gives the first ones the rest).
+  absl::StatusOr<std::vector<int>> fewest =
+      CpusForLocalRank(AllowedCores(), CpuBindMode::kAuto, a.ranks - 1, a.ranks);
+  if (!fewest.ok() || fewest->size() != 1) return a.bind_to;
+  std::fprintf(stderr,
+               "tune: gloo ranks left unbound (--bind-to auto would give each one CPU, where "
+               "gloo's threads take turns at every op; --bind-to core binds them anyway)\n");
+  return "none";
+}
+
 int RunTune(const TuneArgs& a) {
   const auto started = Clock::now();
+  const std::string bind_to = RanksBindTo(a);
   ProfileRequest req;
   req.world_size = a.ranks;
   absl::StatusOr<EffectiveConfig> profile = ResolveProfile(req);
@@ -586,7 +604,7 @@ int RunTune(const TuneArgs& a) {
         << config::FormatTunedTable(CandidateTable(p, p.candidates[i], here));
   }
   absl::Status tuned = OnRanks(
-      a.ranks, a.bind_to, absl::StrCat(dir, "/tune"),
+      a.ranks, bind_to, absl::StrCat(dir, "/tune"),
       [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
         std::vector<std::string> tables;
         for (size_t i = 0; i < p.candidates.size(); ++i) {
@@ -623,7 +641,7 @@ int RunTune(const TuneArgs& a) {
     // Both communicators are created the way a job creates one: the static one without the
     // table, the tuned one with ADAPTCOMM_TUNED_TABLE set (in the rank's own process); all the
     // rounds in each creation order.
-    absl::Status st = OnRanks(a.ranks, a.bind_to, absl::StrCat(dir, "/compare"),
+    absl::Status st = OnRanks(a.ranks, bind_to, absl::StrCat(dir, "/compare"),
                               [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
                                 Samples mine;
                                 std::string tuned_explain;
@@ -751,7 +769,8 @@ std::function<int()> SetupTune(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--bind-to", a->bind_to,
                  "The ranks' CPUs, as `adaptcomm launch --bind-to`: core, none, or auto (core "
-                 "when each rank can have a core of its own)")
+                 "when each rank can have a core of its own, but gloo ranks stay unbound where "
+                 "that core would be their one CPU)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "core", "none"}));
   sub.add_flag("--json", a->json, "Machine-readable output");

@@ -54,6 +54,13 @@ std::vector<std::vector<int>> AllowedCores() {
   return cores;
 }
 
+int AllowedCpuCount() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  return CPU_COUNT(&set);
+}
+
 absl::StatusOr<std::vector<int>> CpusForLocalRank(const std::vector<std::vector<int>>& cores,
                                                   CpuBindMode mode, int local_rank,
                                                   int local_world) {

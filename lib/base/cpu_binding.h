@@ -29,6 +29,10 @@ absl::StatusOr<CpuBindMode> ParseCpuBindMode(absl::string_view text);
 // CPU whose topology cannot be read is a core of its own.
 std::vector<std::vector<int>> AllowedCores();
 
+// How many CPUs (hardware threads) the calling thread may run on, from its affinity; 0 when it
+// cannot be read.
+int AllowedCpuCount();
+
 // The CPUs of local rank `local_rank` of `local_world` under `mode`: the cores split into
 // `local_world` contiguous runs (the first ranks take one more when they do not divide evenly),
 // each rank all hardware threads of its run. Empty: leave the rank unbound (kNone, or kAuto with

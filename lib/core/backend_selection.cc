@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "lib/base/cpu_binding.h"
 #include "lib/base/log.h"
 #include "lib/gloo/gloo_backend.h"
 #include "lib/hier/hier_backend.h"
@@ -266,15 +268,30 @@ GlooBackendOptions GlooOptionsFor(const CommunicatorOptions& o, const Rendezvous
   return gloo;
 }
 
+// `note`: what the selection reason adds (staging; a rank confined to one CPU).
 absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
                                                    const Rendezvous& rv, absl::Time deadline,
                                                    const Apis& apis, const SelectionDeps& deps,
-                                                   const AppliedTuning& tuning,
-                                                   std::string* staging_note) {
+                                                   const AppliedTuning& tuning, std::string* note) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(GlooOptionsFor(
       o, rv, deadline, deps, tuning, o.rank, o.world_size, CreatePrefixStore("gloo", rv.store)));
   if (!backend.ok()) return backend.status();
-  return MaybeStaged(std::move(*backend), apis, staging_note);
+  backend = MaybeStaged(std::move(*backend), apis, note);
+  if (backend.ok() && AllowedCpuCount() == 1) {
+    // Each Gloo op hands off from the caller to the executor's worker, whose transfers the event
+    // loop thread of Gloo's tcp device carries: on one CPU every hand-off waits for the scheduler
+    // to switch threads. `adaptcomm launch` binds a rank to one core where the host has just a core
+    // per rank, which suits shm (the caller runs its ops itself) but not Gloo (README, "Where
+    // ranks run", has the numbers). Said, not undone: the library never moves a thread.
+    const std::string warning =
+        "this rank may run on one CPU only (its affinity), where gloo's threads take turns on "
+        "every op: small ops run several times slower (`adaptcomm launch --bind-to none`, or 2 or "
+        "more CPUs per rank)";
+    static std::once_flag logged;  // a process may create many communicators (adaptcomm tune)
+    std::call_once(logged, [&] { ADAPTCOMM_LOG(kWarning, "rank ", o.rank, ": ", warning); });
+    absl::StrAppend(note, "; ", warning);
+  }
+  return backend;
 }
 
 // The hierarchical backend over hosts already agreed on (`ids`: every rank's host identity).
