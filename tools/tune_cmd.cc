@@ -566,10 +566,10 @@ int Fail(const TuneArgs& a, int code, const std::string& message) {
 }
 
 // The ranks' binding: --bind-to, except that `auto` leaves Gloo ranks unbound where it would give
-// each a single CPU. Gloo's threads (the caller's, the executor's worker, its tcp event loop) then
-// take turns on that CPU at every op (the rank's selection reason says so), and a table tuned on
-// that would be tuned on what a job launched with `--bind-to none`, as that reason advises, does
-// not see.
+// each a single CPU. Gloo's threads (the caller's, the executor's worker, its tcp event loop) would
+// take turns on that CPU at every op, a slowdown that the rank's selection reason warns of and
+// that a job launched as it advises (`--bind-to none`) does not have: the table would be tuned on
+// it.
 std::string RanksBindTo(const TuneArgs& a) {
   if (a.bind_to != "auto" || a.backend != "gloo") return a.bind_to;
   // The last rank gets the fewest CPUs (CpusForLocalRank gives the first ones the rest).
