@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "adaptcomm/communicator.h"
 #include "gmock/gmock.h"
@@ -375,6 +376,10 @@ TEST(StreamOrder, CollectiveTheDeviceNeverFinishesIsCaughtByTheWatchdog) {
 // After Abort(), Synchronize on ops still on the device returns the abort's status at once.
 TEST(StreamOrder, SynchronizeAfterAbortReturnsTheAbortAtOnce) {
   FakeRanks fakes{std::vector<FakeNcclFaults>(kWorld)};
+  // A rank's abort reaches its peer through the store: no rank may abort before every rank has
+  // issued its op, or the peer's op fails at issue instead of on the device.
+  absl::Mutex mu;
+  int issued = 0;
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
@@ -385,6 +390,12 @@ TEST(StreamOrder, SynchronizeAfterAbortReturnsTheAbortAtOnce) {
         Work work =
             (*comm)->Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)});
         ASSERT_TRUE(work.Wait(absl::Seconds(5)).ok());
+        {
+          absl::MutexLock lock(&mu);
+          ++issued;
+          const auto all_issued = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return issued == kWorld; };
+          ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_issued), absl::Seconds(10)));
+        }
         (*comm)->Abort(absl::CancelledError("trainer stopping"));
         const absl::Time start = absl::Now();
         absl::Status s = work.Synchronize(absl::Seconds(20));
