@@ -4,8 +4,9 @@
 // a nonblocking communicator, the ncclCommGetAsyncError that says it is queued, event record after
 // it, and the caller's stream waiting for that event, which is what Work::Wait does),
 // both on the fake NCCL with its streams held: the "device" runs nothing while the host is timed,
-// so only host cost is measured. Each loop is timed on its second pass, after an untimed one that
-// grows what it grows (HeldMicrosPerOp). Same run, interleaved rounds, medians.
+// so only host cost is measured (so --ops is at most the 1024 ops the executor keeps in flight).
+// Each loop is timed on its second pass, after an untimed one that grows what it grows
+// (HeldMicrosPerOp). Same run, interleaved rounds, medians.
 //
 //   build/bench/stream_order_bench [--ops 1000] [--rounds 7] [--only bare|api] [--seams]
 //                                  [--paced US] [--burst N]
@@ -41,6 +42,7 @@
 #include "adaptcomm/store.h"
 #include "bench/timed_seams.h"
 #include "lib/core/communicator_factory.h"
+#include "lib/core/op_executor.h"
 #include "tests/fake_nccl_api.h"
 
 namespace adaptcomm {
@@ -346,6 +348,16 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--no-deadlock-detection") == 0) {
       absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     }
+  }
+  // The device is held while a loop is timed: an op past the window of ops in flight could not be
+  // queued until the device ran one, so its Wait would only time out.
+  if (paced_us == 0 && burst == 0 &&
+      (ops < 1 || static_cast<size_t>(ops) > adaptcomm::internal::kInFlightWithoutRetries)) {
+    std::fprintf(stderr,
+                 "--ops %d: must be 1..%zu (ops in flight at once with retries off; the device is "
+                 "held while the loop is timed)\n",
+                 ops, adaptcomm::internal::kInFlightWithoutRetries);
+    return 2;
   }
   if (burst > 0) {
     const int tick_us = paced_us > 0 ? paced_us : 100;

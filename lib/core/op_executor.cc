@@ -24,8 +24,6 @@ constexpr absl::Duration kDevicePoll = absl::Milliseconds(1);
 // the ops of a full window (stream_order_bench --paced: 0.38 of its time busy at one op per
 // 100 us, with coordinated retry on and a window of 2).
 constexpr absl::Duration kBacklogPollMin = absl::Microseconds(10);
-// Stream-ordered ops in flight at once without retries (with them: ExecutorOptions).
-constexpr size_t kInFlightWithoutRetries = 1024;
 // How many of the oldest ops in flight the watchdog asks the device about per release of mu_.
 constexpr size_t kPollBatch = 256;
 // While host ops are left to their waiters (defer_to_waiter_): how long the worker keeps ticking

@@ -27,6 +27,7 @@
 #define ADAPTCOMM_LIB_CORE_OP_EXECUTOR_H_
 
 #include <atomic>
+#include <cstddef>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -46,6 +47,10 @@
 #include "lib/trace/op_observer.h"
 
 namespace adaptcomm::internal {
+
+// Stream-ordered ops in flight at once without retries (with them: ExecutorOptions). Past it an
+// op's Wait blocks until the device finishes the oldest one.
+inline constexpr size_t kInFlightWithoutRetries = 1024;
 
 struct ExecutorOptions {
   // How long past an op's own timeout the watchdog waits before aborting the backend (backends
