@@ -449,8 +449,14 @@ TEST(TimelineWriterTest, PerOpCostStaysInMicroseconds) {
   const double per_op_us = absl::ToDoubleMicroseconds(absl::Now() - t0) / kOps;
   ASSERT_TRUE((*w)->Close().ok());
   EXPECT_EQ((*w)->stats().events_written, static_cast<uint64_t>(kOps));
-  // Typically well under 1 us; the bound leaves room for a loaded 2-core machine.
-  EXPECT_LT(per_op_us, 20.0);
+  // Typically well under 1 us; the bound leaves room for a loaded 2-core machine. TSan's
+  // instrumentation alone makes it 15 us on an idle one (22.5 us beside the rest of the suite).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr double kBoundUs = 100.0;
+#else
+  constexpr double kBoundUs = 20.0;
+#endif
+  EXPECT_LT(per_op_us, kBoundUs);
   std::printf("timeline writer: %.3f us per op (enqueue+start+end, all sampled)\n", per_op_us);
 }
 
