@@ -4,7 +4,8 @@
 // a nonblocking communicator, the ncclCommGetAsyncError that says it is queued, event record after
 // it, and the caller's stream waiting for that event, which is what Work::Wait does),
 // both on the fake NCCL with its streams held: the "device" runs nothing while the host is timed,
-// so only host cost is measured (so --ops is at most the 1024 ops the executor keeps in flight).
+// so only host cost is measured (and --ops is at most internal::kInFlightWithoutRetries, the ops
+// the executor keeps in flight with retries off).
 // Each loop is timed on its second pass, after an untimed one that grows what it grows
 // (HeldMicrosPerOp). Same run, interleaved rounds, medians.
 //

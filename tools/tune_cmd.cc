@@ -42,163 +42,23 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
 #include "lib/base/cpu_binding.h"
 #include "lib/config/tuned_table.h"
 #include "lib/config/tuning.h"
-#include "lib/config/units.h"
 #include "lib/core/backend_selection.h"
 #include "lib/diag/collective_timing.h"
 #include "lib/diag/paired_speedup.h"
-#include "lib/shm/shm_backend.h"
 #include "nlohmann/json.hpp"
 #include "tools/subcommands.h"
+#include "tools/tune_plan.h"
 
 namespace adaptcomm::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr uint64_t kKiB = 1024, kMiB = 1024 * 1024;
-
-struct TuneArgs {
-  int ranks = 2;
-  std::string backend = "shm";
-  std::string ops = "allreduce";
-  std::string sizes = "4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB,256MiB";
-  std::string out = "tuned.yaml";
-  double threshold_pct = 3.0;
-  int rounds = 0;  // 0: by size
-  bool compare = false;
-  bool json = false;
-  double timeout_s = 120;
-  std::string bind_to = "auto";  // lib/base/cpu_binding.h, as `adaptcomm launch --bind-to`
-};
-
-// One point of the tuning space: a value for every knob of the backend, used for every size.
-struct Candidate {
-  std::string name;
-  bool is_static = false;
-  std::map<std::string, int64_t> knobs;  // TunedKnobSpec::knob -> value (choice: index)
-  // The A/A control: the static profile again, on a communicator of its own, never chosen; its
-  // speedup over the static one is this machine's noise at each size.
-  bool control = false;
-};
-
-struct Plan {
-  std::string backend;  // "shm" or "gloo"
-  std::vector<std::string> ops;
-  std::vector<uint64_t> sizes;        // ascending
-  std::vector<Candidate> candidates;  // [0] is the static profile, the last its A/A control
-};
-
-std::string Human(uint64_t b) {
-  if (b >= kMiB && b % kMiB == 0) return absl::StrCat(b / kMiB, "MiB");
-  if (b >= kKiB && b % kKiB == 0) return absl::StrCat(b / kKiB, "KiB");
-  return absl::StrCat(b, "B");
-}
-
-// The shm slot half: the largest flat exchange and chunk (ShmBackendOptions::slot_bytes / 2).
-uint64_t ShmSlotHalf() { return ShmBackendOptions{}.slot_bytes / 2; }
-
-absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile) {
-  Plan p;
-  p.backend = a.backend;
-  if (a.backend != "shm" && a.backend != "gloo") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend '", a.backend, "': tune measures shm or gloo"));
-  }
-  for (absl::string_view t : absl::StrSplit(a.ops, ',', absl::SkipWhitespace())) {
-    const std::string op(absl::StripAsciiWhitespace(t));
-    const bool known = op == "allreduce" || (op == "reduce" && a.backend == "shm");
-    if (!known) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--ops '", op, "': ", a.backend, " has tuned knobs for ",
-                       a.backend == "shm" ? "allreduce and reduce" : "allreduce", " only"));
-    }
-    p.ops.push_back(op);
-  }
-  for (absl::string_view t : absl::StrSplit(a.sizes, ',', absl::SkipWhitespace())) {
-    const std::string tok(absl::StripAsciiWhitespace(t));
-    absl::StatusOr<uint64_t> b = config::ParseByteSize(tok);
-    if (!b.ok() || *b < 4 || *b > (uint64_t{1} << 30) || *b % 4 != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--sizes '", tok, "': a multiple of 4 bytes from 4 B to 1 GiB"));
-    }
-    p.sizes.push_back(*b);
-  }
-  std::sort(p.sizes.begin(), p.sizes.end());
-  p.sizes.erase(std::unique(p.sizes.begin(), p.sizes.end()), p.sizes.end());
-  if (p.ops.empty() || p.sizes.empty()) {
-    return absl::InvalidArgumentError("--ops and --sizes must name at least one each");
-  }
-  if (a.backend == "shm") {
-    const ShmBackendOptions d;
-    p.candidates.push_back({"static",
-                            true,
-                            {{"flat_max_bytes", static_cast<int64_t>(d.flat_max_bytes)},
-                             {"chunk_bytes", static_cast<int64_t>(d.chunk_bytes)}}});
-    p.candidates.push_back({"flat",
-                            false,
-                            {{"flat_max_bytes", static_cast<int64_t>(ShmSlotHalf())},
-                             {"chunk_bytes", static_cast<int64_t>(d.chunk_bytes)}}});
-    for (uint64_t chunk : {64 * kKiB, 256 * kKiB, 1 * kMiB, 4 * kMiB}) {
-      p.candidates.push_back(
-          {absl::StrCat("two-phase/", Human(chunk)),
-           false,
-           {{"flat_max_bytes", 0}, {"chunk_bytes", static_cast<int64_t>(chunk)}}});
-    }
-  } else {
-    const int64_t algo = profile.gloo.algorithm == "bcube" ? 1 : 0;
-    const auto segment = static_cast<int64_t>(profile.gloo.max_segment_bytes);
-    p.candidates.push_back({"static", true, {{"algorithm", algo}, {"max_segment_bytes", segment}}});
-    p.candidates.push_back({algo == 1 ? "ring" : "bcube",
-                            false,
-                            {{"algorithm", 1 - algo}, {"max_segment_bytes", segment}}});
-    for (uint64_t seg : {1 * kMiB, 4 * kMiB, 16 * kMiB}) {
-      if (static_cast<int64_t>(seg) == segment) continue;
-      p.candidates.push_back(
-          {absl::StrCat(algo == 1 ? "bcube" : "ring", "/seg ", Human(seg)),
-           false,
-           {{"algorithm", algo}, {"max_segment_bytes", static_cast<int64_t>(seg)}}});
-    }
-  }
-  Candidate control = p.candidates[0];
-  control.name = "static (A/A)";
-  control.control = true;
-  p.candidates.push_back(std::move(control));
-  return p;
-}
-
-// What candidate `c` actually does for `bytes`: candidates that behave alike at a size are
-// measured once (the first one, so the static profile stands for every twin of it).
-std::string Behaviour(const Plan& p, const Candidate& c, uint64_t bytes) {
-  if (p.backend == "shm") {
-    const uint64_t half = ShmSlotHalf();
-    if (bytes <= std::min<uint64_t>(c.knobs.at("flat_max_bytes"), half)) return "flat";
-    const uint64_t chunk = std::min<uint64_t>(c.knobs.at("chunk_bytes"), half);
-    return chunk >= bytes ? "one chunk" : absl::StrCat("chunks of ", chunk);
-  }
-  return absl::StrCat(c.knobs.at("algorithm"), "/", c.knobs.at("max_segment_bytes"));
-}
-
-std::vector<size_t> Distinct(const Plan& p, uint64_t bytes) {
-  std::vector<size_t> out;
-  std::vector<std::string> seen;
-  for (size_t i = 0; i < p.candidates.size(); ++i) {
-    if (p.candidates[i].control) {
-      out.push_back(i);  // measured at every size: the twin of the static one on purpose
-      continue;
-    }
-    std::string b = Behaviour(p, p.candidates[i], bytes);
-    if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
-    seen.push_back(b);
-    out.push_back(i);
-  }
-  return out;
-}
 
 // Ops per timed sample: about 2 ms of them (enough to beat the clock and the barrier, short
 // enough that a round of all candidates sees one machine load), at most 200 and at most 8 MiB

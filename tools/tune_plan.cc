@@ -1,0 +1,122 @@
+#include "tools/tune_plan.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "lib/config/units.h"
+#include "lib/shm/shm_backend.h"
+
+namespace adaptcomm::tools {
+
+std::string Human(uint64_t b) {
+  if (b >= kMiB && b % kMiB == 0) return absl::StrCat(b / kMiB, "MiB");
+  if (b >= kKiB && b % kKiB == 0) return absl::StrCat(b / kKiB, "KiB");
+  return absl::StrCat(b, "B");
+}
+
+uint64_t ShmSlotHalf() { return ShmBackendOptions{}.slot_bytes / 2; }
+
+absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile) {
+  Plan p;
+  p.backend = a.backend;
+  if (a.backend != "shm" && a.backend != "gloo") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend '", a.backend, "': tune measures shm or gloo"));
+  }
+  for (absl::string_view t : absl::StrSplit(a.ops, ',', absl::SkipWhitespace())) {
+    const std::string op(absl::StripAsciiWhitespace(t));
+    const bool known = op == "allreduce" || (op == "reduce" && a.backend == "shm");
+    if (!known) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--ops '", op, "': ", a.backend, " has tuned knobs for ",
+                       a.backend == "shm" ? "allreduce and reduce" : "allreduce", " only"));
+    }
+    p.ops.push_back(op);
+  }
+  for (absl::string_view t : absl::StrSplit(a.sizes, ',', absl::SkipWhitespace())) {
+    const std::string tok(absl::StripAsciiWhitespace(t));
+    absl::StatusOr<uint64_t> b = config::ParseByteSize(tok);
+    if (!b.ok() || *b < 4 || *b > (uint64_t{1} << 30) || *b % 4 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sizes '", tok, "': a multiple of 4 bytes from 4 B to 1 GiB"));
+    }
+    p.sizes.push_back(*b);
+  }
+  std::sort(p.sizes.begin(), p.sizes.end());
+  p.sizes.erase(std::unique(p.sizes.begin(), p.sizes.end()), p.sizes.end());
+  if (p.ops.empty() || p.sizes.empty()) {
+    return absl::InvalidArgumentError("--ops and --sizes must name at least one each");
+  }
+  if (a.backend == "shm") {
+    const ShmBackendOptions d;
+    p.candidates.push_back({"static",
+                            true,
+                            {{"flat_max_bytes", static_cast<int64_t>(d.flat_max_bytes)},
+                             {"chunk_bytes", static_cast<int64_t>(d.chunk_bytes)}}});
+    p.candidates.push_back({"flat",
+                            false,
+                            {{"flat_max_bytes", static_cast<int64_t>(ShmSlotHalf())},
+                             {"chunk_bytes", static_cast<int64_t>(d.chunk_bytes)}}});
+    for (uint64_t chunk : {64 * kKiB, 256 * kKiB, 1 * kMiB, 4 * kMiB}) {
+      p.candidates.push_back(
+          {absl::StrCat("two-phase/", Human(chunk)),
+           false,
+           {{"flat_max_bytes", 0}, {"chunk_bytes", static_cast<int64_t>(chunk)}}});
+    }
+  } else {
+    const int64_t algo = profile.gloo.algorithm == "bcube" ? 1 : 0;
+    const auto segment = static_cast<int64_t>(profile.gloo.max_segment_bytes);
+    p.candidates.push_back({"static", true, {{"algorithm", algo}, {"max_segment_bytes", segment}}});
+    p.candidates.push_back({algo == 1 ? "ring" : "bcube",
+                            false,
+                            {{"algorithm", 1 - algo}, {"max_segment_bytes", segment}}});
+    for (uint64_t seg : {1 * kMiB, 4 * kMiB, 16 * kMiB}) {
+      if (static_cast<int64_t>(seg) == segment) continue;
+      p.candidates.push_back(
+          {absl::StrCat(algo == 1 ? "bcube" : "ring", "/seg ", Human(seg)),
+           false,
+           {{"algorithm", algo}, {"max_segment_bytes", static_cast<int64_t>(seg)}}});
+    }
+  }
+  Candidate control = p.candidates[0];
+  control.name = "static (A/A)";
+  control.control = true;
+  p.candidates.push_back(std::move(control));
+  return p;
+}
+
+namespace {
+
+// What candidate `c` actually does for `bytes`.
+std::string Behaviour(const Plan& p, const Candidate& c, uint64_t bytes) {
+  if (p.backend == "shm") {
+    const uint64_t half = ShmSlotHalf();
+    if (bytes <= std::min<uint64_t>(c.knobs.at("flat_max_bytes"), half)) return "flat";
+    const uint64_t chunk = std::min<uint64_t>(c.knobs.at("chunk_bytes"), half);
+    return chunk >= bytes ? "one chunk" : absl::StrCat("chunks of ", chunk);
+  }
+  return absl::StrCat(c.knobs.at("algorithm"), "/", c.knobs.at("max_segment_bytes"));
+}
+
+}  // namespace
+
+std::vector<size_t> Distinct(const Plan& p, uint64_t bytes) {
+  std::vector<size_t> out;
+  std::vector<std::string> seen;
+  for (size_t i = 0; i < p.candidates.size(); ++i) {
+    if (p.candidates[i].control) {
+      out.push_back(i);  // measured at every size: the twin of the static one on purpose
+      continue;
+    }
+    std::string b = Behaviour(p, p.candidates[i], bytes);
+    if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
+    seen.push_back(b);
+    out.push_back(i);
+  }
+  return out;
+}
+
+}  // namespace adaptcomm::tools
