@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/harness.h"
+#include "tests/sanitizer_build.h"
 
 namespace adaptcomm {
 namespace {
@@ -252,20 +253,11 @@ TEST(MixedOrdering, HostBarrierMakesTheCollectiveSeeTheCompleteCast) {
   EXPECT_EQ(o.result_wrong, 0u);
 }
 
-#if defined(__SANITIZE_THREAD__)
-#define ADAPTCOMM_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define ADAPTCOMM_TSAN 1
-#endif
-#endif
-
 // The same scenario with the barrier removed must be caught by the checks above: this is the
-// article's race, reproduced on purpose. (Skipped under TSan, which rightly reports the race.)
+// race the host barrier exists for, reproduced on purpose. (Skipped under TSan, which rightly
+// reports the race.)
 TEST(MixedOrdering, WithoutHostBarrierTheRaceIsDetected) {
-#ifdef ADAPTCOMM_TSAN
-  GTEST_SKIP() << "deliberate data race";
-#endif
+  if (testing::kUnderThreadSanitizer) GTEST_SKIP() << "deliberate data race";
   const OrderingOutcome o = RunOrderingScenario(/*skip_host_barrier=*/true);
   EXPECT_GT(o.wire_elements_incomplete, 0u) << "the hook saw a complete cast without a barrier";
   EXPECT_GT(o.result_wrong, 0u) << "the result was right although the collective read early";
@@ -429,9 +421,7 @@ TEST(MixedOrdering, SplitPathHostBarrierHoldsPerChunk) {
 }
 
 TEST(MixedOrdering, SplitPathWithoutHostBarrierTheRaceIsDetected) {
-#ifdef ADAPTCOMM_TSAN
-  GTEST_SKIP() << "deliberate data race";
-#endif
+  if (testing::kUnderThreadSanitizer) GTEST_SKIP() << "deliberate data race";
   EXPECT_GT(SplitPathWrongElements(/*skip_host_barrier=*/true), 0u);
 }
 

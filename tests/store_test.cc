@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "lib/base/log_throttle.h"
 #include "lib/store/tcp_wire.h"
+#include "tests/sanitizer_build.h"
 
 namespace adaptcomm {
 namespace {
@@ -468,11 +469,7 @@ TEST_F(TcpStoreTest, IdleConnectionFloodDoesNotLockOutTheJob) {
   // Well inside a job's connect timeout (the profiles give 60 s); the old server refused the job
   // outright. The job's client is accepted behind the flood's 4,200 connections, each accepted and
   // evicted first: under TSan on a 2-core machine that took 3.6 ms apiece (15 s in all).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  constexpr absl::Duration kBound = absl::Seconds(30);
-#else
-  constexpr absl::Duration kBound = absl::Seconds(10);
-#endif
+  constexpr absl::Duration kBound = absl::Seconds(testing::kUnderSanitizer ? 30 : 10);
   ExpectServerHealthy(kBound);
   EXPECT_LT(absl::Now() - start, kBound);
 }

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/harness.h"
+#include "tests/sanitizer_build.h"
 
 namespace {
 
@@ -203,10 +204,10 @@ TEST(BenchCommand, SizeThatDoesNotFitInMemoryIsABadArgument) {
 // Past the check (here: an address-space limit it does not know), a failed allocation is still
 // a bad size, not an abort.
 TEST(BenchCommand, FailedAllocationIsABadArgumentNotACrash) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  // The sanitizers reserve terabytes of address space at start: no ulimit -v lets them start.
-  GTEST_SKIP() << "an address-space limit cannot be combined with ASan/TSan";
-#endif
+  if (adaptcomm::testing::kUnderSanitizer) {
+    // The sanitizers reserve terabytes of address space at start: no ulimit -v lets them start.
+    GTEST_SKIP() << "an address-space limit cannot be combined with ASan/TSan";
+  }
   Result r =
       RunCli("bench --ranks 1 --sizes 1GiB --iters 1 --warmup 0 --ops broadcast --backend gloo",
              /*shell_prefix=*/"ulimit -v 800000 && ");  // 781 MiB: the process starts, 1 GiB fails

@@ -26,6 +26,7 @@
 #include "lib/trace/timeline_writer.h"
 #include "nlohmann/json.hpp"
 #include "tests/harness.h"
+#include "tests/sanitizer_build.h"
 
 namespace adaptcomm::trace {
 namespace {
@@ -451,11 +452,7 @@ TEST(TimelineWriterTest, PerOpCostStaysInMicroseconds) {
   EXPECT_EQ((*w)->stats().events_written, static_cast<uint64_t>(kOps));
   // Typically well under 1 us; the bound leaves room for a loaded 2-core machine. TSan's
   // instrumentation alone makes it 15 us on an idle one (22.5 us beside the rest of the suite).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  constexpr double kBoundUs = 100.0;
-#else
-  constexpr double kBoundUs = 20.0;
-#endif
+  constexpr double kBoundUs = adaptcomm::testing::kUnderSanitizer ? 100.0 : 20.0;
   EXPECT_LT(per_op_us, kBoundUs);
   std::printf("timeline writer: %.3f us per op (enqueue+start+end, all sampled)\n", per_op_us);
 }
