@@ -246,6 +246,25 @@ TEST(Tune, GlooRanksStayUnboundWhereAutoWouldGiveEachOneCpu) {
   EXPECT_THAT(bound.err, HasSubstr("this rank may run on one CPU only (its affinity)"));
 }
 
+// Gloo's segment caps change nothing up to 2 * ranks * cap bytes (GlooRingSegmentCapInEffect):
+// there the ring candidates run the static allreduce and are not measured again, and a cap equal
+// to Gloo's default (the profile's 0) is no candidate at all.
+TEST(Tune, GlooCandidatesThatRunTheSameAllreduceAreMeasuredOnce) {
+  Result r = RunCli(absl::StrCat("tune --backend gloo --ranks 2 --bind-to none --sizes 4KiB,8MiB ",
+                                 "--rounds 3 --json --out ", Temp("tuned_gloo_twins.yaml")));
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  ASSERT_EQ(j["bands"].size(), 2u) << r.out;
+  // 4 KiB: no cap is reached; 8 MiB: the default 1 MiB cap is, 4 and 16 MiB caps are not.
+  EXPECT_THAT(j["bands"][0]["measured"].get<std::vector<std::string>>(),
+              ::testing::ElementsAre("static", "bcube", "static (A/A)"))
+      << j["bands"][0].dump();
+  EXPECT_THAT(j["bands"][1]["measured"].get<std::vector<std::string>>(),
+              ::testing::ElementsAre("static", "bcube", "ring/seg 4MiB", "static (A/A)"))
+      << j["bands"][1].dump();
+}
+
 TEST(Tune, HelpStatesTheDecisionRuleAndBadArgumentsExitTwo) {
   Result help = RunCli("tune --help");
   EXPECT_EQ(help.code, 0);

@@ -543,6 +543,8 @@ int RunTune(const TuneArgs& a) {
     j["tune_seconds"] = tune_s;
     j["bands"] = nlohmann::json::array();
     for (const Decision& d : decisions) {
+      std::vector<std::string> measured;
+      for (size_t id : Distinct(p, d.bytes)) measured.push_back(p.candidates[id].name);
       j["bands"].push_back({{"op", d.op},
                             {"bytes", d.bytes},
                             {"static_median_us", d.stat.median},
@@ -554,7 +556,8 @@ int RunTune(const TuneArgs& a) {
                             {"aa_median", d.control.median},
                             {"aa_p25", d.control.p25},
                             {"aa_p75", d.control.p75},
-                            {"chosen", p.candidates[d.winner].name}});
+                            {"chosen", p.candidates[d.winner].name},
+                            {"measured", measured}});
     }
     if (a.compare) {
       j["compare"] = nlohmann::json::array();

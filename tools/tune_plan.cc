@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "lib/config/units.h"
+#include "lib/gloo/gloo_backend.h"
 #include "lib/shm/shm_backend.h"
 
 namespace adaptcomm::tools {
@@ -22,6 +23,7 @@ uint64_t ShmSlotHalf() { return ShmBackendOptions{}.slot_bytes / 2; }
 absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile) {
   Plan p;
   p.backend = a.backend;
+  p.ranks = a.ranks;
   if (a.backend != "shm" && a.backend != "gloo") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend '", a.backend, "': tune measures shm or gloo"));
@@ -74,7 +76,7 @@ absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile)
                             false,
                             {{"algorithm", 1 - algo}, {"max_segment_bytes", segment}}});
     for (uint64_t seg : {1 * kMiB, 4 * kMiB, 16 * kMiB}) {
-      if (static_cast<int64_t>(seg) == segment) continue;
+      if (seg == GlooMaxSegmentBytes(static_cast<uint64_t>(segment))) continue;  // the static one
       p.candidates.push_back(
           {absl::StrCat(algo == 1 ? "bcube" : "ring", "/seg ", Human(seg)),
            false,
@@ -90,7 +92,7 @@ absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile)
 
 namespace {
 
-// What candidate `c` actually does for `bytes`.
+// What candidate `c` actually does for `bytes` of f32 data (what tune measures).
 std::string Behaviour(const Plan& p, const Candidate& c, uint64_t bytes) {
   if (p.backend == "shm") {
     const uint64_t half = ShmSlotHalf();
@@ -98,7 +100,10 @@ std::string Behaviour(const Plan& p, const Candidate& c, uint64_t bytes) {
     const uint64_t chunk = std::min<uint64_t>(c.knobs.at("chunk_bytes"), half);
     return chunk >= bytes ? "one chunk" : absl::StrCat("chunks of ", chunk);
   }
-  return absl::StrCat(c.knobs.at("algorithm"), "/", c.knobs.at("max_segment_bytes"));
+  if (c.knobs.at("algorithm") == 1) return "bcube";  // Gloo's bcube has no segment cap
+  const uint64_t cap = GlooRingSegmentCapInEffect(
+      bytes, sizeof(float), p.ranks, static_cast<uint64_t>(c.knobs.at("max_segment_bytes")));
+  return cap == 0 ? "ring" : absl::StrCat("ring, segments of at most ", cap);
 }
 
 }  // namespace

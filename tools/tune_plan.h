@@ -42,6 +42,7 @@ struct Candidate {
 
 struct Plan {
   std::string backend;  // "shm" or "gloo"
+  int ranks = 2;
   std::vector<std::string> ops;
   std::vector<uint64_t> sizes;        // ascending
   std::vector<Candidate> candidates;  // [0] is the static profile, the last its A/A control
@@ -59,7 +60,8 @@ absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile)
 
 // The indices of the candidates measured at `bytes`: candidates that behave alike at a size are
 // measured once (the first one, so the static profile stands for every twin of it), and the A/A
-// control always.
+// control always. Gloo ring candidates are alike where no segment cap is reached
+// (GlooRingSegmentCapInEffect): every size up to 4 MiB on 2 ranks, for the caps tried.
 std::vector<size_t> Distinct(const Plan& p, uint64_t bytes);
 
 }  // namespace adaptcomm::tools
