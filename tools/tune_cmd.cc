@@ -60,11 +60,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Ops per timed sample: about 2 ms of them (enough to beat the clock and the barrier, short
-// enough that a round of all candidates sees one machine load), at most 200 and at most 8 MiB
-// of data; `op_us` is one op's time.
+// Ops per timed sample: about 20 ms of them, at most 200 and at most 8 MiB of data; `op_us` is
+// one op's time. Enough ops to average the scheduling noise of millisecond Gloo ops (at 2 ms a
+// sample was a single 4 KiB Gloo op, whose A/A control spanned [0.36, 2.72] and hid bcube's 1.4-2x
+// there), few enough that a round of all candidates sees one machine load. Microsecond shm ops
+// reach the 200 or the 8 MiB first.
 int32_t OpsPerSample(uint64_t bytes, double op_us) {
-  const double by_time = op_us > 0 ? 2000.0 / op_us : 200;
+  const double by_time = op_us > 0 ? 20000.0 / op_us : 200;
   const double by_bytes = static_cast<double>((8 * kMiB) / bytes);
   return static_cast<int32_t>(std::clamp(std::min(by_time, by_bytes), 1.0, 200.0));
 }
