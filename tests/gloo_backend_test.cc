@@ -350,28 +350,6 @@ TEST(GlooBackendTest, SingleRankWorldIsLocal) {
   }
 }
 
-// Gloo's ring cuts a message into 2 * ranks segments at least (gloo/allreduce.cc, ring): a
-// segment cap changes the allreduce only past 2 * ranks * cap bytes, which is what lets
-// `adaptcomm tune` measure alike candidates once.
-TEST(GlooBackendTest, RingSegmentCapCountsOnlyPastTwoSegmentsPerRank) {
-  constexpr uint64_t kMiB = 1 << 20;
-  EXPECT_EQ(GlooMaxSegmentBytes(0), kMiB);  // Gloo's default
-  EXPECT_EQ(GlooMaxSegmentBytes(4 * kMiB), 4 * kMiB);
-  // 2 ranks: the default cap is reached past 4 MiB, a 4 MiB cap past 16 MiB.
-  EXPECT_EQ(GlooRingSegmentCapInEffect(4 * kMiB, 4, 2, 0), 0u);
-  EXPECT_EQ(GlooRingSegmentCapInEffect(4 * kMiB + 4, 4, 2, 0), kMiB);
-  EXPECT_EQ(GlooRingSegmentCapInEffect(64 * kMiB, 4, 2, kMiB), kMiB);
-  EXPECT_EQ(GlooRingSegmentCapInEffect(16 * kMiB, 4, 2, 4 * kMiB), 0u);
-  EXPECT_EQ(GlooRingSegmentCapInEffect(64 * kMiB, 4, 2, 4 * kMiB), 4 * kMiB);
-  // 4 ranks: eight segments before a cap of 1 MiB counts.
-  EXPECT_EQ(GlooRingSegmentCapInEffect(8 * kMiB, 4, 4, kMiB), 0u);
-  EXPECT_EQ(GlooRingSegmentCapInEffect(16 * kMiB, 4, 4, kMiB), kMiB);
-  // The cap is rounded down to whole elements, one at least.
-  EXPECT_EQ(GlooRingSegmentCapInEffect(100, 4, 2, 10), 8u);
-  EXPECT_EQ(GlooRingSegmentCapInEffect(100, 4, 2, 2), 4u);
-  EXPECT_EQ(GlooRingSegmentCapInEffect(100, 8, 2, 12), 8u);
-}
-
 // ---- half-precision conversions ----
 
 TEST(GlooReduceTest, HalfConversionsRoundToNearestEven) {

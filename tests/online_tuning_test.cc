@@ -24,6 +24,7 @@
 #include "adaptcomm/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/config/gloo_segment.h"
 #include "lib/core/online_tuner.h"
 
 namespace adaptcomm {
@@ -158,19 +159,71 @@ TEST(OnlineTuningSpace, ShmCandidatesAreTriedOncePerBehaviour) {
 TEST(OnlineTuningSpace, GlooCandidatesThatReorderFloatSumsNeedAllowReorder) {
   config::OnlineSpaceInputs two;
   two.world_size = 2;
+  // Up to 16 MiB on 2 ranks: the profile's 0 is Gloo's 1 MiB cap, in effect past 4 MiB; 4 and
+  // 16 MiB caps are not reached there, and run alike.
   const auto at_two =
       config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(8 << 20), two);
-  EXPECT_EQ(Names(at_two), (std::vector<std::string>{"static", "bcube", "ring/seg 1MiB",
-                                                     "ring/seg 4MiB", "ring/seg 16MiB"}));
+  EXPECT_EQ(Names(at_two), (std::vector<std::string>{"static", "bcube", "ring/seg 4MiB"}));
   config::OnlineSpaceInputs three = two;
   three.world_size = 3;
   EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", 6, three)),
             (std::vector<std::string>{"static"}));
   three.allow_reorder = true;
   const auto allowed = config::OnlineCandidates("gloo", "allreduce", 6, three);
-  ASSERT_EQ(allowed.size(), 5u);
+  ASSERT_EQ(allowed.size(), 3u);
   EXPECT_TRUE(allowed[1].reorders_floats);
   EXPECT_EQ(allowed[1].Values(), "algorithm=bcube");
+  EXPECT_TRUE(allowed[2].reorders_floats);
+  EXPECT_EQ(allowed[2].Values(), "max_segment_bytes=4194304");
+}
+
+// A segment candidate is tried only where its cap changes the static ring allreduce somewhere in
+// the band (the old candidates tried a twin of the static values in every band up to 4 MiB).
+TEST(OnlineTuningSpace, GlooSegmentCandidatesThatRunTheStaticAllreduceAreNotTried) {
+  config::OnlineSpaceInputs in;
+  in.world_size = 2;
+  // Up to 4 MiB no cap of 1 MiB or more is reached on 2 ranks: the other algorithm alone.
+  EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(4096), in)),
+            (std::vector<std::string>{"static", "bcube"}));
+  EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(4 << 20), in)),
+            (std::vector<std::string>{"static", "bcube"}));
+  // Up to 1 GiB (the last band's probe) every cap is reached: each is its own allreduce, the
+  // 1 MiB one being the static one.
+  EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(512 << 20), in)),
+            (std::vector<std::string>{"static", "bcube", "ring/seg 4MiB", "ring/seg 16MiB"}));
+  // A profile cap of 4 MiB: 1 MiB becomes a candidate, 4 MiB is the static one.
+  in.gloo_max_segment_bytes = 4 << 20;
+  EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(512 << 20), in)),
+            (std::vector<std::string>{"static", "bcube", "ring/seg 1MiB", "ring/seg 16MiB"}));
+  // Up to 16 MiB that cap is not reached (16 MiB is 4 segments of 4 MiB): only 1 MiB differs.
+  EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(16 << 20), in)),
+            (std::vector<std::string>{"static", "bcube", "ring/seg 1MiB"}));
+  // bcube ignores the cap: no segment candidate is anything but the static bcube.
+  in.gloo_algorithm = "bcube";
+  EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(512 << 20), in)),
+            (std::vector<std::string>{"static", "ring"}));
+}
+
+// Gloo's ring cuts a message into 2 * ranks segments at least (gloo/allreduce.cc, ring): a
+// segment cap changes the allreduce only past 2 * ranks * cap bytes, which is what lets
+// tuning try alike candidates once.
+TEST(GlooSegmentTest, RingSegmentCapCountsOnlyPastTwoSegmentsPerRank) {
+  constexpr uint64_t kMiB = 1 << 20;
+  EXPECT_EQ(config::GlooMaxSegmentBytes(0), kMiB);  // Gloo's default
+  EXPECT_EQ(config::GlooMaxSegmentBytes(4 * kMiB), 4 * kMiB);
+  // 2 ranks: the default cap is reached past 4 MiB, a 4 MiB cap past 16 MiB.
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(4 * kMiB, 4, 2, 0), 0u);
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(4 * kMiB + 4, 4, 2, 0), kMiB);
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(64 * kMiB, 4, 2, kMiB), kMiB);
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(16 * kMiB, 4, 2, 4 * kMiB), 0u);
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(64 * kMiB, 4, 2, 4 * kMiB), 4 * kMiB);
+  // 4 ranks: eight segments before a cap of 1 MiB counts.
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(8 * kMiB, 4, 4, kMiB), 0u);
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(16 * kMiB, 4, 4, kMiB), kMiB);
+  // The cap is rounded down to whole elements, one at least.
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(100, 4, 2, 10), 8u);
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(100, 4, 2, 2), 4u);
+  EXPECT_EQ(config::GlooRingSegmentCapInEffect(100, 8, 2, 12), 8u);
 }
 
 // ---- the runtime ----

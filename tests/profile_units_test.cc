@@ -1,4 +1,5 @@
 #include "gtest/gtest.h"
+#include "lib/base/byte_text.h"
 #include "lib/config/units.h"
 
 namespace adaptcomm::config {
@@ -52,6 +53,26 @@ TEST(ProfileUnits, ByteSizes) {
   EXPECT_EQ(*ParseByteSize("2MB"), 2000000u);
   for (const char* bad : {"", "2XB", "1.3B", "MiB", "2 mib", "-1"}) {
     EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
+  }
+}
+
+// Sizes in messages ("64 MiB") and in names ("two-phase/64KiB", "ring/seg 4MiB"): one spelling,
+// which the byte-size parser reads back.
+TEST(ProfileUnits, ByteSizeTexts) {
+  EXPECT_EQ(ByteSizeText(64 << 20), "64 MiB");
+  EXPECT_EQ(ByteSizeText(3072), "3 KiB");
+  EXPECT_EQ(ByteSizeText(1000), "1000 B");
+  EXPECT_EQ(ByteSizeText(0), "0 B");
+  EXPECT_EQ(CompactByteSizeText(4096), "4KiB");
+  EXPECT_EQ(CompactByteSizeText(16 << 20), "16MiB");
+  EXPECT_EQ(CompactByteSizeText(uint64_t{1} << 30), "1GiB");
+  EXPECT_EQ(CompactByteSizeText(1536), "1536B");
+  EXPECT_EQ(CompactByteSizeText(12), "12B");
+  for (uint64_t bytes : {uint64_t{12}, uint64_t{1536}, uint64_t{4096}, uint64_t{16} << 20,
+                         uint64_t{1} << 30, uint64_t{3} << 30}) {
+    absl::StatusOr<uint64_t> parsed = ParseByteSize(CompactByteSizeText(bytes));
+    ASSERT_TRUE(parsed.ok()) << CompactByteSizeText(bytes) << ": " << parsed.status();
+    EXPECT_EQ(*parsed, bytes) << CompactByteSizeText(bytes);
   }
 }
 

@@ -33,6 +33,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "adaptcomm/communicator.h"
+#include "lib/base/byte_text.h"
 #include "lib/base/cast_kernels.h"
 #include "lib/config/units.h"
 #include "lib/cuda/cuda_api.h"
@@ -427,13 +428,6 @@ absl::StatusOr<Row> RunCase(Communicator& comm, const Plan& plan, const BenchArg
   return row;
 }
 
-std::string HumanBytes(uint64_t b) {
-  if (b >= (1u << 30) && b % (1u << 30) == 0) return absl::StrCat(b >> 30, " GiB");
-  if (b >= (1u << 20) && b % (1u << 20) == 0) return absl::StrCat(b >> 20, " MiB");
-  if (b >= (1u << 10) && b % (1u << 10) == 0) return absl::StrCat(b >> 10, " KiB");
-  return absl::StrCat(b, " B");
-}
-
 // ---- memory: a size whose buffers this host cannot hold is a bad argument ----
 
 // Marks a rank's error as a size refused for want of memory (exit 2, not a failed run).
@@ -503,7 +497,7 @@ absl::Status CheckHostMemory(Communicator& comm, const Plan& plan, const DeviceC
     return SizeRefused(absl::StrFormat(
         "--sizes: %s does not fit in memory: %d rank(s) on this host need %s for it (per rank: "
         "input, output and a pristine copy of the input%s), more than the %s available (%s)",
-        HumanBytes(largest), plan.ranks_on_host, GiB(need),
+        ByteSizeText(largest), plan.ranks_on_host, GiB(need),
         retries ? absl::StrCat(", and up to ", kRetryInputRecords,
                                " copies of the input kept for retries")
                 : "",
@@ -514,7 +508,7 @@ absl::Status CheckHostMemory(Communicator& comm, const Plan& plan, const DeviceC
     if ((*short_all)[r] > 0) short_ranks.push_back(absl::StrCat(r));
   }
   if (short_ranks.empty()) return absl::OkStatus();
-  return SizeRefused(absl::StrCat("--sizes: ", HumanBytes(largest),
+  return SizeRefused(absl::StrCat("--sizes: ", ByteSizeText(largest),
                                   " does not fit in the memory of rank(s) ",
                                   absl::StrJoin(short_ranks, ", "), " (see their message)"));
 }
@@ -544,7 +538,7 @@ absl::Status RunRank(Communicator& comm, const Plan& plan, const BenchArgs& a, R
         return SizeRefused(absl::StrFormat(
             "--sizes: cannot allocate the buffers of %s %s (std::bad_alloc); memory available: %s "
             "(%s), less any limit on this process",
-            OpKindName(op), HumanBytes(bytes), GiB(available.bytes), available.source));
+            OpKindName(op), ByteSizeText(bytes), GiB(available.bytes), available.source));
       }
       if (!row.ok()) return row.status();
       if (report != nullptr) report->rows.push_back(*row);
@@ -594,7 +588,7 @@ std::string Render(const BenchArgs& a, const Plan& plan, int world, const RankRe
                         "median_us", "p10_us", "p90_us", "algbw_GB/s", "busbw_GB/s");
   for (const Row& row : r.rows) {
     absl::StrAppendFormat(&out, "%-15s %9s %11zu %11.1f %11.1f %11.1f %11.3f %11.3f\n",
-                          OpKindName(row.op), HumanBytes(row.bytes), row.count, row.us.median,
+                          OpKindName(row.op), ByteSizeText(row.bytes), row.count, row.us.median,
                           row.us.p10, row.us.p90, row.algbw, row.busbw);
   }
   out += "(time: slowest rank per iteration; algbw = size / median; busbw per nccl-tests)\n";

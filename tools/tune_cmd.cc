@@ -45,6 +45,7 @@
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
+#include "lib/base/byte_text.h"
 #include "lib/base/cpu_binding.h"
 #include "lib/config/tuned_table.h"
 #include "lib/config/tuning.h"
@@ -141,7 +142,8 @@ absl::Status Measure(const TuneArgs& a, const Plan& p, std::vector<Communicator*
       const std::vector<size_t> ids = which(bytes);
       double warm_us = 0;  // the static candidate's warm-up op, rank 0's clock
       for (size_t id : ids) {
-        const std::string what = absl::StrCat(op, " ", Human(bytes), " candidate ", id);
+        const std::string what =
+            absl::StrCat(op, " ", CompactByteSizeText(bytes), " candidate ", id);
         if (absl::Status s = CheckedRun(*comms[id], op, buf, count, what); !s.ok()) return s;
         const auto start = Clock::now();
         if (absl::Status s = Issue(*comms[id], op, HostView(buf.data(), count)).Wait(); !s.ok()) {
@@ -397,14 +399,14 @@ config::TunedTable MakeTable(const TuneArgs& a, const Plan& p, const std::vector
                 ? absl::StrFormat(
                       "adaptcomm tune %s at %s: %s %.1f us vs static %.1f us, "
                       "speedup %.2f [%.2f, %.2f], A/A [%.2f, %.2f]",
-                      Today(), Human(d.bytes), c.name, d.alt.median, d.stat.median,
+                      Today(), CompactByteSizeText(d.bytes), c.name, d.alt.median, d.stat.median,
                       d.speedup.median, d.speedup.p25, d.speedup.p75, d.control.p25, d.control.p75)
                 : absl::StrFormat(
                       "adaptcomm tune %s at %s: static %.1f us kept (best %s %.1f us, "
                       "speedup %.2f [%.2f, %.2f], A/A [%.2f, %.2f], within noise)",
-                      Today(), Human(d.bytes), d.stat.median, d.best == 0 ? "none" : best.name,
-                      d.alt.median, d.speedup.median, d.speedup.p25, d.speedup.p75, d.control.p25,
-                      d.control.p75);
+                      Today(), CompactByteSizeText(d.bytes), d.stat.median,
+                      d.best == 0 ? "none" : best.name, d.alt.median, d.speedup.median,
+                      d.speedup.p25, d.speedup.p75, d.control.p25, d.control.p75);
         t.entries.push_back(std::move(e));
       }
     }
@@ -584,7 +586,7 @@ int RunTune(const TuneArgs& a) {
               "best_us", "speedup [p25, p75]", "A/A [p25, p75]", "chosen");
   for (const Decision& d : decisions) {
     std::printf("%-10s %8s %11.1f %-18s %11.1f %5.2f [%5.2f, %5.2f]    [%5.2f, %5.2f]  %s\n",
-                d.op.c_str(), Human(d.bytes).c_str(), d.stat.median,
+                d.op.c_str(), CompactByteSizeText(d.bytes).c_str(), d.stat.median,
                 d.best == 0 ? "-" : p.candidates[d.best].name.c_str(), d.alt.median,
                 d.speedup.median, d.speedup.p25, d.speedup.p75, d.control.p25, d.control.p75,
                 d.winner == 0 ? "static (within noise)" : p.candidates[d.winner].name.c_str());
@@ -596,8 +598,8 @@ int RunTune(const TuneArgs& a) {
                 "speedup [p25, p75]");
     for (const CompareRow& r : compare) {
       std::printf("%-10s %8s %11.1f %11.1f  %5.2f [%5.2f, %5.2f]\n", r.op.c_str(),
-                  Human(r.bytes).c_str(), r.static_us, r.tuned_us, r.speedup, r.speedup_p25,
-                  r.speedup_p75);
+                  CompactByteSizeText(r.bytes).c_str(), r.static_us, r.tuned_us, r.speedup,
+                  r.speedup_p25, r.speedup_p75);
     }
     std::printf("\n%s", explain.c_str());
     std::printf("total %.1f s\n", total_s);

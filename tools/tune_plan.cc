@@ -6,17 +6,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "lib/base/byte_text.h"
+#include "lib/config/gloo_segment.h"
 #include "lib/config/units.h"
-#include "lib/gloo/gloo_backend.h"
 #include "lib/shm/shm_backend.h"
 
 namespace adaptcomm::tools {
-
-std::string Human(uint64_t b) {
-  if (b >= kMiB && b % kMiB == 0) return absl::StrCat(b / kMiB, "MiB");
-  if (b >= kKiB && b % kKiB == 0) return absl::StrCat(b / kKiB, "KiB");
-  return absl::StrCat(b, "B");
-}
 
 uint64_t ShmSlotHalf() { return ShmBackendOptions{}.slot_bytes / 2; }
 
@@ -64,7 +59,7 @@ absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile)
                              {"chunk_bytes", static_cast<int64_t>(d.chunk_bytes)}}});
     for (uint64_t chunk : {64 * kKiB, 256 * kKiB, 1 * kMiB, 4 * kMiB}) {
       p.candidates.push_back(
-          {absl::StrCat("two-phase/", Human(chunk)),
+          {absl::StrCat("two-phase/", CompactByteSizeText(chunk)),
            false,
            {{"flat_max_bytes", 0}, {"chunk_bytes", static_cast<int64_t>(chunk)}}});
     }
@@ -76,9 +71,10 @@ absl::StatusOr<Plan> MakePlan(const TuneArgs& a, const EffectiveConfig& profile)
                             false,
                             {{"algorithm", 1 - algo}, {"max_segment_bytes", segment}}});
     for (uint64_t seg : {1 * kMiB, 4 * kMiB, 16 * kMiB}) {
-      if (seg == GlooMaxSegmentBytes(static_cast<uint64_t>(segment))) continue;  // the static one
+      if (seg == config::GlooMaxSegmentBytes(static_cast<uint64_t>(segment)))
+        continue;  // the static one
       p.candidates.push_back(
-          {absl::StrCat(algo == 1 ? "bcube" : "ring", "/seg ", Human(seg)),
+          {absl::StrCat(algo == 1 ? "bcube" : "ring", "/seg ", CompactByteSizeText(seg)),
            false,
            {{"algorithm", algo}, {"max_segment_bytes", static_cast<int64_t>(seg)}}});
     }
@@ -101,7 +97,7 @@ std::string Behaviour(const Plan& p, const Candidate& c, uint64_t bytes) {
     return chunk >= bytes ? "one chunk" : absl::StrCat("chunks of ", chunk);
   }
   if (c.knobs.at("algorithm") == 1) return "bcube";  // Gloo's bcube has no segment cap
-  const uint64_t cap = GlooRingSegmentCapInEffect(
+  const uint64_t cap = config::GlooRingSegmentCapInEffect(
       bytes, sizeof(float), p.ranks, static_cast<uint64_t>(c.knobs.at("max_segment_bytes")));
   return cap == 0 ? "ring" : absl::StrCat("ring, segments of at most ", cap);
 }

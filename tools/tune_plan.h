@@ -48,9 +48,6 @@ struct Plan {
   std::vector<Candidate> candidates;  // [0] is the static profile, the last its A/A control
 };
 
-// "4KiB", "16MiB", "12B": a size as the command line and the table's comments spell it.
-std::string Human(uint64_t b);
-
 // The shm slot half: the largest flat exchange and chunk (ShmBackendOptions::slot_bytes / 2).
 uint64_t ShmSlotHalf();
 

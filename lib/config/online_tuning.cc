@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "lib/base/byte_text.h"
+#include "lib/config/gloo_segment.h"
 #include "lib/config/tuned_table.h"
 #include "lib/config/units.h"
 
@@ -14,12 +16,6 @@ constexpr uint64_t kKiB = uint64_t{1} << 10;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 // What the last band's candidates are compared at (it has no largest size).
 constexpr uint64_t kLastBandProbe = uint64_t{1} << 30;
-
-std::string Human(uint64_t b) {
-  if (b >= kMiB && b % kMiB == 0) return absl::StrCat(b / kMiB, "MiB");
-  if (b >= kKiB && b % kKiB == 0) return absl::StrCat(b / kKiB, "KiB");
-  return absl::StrCat(b, "B");
-}
 
 int64_t KnobMax(const std::string& backend, const std::string& knob) {
   const TunedKnobSpec* spec = FindTunedKnob(backend, knob);
@@ -50,28 +46,33 @@ void ShmCandidates(uint64_t probe, std::vector<OnlineCandidate>& out) {
       one_chunk_tried = true;
     }
     out.push_back({"shm",
-                   absl::StrCat("two-phase/", Human(chunk)),
+                   absl::StrCat("two-phase/", CompactByteSizeText(chunk)),
                    {{"flat_max_bytes", 0}, {"chunk_bytes", static_cast<int64_t>(chunk)}},
                    false});
   }
 }
 
-// Gloo: the other algorithm, and ring segments of 1/4/16 MiB. With more than two ranks each
-// changes which rank starts an element's sum.
+// Gloo: the other algorithm, and ring segments of 1/4/16 MiB where a cap changes the static ring
+// at the band's largest size (GlooRingSegmentCapInEffect: the profile's 0 is Gloo's 1 MiB, and a
+// cap counts only past 2 * ranks segments); bcube has no segment cap. With more than two ranks
+// each changes which rank starts an element's sum.
 void GlooCandidates(uint64_t probe, const OnlineSpaceInputs& in,
                     std::vector<OnlineCandidate>& out) {
   const bool reorders = in.world_size > 2;
   const bool bcube = in.gloo_algorithm == "bcube";
   out.push_back({"gloo", bcube ? "ring" : "bcube", {{"algorithm", bcube ? 0 : 1}}, reorders});
-  bool one_segment_tried = false;
+  if (bcube) return;
+  // Compared in bytes: the caps tried are whole MiB, a whole number of elements of any type.
+  auto in_effect = [&](uint64_t segment) {
+    return GlooRingSegmentCapInEffect(probe, 1, in.world_size, segment);
+  };
+  std::vector<uint64_t> behaviours = {in_effect(in.gloo_max_segment_bytes)};
   for (uint64_t segment : {1 * kMiB, 4 * kMiB, 16 * kMiB}) {
-    if (segment == in.gloo_max_segment_bytes) continue;
-    if (segment >= probe) {
-      if (one_segment_tried) continue;
-      one_segment_tried = true;
-    }
+    const uint64_t cap = in_effect(segment);
+    if (std::find(behaviours.begin(), behaviours.end(), cap) != behaviours.end()) continue;
+    behaviours.push_back(cap);
     out.push_back({"gloo",
-                   absl::StrCat(in.gloo_algorithm, "/seg ", Human(segment)),
+                   absl::StrCat(in.gloo_algorithm, "/seg ", CompactByteSizeText(segment)),
                    {{"max_segment_bytes", static_cast<int64_t>(segment)}},
                    reorders});
   }

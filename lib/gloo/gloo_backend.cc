@@ -31,6 +31,7 @@
 #include "lib/base/log.h"
 #include "lib/base/op_checks.h"
 #include "lib/base/op_views.h"
+#include "lib/config/gloo_segment.h"
 #include "lib/gloo/gloo_reduce.h"
 #include "lib/gloo/gloo_store_adapter.h"
 
@@ -674,19 +675,9 @@ std::string GlooVersion() {
   return absl::StrCat(GLOO_VERSION_MAJOR, ".", GLOO_VERSION_MINOR, ".", GLOO_VERSION_PATCH);
 }
 
-uint64_t GlooMaxSegmentBytes(uint64_t max_segment_bytes) {
-  return max_segment_bytes > 0 ? max_segment_bytes
-                               : ::gloo::detail::AllreduceOptionsImpl::kMaxSegmentSize;
-}
-
-uint64_t GlooRingSegmentCapInEffect(uint64_t bytes, size_t element_bytes, int ranks,
-                                    uint64_t max_segment_bytes) {
-  const uint64_t element = std::max<uint64_t>(element_bytes, 1);
-  // Gloo rounds the cap down to whole elements, one at least.
-  const uint64_t cap =
-      element * std::max<uint64_t>(GlooMaxSegmentBytes(max_segment_bytes) / element, 1);
-  const uint64_t fewest_segments = 2 * static_cast<uint64_t>(std::max(ranks, 1));
-  return (bytes + cap - 1) / cap > fewest_segments ? cap : 0;
-}
+// Tuning reads Gloo's default segment cap from lib/config/gloo_segment.h, which cannot see Gloo's
+// headers: it must be the cap this Gloo runs with.
+static_assert(config::kGlooDefaultMaxSegmentBytes ==
+              ::gloo::detail::AllreduceOptionsImpl::kMaxSegmentSize);
 
 }  // namespace adaptcomm

@@ -51,18 +51,6 @@ struct GlooBackendOptions {
 // The Gloo this library was built with, "0.5.0" (the tuned table's fingerprint names it).
 std::string GlooVersion();
 
-// The segment cap Gloo's allreduce runs with for a gloo.max_segment_bytes value (0: Gloo's own
-// default), in bytes.
-uint64_t GlooMaxSegmentBytes(uint64_t max_segment_bytes);
-
-// Whether that cap changes a ring allreduce of `bytes` (elements of `element_bytes`) over `ranks`
-// ranks: the cap in effect, or 0 where it changes nothing. Gloo's ring cuts a message into 2 *
-// ranks segments at least, so a cap is reached only past 2 * ranks * cap bytes (gloo/allreduce.cc,
-// ring). Two values with the same answer run the same allreduce, which `adaptcomm tune` then
-// measures once; bcube ignores the value.
-uint64_t GlooRingSegmentCapInEffect(uint64_t bytes, size_t element_bytes, int ranks,
-                                    uint64_t max_segment_bytes);
-
 // Connects a full mesh of TCP pairs among options.size ranks. Errors: InvalidArgument (bad
 // options), DeadlineExceeded (rendezvous or connect ran past init_timeout; names the ranks whose
 // addresses never appeared when the store tells), Unavailable (anything else, e.g. the interface

@@ -1,0 +1,30 @@
+// What gloo.max_segment_bytes does to Gloo's ring allreduce, for the code that chooses its values
+// (`adaptcomm tune`, online tuning) without linking Gloo: lib/gloo/gloo_backend.cc checks
+// kGlooDefaultMaxSegmentBytes against the Gloo headers it is built with.
+#ifndef ADAPTCOMM_LIB_CONFIG_GLOO_SEGMENT_H_
+#define ADAPTCOMM_LIB_CONFIG_GLOO_SEGMENT_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace adaptcomm::config {
+
+// Gloo's own segment cap (gloo::detail::AllreduceOptionsImpl::kMaxSegmentSize): what a
+// gloo.max_segment_bytes of 0 runs with.
+inline constexpr uint64_t kGlooDefaultMaxSegmentBytes = uint64_t{1} << 20;
+
+// The segment cap Gloo's allreduce runs with for a gloo.max_segment_bytes value (0: Gloo's own
+// default), in bytes.
+uint64_t GlooMaxSegmentBytes(uint64_t max_segment_bytes);
+
+// Whether that cap changes a ring allreduce of `bytes` (elements of `element_bytes`) over `ranks`
+// ranks: the cap in effect, or 0 where it changes nothing. Gloo's ring cuts a message into 2 *
+// ranks segments at least, so a cap is reached only past 2 * ranks * cap bytes (gloo/allreduce.cc,
+// ring). Two values with the same answer run the same allreduce, which tuning then tries once;
+// bcube ignores the value.
+uint64_t GlooRingSegmentCapInEffect(uint64_t bytes, size_t element_bytes, int ranks,
+                                    uint64_t max_segment_bytes);
+
+}  // namespace adaptcomm::config
+
+#endif  // ADAPTCOMM_LIB_CONFIG_GLOO_SEGMENT_H_
