@@ -350,6 +350,25 @@ TEST(GlooBackendTest, SingleRankWorldIsLocal) {
   }
 }
 
+// What online tuning compares its candidates with (Backend::StaticKnobs): the profile's algorithm
+// and segment cap, or a tuned band's where one holds the size.
+TEST(GlooBackendTest, StaticKnobsAreWhatAnAllreduceWithoutKnobsRunsWith) {
+  GlooBackendOptions o = Options(0, 1, CreatePrefixStore("static_knobs", CreateHashStore()));
+  o.max_segment_bytes = 4 << 20;
+  o.tuned_algorithm = {{0, 64 << 10, 1}};
+  o.tuned_max_segment_bytes = {{1 << 20, 16 << 20, 1 << 20}};
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateGlooBackend(o);
+  ASSERT_TRUE(b.ok()) << b.status();
+  using Knobs = std::vector<std::pair<std::string, int64_t>>;
+  EXPECT_EQ((*b)->StaticKnobs(OpKind::kAllreduce, 4096),
+            (Knobs{{"algorithm", 1}, {"max_segment_bytes", 4 << 20}}));
+  EXPECT_EQ((*b)->StaticKnobs(OpKind::kAllreduce, 8 << 20),
+            (Knobs{{"algorithm", 0}, {"max_segment_bytes", 1 << 20}}));
+  EXPECT_EQ((*b)->StaticKnobs(OpKind::kAllreduce, 64 << 20),
+            (Knobs{{"algorithm", 0}, {"max_segment_bytes", 4 << 20}}));
+  EXPECT_TRUE((*b)->StaticKnobs(OpKind::kReduce, 4096).empty());
+}
+
 // ---- half-precision conversions ----
 
 TEST(GlooReduceTest, HalfConversionsRoundToNearestEven) {

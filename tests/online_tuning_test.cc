@@ -135,11 +135,26 @@ std::vector<std::string> Names(const std::vector<config::OnlineCandidate>& cs) {
   return out;
 }
 
-TEST(OnlineTuningSpace, ShmCandidatesAreTriedOncePerBehaviour) {
+// Backend::StaticKnobs of a backend built from the default options and profile, at every size:
+// shm's flat exchange up to 64 KiB and 512 KiB chunks; Gloo's ring with its own 1 MiB segments.
+using Knobs = std::vector<std::pair<std::string, int64_t>>;
+config::OnlineSpaceInputs Statics(int world_size, Knobs knobs) {
   config::OnlineSpaceInputs in;
-  in.world_size = 4;
-  // Up to 4 KiB every two-phase chunk is a single chunk: one of them is enough.
+  in.world_size = world_size;
+  in.static_knobs = [knobs](uint64_t) { return knobs; };
+  return in;
+}
+const Knobs kShmDefaults = {{"flat_max_bytes", 64 << 10}, {"chunk_bytes", 512 << 10}};
+const Knobs kGlooDefaults = {{"algorithm", 0}, {"max_segment_bytes", 0}};
+
+TEST(OnlineTuningSpace, ShmCandidatesAreTriedOncePerBehaviour) {
+  const config::OnlineSpaceInputs in = Statics(4, kShmDefaults);
+  // Up to 4 KiB the static values run the flat exchange, and every two-phase chunk is a single
+  // chunk: one of them is enough.
   EXPECT_EQ(Names(config::OnlineCandidates("shm", "allreduce", config::OnlineBand(4096), in)),
+            (std::vector<std::string>{"static", "two-phase/64KiB"}));
+  // Up to 256 KiB the static values run one 512 KiB chunk: so do 256 KiB chunks and above.
+  EXPECT_EQ(Names(config::OnlineCandidates("shm", "allreduce", config::OnlineBand(200 << 10), in)),
             (std::vector<std::string>{"static", "flat", "two-phase/64KiB"}));
   EXPECT_EQ(Names(config::OnlineCandidates("shm", "reduce", config::OnlineBand(3 << 20), in)),
             (std::vector<std::string>{"static", "flat", "two-phase/64KiB", "two-phase/256KiB",
@@ -154,18 +169,42 @@ TEST(OnlineTuningSpace, ShmCandidatesAreTriedOncePerBehaviour) {
   // No knobs: nothing but the static values.
   EXPECT_EQ(Names(config::OnlineCandidates("shm", "broadcast", 3, in)),
             (std::vector<std::string>{"static"}));
+  // Static values not known: only candidates alike each other are tried once.
+  config::OnlineSpaceInputs unknown;
+  unknown.world_size = 4;
+  EXPECT_EQ(Names(config::OnlineCandidates("shm", "allreduce", config::OnlineBand(4096), unknown)),
+            (std::vector<std::string>{"static", "flat", "two-phase/64KiB"}));
+}
+
+// The static values are the backend's at the band's largest size, a tuned table's included.
+TEST(OnlineTuningSpace, CandidatesAreComparedWithTheTunedValuesOfTheirBand) {
+  // A table tuned 256 KiB chunks past 64 KiB: that chunk is no candidate there.
+  config::OnlineSpaceInputs shm =
+      Statics(2, {{"flat_max_bytes", 64 << 10}, {"chunk_bytes", 256 << 10}});
+  EXPECT_EQ(
+      Names(config::OnlineCandidates("shm", "allreduce", config::OnlineBand(64 << 20), shm)),
+      (std::vector<std::string>{"static", "two-phase/64KiB", "two-phase/1MiB", "two-phase/4MiB"}));
+  // A table tuned Gloo's bcube up to 64 KiB and left the ring above.
+  config::OnlineSpaceInputs gloo;
+  gloo.world_size = 2;
+  gloo.static_knobs = [](uint64_t bytes) {
+    return Knobs{{"algorithm", bytes <= (64 << 10) ? 1 : 0}, {"max_segment_bytes", 0}};
+  };
+  EXPECT_EQ(
+      Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(16 << 10), gloo)),
+      (std::vector<std::string>{"static", "ring"}));
+  EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(1 << 20), gloo)),
+            (std::vector<std::string>{"static", "bcube"}));
 }
 
 TEST(OnlineTuningSpace, GlooCandidatesThatReorderFloatSumsNeedAllowReorder) {
-  config::OnlineSpaceInputs two;
-  two.world_size = 2;
+  const config::OnlineSpaceInputs two = Statics(2, kGlooDefaults);
   // Up to 16 MiB on 2 ranks: the profile's 0 is Gloo's 1 MiB cap, in effect past 4 MiB; 4 and
   // 16 MiB caps are not reached there, and run alike.
   const auto at_two =
       config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(8 << 20), two);
   EXPECT_EQ(Names(at_two), (std::vector<std::string>{"static", "bcube", "ring/seg 4MiB"}));
-  config::OnlineSpaceInputs three = two;
-  three.world_size = 3;
+  config::OnlineSpaceInputs three = Statics(3, kGlooDefaults);
   EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", 6, three)),
             (std::vector<std::string>{"static"}));
   three.allow_reorder = true;
@@ -177,11 +216,10 @@ TEST(OnlineTuningSpace, GlooCandidatesThatReorderFloatSumsNeedAllowReorder) {
   EXPECT_EQ(allowed[2].Values(), "max_segment_bytes=4194304");
 }
 
-// A segment candidate is tried only where its cap changes the static ring allreduce somewhere in
-// the band (the old candidates tried a twin of the static values in every band up to 4 MiB).
+// A segment candidate is tried only where its cap changes the static ring allreduce at the band's
+// largest size (the old candidates tried a twin of the static values in every band up to 4 MiB).
 TEST(OnlineTuningSpace, GlooSegmentCandidatesThatRunTheStaticAllreduceAreNotTried) {
-  config::OnlineSpaceInputs in;
-  in.world_size = 2;
+  config::OnlineSpaceInputs in = Statics(2, kGlooDefaults);
   // Up to 4 MiB no cap of 1 MiB or more is reached on 2 ranks: the other algorithm alone.
   EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(4096), in)),
             (std::vector<std::string>{"static", "bcube"}));
@@ -192,14 +230,14 @@ TEST(OnlineTuningSpace, GlooSegmentCandidatesThatRunTheStaticAllreduceAreNotTrie
   EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(512 << 20), in)),
             (std::vector<std::string>{"static", "bcube", "ring/seg 4MiB", "ring/seg 16MiB"}));
   // A profile cap of 4 MiB: 1 MiB becomes a candidate, 4 MiB is the static one.
-  in.gloo_max_segment_bytes = 4 << 20;
+  in = Statics(2, {{"algorithm", 0}, {"max_segment_bytes", 4 << 20}});
   EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(512 << 20), in)),
             (std::vector<std::string>{"static", "bcube", "ring/seg 1MiB", "ring/seg 16MiB"}));
   // Up to 16 MiB that cap is not reached (16 MiB is 4 segments of 4 MiB): only 1 MiB differs.
   EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(16 << 20), in)),
             (std::vector<std::string>{"static", "bcube", "ring/seg 1MiB"}));
   // bcube ignores the cap: no segment candidate is anything but the static bcube.
-  in.gloo_algorithm = "bcube";
+  in = Statics(2, {{"algorithm", 1}, {"max_segment_bytes", 4 << 20}});
   EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(512 << 20), in)),
             (std::vector<std::string>{"static", "ring"}));
 }
@@ -374,8 +412,8 @@ absl::StatusOr<std::vector<std::vector<uint8_t>>> RunSequence(Communicator& comm
   return results;
 }
 
-// Every op kind x dtype x reduce op mixed, in bands with 3, 4, 6 and 5 candidates, each band
-// through its trial window (trials_per_candidate 2) and beyond it.
+// Every op kind x dtype x reduce op mixed, in bands with 2, 3, 6 and 5 candidates (kShmCandidates),
+// each band through its trial window (trials_per_candidate 2) and beyond it.
 std::vector<OpSpec> MixedSequence() {
   const std::vector<std::pair<DType, ReduceOp>> kinds = {
       {DType::kF32, ReduceOp::kSum},  {DType::kI32, ReduceOp::kSum}, {DType::kF64, ReduceOp::kSum},
@@ -390,6 +428,18 @@ std::vector<OpSpec> MixedSequence() {
     }
   }
   return ops;
+}
+
+// Per band of MixedSequence() on shm, allreduce then reduce: what the backend's static values do
+// there is no candidate (up to 4 KiB the flat exchange, up to 256 KiB one 512 KiB chunk, above it
+// 512 KiB chunks, and every chunk of the message's size or more is a single chunk).
+const std::vector<int> kShmCandidates = {2, 3, 6, 5, 2, 3, 6, 5};
+
+// How many candidates each band tried, in Decisions() order.
+std::vector<int> CandidateCounts(const std::vector<OnlineDecision>& decisions) {
+  std::vector<int> out;
+  for (const OnlineDecision& d : decisions) out.push_back(d.candidates);
+  return out;
 }
 
 // The decisions as comparable text: op, band, state, winner and values.
@@ -410,6 +460,7 @@ void ExpectBitIdenticalAndAgreed(int world, BackendChoice backend, const std::st
   const std::vector<OpSpec> ops = MixedSequence();
   std::vector<std::vector<std::vector<uint8_t>>> want(world), got(world);
   std::vector<std::vector<std::string>> decided(world);
+  std::vector<std::vector<int>> counts(world);
   std::vector<std::string> explain(world);
   RankSetup plain;
   plain.backend = backend;
@@ -431,6 +482,7 @@ void ExpectBitIdenticalAndAgreed(int world, BackendChoice backend, const std::st
     if (!res.ok()) return res.status();
     got[r] = *std::move(res);
     decided[r] = Summary(internal::OnlineTuningDecisions(comm));
+    counts[r] = CandidateCounts(internal::OnlineTuningDecisions(comm));
     explain[r] = comm.Explain();
     return absl::OkStatus();
   });
@@ -458,6 +510,7 @@ void ExpectBitIdenticalAndAgreed(int world, BackendChoice backend, const std::st
     EXPECT_THAT(d, ::testing::Not(HasSubstr("fallback"))) << d;
   }
   for (int r = 1; r < world; ++r) EXPECT_EQ(decided[r], decided[0]) << "rank " << r;
+  for (int r = 0; r < world; ++r) EXPECT_EQ(counts[r], kShmCandidates) << "rank " << r;
   EXPECT_THAT(explain[0], HasSubstr("online tuning (tuning.online.enabled from "));
   EXPECT_THAT(explain[0], HasSubstr("(online: 2 trials, median "));
 }
@@ -470,7 +523,10 @@ TEST(OnlineTuning, ShmResultsAreBitIdenticalToUntunedAndRanksAgreeThreeRanks) {
   ExpectBitIdenticalAndAgreed(3, BackendChoice::kShm, "shm3");
 }
 
-// Gloo allreduces of `dtypes` in two bands through their windows, tuned and untuned.
+// Gloo allreduces of `dtypes` in two bands through their windows, tuned and untuned. Up to 4 KiB
+// the segment caps change nothing (bcube is the one candidate); up to 16 MiB Gloo's own 1 MiB
+// segments are the static ring's, and a 4 MiB cap is reached on neither 2 nor 3 ranks (nor is
+// 16 MiB): 2 and 3 candidates.
 void ExpectGlooBitIdenticalAndAgreed(int world, const std::string& tuning,
                                      const std::vector<DType>& dtypes, const std::string& tag) {
   const std::string online = WriteProfile(tag, tuning);
@@ -481,6 +537,7 @@ void ExpectGlooBitIdenticalAndAgreed(int world, const std::string& tuning,
   }
   std::vector<std::vector<std::vector<uint8_t>>> want(world), got(world);
   std::vector<std::vector<std::string>> decided(world);
+  std::vector<std::vector<int>> counts(world);
   RankSetup setup;
   setup.backend = BackendChoice::kGloo;
   setup.name = tag + "_untuned";
@@ -490,6 +547,7 @@ void ExpectGlooBitIdenticalAndAgreed(int world, const std::string& tuning,
       if (!res.ok()) return res.status();
       out[r] = *std::move(res);
       decided[r] = Summary(internal::OnlineTuningDecisions(comm));
+      counts[r] = CandidateCounts(internal::OnlineTuningDecisions(comm));
       return absl::OkStatus();
     };
   };
@@ -503,6 +561,7 @@ void ExpectGlooBitIdenticalAndAgreed(int world, const std::string& tuning,
   ASSERT_EQ(decided[0].size(), 2u);
   for (const std::string& d : decided[0]) EXPECT_THAT(d, ::testing::Not(HasSubstr("fallback")));
   for (int r = 1; r < world; ++r) EXPECT_EQ(decided[r], decided[0]) << "rank " << r;
+  for (int r = 0; r < world; ++r) EXPECT_EQ(counts[r], (std::vector<int>{2, 3})) << "rank " << r;
 }
 
 // Allreduce only has Gloo knobs; with two ranks every candidate keeps float sums bit for bit.

@@ -366,6 +366,31 @@ TEST(ShmBackend, IntegerAvgIsRefusedAtTheCall) {
   });
 }
 
+// What online tuning compares its candidates with (Backend::StaticKnobs): the values an op runs
+// with when it sets none, a tuned band's where one holds the size, clamped as the backend clamps
+// them (a step is at most half a slot).
+TEST(ShmBackend, StaticKnobsAreWhatAnOpWithoutKnobsRunsWith) {
+  RunShm(RankMode::kThreads, 2, [](int rank, int world, const std::string& dir) {
+    ShmBackendOptions o = SmallOptions(rank, world, FileStore(dir));  // flat 1 KiB, chunk 8 KiB
+    o.tuned_allreduce.chunk_bytes = {{16 << 10, 1 << 20, 16 << 10}, {1 << 20, 2 << 20, 1 << 20}};
+    o.tuned_reduce.flat_max_bytes = {{0, 4 << 10, 4 << 10}};
+    std::unique_ptr<Backend> b = Create(o);
+    ASSERT_NE(b, nullptr);
+    using Knobs = std::vector<std::pair<std::string, int64_t>>;
+    EXPECT_EQ(b->StaticKnobs(OpKind::kAllreduce, 512),
+              (Knobs{{"flat_max_bytes", 1024}, {"chunk_bytes", 8192}}));
+    EXPECT_EQ(b->StaticKnobs(OpKind::kAllreduce, 64 << 10),
+              (Knobs{{"flat_max_bytes", 1024}, {"chunk_bytes", 16384}}));
+    // A tuned 1 MiB chunk is cut to half the 64 KiB slot.
+    EXPECT_EQ(b->StaticKnobs(OpKind::kAllreduce, 2 << 20),
+              (Knobs{{"flat_max_bytes", 1024}, {"chunk_bytes", 32768}}));
+    EXPECT_EQ(b->StaticKnobs(OpKind::kReduce, 2048),
+              (Knobs{{"flat_max_bytes", 4096}, {"chunk_bytes", 8192}}));
+    EXPECT_TRUE(b->StaticKnobs(OpKind::kBroadcast, 2048).empty());
+    EXPECT_TRUE(b->StaticKnobs(OpKind::kAllgather, 2048).empty());
+  });
+}
+
 std::set<std::string> DevShm() {
   std::set<std::string> names;
   if (DIR* d = opendir("/dev/shm")) {

@@ -8,6 +8,7 @@
 #include "absl/strings/strip.h"
 #include "lib/base/byte_text.h"
 #include "lib/config/gloo_segment.h"
+#include "lib/config/knob_behaviour.h"
 #include "lib/config/units.h"
 #include "lib/shm/shm_backend.h"
 
@@ -90,16 +91,7 @@ namespace {
 
 // What candidate `c` actually does for `bytes` of f32 data (what tune measures).
 std::string Behaviour(const Plan& p, const Candidate& c, uint64_t bytes) {
-  if (p.backend == "shm") {
-    const uint64_t half = ShmSlotHalf();
-    if (bytes <= std::min<uint64_t>(c.knobs.at("flat_max_bytes"), half)) return "flat";
-    const uint64_t chunk = std::min<uint64_t>(c.knobs.at("chunk_bytes"), half);
-    return chunk >= bytes ? "one chunk" : absl::StrCat("chunks of ", chunk);
-  }
-  if (c.knobs.at("algorithm") == 1) return "bcube";  // Gloo's bcube has no segment cap
-  const uint64_t cap = config::GlooRingSegmentCapInEffect(
-      bytes, sizeof(float), p.ranks, static_cast<uint64_t>(c.knobs.at("max_segment_bytes")));
-  return cap == 0 ? "ring" : absl::StrCat("ring, segments of at most ", cap);
+  return config::KnobBehaviour(p.backend, c.knobs, bytes, sizeof(float), p.ranks);
 }
 
 }  // namespace
@@ -113,8 +105,10 @@ std::vector<size_t> Distinct(const Plan& p, uint64_t bytes) {
       continue;
     }
     std::string b = Behaviour(p, p.candidates[i], bytes);
-    if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
-    seen.push_back(b);
+    if (!b.empty()) {  // empty: not known, so alike nothing
+      if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
+      seen.push_back(b);
+    }
     out.push_back(i);
   }
   return out;

@@ -220,6 +220,15 @@ class ADAPTCOMM_EXPORT Backend {
   // A capability: non-null when this backend queues device ops without blocking the host
   // (Capabilities::stream_ordered). Owned by the backend.
   virtual StreamOrdered* stream_ordered() { return nullptr; }
+
+  // The values of its knob space (Capabilities::per_op_knobs) that an op of `kind` and `bytes`
+  // runs with when OpDesc::knobs sets none (the profile's, or a tuned table's band), named as
+  // OpKnobs names them. Online tuning does not try a candidate that would run the same algorithm.
+  // Empty when the backend has no knob space or does not say: every candidate is then tried.
+  virtual std::vector<std::pair<std::string, int64_t>> StaticKnobs(OpKind /*kind*/,
+                                                                   uint64_t /*bytes*/) const {
+    return {};
+  }
 };
 
 }  // namespace adaptcomm

@@ -1,11 +1,12 @@
 #include "lib/config/online_tuning.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "lib/base/byte_text.h"
-#include "lib/config/gloo_segment.h"
+#include "lib/config/knob_behaviour.h"
 #include "lib/config/tuned_table.h"
 #include "lib/config/units.h"
 
@@ -34,17 +35,10 @@ bool Applies(const std::string& backend, const std::string& op) {
 
 // shm: the flat exchange up to the largest flat size, or reduce-scatter + allgather in chunks of
 // 64 KiB .. 4 MiB (what `adaptcomm tune` measures).
-void ShmCandidates(uint64_t probe, std::vector<OnlineCandidate>& out) {
+void ShmCandidates(std::vector<OnlineCandidate>& out) {
   const int64_t half = KnobMax("shm", "flat_max_bytes");  // half a slot: the largest step
-  if (probe <= static_cast<uint64_t>(half)) {
-    out.push_back({"shm", "flat", {{"flat_max_bytes", half}}, false});
-  }
-  bool one_chunk_tried = false;
+  out.push_back({"shm", "flat", {{"flat_max_bytes", half}}, false});
   for (uint64_t chunk : {64 * kKiB, 256 * kKiB, 1 * kMiB, 4 * kMiB}) {
-    if (chunk >= probe) {
-      if (one_chunk_tried) continue;  // a single chunk whatever its bound
-      one_chunk_tried = true;
-    }
     out.push_back({"shm",
                    absl::StrCat("two-phase/", CompactByteSizeText(chunk)),
                    {{"flat_max_bytes", 0}, {"chunk_bytes", static_cast<int64_t>(chunk)}},
@@ -52,27 +46,17 @@ void ShmCandidates(uint64_t probe, std::vector<OnlineCandidate>& out) {
   }
 }
 
-// Gloo: the other algorithm, and ring segments of 1/4/16 MiB where a cap changes the static ring
-// at the band's largest size (GlooRingSegmentCapInEffect: the profile's 0 is Gloo's 1 MiB, and a
-// cap counts only past 2 * ranks segments); bcube has no segment cap. With more than two ranks
-// each changes which rank starts an element's sum.
-void GlooCandidates(uint64_t probe, const OnlineSpaceInputs& in,
+// Gloo: the other algorithm, and the static one with ring segments of 1/4/16 MiB (bcube has no
+// segment cap). With more than two ranks each changes which rank starts an element's sum.
+void GlooCandidates(const std::map<std::string, int64_t>& statics, int world_size,
                     std::vector<OnlineCandidate>& out) {
-  const bool reorders = in.world_size > 2;
-  const bool bcube = in.gloo_algorithm == "bcube";
+  const bool reorders = world_size > 2;
+  auto algorithm = statics.find("algorithm");
+  const bool bcube = algorithm != statics.end() && algorithm->second == 1;
   out.push_back({"gloo", bcube ? "ring" : "bcube", {{"algorithm", bcube ? 0 : 1}}, reorders});
-  if (bcube) return;
-  // Compared in bytes: the caps tried are whole MiB, a whole number of elements of any type.
-  auto in_effect = [&](uint64_t segment) {
-    return GlooRingSegmentCapInEffect(probe, 1, in.world_size, segment);
-  };
-  std::vector<uint64_t> behaviours = {in_effect(in.gloo_max_segment_bytes)};
   for (uint64_t segment : {1 * kMiB, 4 * kMiB, 16 * kMiB}) {
-    const uint64_t cap = in_effect(segment);
-    if (std::find(behaviours.begin(), behaviours.end(), cap) != behaviours.end()) continue;
-    behaviours.push_back(cap);
     out.push_back({"gloo",
-                   absl::StrCat(in.gloo_algorithm, "/seg ", CompactByteSizeText(segment)),
+                   absl::StrCat(bcube ? "bcube" : "ring", "/seg ", CompactByteSizeText(segment)),
                    {{"max_segment_bytes", static_cast<int64_t>(segment)}},
                    reorders});
   }
@@ -119,15 +103,32 @@ std::vector<OnlineCandidate> OnlineCandidates(const std::string& backend, const 
   if (!Applies(backend, op)) return out;
   const uint64_t max = OnlineBandMax(band);
   const uint64_t probe = max == UINT64_MAX ? kLastBandProbe : max;
-  if (backend == "shm") {
-    ShmCandidates(probe, out);
-  } else if (backend == "gloo") {
-    GlooCandidates(probe, in, out);
+  std::map<std::string, int64_t> statics;
+  if (in.static_knobs) {
+    for (const auto& [knob, value] : in.static_knobs(probe)) statics[knob] = value;
   }
-  if (!in.allow_reorder) {
-    out.erase(std::remove_if(out.begin(), out.end(),
-                             [](const OnlineCandidate& c) { return c.reorders_floats; }),
-              out.end());
+  std::vector<OnlineCandidate> space;
+  if (backend == "shm") {
+    ShmCandidates(space);
+  } else if (backend == "gloo") {
+    GlooCandidates(statics, in.world_size, space);
+  }
+  // What each runs at the band's largest size (f32 elements): the static values' first, then each
+  // behaviour once. One not known (no static values) is tried.
+  auto behaviour = [&](const OnlineCandidate& c) {
+    std::map<std::string, int64_t> values = statics;
+    for (const auto& [knob, value] : c.knobs) values[knob] = value;
+    return KnobBehaviour(backend, values, probe, sizeof(float), in.world_size);
+  };
+  std::vector<std::string> seen = {behaviour(out[0])};
+  for (OnlineCandidate& c : space) {
+    const std::string b = behaviour(c);
+    if (!b.empty()) {
+      if (std::find(seen.begin(), seen.end(), b) != seen.end()) continue;
+      seen.push_back(b);
+    }
+    if (c.reorders_floats && !in.allow_reorder) continue;
+    out.push_back(std::move(c));
   }
   return out;
 }

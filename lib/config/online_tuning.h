@@ -14,6 +14,7 @@
 #define ADAPTCOMM_LIB_CONFIG_ONLINE_TUNING_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,12 +50,17 @@ struct OnlineCandidate {
 struct OnlineSpaceInputs {
   int world_size = 2;
   bool allow_reorder = false;
-  std::string gloo_algorithm = "ring";  // the profile's static Gloo values
-  uint64_t gloo_max_segment_bytes = 0;
+  // The knob values the backend runs an op of `bytes` with when the op sets none
+  // (Backend::StaticKnobs: the profile's, or a tuned table's band). Null or empty: not known.
+  // Alike on every rank (the profile is checked across ranks, a tuned table applies on all or
+  // none), so that every rank tries the same candidates in the same order.
+  std::function<std::vector<std::pair<std::string, int64_t>>(uint64_t bytes)> static_knobs;
 };
 
-// The candidates of `backend` ("shm", "gloo") for `op` in `band`, the static one first; those
-// that would do the same thing at the band's largest size are tried once (the first of them), and
+// The candidates of `backend` ("shm", "gloo") for `op` in `band`, the static one first. Each
+// candidate runs an algorithm of its own at the band's largest size (KnobBehaviour,
+// lib/config/knob_behaviour.h): one that would run what the static values run there, or what an
+// earlier candidate runs, is left out (without static values, only those alike each other).
 // reorders_floats ones are left out unless allow_reorder. Only the static one when the backend
 // has no knobs for the op.
 std::vector<OnlineCandidate> OnlineCandidates(const std::string& backend, const std::string& op,

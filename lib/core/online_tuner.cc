@@ -303,8 +303,11 @@ OnlineTuner::Band& OnlineTuner::BandLocked(int op, int band) {
   config::OnlineSpaceInputs in;
   in.world_size = options_.world_size;
   in.allow_reorder = s.allow_reorder;
-  in.gloo_algorithm = options_.gloo_algorithm;
-  in.gloo_max_segment_bytes = options_.gloo_max_segment_bytes;
+  if (options_.static_knobs) {
+    in.static_knobs = [this, name = s.ops[op]](uint64_t bytes) {
+      return options_.static_knobs(name, bytes);
+    };
+  }
   b.op = op;
   b.band = band;
   b.candidates = config::OnlineCandidates(options_.knob_space, s.ops[op], band, in);
@@ -509,11 +512,18 @@ std::shared_ptr<OnlineTuner> StartOnlineTuner(const CommunicatorOptions& options
   t.communicator = options.name;
   t.backend = executor->backend().name();
   t.knob_space = executor->backend().capabilities().per_op_knobs;
-  t.gloo_algorithm = config.gloo.algorithm;
-  t.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
+  std::weak_ptr<OpExecutor> weak = executor;
+  t.static_knobs = [weak](const std::string& op, uint64_t bytes) {
+    std::vector<std::pair<std::string, int64_t>> values;
+    auto e = weak.lock();
+    if (e == nullptr) return values;
+    for (OpKind kind : {OpKind::kAllreduce, OpKind::kReduce}) {
+      if (op == OpKindName(kind)) values = e->backend().StaticKnobs(kind, bytes);
+    }
+    return values;
+  };
   if (store != nullptr) t.store = CreatePrefixStore("online", store);
   t.elastic = elastic;
-  std::weak_ptr<OpExecutor> weak = executor;
   t.abort = [weak](const absl::Status& s) {
     if (auto e = weak.lock()) e->Abort(s);
   };

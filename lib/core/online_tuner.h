@@ -70,8 +70,10 @@ struct OnlineTunerOptions {
   std::string communicator;          // its name, for log lines
   std::string backend;               // Backend::name()
   const char* knob_space = nullptr;  // Capabilities::per_op_knobs
-  std::string gloo_algorithm = "ring";
-  uint64_t gloo_max_segment_bytes = 0;
+  // The knob values the backend runs an op of `op` ("allreduce") and `bytes` with when the op sets
+  // none (Backend::StaticKnobs); null: not known (every candidate is tried).
+  std::function<std::vector<std::pair<std::string, int64_t>>(const std::string& op, uint64_t bytes)>
+      static_knobs;
   std::shared_ptr<Store> store;  // the communicator's scope; null: none
   bool elastic = false;
   // Aborts the communicator (a rank that cannot learn a verdict).

@@ -183,8 +183,21 @@ class GlooBackend final : public Backend {
     absl::MutexLock lock(&mu_);
     return broken_;
   }
+  std::vector<std::pair<std::string, int64_t>> StaticKnobs(OpKind kind,
+                                                           uint64_t bytes) const override {
+    if (kind != OpKind::kAllreduce) return {};
+    const OpDesc op;  // no OpDesc::knobs
+    return {{"algorithm", AlgorithmFor(op, bytes)},
+            {"max_segment_bytes", static_cast<int64_t>(MaxSegmentFor(op, bytes))}};
+  }
 
  private:
+  // An allreduce's algorithm (0 ring, 1 bcube) and segment cap (0: Gloo's default) for `bytes`:
+  // the op's own value (OpDesc::knobs, online tuning), else a tuned band's, else the profile's.
+  // Both change the order in which a float element's sum is formed once there are more than two
+  // ranks (lib/config/online_tuning.h says which candidates are tried therefore).
+  int64_t AlgorithmFor(const OpDesc& op, uint64_t bytes) const;
+  uint64_t MaxSegmentFor(const OpDesc& op, uint64_t bytes) const;
   // Each of these throws what Gloo throws; Run() translates at the edge.
   void Dispatch(const OpDesc& op);
   void Allreduce(const OpDesc& op);
@@ -398,25 +411,30 @@ void GlooBackend::Allreduce(const OpDesc& op) {
     opts.setTag(static_cast<uint32_t>(op.seq));
     opts.setTimeout(ToMs(op.timeout));
     const uint64_t bytes = v.bytes();
-    // The op's own value (OpDesc::knobs, online tuning), else a tuned band's, else the profile's.
-    // Both change the order in which a float element's sum is formed once there are more than
-    // two ranks (lib/config/online_tuning.h says which candidates are tried therefore).
-    const int64_t* knob_algorithm =
-        op.knobs != nullptr ? op.knobs->Find(kKnobSpace, "algorithm") : nullptr;
-    const int64_t* knob_segment =
-        op.knobs != nullptr ? op.knobs->Find(kKnobSpace, "max_segment_bytes") : nullptr;
-    const int64_t algorithm = knob_algorithm != nullptr
-                                  ? *knob_algorithm
-                                  : config::BandValue(tuned_algorithm_, bytes, bcube_ ? 1 : 0);
-    if (algorithm == 1) opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
-    const auto segment = static_cast<size_t>(
-        knob_segment != nullptr ? std::max<int64_t>(*knob_segment, 0)
-                                : config::BandValue(tuned_max_segment_bytes_, bytes,
-                                                    static_cast<int64_t>(max_segment_bytes_)));
-    if (segment > 0) opts.setMaxSegmentSize(segment);
+    if (AlgorithmFor(op, bytes) == 1) {
+      opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
+    }
+    if (const uint64_t segment = MaxSegmentFor(op, bytes); segment > 0) {
+      opts.setMaxSegmentSize(static_cast<size_t>(segment));
+    }
     ::gloo::allreduce(opts);
   });
   if (op.reduce == ReduceOp::kAvg) elementwise::DivideInPlace(v.dtype, v.data, v.count, size_);
+}
+
+int64_t GlooBackend::AlgorithmFor(const OpDesc& op, uint64_t bytes) const {
+  const int64_t* knob = op.knobs != nullptr ? op.knobs->Find(kKnobSpace, "algorithm") : nullptr;
+  return knob != nullptr ? *knob : config::BandValue(tuned_algorithm_, bytes, bcube_ ? 1 : 0);
+}
+
+uint64_t GlooBackend::MaxSegmentFor(const OpDesc& op, uint64_t bytes) const {
+  const int64_t* knob =
+      op.knobs != nullptr ? op.knobs->Find(kKnobSpace, "max_segment_bytes") : nullptr;
+  return static_cast<uint64_t>(std::max<int64_t>(
+      knob != nullptr ? *knob
+                      : config::BandValue(tuned_max_segment_bytes_, bytes,
+                                          static_cast<int64_t>(max_segment_bytes_)),
+      0));
 }
 
 void GlooBackend::Broadcast(const OpDesc& op) {

@@ -104,6 +104,14 @@ class ShmBackend final : public Backend {
     absl::MutexLock lock(&mu_);
     return broken_;
   }
+  std::vector<std::pair<std::string, int64_t>> StaticKnobs(OpKind kind,
+                                                           uint64_t bytes) const override {
+    if (kind != OpKind::kAllreduce && kind != OpKind::kReduce) return {};
+    OpDesc op;
+    op.kind = kind;
+    return {{"flat_max_bytes", static_cast<int64_t>(FlatMaxFor(op, bytes))},
+            {"chunk_bytes", static_cast<int64_t>(ChunkFor(op, bytes))}};
+  }
 
  private:
   absl::Status Dispatch(const OpCtx& ctx);
