@@ -33,9 +33,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "adaptcomm/adaptcomm.h"
+#include "lib/base/byte_text.h"
 #include "lib/config/online_tuning.h"
 #include "lib/config/units.h"
 #include "lib/core/online_tuner.h"
+#include "lib/shm/shm_backend.h"
 
 namespace {
 
@@ -61,6 +63,7 @@ struct Side {
   double window_us = 0;
   double steady_us = 0;  // median per op
   std::string winner;
+  int candidates = 0;   // what the tuned communicator tried (OnlineDecision::candidates)
   bool checked = true;  // every result right
 };
 struct RankResult {
@@ -153,6 +156,7 @@ std::vector<RankResult> Run(const Config& c, uint64_t bytes, int window, int ste
       out[r].off.steady_us = Median(steady_off);
       out[r].on.steady_us = Median(steady_on);
       for (const auto& d : adaptcomm::internal::OnlineTuningDecisions(*comm_on)) {
+        out[r].on.candidates = d.candidates;
         out[r].on.winner = d.reason.empty() ? absl::StrCat(d.winner, " (", d.values, ")")
                                             : absl::StrCat("static: ", d.reason);
       }
@@ -218,8 +222,16 @@ int main(int argc, char** argv) {
   bool all_checked = true;
   int serial = 0;
   for (uint64_t bytes : c.sizes) {
+    // The shm backend's own values (the default profile has no shm knobs): a candidate that runs
+    // what they run is not tried (lib/config/online_tuning.h).
     adaptcomm::config::OnlineSpaceInputs in;
     in.world_size = c.ranks;
+    in.static_knobs = [](uint64_t) {
+      const adaptcomm::ShmBackendOptions defaults;
+      return std::vector<std::pair<std::string, int64_t>>{
+          {"flat_max_bytes", static_cast<int64_t>(defaults.flat_max_bytes)},
+          {"chunk_bytes", static_cast<int64_t>(defaults.chunk_bytes)}};
+    };
     const int candidates =
         static_cast<int>(adaptcomm::config::OnlineCandidates(
                              "shm", "allreduce", adaptcomm::config::OnlineBand(bytes), in)
@@ -239,6 +251,11 @@ int main(int argc, char** argv) {
         sf = std::max(sf, r.off.steady_us);
         sn = std::max(sn, r.on.steady_us);
         all_checked = all_checked && r.off.checked && r.on.checked;
+        if (r.on.candidates != candidates) {
+          std::fprintf(stderr, "%s: the tuned communicator tried %d candidates, not %d\n",
+                       adaptcomm::CompactByteSizeText(bytes).c_str(), r.on.candidates, candidates);
+          return 1;
+        }
       }
       w_off.push_back(wf);
       w_on.push_back(wn);
@@ -247,12 +264,10 @@ int main(int argc, char** argv) {
       winner = res[0].on.winner;
     }
     const double won = Median(w_on), woff = Median(w_off);
-    std::printf(
-        "%-8s %5d %6d %10.2fms %10.2fms %8.2fms %+5.0f%% %10.1fus %10.1fus  %s\n",
-        (bytes >= (1u << 20) ? absl::StrCat(bytes >> 20, "MiB") : absl::StrCat(bytes >> 10, "KiB"))
-            .c_str(),
-        candidates, window, woff / 1000, won / 1000, (won - woff) / 1000,
-        woff > 0 ? 100 * (won - woff) / woff : 0, Median(s_off), Median(s_on), winner.c_str());
+    std::printf("%-8s %5d %6d %10.2fms %10.2fms %8.2fms %+5.0f%% %10.1fus %10.1fus  %s\n",
+                adaptcomm::CompactByteSizeText(bytes).c_str(), candidates, window, woff / 1000,
+                won / 1000, (won - woff) / 1000, woff > 0 ? 100 * (won - woff) / woff : 0,
+                Median(s_off), Median(s_on), winner.c_str());
     std::fflush(stdout);
   }
   std::remove(off.c_str());
