@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/base/cast_kernels.h"
+#include "lib/config/tuned_table.h"
 #include "lib/trace/culprit.h"
 #include "tests/dtype_values.h"
 #include "tests/harness.h"
@@ -389,6 +390,18 @@ TEST(ShmBackend, StaticKnobsAreWhatAnOpWithoutKnobsRunsWith) {
     EXPECT_TRUE(b->StaticKnobs(OpKind::kBroadcast, 2048).empty());
     EXPECT_TRUE(b->StaticKnobs(OpKind::kAllgather, 2048).empty());
   });
+}
+
+// Tuning reads the largest step from the knob registry (KnobBehaviour, `adaptcomm tune`'s and
+// online tuning's candidates), which cannot see ShmBackendOptions: it must be half the default
+// slot.
+TEST(ShmBackend, KnobRegistryLargestStepIsHalfTheDefaultSlot) {
+  const uint64_t half = ShmBackendOptions{}.slot_bytes / 2;
+  for (const char* knob : {"flat_max_bytes", "chunk_bytes"}) {
+    const config::TunedKnobSpec* spec = config::FindTunedKnob("shm", knob);
+    ASSERT_NE(spec, nullptr) << knob;
+    EXPECT_EQ(static_cast<uint64_t>(spec->max), half) << knob;
+  }
 }
 
 std::set<std::string> DevShm() {
