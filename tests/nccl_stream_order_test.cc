@@ -20,9 +20,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/core/communicator_factory.h"
+#include "lib/nccl/stream_order.h"
 #include "nlohmann/json.hpp"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
+#include "tests/sanitizer_build.h"
 
 namespace adaptcomm {
 namespace {
@@ -200,6 +202,31 @@ TEST(StreamOrder, ThousandAllreducesReturnBeforeTheDeviceRunsAny) {
         EXPECT_EQ(fake.collectives_started(), kOps);
       },
       absl::Seconds(120));
+}
+
+// An op's events object (its issue and end events, MarkIssue) lives in a recycled block: when the
+// last holder lets go, the events go back to the pool and the block to NcclOpEventsBlocks(), and
+// the next op's object is made in that block.
+TEST(StreamOrder, OpEventsGoBackToThePoolAndTheirBlockIsReused) {
+  if (testing::kUnderAddressSanitizer) GTEST_SKIP() << "nothing is kept under ASan";
+  auto fake = std::make_shared<FakeNcclApi>(testing::MakeFakeNcclWorld(), FakeNcclFaults{});
+  auto pool = std::make_shared<nccl::EventPool>(fake, 0);
+  auto health = std::make_shared<nccl::CommHealth>(fake, nullptr);
+  cuda::CudaEvent issued = nullptr, done = nullptr;
+  ASSERT_TRUE(pool->TakeTwo(&issued, &done).ok());
+  std::shared_ptr<nccl::NcclOpEvents> events =
+      nccl::MakeOpEvents(pool, health, issued, done, nccl::LaunchedOp{});
+  const nccl::NcclOpEvents* const where = events.get();
+  const size_t kept = nccl::NcclOpEventsBlocks().kept();
+  events.reset();
+  EXPECT_EQ(nccl::NcclOpEventsBlocks().kept(), kept + 1);
+  cuda::CudaEvent again_issued = nullptr, again_done = nullptr;
+  ASSERT_TRUE(pool->TakeTwo(&again_issued, &again_done).ok());
+  // The pool's last two: the ones given back together.
+  EXPECT_THAT((std::vector<cuda::CudaEvent>{again_issued, again_done}),
+              ::testing::UnorderedElementsAre(issued, done));
+  events = nccl::MakeOpEvents(pool, health, again_issued, again_done, nccl::LaunchedOp{});
+  EXPECT_EQ(events.get(), where);
 }
 
 // Runs `body(env, held)` on every rank, each with its held rank (StartHeld, coordinated retry on,

@@ -95,8 +95,8 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc&& desc, int epoch) {
   const absl::Time now = WallNow();
   // Launched right here: created running (no one else can see it before it is launched).
   const bool inline_launch = desc.issued_at != nullptr && CanLaunchInlineLocked();
-  auto work = std::make_shared<WorkImpl>(std::move(desc), now, weak_from_this(),
-                                         inline_launch ? std::optional(now) : std::nullopt);
+  auto work = MakeWorkImpl(std::move(desc), now, weak_from_this(),
+                           inline_launch ? std::optional(now) : std::nullopt);
   work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
   if (inline_launch) {
     LaunchInlineLocked(work);

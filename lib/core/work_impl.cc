@@ -9,6 +9,14 @@
 
 namespace adaptcomm::internal {
 
+BlockRecycler& WorkImplBlocks() {
+  // Room for allocate_shared's control block (its vtable, two counts and the allocator) beside the
+  // WorkImpl; kept for four windows of ops in flight without retries, over all communicators.
+  static BlockRecycler* const blocks =
+      new BlockRecycler(sizeof(WorkImpl) + 64, 4 * kInFlightWithoutRetries);
+  return *blocks;
+}
+
 WorkImpl::WorkImpl(OpDesc&& desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor,
                    std::optional<absl::Time> started)
     : desc_(std::move(desc)),
@@ -18,7 +26,7 @@ WorkImpl::WorkImpl(OpDesc&& desc, absl::Time enqueue_time, std::weak_ptr<OpExecu
       start_time_(started.value_or(absl::InfinitePast())) {}
 
 std::shared_ptr<WorkImpl> WorkImpl::Failed(OpDesc&& desc, absl::Status status) {
-  auto work = std::make_shared<WorkImpl>(std::move(desc), WallNow());
+  auto work = MakeWorkImpl(std::move(desc), WallNow());
   work->Finish(std::move(status));
   return work;
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -13,6 +14,7 @@
 #include "absl/time/time.h"
 #include "adaptcomm/backend.h"
 #include "adaptcomm/work.h"
+#include "lib/base/block_recycler.h"
 
 namespace adaptcomm::internal {
 
@@ -21,6 +23,17 @@ class OpExecutor;
 // An op on CUDA views: it never runs on a waiting caller's thread (OpExecutor::WaiterMayRun).
 inline bool IsDeviceOp(const OpDesc& op) {
   return op.output.device.is_cuda() || op.input.device.is_cuda();
+}
+
+class WorkImpl;
+// Where every WorkImpl of the process is allocated (with its shared_ptr control block): blocks
+// recycled across communicators, since a trainer holds a step's Works (lib/base/block_recycler.h).
+BlockRecycler& WorkImplBlocks();
+// A WorkImpl in a recycled block: what every Work's state is made with.
+template <typename... Args>
+std::shared_ptr<WorkImpl> MakeWorkImpl(Args&&... args) {
+  return std::allocate_shared<WorkImpl>(RecyclingAllocator<WorkImpl>(&WorkImplBlocks()),
+                                        std::forward<Args>(args)...);
 }
 
 class WorkImpl {

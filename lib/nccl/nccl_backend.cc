@@ -404,7 +404,7 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
                                                options_.rank, ": cudaEventRecord on the ", which,
                                                " view's stream: ", cuda_->ErrorString(e)));
   }
-  return std::make_shared<NcclOpEvents>(events_, health_, issued, done, Launched(op));
+  return MakeOpEvents(events_, health_, issued, done, Launched(op));
 }
 
 // The events behind a position MarkIssue made (null for another kind of position). NcclOpEvents is
@@ -503,7 +503,7 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
     } else {
       absl::StatusOr<CudaEvent> done = events_->Take();
       if (!done.ok()) return Break(done.status());
-      completion = std::make_shared<NcclOpEvents>(events_, health_, nullptr, *done, launched);
+      completion = MakeOpEvents(events_, health_, nullptr, *done, launched);
     }
     const auto* events = static_cast<const NcclOpEvents*>(completion.get());
     if (int e = cuda_->EventRecord(events->done(), stream_); e != kCudaSuccess) {
