@@ -17,11 +17,12 @@
 #include <new>
 
 #include "absl/base/thread_annotations.h"
+#include "lib/base/spin_lock.h"
 
 namespace adaptcomm {
 
-// Thread-safe: Take and Give may be called from any thread, at once. The lock is held for a few
-// instructions (a list push or pop), so it spins rather than sleeps.
+// Thread-safe: Take and Give may be called from any thread, at once (a SpinLock guards the list:
+// it is held for a push or a pop).
 class BlockRecycler {
  public:
   // Blocks of `block_bytes` (aligned as operator new aligns); at most `max_kept` are kept while no
@@ -40,24 +41,6 @@ class BlockRecycler {
   size_t kept() const;
 
  private:
-  class ABSL_LOCKABLE SpinLock {
-   public:
-    void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION();
-    void Unlock() ABSL_UNLOCK_FUNCTION() { held_.store(false, std::memory_order_release); }
-
-   private:
-    std::atomic<bool> held_{false};
-  };
-  class ABSL_SCOPED_LOCKABLE Hold {
-   public:
-    explicit Hold(SpinLock* lock) ABSL_EXCLUSIVE_LOCK_FUNCTION(lock) : lock_(lock) {
-      lock_->Lock();
-    }
-    ~Hold() ABSL_UNLOCK_FUNCTION() { lock_->Unlock(); }
-
-   private:
-    SpinLock* const lock_;
-  };
   struct FreeBlock {
     FreeBlock* next;
   };

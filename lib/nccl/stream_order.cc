@@ -13,13 +13,17 @@ using cuda::kCudaSuccess;
 using cuda::ScopedCudaDevice;
 
 EventPool::~EventPool() {
-  absl::MutexLock lock(&mu_);
-  for (CudaEvent event : free_) (void)api_->EventDestroy(event);
+  std::vector<CudaEvent> events;
+  {
+    SpinLockHold hold(&mu_);
+    events.swap(free_);
+  }
+  for (CudaEvent event : events) (void)api_->EventDestroy(event);
 }
 
 absl::StatusOr<CudaEvent> EventPool::Take() {
   {
-    absl::MutexLock lock(&mu_);
+    SpinLockHold hold(&mu_);
     if (!free_.empty()) {
       CudaEvent event = free_.back();
       free_.pop_back();
@@ -39,7 +43,7 @@ absl::StatusOr<CudaEvent> EventPool::Take() {
 
 absl::Status EventPool::TakeTwo(CudaEvent* first, CudaEvent* second) {
   {
-    absl::MutexLock lock(&mu_);
+    SpinLockHold hold(&mu_);
     if (free_.size() >= 2) {
       *first = free_.back();
       free_.pop_back();
@@ -61,7 +65,7 @@ absl::Status EventPool::TakeTwo(CudaEvent* first, CudaEvent* second) {
 }
 
 void EventPool::Give(CudaEvent event, CudaEvent other) {
-  absl::MutexLock lock(&mu_);
+  SpinLockHold hold(&mu_);
   if (event != nullptr) free_.push_back(event);
   if (other != nullptr) free_.push_back(other);
 }

@@ -23,13 +23,15 @@
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/backend.h"
 #include "lib/base/block_recycler.h"
+#include "lib/base/spin_lock.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 
 namespace adaptcomm::nccl {
 
 // CUDA events of one device, created on demand and reused (creating one per op would cost more
-// than the op's launch). Thread-safe; shared by a backend and everything it handed out.
+// than the op's launch). Thread-safe (a SpinLock: every op takes two and gives them back);
+// shared by a backend and everything it handed out.
 class EventPool {
  public:
   EventPool(std::shared_ptr<cuda::CudaApi> api, int device)
@@ -51,7 +53,7 @@ class EventPool {
  private:
   const std::shared_ptr<cuda::CudaApi> api_;
   const int device_;
-  absl::Mutex mu_;
+  SpinLock mu_;
   std::vector<cuda::CudaEvent> free_ ABSL_GUARDED_BY(mu_);
 };
 
