@@ -42,7 +42,7 @@ std::string DefaultFlightRecorderDir() {
 FlightRecorder::FlightRecorder(FlightRecorderOptions options)
     : options_(std::move(options)),
       ring_(options_.capacity == 0 ? 1 : options_.capacity),
-      backend_(options_.backend) {}
+      backends_{options_.backend} {}
 
 FlightRecorder::Entry* FlightRecorder::Find(uint64_t seq) {
   Entry& e = ring_[seq % ring_.size()];
@@ -52,7 +52,7 @@ FlightRecorder::Entry* FlightRecorder::Find(uint64_t seq) {
 void FlightRecorder::SetGeneration(int generation, const std::string& backend) {
   absl::MutexLock lock(&mu_);
   generation_ = generation;
-  backend_ = backend;
+  if (backend != backends_.back()) backends_.push_back(backend);
 }
 
 FlightRecorder::Entry& FlightRecorder::RecordEnqueueLocked(const OpDesc& op, absl::Time when) {
@@ -67,7 +67,7 @@ FlightRecorder::Entry& FlightRecorder::RecordEnqueueLocked(const OpDesc& op, abs
   e.count = data.count;
   e.root = op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce ? op.root : -1;
   e.peer = op.peer;
-  e.backend = backend_;
+  e.backend = static_cast<uint32_t>(backends_.size() - 1);
   e.generation = generation_;
   e.state = "queued";
   e.enqueue = when;
@@ -82,7 +82,7 @@ void FlightRecorder::RecordStartLocked(Entry* e, uint64_t seq, absl::Time when) 
   if (e != nullptr) {
     e->state = "running";
     e->start = when;
-    e->backend = backend_;
+    e->backend = static_cast<uint32_t>(backends_.size() - 1);
     e->generation = generation_;
   }
   last_started_ = std::max(last_started_, seq);
@@ -120,7 +120,7 @@ std::string FlightRecorder::DumpJson(const std::string& reason) const {
   doc["world_size"] = options_.world_size;
   doc["communicator"] = options_.communicator;
   doc["job"] = options_.job;
-  doc["backend"] = backend_;
+  doc["backend"] = backends_.back();
   doc["generation"] = generation_;
   doc["reason"] = reason;
   doc["dumped_at_us"] = absl::ToUnixMicros(absl::Now());
@@ -138,7 +138,7 @@ std::string FlightRecorder::DumpJson(const std::string& reason) const {
                        {"count", e.count},
                        {"root", e.root},
                        {"peer", e.peer},
-                       {"backend", e.backend},
+                       {"backend", backends_[e.backend]},
                        {"generation", e.generation},
                        {"state", e.state},
                        {"enqueue_us", Micros(e.enqueue)},

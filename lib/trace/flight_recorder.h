@@ -7,6 +7,7 @@
 #ifndef ADAPTCOMM_LIB_TRACE_FLIGHT_RECORDER_H_
 #define ADAPTCOMM_LIB_TRACE_FLIGHT_RECORDER_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -58,7 +59,7 @@ class FlightRecorder final : public OpObserver {
     size_t count = 0;
     int root = -1;
     int peer = -1;
-    std::string backend;
+    uint32_t backend = 0;  // its name: backends_[backend]
     int generation = 0;
     const char* state = "queued";
     absl::Time enqueue = absl::UnixEpoch(), start = absl::UnixEpoch(), end = absl::UnixEpoch();
@@ -74,7 +75,10 @@ class FlightRecorder final : public OpObserver {
   const FlightRecorderOptions options_;
   mutable absl::Mutex mu_;
   std::vector<Entry> ring_ ABSL_GUARDED_BY(mu_);
-  std::string backend_ ABSL_GUARDED_BY(mu_);
+  // Every backend name the ring's entries refer to, the current one last: an entry records an
+  // index (a string copy per op would cost more than the rest of its entry). One per rebuild that
+  // changed the backend's kind: a handful per job.
+  std::vector<std::string> backends_ ABSL_GUARDED_BY(mu_);
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_enqueued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_started_ ABSL_GUARDED_BY(mu_) = 0;

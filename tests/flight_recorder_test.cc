@@ -1,0 +1,47 @@
+#include "lib/trace/flight_recorder.h"
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace adaptcomm::trace {
+namespace {
+
+OpDesc Allreduce(uint64_t seq) {
+  OpDesc op;
+  op.kind = OpKind::kAllreduce;
+  op.seq = seq;
+  op.input = op.output = TensorView{nullptr, 8, DType::kF32, Device::Cpu(), nullptr};
+  return op;
+}
+
+// Each entry names the backend its op ran on, also after a rebuild changed the backend's kind
+// (a degrade from NCCL to Gloo) and after one that kept it; the document names the current one.
+TEST(FlightRecorder, EntriesNameTheBackendOfTheirGeneration) {
+  FlightRecorderOptions options;
+  options.backend = "nccl";
+  options.capacity = 4;
+  FlightRecorder recorder(options);
+  const absl::Time now = absl::Now();
+  recorder.OnEnqueueAndStart(Allreduce(1), now);
+  recorder.OnEnd(Allreduce(1), absl::UnavailableError("link down"), now);
+  recorder.SetGeneration(1, "gloo");
+  recorder.OnEnqueue(Allreduce(2), now);
+  recorder.SetGeneration(2, "gloo");
+  recorder.OnStart(Allreduce(2), now);  // started on generation 2
+  recorder.OnEnqueueAndStart(Allreduce(3), now);
+  const nlohmann::json doc = nlohmann::json::parse(recorder.DumpJson("test"));
+  EXPECT_EQ(doc["backend"], "gloo");
+  EXPECT_EQ(doc["generation"], 2);
+  ASSERT_EQ(doc["entries"].size(), 3u);
+  EXPECT_EQ(doc["entries"][0]["backend"], "nccl");
+  EXPECT_EQ(doc["entries"][0]["generation"], 0);
+  EXPECT_EQ(doc["entries"][0]["state"], "failed");
+  EXPECT_EQ(doc["entries"][1]["backend"], "gloo");
+  EXPECT_EQ(doc["entries"][1]["generation"], 2);
+  EXPECT_EQ(doc["entries"][2]["backend"], "gloo");
+  EXPECT_EQ(doc["entries"][2]["state"], "running");
+}
+
+}  // namespace
+}  // namespace adaptcomm::trace
