@@ -89,20 +89,32 @@ TEST(BlockRecycler, NoBlockIsHandedToTwoThreadsAtOnce) {
   EXPECT_LE(recycler.kept(), 16u);
 }
 
-// Every Work's state comes from the process's WorkImpl blocks, and goes back there.
-TEST(BlockRecycler, WorkStatesAreRecycled) {
-  if (kUnderAddressSanitizer) GTEST_SKIP() << "nothing is kept under ASan";
-  const size_t before = internal::WorkImplBlocks().kept();
+OpDesc AllreduceOn(Device device) {
   OpDesc desc;
   desc.kind = OpKind::kAllreduce;
-  std::shared_ptr<internal::WorkImpl> work =
-      internal::WorkImpl::Failed(std::move(desc), absl::InternalError("x"));
+  desc.input = desc.output = TensorView{nullptr, 0, DType::kF32, device, nullptr};
+  return desc;
+}
+
+// A device op's Work state comes from the process's WorkImpl blocks and goes back there; a host
+// op's comes from the heap (internal::MakeWorkImpl).
+TEST(BlockRecycler, DeviceOpWorkStatesAreRecycledAndHostOnesAreNot) {
+  if (kUnderAddressSanitizer) GTEST_SKIP() << "nothing is kept under ASan";
+  const size_t before = internal::WorkImplBlocks().kept();
+  std::shared_ptr<internal::WorkImpl> work = internal::WorkImpl::Failed(
+      AllreduceOn(Device::Cuda(0)), absl::InternalError("refused before it was queued"));
   const internal::WorkImpl* const where = work.get();
   work.reset();
   EXPECT_EQ(internal::WorkImplBlocks().kept(), before + 1);
-  work = internal::MakeWorkImpl(OpDesc{}, absl::Now());
+  work = internal::MakeWorkImpl(AllreduceOn(Device::Cuda(0)), absl::Now());
   EXPECT_EQ(work.get(), where);
   EXPECT_EQ(internal::WorkImplBlocks().kept(), before);
+
+  std::shared_ptr<internal::WorkImpl> host =
+      internal::MakeWorkImpl(AllreduceOn(Device::Cpu()), absl::Now());
+  EXPECT_EQ(internal::WorkImplBlocks().kept(), before);  // not taken from the blocks
+  host.reset();
+  EXPECT_EQ(internal::WorkImplBlocks().kept(), before);  // nor given to them
 }
 
 }  // namespace
