@@ -12,7 +12,6 @@
 #ifndef ADAPTCOMM_LIB_BASE_BLOCK_RECYCLER_H_
 #define ADAPTCOMM_LIB_BASE_BLOCK_RECYCLER_H_
 
-#include <atomic>
 #include <cstddef>
 #include <new>
 
