@@ -100,21 +100,21 @@ OpDesc AllreduceOn(Device device) {
 // op's comes from the heap (internal::MakeWorkImpl).
 TEST(BlockRecycler, DeviceOpWorkStatesAreRecycledAndHostOnesAreNot) {
   if (kUnderAddressSanitizer) GTEST_SKIP() << "nothing is kept under ASan";
-  const size_t before = internal::WorkImplBlocks().kept();
+  const size_t before = ProcessBlocks<internal::WorkImpl>().kept();
   std::shared_ptr<internal::WorkImpl> work = internal::WorkImpl::Failed(
       AllreduceOn(Device::Cuda(0)), absl::InternalError("refused before it was queued"));
   const internal::WorkImpl* const where = work.get();
   work.reset();
-  EXPECT_EQ(internal::WorkImplBlocks().kept(), before + 1);
+  EXPECT_EQ(ProcessBlocks<internal::WorkImpl>().kept(), before + 1);
   work = internal::MakeWorkImpl(AllreduceOn(Device::Cuda(0)), absl::Now());
   EXPECT_EQ(work.get(), where);
-  EXPECT_EQ(internal::WorkImplBlocks().kept(), before);
+  EXPECT_EQ(ProcessBlocks<internal::WorkImpl>().kept(), before);
 
   std::shared_ptr<internal::WorkImpl> host =
       internal::MakeWorkImpl(AllreduceOn(Device::Cpu()), absl::Now());
-  EXPECT_EQ(internal::WorkImplBlocks().kept(), before);  // not taken from the blocks
+  EXPECT_EQ(ProcessBlocks<internal::WorkImpl>().kept(), before);  // not taken from the blocks
   host.reset();
-  EXPECT_EQ(internal::WorkImplBlocks().kept(), before);  // nor given to them
+  EXPECT_EQ(ProcessBlocks<internal::WorkImpl>().kept(), before);  // nor given to them
 }
 
 }  // namespace

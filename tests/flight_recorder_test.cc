@@ -15,13 +15,18 @@ OpDesc Allreduce(uint64_t seq) {
   return op;
 }
 
+// A recorder of `capacity` entries whose communicator starts on NCCL.
+FlightRecorderOptions StartingOnNccl(size_t capacity) {
+  FlightRecorderOptions options;
+  options.backend = "nccl";
+  options.capacity = capacity;
+  return options;
+}
+
 // Each entry names the backend its op ran on, also after a rebuild changed the backend's kind
 // (a degrade from NCCL to Gloo) and after one that kept it; the document names the current one.
 TEST(FlightRecorder, EntriesNameTheBackendOfTheirGeneration) {
-  FlightRecorderOptions options;
-  options.backend = "nccl";
-  options.capacity = 4;
-  FlightRecorder recorder(options);
+  FlightRecorder recorder(StartingOnNccl(4));
   const absl::Time now = absl::Now();
   recorder.OnEnqueueAndStart(Allreduce(1), now);
   recorder.OnEnd(Allreduce(1), absl::UnavailableError("link down"), now);
@@ -41,6 +46,23 @@ TEST(FlightRecorder, EntriesNameTheBackendOfTheirGeneration) {
   EXPECT_EQ(doc["entries"][1]["generation"], 2);
   EXPECT_EQ(doc["entries"][2]["backend"], "gloo");
   EXPECT_EQ(doc["entries"][2]["state"], "running");
+}
+
+// A job that goes back and forth between kinds (a degrade, then a rebuild on the first kind
+// again, many times) names each op's backend right, and the document the current one.
+TEST(FlightRecorder, BackendNamesStayRightAcrossManyChangesOfKind) {
+  FlightRecorder recorder(StartingOnNccl(8));
+  const absl::Time now = absl::Now();
+  for (uint64_t seq = 1; seq <= 100; ++seq) {
+    recorder.SetGeneration(static_cast<int>(seq), seq % 2 == 0 ? "gloo" : "nccl");
+    recorder.OnEnqueueAndStart(Allreduce(seq), now);
+  }
+  const nlohmann::json doc = nlohmann::json::parse(recorder.DumpJson("test"));
+  EXPECT_EQ(doc["backend"], "gloo");
+  ASSERT_EQ(doc["entries"].size(), 8u);
+  for (const nlohmann::json& e : doc["entries"]) {
+    EXPECT_EQ(e["backend"], e["seq"].get<uint64_t>() % 2 == 0 ? "gloo" : "nccl") << e.dump();
+  }
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "adaptcomm/communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "lib/base/block_recycler.h"
 #include "lib/core/communicator_factory.h"
 #include "lib/nccl/stream_order.h"
 #include "nlohmann/json.hpp"
@@ -205,8 +206,8 @@ TEST(StreamOrder, ThousandAllreducesReturnBeforeTheDeviceRunsAny) {
 }
 
 // An op's events object (its issue and end events, MarkIssue) lives in a recycled block: when the
-// last holder lets go, the events go back to the pool and the block to NcclOpEventsBlocks(), and
-// the next op's object is made in that block.
+// last holder lets go, the events go back to the pool and the block to
+// ProcessBlocks<NcclOpEvents>(), and the next op's object is made in that block.
 TEST(StreamOrder, OpEventsGoBackToThePoolAndTheirBlockIsReused) {
   if (testing::kUnderAddressSanitizer) GTEST_SKIP() << "nothing is kept under ASan";
   auto fake = std::make_shared<FakeNcclApi>(testing::MakeFakeNcclWorld(), FakeNcclFaults{});
@@ -215,17 +216,18 @@ TEST(StreamOrder, OpEventsGoBackToThePoolAndTheirBlockIsReused) {
   cuda::CudaEvent issued = nullptr, done = nullptr;
   ASSERT_TRUE(pool->TakeTwo(&issued, &done).ok());
   std::shared_ptr<nccl::NcclOpEvents> events =
-      nccl::MakeOpEvents(pool, health, issued, done, nccl::LaunchedOp{});
+      MakeRecycled<nccl::NcclOpEvents>(pool, health, issued, done, nccl::LaunchedOp{});
   const nccl::NcclOpEvents* const where = events.get();
-  const size_t kept = nccl::NcclOpEventsBlocks().kept();
+  const size_t kept = ProcessBlocks<nccl::NcclOpEvents>().kept();
   events.reset();
-  EXPECT_EQ(nccl::NcclOpEventsBlocks().kept(), kept + 1);
+  EXPECT_EQ(ProcessBlocks<nccl::NcclOpEvents>().kept(), kept + 1);
   cuda::CudaEvent again_issued = nullptr, again_done = nullptr;
   ASSERT_TRUE(pool->TakeTwo(&again_issued, &again_done).ok());
   // The pool's last two: the ones given back together.
   EXPECT_THAT((std::vector<cuda::CudaEvent>{again_issued, again_done}),
               ::testing::UnorderedElementsAre(issued, done));
-  events = nccl::MakeOpEvents(pool, health, again_issued, again_done, nccl::LaunchedOp{});
+  events =
+      MakeRecycled<nccl::NcclOpEvents>(pool, health, again_issued, again_done, nccl::LaunchedOp{});
   EXPECT_EQ(events.get(), where);
 }
 

@@ -13,7 +13,9 @@
 #define ADAPTCOMM_LIB_BASE_BLOCK_RECYCLER_H_
 
 #include <cstddef>
+#include <memory>
 #include <new>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "lib/base/spin_lock.h"
@@ -87,6 +89,29 @@ class RecyclingAllocator {
 
   BlockRecycler* recycler_;
 };
+
+// How many free blocks of one type the process keeps at most: four windows of the executor's
+// 1,024 stream-ordered ops in flight without retries.
+inline constexpr size_t kKeptBlocksPerType = 4096;
+// Room for std::allocate_shared's control block (its vtable, two counts and the allocator) beside
+// the object.
+inline constexpr size_t kControlBlockRoom = 64;
+
+// The process's recycler of T's blocks, shared by all its communicators; never destroyed, since
+// an object may outlive every communicator.
+template <typename T>
+BlockRecycler& ProcessBlocks() {
+  static BlockRecycler* const blocks =
+      new BlockRecycler(sizeof(T) + kControlBlockRoom, kKeptBlocksPerType);
+  return *blocks;
+}
+
+// A T made by std::allocate_shared in one of ProcessBlocks<T>()'s blocks.
+template <typename T, typename... Args>
+std::shared_ptr<T> MakeRecycled(Args&&... args) {
+  return std::allocate_shared<T>(RecyclingAllocator<T>(&ProcessBlocks<T>()),
+                                 std::forward<Args>(args)...);
+}
 
 }  // namespace adaptcomm
 

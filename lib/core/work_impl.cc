@@ -9,14 +9,6 @@
 
 namespace adaptcomm::internal {
 
-BlockRecycler& WorkImplBlocks() {
-  // Room for allocate_shared's control block (its vtable, two counts and the allocator) beside the
-  // WorkImpl; kept for four windows of ops in flight without retries, over all communicators.
-  static BlockRecycler* const blocks =
-      new BlockRecycler(sizeof(WorkImpl) + 64, 4 * kInFlightWithoutRetries);
-  return *blocks;
-}
-
 WorkImpl::WorkImpl(OpDesc&& desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor,
                    std::optional<absl::Time> started)
     : desc_(std::move(desc)),

@@ -26,10 +26,8 @@ inline bool IsDeviceOp(const OpDesc& op) {
 }
 
 class WorkImpl;
-// Where the WorkImpls of device ops are allocated (with their shared_ptr control blocks): blocks
-// recycled across the process's communicators (lib/base/block_recycler.h).
-BlockRecycler& WorkImplBlocks();
-// What every Work's state is made with. A device op's goes in a recycled block: a trainer holds a
+// What every Work's state is made with. A device op's goes in a recycled block (MakeRecycled,
+// lib/base/block_recycler.h): a trainer holds a
 // step's device ops, whose allocations then took malloc's slow path at a cost comparable to the
 // op's launch. A host op's comes from the heap, whose per-thread cache serves a Work freed right
 // after its Wait without the block list's atomic operations, and costs little beside the op.
@@ -38,8 +36,7 @@ std::shared_ptr<WorkImpl> MakeWorkImpl(OpDesc&& desc, Args&&... args) {
   if (!IsDeviceOp(desc)) {
     return std::make_shared<WorkImpl>(std::move(desc), std::forward<Args>(args)...);
   }
-  return std::allocate_shared<WorkImpl>(RecyclingAllocator<WorkImpl>(&WorkImplBlocks()),
-                                        std::move(desc), std::forward<Args>(args)...);
+  return MakeRecycled<WorkImpl>(std::move(desc), std::forward<Args>(args)...);
 }
 
 class WorkImpl {

@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "lib/base/block_recycler.h"
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
@@ -404,7 +405,8 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
                                                options_.rank, ": cudaEventRecord on the ", which,
                                                " view's stream: ", cuda_->ErrorString(e)));
   }
-  return MakeOpEvents(events_, health_, issued, done, Launched(op));
+  // A recycled block: a trainer holds a step's Works, and with them their ops' events.
+  return MakeRecycled<NcclOpEvents>(events_, health_, issued, done, Launched(op));
 }
 
 // The events behind a position MarkIssue made (null for another kind of position). NcclOpEvents is
@@ -503,7 +505,7 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
     } else {
       absl::StatusOr<CudaEvent> done = events_->Take();
       if (!done.ok()) return Break(done.status());
-      completion = MakeOpEvents(events_, health_, nullptr, *done, launched);
+      completion = MakeRecycled<NcclOpEvents>(events_, health_, nullptr, *done, launched);
     }
     const auto* events = static_cast<const NcclOpEvents*>(completion.get());
     if (int e = cuda_->EventRecord(events->done(), stream_); e != kCudaSuccess) {

@@ -93,12 +93,6 @@ void CommHealth::Retire(absl::Status why) {
   retired_ = std::move(why);
 }
 
-BlockRecycler& NcclOpEventsBlocks() {
-  // Room for allocate_shared's control block beside the events; as many kept as WorkImplBlocks.
-  static BlockRecycler* const blocks = new BlockRecycler(sizeof(NcclOpEvents) + 64, 4096);
-  return *blocks;
-}
-
 NcclOpEvents::~NcclOpEvents() { pool_->Give(issued_, done_); }
 
 absl::StatusOr<bool> NcclOpEvents::Poll() {

@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -22,7 +21,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/backend.h"
-#include "lib/base/block_recycler.h"
 #include "lib/base/spin_lock.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
@@ -128,15 +126,6 @@ class NcclOpEvents final : public StreamPosition, public DeviceCompletion {
   mutable std::atomic<bool> launched_{false};
   mutable std::atomic<uint64_t> awaited_on_{0};
 };
-
-// Where every NcclOpEvents of the process is allocated (MakeOpEvents): recycled blocks, since a
-// trainer holds a step's Works and with them their ops' events (lib/base/block_recycler.h).
-BlockRecycler& NcclOpEventsBlocks();
-template <typename... Args>
-std::shared_ptr<NcclOpEvents> MakeOpEvents(Args&&... args) {
-  return std::allocate_shared<NcclOpEvents>(RecyclingAllocator<NcclOpEvents>(&NcclOpEventsBlocks()),
-                                            std::forward<Args>(args)...);
-}
 
 }  // namespace adaptcomm::nccl
 

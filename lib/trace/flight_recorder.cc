@@ -52,7 +52,9 @@ FlightRecorder::Entry* FlightRecorder::Find(uint64_t seq) {
 void FlightRecorder::SetGeneration(int generation, const std::string& backend) {
   absl::MutexLock lock(&mu_);
   generation_ = generation;
-  if (backend != backends_.back()) backends_.push_back(backend);
+  const auto known = std::find(backends_.begin(), backends_.end(), backend);
+  backend_ = static_cast<uint32_t>(known - backends_.begin());
+  if (known == backends_.end()) backends_.push_back(backend);
 }
 
 FlightRecorder::Entry& FlightRecorder::RecordEnqueueLocked(const OpDesc& op, absl::Time when) {
@@ -67,7 +69,7 @@ FlightRecorder::Entry& FlightRecorder::RecordEnqueueLocked(const OpDesc& op, abs
   e.count = data.count;
   e.root = op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce ? op.root : -1;
   e.peer = op.peer;
-  e.backend = static_cast<uint32_t>(backends_.size() - 1);
+  e.backend = backend_;
   e.generation = generation_;
   e.state = "queued";
   e.enqueue = when;
@@ -82,7 +84,7 @@ void FlightRecorder::RecordStartLocked(Entry* e, uint64_t seq, absl::Time when) 
   if (e != nullptr) {
     e->state = "running";
     e->start = when;
-    e->backend = static_cast<uint32_t>(backends_.size() - 1);
+    e->backend = backend_;
     e->generation = generation_;
   }
   last_started_ = std::max(last_started_, seq);
@@ -120,7 +122,7 @@ std::string FlightRecorder::DumpJson(const std::string& reason) const {
   doc["world_size"] = options_.world_size;
   doc["communicator"] = options_.communicator;
   doc["job"] = options_.job;
-  doc["backend"] = backends_.back();
+  doc["backend"] = backends_[backend_];
   doc["generation"] = generation_;
   doc["reason"] = reason;
   doc["dumped_at_us"] = absl::ToUnixMicros(absl::Now());

@@ -75,10 +75,11 @@ class FlightRecorder final : public OpObserver {
   const FlightRecorderOptions options_;
   mutable absl::Mutex mu_;
   std::vector<Entry> ring_ ABSL_GUARDED_BY(mu_);
-  // Every backend name the ring's entries refer to, the current one last: an entry records an
-  // index (a string copy per op would cost more than the rest of its entry). One per rebuild that
-  // changed the backend's kind: a handful per job.
+  // Every backend name the ring's entries refer to, each once: an entry records an index (a string
+  // copy per op would cost more than the rest of its entry). As many as the kinds of backend the
+  // communicator ran on, however often a rebuild changed it.
   std::vector<std::string> backends_ ABSL_GUARDED_BY(mu_);
+  uint32_t backend_ ABSL_GUARDED_BY(mu_) = 0;  // the current one's index
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_enqueued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_started_ ABSL_GUARDED_BY(mu_) = 0;
