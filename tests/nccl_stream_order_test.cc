@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -211,23 +212,22 @@ TEST(StreamOrder, ThousandAllreducesReturnBeforeTheDeviceRunsAny) {
 TEST(StreamOrder, OpEventsGoBackToThePoolAndTheirBlockIsReused) {
   if (testing::kUnderAddressSanitizer) GTEST_SKIP() << "nothing is kept under ASan";
   auto fake = std::make_shared<FakeNcclApi>(testing::MakeFakeNcclWorld(), FakeNcclFaults{});
-  auto pool = std::make_shared<nccl::EventPool>(fake, 0);
-  auto health = std::make_shared<nccl::CommHealth>(fake, nullptr);
+  auto shared = std::make_shared<nccl::OpEventsShared>(fake, 0, fake, nullptr);
+  nccl::EventPool& pool = shared->pool;
   cuda::CudaEvent issued = nullptr, done = nullptr;
-  ASSERT_TRUE(pool->TakeTwo(&issued, &done).ok());
+  ASSERT_TRUE(pool.TakeTwo(&issued, &done).ok());
   std::shared_ptr<nccl::NcclOpEvents> events =
-      MakeRecycled<nccl::NcclOpEvents>(pool, health, issued, done, nccl::LaunchedOp{});
+      MakeRecycled<nccl::NcclOpEvents>(shared, issued, done, nccl::LaunchedOp{});
   const nccl::NcclOpEvents* const where = events.get();
   const size_t kept = ProcessBlocks<nccl::NcclOpEvents>().kept();
   events.reset();
   EXPECT_EQ(ProcessBlocks<nccl::NcclOpEvents>().kept(), kept + 1);
   cuda::CudaEvent again_issued = nullptr, again_done = nullptr;
-  ASSERT_TRUE(pool->TakeTwo(&again_issued, &again_done).ok());
+  ASSERT_TRUE(pool.TakeTwo(&again_issued, &again_done).ok());
   // The pool's last two: the ones given back together.
   EXPECT_THAT((std::vector<cuda::CudaEvent>{again_issued, again_done}),
               ::testing::UnorderedElementsAre(issued, done));
-  events =
-      MakeRecycled<nccl::NcclOpEvents>(pool, health, again_issued, again_done, nccl::LaunchedOp{});
+  events = MakeRecycled<nccl::NcclOpEvents>(shared, again_issued, again_done, nccl::LaunchedOp{});
   EXPECT_EQ(events.get(), where);
 }
 
@@ -355,6 +355,34 @@ TEST(StreamOrder, OpQueuedBehindAFullWindowRunsAtItsIssuePoint) {
     ASSERT_LT(recorded, calls.size());
     EXPECT_EQ(calls[recorded].stream, caller);
     EXPECT_LT(recorded, cast) << "the op waits for work queued after it was issued";
+    ExpectSums(works, bufs, env.rank);
+  });
+}
+
+// An op queued behind a full window (retry.in_flight 1) is launched by the worker once the device
+// finishes the one ahead of it; a caller already blocked in its Wait() then wakes (a launch is
+// published without the Work's lock, and takes it only to wake such a waiter) and returns long
+// before its bound, while the device still holds the op (nothing else ends its wait).
+TEST(StreamOrder, CallerWaitingForAQueuedOpWakesWhenTheWorkerLaunchesIt) {
+  constexpr size_t kCount = 16;
+  constexpr absl::Duration kDeviceHeld = absl::Milliseconds(300);
+  RunHeldRanks(WindowProfile(1), [&](const testing::RankEnv& env, HeldRank& held) {
+    std::vector<std::vector<float>> bufs(2, std::vector<float>(kCount));
+    // The first is launched and waited for; the second waits in the queue for its slot.
+    std::vector<Work> works = IssueAll(*held.comm, bufs, env.rank, held.caller, /*waited=*/1);
+    std::thread device([&] {
+      absl::SleepFor(kDeviceHeld);
+      EXPECT_EQ(held.fake->StepHeldDevice(), 1);  // the first op only
+    });
+    const absl::Time start = absl::Now();
+    const absl::Status waited = works[1].Wait(absl::Seconds(30));
+    const absl::Duration took = absl::Now() - start;
+    device.join();
+    ASSERT_TRUE(waited.ok()) << waited;
+    EXPECT_GE(took, kDeviceHeld - absl::Milliseconds(50)) << "returned before it was launched";
+    EXPECT_LT(took, absl::Seconds(10)) << "the launch did not wake the waiter";
+    EXPECT_EQ(works[1].state(), WorkState::kRunning);  // still on the held device
+    held.fake->HoldStreams(false);
     ExpectSums(works, bufs, env.rank);
   });
 }

@@ -14,8 +14,10 @@
 namespace adaptcomm::internal {
 namespace {
 
-// How often the watchdog proves it is alive to the HeartbeatMonitor.
-constexpr absl::Duration kBeat = absl::Seconds(1);
+// How often the watchdog proves it is alive to the HeartbeatMonitor; it looks at the running op
+// at least twice as often.
+constexpr absl::Duration kBeat = absl::Milliseconds(1000);
+constexpr absl::Duration kHalfBeat = absl::Milliseconds(500);
 // How often the watchdog asks the device about the oldest op in flight.
 constexpr absl::Duration kDevicePoll = absl::Milliseconds(1);
 // ... while ops wait in the queue for it (BacklogLocked): a quarter of the last op's time on the
@@ -95,7 +97,11 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc&& desc, int epoch) {
   const absl::Time now = WallNow();
   // Launched right here: created running (no one else can see it before it is launched).
   const bool inline_launch = desc.issued_at != nullptr && CanLaunchInlineLocked();
-  auto work = MakeWorkImpl(std::move(desc), now, weak_from_this(),
+  // Only a host op's waiter asks its executor for help (WorkImpl::HelpProgress): a device op's
+  // Work goes without the reference (two atomic operations per op).
+  std::weak_ptr<OpExecutor> helper;
+  if (!IsDeviceOp(desc)) helper = weak_from_this();
+  auto work = MakeWorkImpl(std::move(desc), now, std::move(helper),
                            inline_launch ? std::optional(now) : std::nullopt);
   work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
   if (inline_launch) {
@@ -140,7 +146,7 @@ bool OpExecutor::RunOnWaiter(const WorkImpl* work) {
       !device_failure_.ok() || requested_generation_ > generation_ || !DeviceIdleLocked()) {
     // Waiting for the op the worker has just started: this caller waits right after issuing, so
     // its next op is left to it.
-    if (running_.get() == work && WallNow() - work->enqueue_time() < options_.waiter_tick) {
+    if (RunningLocked() == work && WallNow() - work->enqueue_time() < options_.waiter_tick) {
       defer_to_waiter_ = true;
       last_deferred_ = work->enqueue_time();
     }
@@ -179,7 +185,7 @@ void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
   // (a few instructions later): no second clock read.
   const absl::Time started = work->enqueue_time();
   busy_ = true;
-  running_ = work;
+  running_ = true;
   executing_ = work;
   running_since_ = started;
   UnlockAndWake();
@@ -190,7 +196,7 @@ void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
   absl::Status status = RunWithRetry(work, started, &launched);
   mu_.Lock();
   if (launched.has_value()) RecordLaunchLocked(work, *std::move(launched));
-  running_ = nullptr;
+  running_ = false;
   executing_ = nullptr;
   busy_ = false;
   // Not launched: refused before anything was queued (InvalidArgument), or the backend is no
@@ -205,7 +211,7 @@ void OpExecutor::RunHeadLocked() {
   const absl::Time started = WallNow();
   if (!work->MarkRunning(started)) return;  // finished by an abort while queued
   busy_ = true;
-  running_ = work;
+  running_ = true;
   executing_ = work;
   running_since_ = started;
   const OpDesc& desc = work->desc();
@@ -217,7 +223,7 @@ void OpExecutor::RunHeadLocked() {
     // On the device (or handed to the device-failure path): the watchdog finishes it.
     mu_.Lock();
     RecordLaunchLocked(work, *std::move(launched));
-    running_ = nullptr;
+    running_ = false;
     executing_ = nullptr;
     busy_ = false;
     return;
@@ -229,14 +235,14 @@ void OpExecutor::RunHeadLocked() {
       {
         // The backend returned: the watchdog has nothing left to bound; the handler bounds itself.
         ExecutorLock lock(this);
-        running_ = nullptr;
+        running_ = false;
       }
       status = failure_handler_->OnOpFailure(desc, std::move(status));
     }
   }
   mu_.Lock();
   CompleteLocked(work, std::move(status));
-  running_ = nullptr;
+  running_ = false;
   executing_ = nullptr;
   busy_ = false;
 }
@@ -272,16 +278,17 @@ absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) co
 absl::Status OpExecutor::Execute(const std::shared_ptr<WorkImpl>& work, absl::Time started,
                                  std::optional<Launched>* launched) {
   launched->reset();
-  std::optional<OpDesc> renumbered;
-  const OpDesc* current = &work->desc();
   if (work->membership_epoch() != epoch_.load()) {
     // Issued before a membership change: run as it reads now, or fail it for the trainer to redo.
     absl::StatusOr<OpDesc> translated = ForCurrentMembership(*work);
     if (!translated.ok()) return translated.status();
-    renumbered = *std::move(translated);
-    current = &*renumbered;
+    return ExecuteAs(*translated, started, launched);
   }
-  const OpDesc& desc = *current;
+  return ExecuteAs(work->desc(), started, launched);
+}
+
+absl::Status OpExecutor::ExecuteAs(const OpDesc& desc, absl::Time started,
+                                   std::optional<Launched>* launched) {
   if (desc.wire.has_value() && !backend().capabilities().wire_cast) {
     // A rebuilt backend of another kind would run it as a plain f32 allreduce.
     return absl::InvalidArgumentError(
@@ -361,12 +368,16 @@ bool OpExecutor::WorkerWakesLocked() const {
 }
 
 bool OpExecutor::WatchdogWakesLocked() const {
+  // The watchdog wakes within half a beat of when it last looked (WatchdogLoop), and an op that
+  // started since then with a timeout of at least that cannot be due earlier: most ops skip the
+  // sum of times (out-of-line in absl) that every op's issue used to compute here.
+  const WorkImpl* running = RunningLocked();
   const bool earlier_bound =
-      running_.get() != watchdog_watched_ && running_ != nullptr &&
-      running_since_ + running_->desc().timeout + options_.watchdog_grace < watchdog_next_;
+      running != watchdog_watched_ && running != nullptr && running->desc().timeout < kHalfBeat &&
+      running_since_ + running->desc().timeout + options_.watchdog_grace < watchdog_next_;
   return earlier_bound || in_flight_.empty() != watchdog_idle_ ||
          BacklogLocked() != watchdog_backlog_ ||
-         (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty());
+         (stopping_ && queue_.empty() && !busy_ && !running_ && in_flight_.empty());
 }
 
 OpExecutor::Sleepers OpExecutor::SleepersToWakeLocked() const {
@@ -546,15 +557,15 @@ void OpExecutor::WatchdogLoop() {
   absl::Time abort_sent = absl::InfiniteFuture();
   absl::Time last_beat = absl::Now();
   while (true) {
-    if (stopping_ && queue_.empty() && !busy_ && running_ == nullptr && in_flight_.empty()) return;
-    if (absl::Now() - last_beat >= kBeat / 2) {
+    if (stopping_ && queue_.empty() && !busy_ && !running_ && in_flight_.empty()) return;
+    if (absl::Now() - last_beat >= kHalfBeat) {
       Beat();
       last_beat = absl::Now();
     }
-    absl::Time next = last_beat + kBeat / 2;
+    absl::Time next = last_beat + kHalfBeat;
     if (!in_flight_.empty()) next = std::min(next, PollInFlightLocked());
-    if (running_ != watched) {
-      watched = running_;
+    if (RunningLocked() != watched.get()) {
+      watched = running_ ? executing_ : nullptr;
       abort_sent = absl::InfiniteFuture();
     }
     if (watched != nullptr) {
@@ -612,7 +623,7 @@ void OpExecutor::Abort(const absl::Status& reason) {
     // The op being executed may be in a coordinated retry's vote or a failure report (store
     // waits the backend's abort cannot end): its waiters are released now; the worker finishes
     // later, and its result is dropped (the first Finish wins).
-    if (executing_ != nullptr && running_ == nullptr) dropped.push_back(executing_);
+    if (executing_ != nullptr && !running_) dropped.push_back(executing_);
     // On the device: their Works fail now (Synchronize returns at once); the watchdog still
     // retires them as the aborted backend ends them.
     for (const InFlight& f : in_flight_) dropped.push_back(f.work);
@@ -635,7 +646,7 @@ void OpExecutor::Shutdown() {
     // that destroying a communicator whose peer died or hangs does not wait out the op timeout
     // (the teardown matrix of #14; pytorch#180611 hangs there). The other half is the abort's.
     auto drained = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return queue_.empty() && !busy_ && running_ == nullptr && DeviceIdleLocked();
+      return queue_.empty() && !busy_ && !running_ && DeviceIdleLocked();
     };
     WakeSleepersLocked();  // stopping_: the worker and the watchdog drain, then stop
     pending = !mu_.AwaitWithTimeout(absl::Condition(&drained), options_.abort_bound / 2);

@@ -278,6 +278,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // counted from there (its launch included), which saves a clock read per op.
   absl::Status Execute(const std::shared_ptr<WorkImpl>& work, absl::Time started,
                        std::optional<Launched>* launched);
+  // Execute's part once the op reads as `desc` on the current membership.
+  absl::Status ExecuteAs(const OpDesc& desc, absl::Time started, std::optional<Launched>* launched);
   // Puts a launched op in flight (or, if its launch failed, hands the ops in flight to the
   // device-failure path). REQUIRES: mu_ held.
   void RecordLaunchLocked(const std::shared_ptr<WorkImpl>& work, Launched launched)
@@ -334,9 +336,15 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<WorkImpl>> queue_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // the worker is inside RunHeadLocked's backend phase
-  std::shared_ptr<WorkImpl> running_ ABSL_GUARDED_BY(mu_);  // the op the watchdog bounds
-  // The op the executing thread is in, also while it votes or reports (running_ is then null).
+  // The op the executing thread is in, also while it votes or reports.
   std::shared_ptr<WorkImpl> executing_ ABSL_GUARDED_BY(mu_);
+  // executing_ runs on the backend, and the watchdog bounds it (not while it votes or reports,
+  // which bound themselves). A flag rather than a second reference: two atomic operations per op.
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  // The op the watchdog bounds, or null.
+  WorkImpl* RunningLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return running_ ? executing_.get() : nullptr;
+  }
   absl::Time running_since_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -57,7 +57,7 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, abs
     {
       // The vote and the rebuild bound themselves; the watchdog resumes for the re-run.
       ExecutorLock lock(this);
-      running_ = nullptr;
+      running_ = false;
     }
     status = RecoverFrom(desc.seq, Fingerprint(desc), attempt, status);
     if (!status.ok()) break;  // no agreement: the error names who was missing
@@ -70,7 +70,7 @@ absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, abs
     started = WallNow();
     {
       ExecutorLock lock(this);
-      running_ = work;
+      running_ = true;  // executing_ is `work`
       running_since_ = started;
     }
     status = replay_.RestoreInput(desc.seq, backend().stream_ordered());

@@ -14,7 +14,8 @@ absl::Status Invalid(const OpDesc& op, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(OpKindName(op.kind), ": ", what));
 }
 
-absl::Status CheckView(const OpDesc& op, const char* role, const TensorView& v) {
+// Why `v` is not a view of `role`, once CheckView saw that something is wrong with it.
+absl::Status ViewError(const OpDesc& op, const char* role, const TensorView& v) {
   if (v.data == nullptr && v.count > 0) {
     return Invalid(op, absl::StrCat(role, " is null but its count is ", v.count));
   }
@@ -26,6 +27,16 @@ absl::Status CheckView(const OpDesc& op, const char* role, const TensorView& v) 
     return Invalid(op, absl::StrCat(role, " is on CUDA with device index ", v.device.index));
   }
   return absl::OkStatus();
+}
+
+// Inline and without a message on the path every op takes: the message is built by ViewError only
+// for a view that fails.
+inline absl::Status CheckView(const OpDesc& op, const char* role, const TensorView& v) {
+  if ((v.data != nullptr || v.count == 0) && DTypeSize(v.dtype) != 0 &&
+      (!v.device.is_cuda() || v.device.index >= 0)) {
+    return absl::OkStatus();
+  }
+  return ViewError(op, role, v);
 }
 
 absl::Status CheckRank(const OpDesc& op, const char* role, int value, int world_size) {

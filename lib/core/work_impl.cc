@@ -33,6 +33,10 @@ bool WorkImpl::MarkRunning(absl::Time now) {
 
 bool WorkImpl::Finish(absl::Status status) {
   absl::MutexLock lock(&mu_);
+  return FinishLocked(std::move(status));
+}
+
+bool WorkImpl::FinishLocked(absl::Status status) {
   if (IsTerminal(state_)) return false;
   if (status.ok()) {
     state_ = WorkState::kDone;
@@ -44,10 +48,25 @@ bool WorkImpl::Finish(absl::Status status) {
   status_ = std::move(status);
   end_time_ = WallNow();
   completion_ = nullptr;  // its events go back to the pool once the Work is gone too (desc_)
+  first_launch_.store(kClosed);
   return true;
 }
 
 void WorkImpl::MarkLaunched(std::shared_ptr<DeviceCompletion> completion) {
+  if (first_completion_ == nullptr && completion != nullptr) {
+    const auto launch = reinterpret_cast<uintptr_t>(completion.get());
+    first_completion_ = std::move(completion);  // before the pointer is published
+    uintptr_t fresh = 0;
+    if (first_launch_.compare_exchange_strong(fresh, launch)) {
+      // A waiter that read first_launch_ before the swap registered before reading it: it sleeps
+      // on mu_, whose release re-evaluates its condition.
+      if (launch_waiters_.load() > 0) absl::MutexLock wake(&mu_);
+      return;
+    }
+    // Finished during the launch (an abort: nothing to publish), or relaunched after a launch
+    // that never reached the device: the locked way, as for any relaunch.
+    completion = first_completion_;
+  }
   absl::MutexLock lock(&mu_);
   completion_ = std::move(completion);
 }
@@ -55,6 +74,13 @@ void WorkImpl::MarkLaunched(std::shared_ptr<DeviceCompletion> completion) {
 void WorkImpl::MarkRelaunching() {
   absl::MutexLock lock(&mu_);
   completion_ = nullptr;
+  first_launch_.store(kClosed);
+}
+
+DeviceCompletion* WorkImpl::CompletionLocked() const {
+  if (completion_ != nullptr) return completion_.get();
+  const uintptr_t launch = first_launch_.load();
+  return launch > kClosed ? reinterpret_cast<DeviceCompletion*>(launch) : nullptr;
 }
 
 namespace {
@@ -72,34 +98,39 @@ std::string StillThere(const OpDesc& desc, absl::Duration bound, WorkState state
 }  // namespace
 
 absl::Status WorkImpl::Wait(absl::Duration bound) {
+  // Stream-ordered device op, queued: the caller's stream waits for it, the caller does not.
+  const TensorView& view = desc_.kind == OpKind::kSend ? desc_.input : desc_.output;
+  if (const uintptr_t launch = first_launch_.load(); launch > kClosed) {
+    return reinterpret_cast<DeviceCompletion*>(launch)->MakeStreamWait(view.stream);
+  }
   // Without a bound the caller may run its own op when nothing else could run meanwhile: it then
   // waits exactly as long as it would for the worker, minus the hand-off. With a bound it only
   // waits (the op runs on the worker), so nothing here can outlast `bound`.
   HelpProgress(bound);
   absl::MutexLock lock(&mu_);
   auto waited_for = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return IsTerminal(state_) || completion_ != nullptr;
+    return IsTerminal(state_) || CompletionLocked() != nullptr;
   };
   // The clock is read only when there is something to wait for: a stream-ordered op issued on an
   // idle executor is already on the device here, and an op's host cost is a few clock reads.
   if (!waited_for()) {
+    launch_waiters_.fetch_add(1);  // before the condition reads first_launch_ again (MarkLaunched)
     absl::Time now = absl::Now();
     const absl::Time deadline = now + bound;
     // absl's timed wait ends by the kernel's clock, which absl::Now() (calibrated from the cycle
     // counter) may see as up to a millisecond early on a VM: the bound is kept by absl::Now(). A
     // wait that ended early sleeps again for what absl::Now() says is left (a deadline the kernel
     // already passed would return at once, and this loop would spin until the clocks agree).
-    while (!mu_.AwaitWithTimeout(absl::Condition(&waited_for), deadline - now)) {
+    bool expired = false;
+    while (!expired && !mu_.AwaitWithTimeout(absl::Condition(&waited_for), deadline - now)) {
       now = absl::Now();
-      if (now >= deadline) {
-        return absl::DeadlineExceededError(StillThere(desc_, bound, state_, false));
-      }
+      expired = now >= deadline;
     }
+    launch_waiters_.fetch_sub(1);
+    if (expired) return absl::DeadlineExceededError(StillThere(desc_, bound, state_, false));
   }
   if (IsTerminal(state_)) return status_;
-  // Stream-ordered device op, queued: the caller's stream waits for it, the caller does not.
-  const TensorView& view = desc_.kind == OpKind::kSend ? desc_.input : desc_.output;
-  return completion_->MakeStreamWait(view.stream);
+  return CompletionLocked()->MakeStreamWait(view.stream);
 }
 
 void WorkImpl::HelpProgress(absl::Duration bound) {
@@ -131,19 +162,17 @@ absl::Status WorkImpl::Synchronize(absl::Duration bound) {
     // The executor's watchdog finishes device ops as it sees them complete; asking the device here
     // too saves the caller the watchdog's polling period. A failure is the executor's to handle
     // (it may retry), so only success is taken from here.
-    if (completion_ != nullptr) {
-      absl::StatusOr<bool> done = completion_->Poll();
+    if (DeviceCompletion* completion = CompletionLocked(); completion != nullptr) {
+      absl::StatusOr<bool> done = completion->Poll();
       if (done.ok() && *done) {
-        state_ = WorkState::kDone;
-        status_ = absl::OkStatus();
-        end_time_ = WallNow();
-        completion_ = nullptr;
+        FinishLocked(absl::OkStatus());
         break;
       }
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(StillThere(desc_, bound, state_, completion_ != nullptr));
+      return absl::DeadlineExceededError(
+          StillThere(desc_, bound, state_, CompletionLocked() != nullptr));
     }
     mu_.AwaitWithDeadline(absl::Condition(&terminal), std::min(deadline, now + step));
     step = std::min(step * 2, absl::Milliseconds(1));

@@ -3,6 +3,8 @@
 #ifndef ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
 #define ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,8 +45,9 @@ class WorkImpl {
  public:
   // `enqueue_time`: when the op was issued (the caller's clock read, so that issuing one reads the
   // clock once). `executor`: the one that runs it (Wait() without a bound may run the op on the
-  // waiting thread, OpExecutor::RunOnWaiter); empty for a Work that never runs. `started`: set
-  // for an op that starts as it is created (running from then, as if MarkRunning(started)).
+  // waiting thread, OpExecutor::RunOnWaiter); empty for a Work that never runs, and for a device op
+  // (never run on its waiter). `started`: set for an op that starts as it is created (running from
+  // then, as if MarkRunning(started)).
   WorkImpl(OpDesc&& desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor = {},
            std::optional<absl::Time> started = std::nullopt);
   // A Work that failed before being queued (bad input, broken communicator).
@@ -65,6 +68,8 @@ class WorkImpl {
 
   // A stream-ordered device op is on the device now (Work::Wait's point); `completion` tells when
   // it is done. Called again with the new completion when a retry queues it again.
+  // REQUIRES: called by the thread executing the op (OpExecutor's busy_), never concurrently with
+  // itself.
   void MarkLaunched(std::shared_ptr<DeviceCompletion> completion);
   // A retry is about to queue the op again: waiters wait for that.
   void MarkRelaunching();
@@ -84,6 +89,11 @@ class WorkImpl {
   // (OpExecutor::RunOnWaiter): the caller waits exactly as long, minus the hand-off. With a bound,
   // hands an op left to its waiter to the worker (OpExecutor::Expedite).
   void HelpProgress(absl::Duration bound);
+  // Terminal now, unless it was already. REQUIRES: mu_ held.
+  bool FinishLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The completion of the launch waiters wait for, null while there is none (not launched yet,
+  // being relaunched, or terminal).
+  DeviceCompletion* CompletionLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const OpDesc desc_;
   const std::weak_ptr<OpExecutor> executor_;
@@ -94,7 +104,22 @@ class WorkImpl {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   absl::Time start_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time end_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::shared_ptr<DeviceCompletion> completion_ ABSL_GUARDED_BY(mu_);  // while launched
+  std::shared_ptr<DeviceCompletion> completion_ ABSL_GUARDED_BY(mu_);  // while relaunched
+  // The first launch, published without mu_: Work::Wait on a launched op, right after issuing it,
+  // reads it and makes the caller's stream wait without taking mu_ (MarkLaunched takes none
+  // either), which saved two of the six lock pairs of a stream-ordered op's issue and Wait
+  // (bench/stream_order_bench). Holds the DeviceCompletion* of first_completion_ while that launch
+  // is the op's current one and the op is not terminal; kClosed once it is terminal or relaunched
+  // (for good: a relaunch's completion is completion_), 0 before. Set by a compare-and-swap from 0,
+  // so that an op an abort finished during its launch stays finished.
+  static constexpr uintptr_t kClosed = 1;
+  std::atomic<uintptr_t> first_launch_{0};
+  // Owns what first_launch_ points to, until the Work goes: a Wait that read the pointer may still
+  // use it after a Finish. Written once, by the executing thread (MarkLaunched's REQUIRES).
+  std::shared_ptr<DeviceCompletion> first_completion_;
+  // Waits under mu_ for a launch or the end (Wait's slow path): a MarkLaunched that published
+  // without mu_ takes it once to wake them.
+  std::atomic<int> launch_waiters_{0};
 };
 
 }  // namespace adaptcomm::internal

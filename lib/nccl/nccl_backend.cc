@@ -52,8 +52,7 @@ class NcclBackend final : public Backend, public StreamOrdered {
         stream_(stream),
         scratch_(scratch),
         device_memory_(cuda::MakeCudaDeviceMemory(cuda_)),
-        events_(std::make_shared<EventPool>(cuda_, options_.device)),
-        health_(std::make_shared<CommHealth>(api_, comm_)) {}
+        op_events_(std::make_shared<OpEventsShared>(cuda_, options_.device, api_, comm_)) {}
   ~NcclBackend() override;
 
   const char* name() const override { return "nccl"; }
@@ -120,8 +119,9 @@ class NcclBackend final : public Backend, public StreamOrdered {
   const uint64_t stream_id_ = NextStreamId();
   void* const scratch_;  // barrier's one-element device buffer
   const std::shared_ptr<DeviceMemory> device_memory_;
-  const std::shared_ptr<EventPool> events_;
-  const std::shared_ptr<CommHealth> health_;
+  const std::shared_ptr<OpEventsShared> op_events_;  // the event pool and the comm's health
+  EventPool& events_ = op_events_->pool;
+  CommHealth& health_ = op_events_->health;
 
   std::atomic<bool> abort_requested_{false};
   std::atomic<CudaStream> last_checked_stream_{nullptr};  // on options_.device (MarkIssue)
@@ -153,7 +153,7 @@ NcclBackend::~NcclBackend() {
     aborted = comm_aborted_;
     broken = !broken_.ok();
   }
-  health_->Retire(absl::FailedPreconditionError(absl::StrCat(
+  health_.Retire(absl::FailedPreconditionError(absl::StrCat(
       "nccl backend of rank ", options_.rank, " was destroyed before the op completed")));
   (void)cuda_->SetDevice(options_.device);
   if (!aborted && broken) {
@@ -193,25 +193,24 @@ NcclBackend::~NcclBackend() {
 
 absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
                                     const char* which) const {
-  const char* kind = OpKindName(op.kind);
   if (!v.device.is_cuda()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("nccl backend needs device memory: view ", which, " of ", kind,
+        absl::StrCat("nccl backend needs device memory: view ", which, " of ", OpKindName(op.kind),
                      " is a host (cpu) buffer; pass a cuda:N view or use the gloo backend"));
   }
   if (v.device.index < 0 || v.device.index >= device_count_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nccl backend: view ", which, " of ", kind, " is on cuda:", v.device.index,
-                     ", which does not exist (", device_count_, " CUDA device(s) visible)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl backend: view ", which, " of ", OpKindName(op.kind), " is on cuda:", v.device.index,
+        ", which does not exist (", device_count_, " CUDA device(s) visible)"));
   }
   if (v.device.index != options_.device) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nccl backend: view ", which, " of ", kind, " is on cuda:", v.device.index,
-                     " but this communicator's NCCL communicator runs on cuda:", options_.device));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl backend: view ", which, " of ", OpKindName(op.kind), " is on cuda:", v.device.index,
+        " but this communicator's NCCL communicator runs on cuda:", options_.device));
   }
   if (DTypeSize(v.dtype) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl backend: view ", which, " of ", kind,
-                                                   " has unknown dtype ",
+    return absl::InvalidArgumentError(absl::StrCat("nccl backend: view ", which, " of ",
+                                                   OpKindName(op.kind), " has unknown dtype ",
                                                    static_cast<int>(v.dtype)));
   }
   // A training loop reuses a few buffers: each is asked about once while it stays among the last
@@ -223,14 +222,14 @@ absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
     const int e = cuda_->PointerGetAttributes(v.data, &info);
     if (e != kCudaSuccess || !info.is_device) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "nccl backend: view ", which, " of ", kind, " is tagged cuda:", v.device.index,
-          " but its pointer is host memory",
+          "nccl backend: view ", which, " of ", OpKindName(op.kind),
+          " is tagged cuda:", v.device.index, " but its pointer is host memory",
           e != kCudaSuccess ? absl::StrCat(" (", cuda_->ErrorString(e), ")") : std::string()));
     }
     if (info.device != v.device.index) {
-      return absl::InvalidArgumentError(absl::StrCat("nccl backend: view ", which, " of ", kind,
-                                                     " is tagged cuda:", v.device.index,
-                                                     " but its memory is on cuda:", info.device));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "nccl backend: view ", which, " of ", OpKindName(op.kind),
+          " is tagged cuda:", v.device.index, " but its memory is on cuda:", info.device));
     }
     checked.store(v.data, std::memory_order_relaxed);  // device memory of options_.device
   }
@@ -238,7 +237,6 @@ absl::Status NcclBackend::CheckView(const OpDesc& op, const TensorView& v,
 }
 
 absl::Status NcclBackend::Supports(const OpDesc& op) const {
-  const char* kind = OpKindName(op.kind);
   if (!IsKnownOpKind(op.kind)) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl backend: unknown op kind ", static_cast<int>(op.kind)));
@@ -251,20 +249,21 @@ absl::Status NcclBackend::Supports(const OpDesc& op) const {
   }
   if (UsesInput(op.kind) && UsesOutput(op.kind) && op.input.stream != op.output.stream) {
     return absl::InvalidArgumentError(
-        absl::StrCat("nccl backend: ", kind,
+        absl::StrCat("nccl backend: ", OpKindName(op.kind),
                      " input and output views are on different CUDA streams; NCCL runs an op on "
                      "one stream (order them on one)"));
   }
   if (IsReduction(op.kind) && op.reduce == ReduceOp::kAvg && !IsFloatingPoint(op.output.dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("nccl backend: ", kind, " avg is defined for floating-point dtypes only, not ",
+        absl::StrCat("nccl backend: ", OpKindName(op.kind),
+                     " avg is defined for floating-point dtypes only, not ",
                      DTypeName(op.output.dtype), " (an integer average would truncate)"));
   }
   if ((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) &&
       (op.peer < 0 || op.peer >= options_.size || op.peer == options_.rank)) {
-    return absl::InvalidArgumentError(absl::StrCat("nccl backend: ", kind, " peer ", op.peer,
-                                                   " must be another rank in [0, ", options_.size,
-                                                   "), not this rank ", options_.rank));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nccl backend: ", OpKindName(op.kind), " peer ", op.peer, " must be another rank in [0, ",
+        options_.size, "), not this rank ", options_.rank));
   }
   if (op.kind == OpKind::kAlltoall && op.input.count % static_cast<size_t>(options_.size) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("nccl backend: alltoall count ", op.input.count,
@@ -398,15 +397,15 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
   }
   if (g == kCudaSuccess) last_checked_stream_.store(view.stream, std::memory_order_relaxed);
   CudaEvent issued = nullptr, done = nullptr;
-  if (absl::Status s = events_->TakeTwo(&issued, &done); !s.ok()) return s;
+  if (absl::Status s = events_.TakeTwo(&issued, &done); !s.ok()) return s;
   if (int e = cuda_->EventRecord(issued, view.stream); e != kCudaSuccess) {
-    events_->Give(issued, done);
+    events_.Give(issued, done);
     return absl::UnavailableError(absl::StrCat("nccl ", OpKindName(op.kind), " on rank ",
                                                options_.rank, ": cudaEventRecord on the ", which,
                                                " view's stream: ", cuda_->ErrorString(e)));
   }
   // A recycled block: a trainer holds a step's Works, and with them their ops' events.
-  return MakeRecycled<NcclOpEvents>(events_, health_, issued, done, Launched(op));
+  return MakeRecycled<NcclOpEvents>(op_events_, issued, done, Launched(op));
 }
 
 // The events behind a position MarkIssue made (null for another kind of position). NcclOpEvents is
@@ -503,9 +502,9 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       completion =
           std::shared_ptr<DeviceCompletion>(op.issued_at, const_cast<NcclOpEvents*>(issued));
     } else {
-      absl::StatusOr<CudaEvent> done = events_->Take();
+      absl::StatusOr<CudaEvent> done = events_.Take();
       if (!done.ok()) return Break(done.status());
-      completion = MakeRecycled<NcclOpEvents>(events_, health_, nullptr, *done, launched);
+      completion = MakeRecycled<NcclOpEvents>(op_events_, nullptr, *done, launched);
     }
     const auto* events = static_cast<const NcclOpEvents*>(completion.get());
     if (int e = cuda_->EventRecord(events->done(), stream_); e != kCudaSuccess) {
@@ -609,7 +608,7 @@ void NcclBackend::AbortCommOnce(bool allow_park) {
       comm_aborted_ = true;
     }
   }
-  health_->Retire(health().ok() ? absl::AbortedError("nccl communicator aborted") : health());
+  health_.Retire(health().ok() ? absl::AbortedError("nccl communicator aborted") : health());
   if (park) {
     ADAPTCOMM_LOG(kInfo, "nccl backend rank ", options_.rank,
                   ": communicator kept (not aborted) for an elastic ncclCommShrink");

@@ -93,23 +93,23 @@ void CommHealth::Retire(absl::Status why) {
   retired_ = std::move(why);
 }
 
-NcclOpEvents::~NcclOpEvents() { pool_->Give(issued_, done_); }
+NcclOpEvents::~NcclOpEvents() { shared_->pool.Give(issued_, done_); }
 
 absl::StatusOr<bool> NcclOpEvents::Poll() {
   // The event first: ncclCommAbort also ends the kernels, so a done event counts only while the
   // communicator was not retired (an op it ended must fail, not pass as done).
-  const int q = pool_->api().EventQuery(done_);
-  if (absl::Status s = health_->Check(op_); !s.ok()) return s;
+  const int q = shared_->pool.api().EventQuery(done_);
+  if (absl::Status s = shared_->health.Check(op_); !s.ok()) return s;
   if (q == kCudaSuccess) return true;
   if (q == kCudaErrorNotReady) return false;
   return absl::UnavailableError(
-      absl::StrCat(op_.Name(), ": cudaEventQuery: ", pool_->api().ErrorString(q)));
+      absl::StrCat(op_.Name(), ": cudaEventQuery: ", shared_->pool.api().ErrorString(q)));
 }
 
 absl::Status NcclOpEvents::MakeStreamWait(void* stream) {
-  if (int e = pool_->api().StreamWaitEvent(stream, done_); e != kCudaSuccess) {
+  if (int e = shared_->pool.api().StreamWaitEvent(stream, done_); e != kCudaSuccess) {
     return absl::UnavailableError(
-        absl::StrCat(op_.Name(), ": cudaStreamWaitEvent: ", pool_->api().ErrorString(e)));
+        absl::StrCat(op_.Name(), ": cudaStreamWaitEvent: ", shared_->pool.api().ErrorString(e)));
   }
   return absl::OkStatus();
 }

@@ -87,6 +87,17 @@ class CommHealth {
   absl::Status retired_ ABSL_GUARDED_BY(mu_);
 };
 
+// What a backend shares with the events objects of its ops (NcclOpEvents), in one allocation: an
+// op's object holds both parts through one reference (an atomic operation when it is made and one
+// when it goes, where a reference to each part cost two).
+struct OpEventsShared {
+  OpEventsShared(std::shared_ptr<cuda::CudaApi> cuda, int device, std::shared_ptr<NcclApi> nccl,
+                 NcclComm comm)
+      : pool(std::move(cuda), device), health(std::move(nccl), comm) {}
+  EventPool pool;
+  CommHealth health;
+};
+
 // One stream-ordered op's two events: the point of its caller's stream it was issued at (the
 // StreamPosition, recorded by MarkIssue) and its end on the communicator's stream (the
 // DeviceCompletion, recorded by Launch). One allocation and one pool hold for both, which a
@@ -96,20 +107,26 @@ class NcclOpEvents final : public StreamPosition, public DeviceCompletion {
  public:
   // `issued` is null for a completion launched from a position it could not claim (ClaimLaunch);
   // `op` names the op in errors (LaunchedOp::Name, only when one is reported).
-  NcclOpEvents(std::shared_ptr<EventPool> pool, std::shared_ptr<CommHealth> health,
-               cuda::CudaEvent issued, cuda::CudaEvent done, const LaunchedOp& op)
-      : pool_(std::move(pool)), health_(std::move(health)), issued_(issued), done_(done), op_(op) {}
+  NcclOpEvents(std::shared_ptr<OpEventsShared> shared, cuda::CudaEvent issued, cuda::CudaEvent done,
+               const LaunchedOp& op)
+      : shared_(std::move(shared)), issued_(issued), done_(done), op_(op) {}
   ~NcclOpEvents() override;
   cuda::CudaEvent issued() const { return issued_; }
   cuda::CudaEvent done() const { return done_; }
   // Whether `op` may record its end on this object's done event: it is the op this position was
   // made for (a renumbered op names another seq) and the first launch from it (a relaunch takes
   // a fresh completion, since a Work may still poll the first).
+  // REQUIRES: called by the thread that launches (one at a time, StreamOrdered::Launch), so that a
+  // load and a store claim it without an atomic exchange.
   bool ClaimLaunch(const LaunchedOp& op) const {
-    return op.kind == op_.kind && op.seq == op_.seq && !launched_.exchange(true);
+    if (op.kind != op_.kind || op.seq != op_.seq || launched_.load(std::memory_order_acquire)) {
+      return false;
+    }
+    launched_.store(true, std::memory_order_release);
+    return true;
   }
   // Whether an op was launched from this position with its end on done().
-  bool WasLaunched() const { return launched_.load(); }
+  bool WasLaunched() const { return launched_.load(std::memory_order_acquire); }
   // The communicator stream (an id unique in the process) that already waits for issued(): the
   // retry record's copy made it wait, so the launch right after need not queue the wait again.
   void MarkAwaitedOn(uint64_t stream_id) const { awaited_on_.store(stream_id); }
@@ -118,8 +135,7 @@ class NcclOpEvents final : public StreamPosition, public DeviceCompletion {
   absl::Status MakeStreamWait(void* stream) override;
 
  private:
-  const std::shared_ptr<EventPool> pool_;
-  const std::shared_ptr<CommHealth> health_;
+  const std::shared_ptr<OpEventsShared> shared_;  // its pool and its communicator's health
   const cuda::CudaEvent issued_;
   const cuda::CudaEvent done_;
   const LaunchedOp op_;

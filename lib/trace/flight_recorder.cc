@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -50,7 +53,7 @@ FlightRecorder::Entry* FlightRecorder::Find(uint64_t seq) {
 }
 
 void FlightRecorder::SetGeneration(int generation, const std::string& backend) {
-  absl::MutexLock lock(&mu_);
+  SpinLockHold hold(&mu_);
   generation_ = generation;
   const auto known = std::find(backends_.begin(), backends_.end(), backend);
   backend_ = static_cast<uint32_t>(known - backends_.begin());
@@ -91,56 +94,74 @@ void FlightRecorder::RecordStartLocked(Entry* e, uint64_t seq, absl::Time when) 
 }
 
 void FlightRecorder::OnEnqueue(const OpDesc& op, absl::Time when) {
-  absl::MutexLock lock(&mu_);
+  SpinLockHold hold(&mu_);
   RecordEnqueueLocked(op, when);
 }
 
 void FlightRecorder::OnStart(const OpDesc& op, absl::Time when) {
-  absl::MutexLock lock(&mu_);
+  SpinLockHold hold(&mu_);
   RecordStartLocked(Find(op.seq), op.seq, when);
 }
 
 void FlightRecorder::OnEnqueueAndStart(const OpDesc& op, absl::Time when) {
-  absl::MutexLock lock(&mu_);
+  SpinLockHold hold(&mu_);
   RecordStartLocked(&RecordEnqueueLocked(op, when), op.seq, when);
 }
 
 void FlightRecorder::OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) {
-  absl::MutexLock lock(&mu_);
+  std::string error = status.ok() ? std::string() : status.ToString();  // not under the spin lock
+  SpinLockHold hold(&mu_);
   if (Entry* e = Find(op.seq)) {
     e->state = status.ok() ? "done" : absl::IsDeadlineExceeded(status) ? "timed_out" : "failed";
     e->end = when;
-    if (!status.ok()) e->error = status.ToString();
+    if (!status.ok()) e->error = std::move(error);
   }
   if (status.ok()) last_completed_ = std::max(last_completed_, op.seq);
 }
 
 std::string FlightRecorder::DumpJson(const std::string& reason) const {
+  // A copy under the lock, formatted without it: issuing threads spin on it meanwhile.
+  std::vector<Entry> entries_kept;
+  std::vector<std::string> backends;
+  uint32_t backend = 0;
+  int generation = 0;
+  uint64_t last_enqueued = 0, last_started = 0, last_completed = 0;
+  {
+    SpinLockHold hold(&mu_);
+    const uint64_t first = last_enqueued_ >= ring_.size() ? last_enqueued_ - ring_.size() + 1 : 1;
+    entries_kept.reserve(static_cast<size_t>(std::min<uint64_t>(last_enqueued_, ring_.size())));
+    for (uint64_t seq = first; seq <= last_enqueued_; ++seq) {
+      const Entry& e = ring_[seq % ring_.size()];
+      if (e.seq == seq) entries_kept.push_back(e);
+    }
+    backends = backends_;
+    backend = backend_;
+    generation = generation_;
+    last_enqueued = last_enqueued_;
+    last_started = last_started_;
+    last_completed = last_completed_;
+  }
   nlohmann::json doc;
-  absl::MutexLock lock(&mu_);
   doc["rank"] = options_.rank;
   doc["world_size"] = options_.world_size;
   doc["communicator"] = options_.communicator;
   doc["job"] = options_.job;
-  doc["backend"] = backends_[backend_];
-  doc["generation"] = generation_;
+  doc["backend"] = backends[backend];
+  doc["generation"] = generation;
   doc["reason"] = reason;
   doc["dumped_at_us"] = absl::ToUnixMicros(absl::Now());
-  doc["last_enqueued_seq"] = last_enqueued_;
-  doc["last_started_seq"] = last_started_;
-  doc["last_completed_seq"] = last_completed_;
+  doc["last_enqueued_seq"] = last_enqueued;
+  doc["last_started_seq"] = last_started;
+  doc["last_completed_seq"] = last_completed;
   nlohmann::json entries = nlohmann::json::array();
-  const uint64_t first = last_enqueued_ >= ring_.size() ? last_enqueued_ - ring_.size() + 1 : 1;
-  for (uint64_t seq = first; seq <= last_enqueued_; ++seq) {
-    const Entry& e = ring_[seq % ring_.size()];
-    if (e.seq != seq) continue;
+  for (const Entry& e : entries_kept) {
     entries.push_back({{"seq", e.seq},
                        {"op", OpKindName(e.kind)},
                        {"dtype", DTypeName(e.dtype)},
                        {"count", e.count},
                        {"root", e.root},
                        {"peer", e.peer},
-                       {"backend", backends_[e.backend]},
+                       {"backend", backends[e.backend]},
                        {"generation", e.generation},
                        {"state", e.state},
                        {"enqueue_us", Micros(e.enqueue)},

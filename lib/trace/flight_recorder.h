@@ -13,7 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "lib/base/spin_lock.h"
 #include "lib/trace/op_observer.h"
 
 namespace adaptcomm::trace {
@@ -73,7 +73,9 @@ class FlightRecorder final : public OpObserver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FlightRecorderOptions options_;
-  mutable absl::Mutex mu_;
+  // Every op takes it once or twice, for a few stores: a SpinLock costs less there than an
+  // absl::Mutex. DumpJson copies what it reports under it and formats without it.
+  mutable SpinLock mu_;
   std::vector<Entry> ring_ ABSL_GUARDED_BY(mu_);
   // Every backend name the ring's entries refer to, each once: an entry records an index (a string
   // copy per op would cost more than the rest of its entry). As many as the kinds of backend the
