@@ -178,26 +178,29 @@ bool OpExecutor::CanLaunchInlineLocked() const {
          !pre_run_check_;
 }
 
-void OpExecutor::LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) {
+void OpExecutor::LaunchInlineLocked(std::shared_ptr<WorkImpl>& work) {
   // Queuing a stream-ordered op on the device cannot block on the device or on peers, and nothing
   // but this op runs here (the executor is idle and busy_ keeps the worker off): the caller pays
   // for its own launch instead of a hand-off to the worker and back. It starts when it was queued
   // (a few instructions later): no second clock read.
-  const absl::Time started = work->enqueue_time();
+  WorkImpl& op = *work;
+  const absl::Time started = op.enqueue_time();
   busy_ = true;
   running_ = true;
-  executing_ = work;
+  // Lent rather than copied (two atomic operations per op): only this thread replaces executing_
+  // while busy_, and takes it back below.
+  executing_ = std::move(work);
   running_since_ = started;
   UnlockAndWake();
   // Nothing else finishes it meanwhile: it is in neither queue_ nor in_flight_, and running_ keeps
   // Abort() off executing_. The observers hear of it before it can end (it is not launched yet).
-  for (const auto& o : observers_) o->OnEnqueueAndStart(work->desc(), started);
+  for (const auto& o : observers_) o->OnEnqueueAndStart(op.desc(), started);
   std::optional<Launched> launched;
-  absl::Status status = RunWithRetry(work, started, &launched);
+  absl::Status status = RunWithRetry(op, started, &launched);
   mu_.Lock();
+  work = std::move(executing_);
   if (launched.has_value()) RecordLaunchLocked(work, *std::move(launched));
   running_ = false;
-  executing_ = nullptr;
   busy_ = false;
   // Not launched: refused before anything was queued (InvalidArgument), or the backend is no
   // longer stream-ordered and ran it to completion.
@@ -218,7 +221,7 @@ void OpExecutor::RunHeadLocked() {
   UnlockAndWake();
   for (const auto& o : observers_) o->OnStart(desc, started);
   std::optional<Launched> launched;
-  absl::Status status = RunWithRetry(work, started, &launched);
+  absl::Status status = RunWithRetry(*work, started, &launched);
   if (launched.has_value()) {
     // On the device (or handed to the device-failure path): the watchdog finishes it.
     mu_.Lock();
@@ -275,16 +278,16 @@ absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) co
   return TranslateOp(work.desc(), changes);
 }
 
-absl::Status OpExecutor::Execute(const std::shared_ptr<WorkImpl>& work, absl::Time started,
+absl::Status OpExecutor::Execute(const WorkImpl& work, absl::Time started,
                                  std::optional<Launched>* launched) {
   launched->reset();
-  if (work->membership_epoch() != epoch_.load()) {
+  if (work.membership_epoch() != epoch_.load()) {
     // Issued before a membership change: run as it reads now, or fail it for the trainer to redo.
-    absl::StatusOr<OpDesc> translated = ForCurrentMembership(*work);
+    absl::StatusOr<OpDesc> translated = ForCurrentMembership(work);
     if (!translated.ok()) return translated.status();
     return ExecuteAs(*translated, started, launched);
   }
-  return ExecuteAs(work->desc(), started, launched);
+  return ExecuteAs(work.desc(), started, launched);
 }
 
 absl::Status OpExecutor::ExecuteAs(const OpDesc& desc, absl::Time started,
@@ -317,8 +320,7 @@ void OpExecutor::RecordLaunchLocked(const std::shared_ptr<WorkImpl>& work, Launc
     return;
   }
   if (in_flight_.empty()) head_since_ = launched.started;
-  in_flight_.push_back(InFlight{work, *launched.completion});
-  work->MarkLaunched(*std::move(launched.completion));
+  in_flight_.push_back(InFlight{work, work->MarkLaunched(*std::move(launched.completion))});
 }
 
 uint64_t OpExecutor::next_seq() const {
@@ -454,8 +456,7 @@ namespace {
 
 // How many of `oldest` (the oldest ops in flight, oldest first) the device has finished; sets
 // *failure when it reports one failed (the count then stops at it). Called without mu_.
-size_t CountDone(const std::vector<std::shared_ptr<DeviceCompletion>>& oldest,
-                 absl::Status* failure) {
+size_t CountDone(const std::vector<DeviceCompletion*>& oldest, absl::Status* failure) {
   // Ops end in the order they were launched (StreamOrdered), so the done ones are a prefix, found
   // by asking the newest first (all done: one query), then by bisection: a handful of queries
   // where one per op kept the device busy answering the watchdog and, through the CUDA runtime's
@@ -485,7 +486,8 @@ size_t CountDone(const std::vector<std::shared_ptr<DeviceCompletion>>& oldest,
 }  // namespace
 
 absl::Time OpExecutor::PollInFlightLocked() {
-  std::vector<std::shared_ptr<DeviceCompletion>> oldest;
+  std::vector<DeviceCompletion*> oldest;
+  std::vector<std::shared_ptr<WorkImpl>> asked;  // keep oldest's completions while mu_ is released
   std::vector<std::shared_ptr<WorkImpl>> ended;
   while (!in_flight_.empty() && device_failure_.ok()) {
     absl::Status failure;
@@ -494,9 +496,11 @@ absl::Time OpExecutor::PollInFlightLocked() {
     // issues, spent most of its time blocked on it (sampled on an H200: 60% of an 11 us op).
     // Ops end in the order they were launched (StreamOrdered): see CountDone.
     oldest.clear();
+    asked.clear();
     for (const InFlight& f : in_flight_) {
       if (f.completion == nullptr || oldest.size() == kPollBatch) break;
       oldest.push_back(f.completion);
+      asked.push_back(f.work);
     }
     if (oldest.empty()) break;  // a failed launch at the head: device_failure_ is set
     UnlockAndWake();

@@ -251,8 +251,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // A stream-ordered op may be queued on the device by its issuing thread: the executor is idle,
   // the window has room and no check must run first. REQUIRES: mu_ held.
   bool CanLaunchInlineLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Runs `work` (just submitted) on the issuing thread. REQUIRES: mu_ held; released meanwhile.
-  void LaunchInlineLocked(const std::shared_ptr<WorkImpl>& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `work` (just submitted) on the issuing thread; lends it to executing_ meanwhile and gives
+  // it back. REQUIRES: mu_ held; released meanwhile.
+  void LaunchInlineLocked(std::shared_ptr<WorkImpl>& work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A stream-ordered op queued on the device (or whose launch failed there), not yet in
   // in_flight_: the executing thread records it (RecordLaunchLocked) under its next hold of mu_,
   // which saves taking mu_ once more per op.
@@ -264,7 +265,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // starts a coordinated retry. Called while busy_, without mu_. `started`: when it started (the
   // caller's clock read). *launched set: the op went to the device (stream-ordered); once recorded
   // it is the watchdog's.
-  absl::Status RunWithRetry(const std::shared_ptr<WorkImpl>& work, absl::Time started,
+  absl::Status RunWithRetry(const WorkImpl& work, absl::Time started,
                             std::optional<Launched>* launched);
   // One coordinated retry round from this rank's `position`; re-runs ops [restart, position) from
   // the replay log. Called while busy_, without mu_.
@@ -276,8 +277,7 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // *launched, for RecordLaunchLocked), else Run. Called while busy_, without mu_. `started`: when
   // this attempt started; an op that is the oldest in flight once launched has its device timeout
   // counted from there (its launch included), which saves a clock read per op.
-  absl::Status Execute(const std::shared_ptr<WorkImpl>& work, absl::Time started,
-                       std::optional<Launched>* launched);
+  absl::Status Execute(const WorkImpl& work, absl::Time started, std::optional<Launched>* launched);
   // Execute's part once the op reads as `desc` on the current membership.
   absl::Status ExecuteAs(const OpDesc& desc, absl::Time started, std::optional<Launched>* launched);
   // Puts a launched op in flight (or, if its launch failed, hands the ops in flight to the
@@ -374,7 +374,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // Stream-ordered device ops queued on the device, oldest first, and their completion.
   struct InFlight {
     std::shared_ptr<WorkImpl> work;
-    std::shared_ptr<DeviceCompletion> completion;
+    // Kept by `work` while it lives (WorkImpl::MarkLaunched); null: the launch failed.
+    DeviceCompletion* completion = nullptr;
   };
   std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
   absl::Time head_since_ ABSL_GUARDED_BY(mu_);  // when in_flight_.front() became the oldest

@@ -28,9 +28,9 @@ std::string Fingerprint(const OpDesc& op) {
 
 }  // namespace
 
-absl::Status OpExecutor::RunWithRetry(const std::shared_ptr<WorkImpl>& work, absl::Time started,
+absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
                                       std::optional<Launched>* launched) {
-  const OpDesc& desc = work->desc();
+  const OpDesc& desc = work.desc();
   if (pre_run_check_) {
     if (absl::Status s = pre_run_check_(desc, Fingerprint(desc)); !s.ok()) return s;
   }
@@ -234,7 +234,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
       work->MarkRelaunching();
       status = replay_.RestoreInput(work->desc().seq, backend().stream_ordered());
       std::optional<Launched> launched;
-      if (status.ok()) status = Execute(work, WallNow(), &launched);
+      if (status.ok()) status = Execute(*work, WallNow(), &launched);
       if (status.ok()) {
         ExecutorLock lock(this);
         if (launched.has_value()) {

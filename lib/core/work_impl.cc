@@ -47,37 +47,39 @@ bool WorkImpl::FinishLocked(absl::Status status) {
   }
   status_ = std::move(status);
   end_time_ = WallNow();
-  completion_ = nullptr;  // its events go back to the pool once the Work is gone too (desc_)
-  first_launch_.store(kClosed);
+  first_launch_.store(kClosed);  // the completions stay until the Work goes (MarkLaunched)
   return true;
 }
 
-void WorkImpl::MarkLaunched(std::shared_ptr<DeviceCompletion> completion) {
+DeviceCompletion* WorkImpl::MarkLaunched(std::shared_ptr<DeviceCompletion> completion) {
+  DeviceCompletion* const launched = completion.get();
   if (first_completion_ == nullptr && completion != nullptr) {
-    const auto launch = reinterpret_cast<uintptr_t>(completion.get());
     first_completion_ = std::move(completion);  // before the pointer is published
     uintptr_t fresh = 0;
-    if (first_launch_.compare_exchange_strong(fresh, launch)) {
+    if (first_launch_.compare_exchange_strong(fresh, reinterpret_cast<uintptr_t>(launched))) {
       // A waiter that read first_launch_ before the swap registered before reading it: it sleeps
       // on mu_, whose release re-evaluates its condition.
       if (launch_waiters_.load() > 0) absl::MutexLock wake(&mu_);
-      return;
+      return launched;
     }
     // Finished during the launch (an abort: nothing to publish), or relaunched after a launch
     // that never reached the device: the locked way, as for any relaunch.
     completion = first_completion_;
   }
   absl::MutexLock lock(&mu_);
+  if (completion_ != nullptr) earlier_relaunches_.push_back(std::move(completion_));
   completion_ = std::move(completion);
+  return launched;
 }
 
 void WorkImpl::MarkRelaunching() {
   absl::MutexLock lock(&mu_);
-  completion_ = nullptr;
+  if (completion_ != nullptr) earlier_relaunches_.push_back(std::move(completion_));
   first_launch_.store(kClosed);
 }
 
 DeviceCompletion* WorkImpl::CompletionLocked() const {
+  if (IsTerminal(state_)) return nullptr;
   if (completion_ != nullptr) return completion_.get();
   const uintptr_t launch = first_launch_.load();
   return launch > kClosed ? reinterpret_cast<DeviceCompletion*>(launch) : nullptr;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -68,9 +69,11 @@ class WorkImpl {
 
   // A stream-ordered device op is on the device now (Work::Wait's point); `completion` tells when
   // it is done. Called again with the new completion when a retry queues it again.
+  // Returns `completion`, which the Work keeps until it goes (every launch's: the executor's record
+  // of ops in flight refers to it without a reference of its own, one atomic operation per op).
   // REQUIRES: called by the thread executing the op (OpExecutor's busy_), never concurrently with
   // itself.
-  void MarkLaunched(std::shared_ptr<DeviceCompletion> completion);
+  DeviceCompletion* MarkLaunched(std::shared_ptr<DeviceCompletion> completion);
   // A retry is about to queue the op again: waiters wait for that.
   void MarkRelaunching();
 
@@ -104,7 +107,8 @@ class WorkImpl {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   absl::Time start_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time end_time_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::shared_ptr<DeviceCompletion> completion_ ABSL_GUARDED_BY(mu_);  // while relaunched
+  std::shared_ptr<DeviceCompletion> completion_ ABSL_GUARDED_BY(mu_);  // a relaunch's
+  std::vector<std::shared_ptr<DeviceCompletion>> earlier_relaunches_ ABSL_GUARDED_BY(mu_);
   // The first launch, published without mu_: Work::Wait on a launched op, right after issuing it,
   // reads it and makes the caller's stream wait without taking mu_ (MarkLaunched takes none
   // either), which saved two of the six lock pairs of a stream-ordered op's issue and Wait
