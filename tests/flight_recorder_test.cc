@@ -1,5 +1,11 @@
 #include "lib/trace/flight_recorder.h"
 
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -63,6 +69,46 @@ TEST(FlightRecorder, BackendNamesStayRightAcrossManyChangesOfKind) {
   for (const nlohmann::json& e : doc["entries"]) {
     EXPECT_EQ(e["backend"], e["seq"].get<uint64_t>() % 2 == 0 ? "gloo" : "nccl") << e.dump();
   }
+}
+
+// Several threads dump one recorder at once (on a failure the failure coordinator, the heartbeat
+// watch and the caller all do) while ops are recorded: every dump file a thread finds after its
+// Dump returned is a whole document (two writers of one temporary file interleaved them).
+TEST(FlightRecorder, ConcurrentDumpsEachLeaveAWholeDocument) {
+  FlightRecorderOptions options = StartingOnNccl(2048);
+  options.dump_dir = ::testing::TempDir() + "/flight_concurrent_dumps";
+  FlightRecorder recorder(options);
+  const absl::Time now = absl::Now();
+  for (uint64_t seq = 1; seq <= 2048; ++seq) recorder.OnEnqueueAndStart(Allreduce(seq), now);
+  constexpr int kDumpers = 3;
+  constexpr int kDumpsEach = 15;
+  std::vector<std::string> broken[kDumpers];
+  std::vector<std::thread> dumpers;
+  for (int d = 0; d < kDumpers; ++d) {
+    dumpers.emplace_back([&, d] {
+      for (int i = 0; i < kDumpsEach; ++i) {
+        absl::StatusOr<std::string> path = recorder.Dump(absl::StrCat("dumper ", d, " #", i));
+        if (!path.ok()) {
+          broken[d].push_back(path.status().ToString());
+          continue;
+        }
+        std::ifstream in(*path);
+        const nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+        if (doc.is_discarded() || !doc.contains("entries") || doc["entries"].size() != 2048) {
+          broken[d].push_back(absl::StrCat("dump ", i, " of dumper ", d, " is not whole"));
+        }
+      }
+    });
+  }
+  std::thread recording([&] {
+    for (uint64_t seq = 2049; seq <= 6000; ++seq) {
+      recorder.OnEnqueueAndStart(Allreduce(seq), absl::Now());
+      recorder.OnEnd(Allreduce(seq), absl::OkStatus(), absl::Now());
+    }
+  });
+  for (std::thread& t : dumpers) t.join();
+  recording.join();
+  for (int d = 0; d < kDumpers; ++d) EXPECT_TRUE(broken[d].empty()) << broken[d].front();
 }
 
 }  // namespace

@@ -177,6 +177,7 @@ absl::StatusOr<std::string> FlightRecorder::Dump(const std::string& reason) cons
   if (absl::Status s = MakeDirs(options_.dump_dir); !s.ok()) return s;
   const std::string path = absl::StrCat(options_.dump_dir, "/flight.rank", options_.rank, ".json");
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  absl::MutexLock lock(&dump_mu_);
   const std::string text = DumpJson(reason);
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) {

@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "lib/base/spin_lock.h"
 #include "lib/trace/op_observer.h"
 
@@ -47,7 +48,8 @@ class FlightRecorder final : public OpObserver {
   // microseconds since the Unix epoch (0 = not yet).
   std::string DumpJson(const std::string& reason) const;
   // Writes DumpJson(reason) to dump_dir/flight.rank<R>.json (atomically, via a temporary file);
-  // returns the path.
+  // returns the path. Dumps of one recorder are written one at a time (several threads dump on a
+  // failure: the failure coordinator, the heartbeat watch, the caller).
   absl::StatusOr<std::string> Dump(const std::string& reason) const;
   const std::string& dump_dir() const { return options_.dump_dir; }
 
@@ -73,6 +75,8 @@ class FlightRecorder final : public OpObserver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FlightRecorderOptions options_;
+  // Held through a whole Dump: two at once would write the same temporary file.
+  mutable absl::Mutex dump_mu_;
   // Every op takes it once or twice, for a few stores: a SpinLock costs less there than an
   // absl::Mutex. DumpJson copies what it reports under it and formats without it.
   mutable SpinLock mu_;
