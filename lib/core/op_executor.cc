@@ -14,9 +14,8 @@
 namespace adaptcomm::internal {
 namespace {
 
-// How often the watchdog proves it is alive to the HeartbeatMonitor; it looks at the running op
-// at least twice as often.
-constexpr absl::Duration kBeat = absl::Milliseconds(1000);
+// The watchdog proves it is alive to the HeartbeatMonitor (which wants a beat a second) and looks
+// at the running op at least this often.
 constexpr absl::Duration kHalfBeat = absl::Milliseconds(500);
 // How often the watchdog asks the device about the oldest op in flight.
 constexpr absl::Duration kDevicePoll = absl::Milliseconds(1);

@@ -67,15 +67,19 @@ DeviceCompletion* WorkImpl::MarkLaunched(std::shared_ptr<DeviceCompletion> compl
     completion = first_completion_;
   }
   absl::MutexLock lock(&mu_);
-  if (completion_ != nullptr) earlier_relaunches_.push_back(std::move(completion_));
+  SetAsideRelaunchLocked();
   completion_ = std::move(completion);
   return launched;
 }
 
 void WorkImpl::MarkRelaunching() {
   absl::MutexLock lock(&mu_);
-  if (completion_ != nullptr) earlier_relaunches_.push_back(std::move(completion_));
+  SetAsideRelaunchLocked();
   first_launch_.store(kClosed);
+}
+
+void WorkImpl::SetAsideRelaunchLocked() {
+  if (completion_ != nullptr) earlier_relaunches_.push_back(std::move(completion_));
 }
 
 DeviceCompletion* WorkImpl::CompletionLocked() const {

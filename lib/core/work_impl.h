@@ -94,6 +94,9 @@ class WorkImpl {
   void HelpProgress(absl::Duration bound);
   // Terminal now, unless it was already. REQUIRES: mu_ held.
   bool FinishLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // completion_ (if any) is no longer the current launch: kept in earlier_relaunches_, since the
+  // executor's record of ops in flight may still point at it (MarkLaunched).
+  void SetAsideRelaunchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The completion of the launch waiters wait for, null while there is none (not launched yet,
   // being relaunched, or terminal).
   DeviceCompletion* CompletionLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
