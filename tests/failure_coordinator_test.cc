@@ -74,8 +74,8 @@ std::vector<VoteResult> Vote(const std::vector<uint64_t>& positions,
     if (positions[static_cast<size_t>(r)] == 0) continue;
     threads.emplace_back([&, r] {
       results[static_cast<size_t>(r)].plan = coordinators[static_cast<size_t>(r)]->Recover(
-          1, positions[static_cast<size_t>(r)], "allreduce f32[8] sum", 1,
-          absl::UnavailableError("injected"));
+          1, positions[static_cast<size_t>(r)], positions[static_cast<size_t>(r)] + r,
+          "allreduce f32[8] sum", 1, absl::UnavailableError("injected"));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -98,6 +98,10 @@ TEST(FailureCoordinatorVote, NoWishNoDegradeAndTheSmallestPositionWins) {
   for (size_t r = 0; r < results.size(); ++r) {
     ASSERT_TRUE(results[r].plan.ok()) << results[r].plan.status();
     EXPECT_EQ(results[r].plan->restart_seq, 6u);
+    // A step's recovery reads the other end: the largest position and last seq issued (rank 1
+    // voted 6 + 1).
+    EXPECT_EQ(results[r].plan->max_position, 7u);
+    EXPECT_EQ(results[r].plan->max_issued, 7u);
     EXPECT_FALSE(results[r].built_degraded) << "rank " << r;
   }
 }

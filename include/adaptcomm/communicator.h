@@ -149,10 +149,14 @@ struct CommunicatorOptions {
   // After a failure, how long a rank waits for every other rank to report before naming the
   // silent ones as dead or stalled.
   absl::Duration failure_report_window = absl::Seconds(5);
-  // Coordinated retry: attempts per op including the first (1 = off; 0 = the profile's). When
-  // on, every op's input is copied before it runs (one memcpy per op) so that a retry re-runs it
-  // bit for bit; the retry happens only when every rank agrees (see README, "Resilience").
+  // Coordinated retry: attempts per op including the first (1 = off; 0 = the profile's). The
+  // retry happens only when every rank agrees (docs/resilience.md). What it can re-run is
+  // `replay`'s: with kAuto (the default profile's) no input is ever copied; a failed op of a step
+  // (BeginStep/CommitStep) makes the step be redone, and outside a step only ops whose input
+  // survives them (stable_input) are re-run. kCopy copies every op's input first (one memcpy, or
+  // one device copy, per op) so that any op can be re-run alone, bit for bit.
   int max_retry_attempts = 0;
+  ReplayMode replay = ReplayMode::kProfile;
   // Debug mode: before each collective every rank checks through the store that all ranks call
   // the same op (op, dtype, count, reduce op, root); a mismatch fails that op on every rank with
   // InvalidArgument naming each rank's call, before any data moves. One store round trip per op.
@@ -284,6 +288,32 @@ class ADAPTCOMM_EXPORT Communicator {
   // pairs so that they match (as with blocking MPI).
   Work Send(TensorView data, int peer, const P2POptions& options = {});
   Work Recv(TensorView data, int peer, const P2POptions& options = {});
+
+  // ---- Steps: recovery of a whole training step (docs/resilience.md) ----
+  //
+  //   for (;;) {
+  //     ASSIGN_OR_RETURN(... comm->BeginStep());
+  //     ... forward, backward, the step's collectives (Wait as usual) ...
+  //     absl::Status commit = comm->CommitStep();
+  //     if (adaptcomm::IsStepRedo(commit)) { restore nothing; redo the same step; continue; }
+  //     if (!commit.ok()) return Fail(commit);
+  //     optimizer.step();   // only now: the step's results are good on every rank
+  //   }
+  //
+  // Ops issued between BeginStep and CommitStep take no replay record and are never re-run alone.
+  // When one fails on any rank, every rank's communicator recovers at once (the coordinated vote
+  // and rebuild, or an elastic shrink), the step's other ops fail fast (IsStepRedo), and
+  // CommitStep returns a status for which IsStepRedo is true on every rank. Redo the step from the
+  // trainer's own state: the model before the optimizer update. CommitStep returns OK only when
+  // every op of the step succeeded on every rank. Both are collectives: every rank calls them at
+  // the same points. REQUIRES: retries on (retry.max_attempts >= 2, the default) for a failed
+  // step to be redone; without them a failure breaks the communicator as outside a step.
+  // FailedPrecondition: a step is already open (steps do not nest).
+  [[nodiscard]] absl::Status BeginStep();
+  // Ends the step: waits for its ops (each within its timeout), then agrees with every rank (one
+  // barrier). OK: committed on every rank. IsStepRedo: redo it. FailedPrecondition: no step is
+  // open. Any other error: the communicator is broken (the error names the rank at fault).
+  [[nodiscard]] absl::Status CommitStep();
 
   // Writes this rank's flight record now; returns the file's path.
   [[nodiscard]] absl::StatusOr<std::string> DumpFlightRecord(const std::string& reason);

@@ -57,6 +57,17 @@ ADAPTCOMM_EXPORT const char* BackendChoiceName(BackendChoice choice);
 // What creation does when NCCL (auto or nccl) is not usable on every rank: build Gloo on every
 // rank (device buffers staged through host memory), or fail on every rank naming the reason.
 enum class Fallback : uint8_t { kAllow, kDeny };
+// How a coordinated retry gets an op's input back to re-run it bit for bit (profile retry.replay;
+// docs/resilience.md has the cost of each).
+//   kAuto: only where it is free: an op that does not overwrite its input and whose caller
+//          promised to leave it alone (stable_input), and ops without data (barrier). Every other
+//          op outside a step fails instead of being re-run; inside a step (BeginStep/CommitStep)
+//          no op is re-run: the step is redone. No copy of any input, on any path.
+//   kCopy: every op's input is copied before it runs (a memcpy on the host; a device-to-device
+//          copy on the GPU), so any op can be re-run alone, outside a step too.
+// kProfile (CommunicatorOptions only): the profile's value.
+enum class ReplayMode : uint8_t { kProfile, kAuto, kCopy };
+ADAPTCOMM_EXPORT const char* ReplayModeName(ReplayMode mode);
 
 // Values a trainer sets in code; each one set wins over the environment and the profile.
 struct ProfileOverrides {
@@ -69,6 +80,7 @@ struct ProfileOverrides {
   std::optional<BackendChoice> backend;
   std::optional<bool> allow_fallback;
   std::optional<int> max_retry_attempts;
+  std::optional<ReplayMode> replay;          // kProfile is the same as unset
   std::optional<uint64_t> nccl_buffer_size;  // bytes (NCCL_BUFFSIZE)
   std::optional<int> nccl_min_ctas;          // channels (ncclConfig_t.minCTAs / NCCL_MIN_CTAS)
   std::optional<int> nccl_max_ctas;
@@ -104,7 +116,8 @@ struct TimeoutConfig {
 };
 
 struct RetryPolicy {
-  int max_attempts = 3;  // including the first
+  int max_attempts = 3;                   // including the first
+  ReplayMode replay = ReplayMode::kAuto;  // never kProfile here
   // Stream-ordered device ops in flight at once while retries are on (more wait in the queue):
   // each keeps a copy of its input, as do as many completed ones before them, so the records take
   // 2 x in_flight x the largest device op's input of device memory.

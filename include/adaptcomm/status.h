@@ -15,6 +15,13 @@
 //                      on the old world (allgather, reduce_scatter, alltoall, a lost root or
 //                      peer) so it was not re-run. The communicator works on the new membership;
 //                      redo the step. Never retried by the library.
+//   Aborted with the kStepRedoPayload payload (IsStepRedo): returned by Communicator::CommitStep
+//                      when some op of the step failed on some rank. The communicator has
+//                      recovered (aborted, rebuilt, agreed by every rank); the step's results are
+//                      not to be used: redo the step from the trainer's own state.
+//   DataLoss           an op's result may already have been read while it was still incomplete
+//                      (a device op whose Wait let the caller's stream go on, then the device
+//                      failed outside a step): nothing can repair it; the communicator is broken.
 //   Internal           a bug in adaptcomm or its dependencies; report it.
 #ifndef ADAPTCOMM_STATUS_H_
 #define ADAPTCOMM_STATUS_H_
@@ -32,6 +39,11 @@ inline constexpr char kMembershipChangedPrefix[] = "membership changed: ";
 // True for Aborted whose message starts with kMembershipChangedPrefix: the op was not run on the
 // communicator's new membership; the communicator itself is healthy.
 ADAPTCOMM_EXPORT bool IsMembershipChanged(const absl::Status& status);
+
+// The payload type URL that marks a step-redo status.
+inline constexpr char kStepRedoPayload[] = "type.adaptcomm/step-redo";
+// True for the Aborted status CommitStep returns when the step must be redone (see above).
+ADAPTCOMM_EXPORT bool IsStepRedo(const absl::Status& status);
 
 // Process exit code used by adaptcomm's tools and by a trainer that ends because of a
 // communication failure (distinct from crashes, signals and generic errors 1 and 2).

@@ -100,6 +100,22 @@ const char* BackendChoiceName(BackendChoice choice) {
   return "unknown-backend";
 }
 
+const char* ReplayModeName(ReplayMode mode) {
+  switch (mode) {
+    case ReplayMode::kProfile:
+      return "profile";
+    case ReplayMode::kAuto:
+      return "auto";
+    case ReplayMode::kCopy:
+      return "copy";
+  }
+  return "unknown-replay";
+}
+
+bool IsStepRedo(const absl::Status& status) {
+  return absl::IsAborted(status) && status.GetPayload(kStepRedoPayload).has_value();
+}
+
 bool IsMembershipChanged(const absl::Status& status) {
   return absl::IsAborted(status) && absl::StartsWith(status.message(), kMembershipChangedPrefix);
 }

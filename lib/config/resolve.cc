@@ -136,6 +136,9 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
     if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("API ", c.status().message()));
     v.Set("retry.max_attempts", *c, "API");
   }
+  if (o.replay.has_value() && *o.replay != ReplayMode::kProfile) {
+    v.Set("retry.replay", ReplayModeName(*o.replay), "API");
+  }
 
   TimeoutConfig& t = cfg.timeouts;
   t.store_connect = v.Duration("timeouts.store_connect");
@@ -225,6 +228,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
 
   RetryPolicy& r = cfg.retry;
   r.max_attempts = static_cast<int>(v.Int("retry.max_attempts"));
+  r.replay = v.At("retry.replay").text == "copy" ? ReplayMode::kCopy : ReplayMode::kAuto;
   r.in_flight = static_cast<int>(v.Int("retry.in_flight"));
   r.record_bytes = v.Bytes("retry.record_bytes");
   r.initial_backoff = v.Duration("retry.initial_backoff");

@@ -66,6 +66,9 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   exec.abort_bound = config_.timeouts.abort;
   exec.in_flight_with_retries = static_cast<size_t>(config_.retry.in_flight);
   exec.retry_record_bytes = config_.retry.record_bytes;
+  exec.copy_inputs =
+      (options_.replay != ReplayMode::kProfile ? options_.replay : config_.retry.replay) ==
+      ReplayMode::kCopy;
   if (joined.has_value()) {
     exec.initial_generation = joined->generation;
     exec.first_seq = joined->first_seq;
@@ -409,13 +412,57 @@ int Communicator::rank() const { return impl_->executor().membership().rank; }
 int Communicator::size() const { return impl_->executor().membership().world_size; }
 Membership Communicator::membership() const { return impl_->membership(); }
 absl::Status Communicator::AdmitJoiners() { return impl_->AdmitJoiners(); }
+
+namespace {
+// How long a step boundary may wait for the ops before it and a recovery in progress: an op's
+// bound, then the vote's and the rebuild's.
+absl::Duration StepBound(const internal::CommunicatorImpl& impl) {
+  const EffectiveConfig& c = impl.config();
+  return c.timeouts.collective + impl.options().failure_report_window + c.timeouts.init;
+}
+}  // namespace
+
+absl::Status Communicator::BeginStep() { return impl_->executor().BeginStep(StepBound(*impl_)); }
+
+absl::Status Communicator::CommitStep() {
+  internal::OpExecutor& executor = impl_->executor();
+  if (!executor.StepOpen()) {
+    return absl::FailedPreconditionError(absl::StrCat("CommitStep without BeginStep on rank ",
+                                                      rank(), " of communicator '",
+                                                      impl_->options().name, "'"));
+  }
+  // Every rank enters the barrier only with every op of its step done, so a barrier that
+  // completes anywhere proves the step everywhere.
+  Work commit = Barrier();
+  const uint64_t commit_seq = commit.seq();
+  const absl::Status agreed = commit.Wait();
+  absl::StatusOr<internal::OpExecutor::StepOutcome> outcome = executor.EndStep(StepBound(*impl_));
+  if (!outcome.ok()) return outcome.status();
+  if (agreed.ok() && outcome->failure.ok()) return absl::OkStatus();
+  if (outcome->recovered && commit_seq != 0 && outcome->max_position > commit_seq) {
+    // Another rank got past this barrier before the failure (only this rank's end of it broke):
+    // the step is committed there, hence here.
+    ADAPTCOMM_LOG(kWarning, "step ", outcome->step,
+                  " committed (another rank completed its commit ", "barrier #", commit_seq,
+                  " before: ", outcome->failure.message(), ")");
+    return absl::OkStatus();
+  }
+  const absl::Status& failure = outcome->failure.ok() ? agreed : outcome->failure;
+  if (outcome->recovered) {
+    return internal::StepRedoStatus(absl::StrCat(
+        "step ", outcome->step, " of communicator '", impl_->options().name, "' failed on rank ",
+        rank(), " (", failure.message(), "); the communicator recovered at ", "generation ",
+        membership().generation, ": redo the step from the state before it"));
+  }
+  return failure;
+}
 const EffectiveConfig& Communicator::config() const { return impl_->config(); }
 const char* Communicator::backend_name() const { return impl_->executor().backend().name(); }
 const std::string& Communicator::selection_reason() const { return impl_->selection_reason(); }
 Capabilities Communicator::capabilities() const {
   return impl_->executor().backend().capabilities();
 }
-absl::Status Communicator::health() const { return impl_->executor().backend().health(); }
+absl::Status Communicator::health() const { return impl_->executor().health(); }
 void Communicator::Abort(const absl::Status& reason) { impl_->Abort(reason); }
 std::string Communicator::Explain() const {
   // The profile's settings, then what selection made of them (the backend, and whether a tuned

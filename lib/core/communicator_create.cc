@@ -68,6 +68,9 @@ absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o) {
   if (o.fallback == Fallback::kDeny) req.overrides.allow_fallback = false;
   if (o.timeout > absl::ZeroDuration()) req.overrides.collective_timeout = o.timeout;
   if (o.init_timeout > absl::ZeroDuration()) req.overrides.init_timeout = o.init_timeout;
+  // What Explain() prints is what runs: the options that the executor reads go through here.
+  if (o.max_retry_attempts > 0) req.overrides.max_retry_attempts = o.max_retry_attempts;
+  if (o.replay != ReplayMode::kProfile) req.overrides.replay = o.replay;
   absl::StatusOr<EffectiveConfig> cfg = ResolveProfile(req);
   if (!cfg.ok()) return cfg.status();
   o.timeout = cfg->timeouts.collective;

@@ -341,6 +341,7 @@ absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generatio
 }
 
 absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_t position,
+                                                         uint64_t issued_through,
                                                          const std::string& fingerprint,
                                                          int attempt, const absl::Status& cause) {
   ADAPTCOMM_LOG(kWarning, "coordinated retry: rank ", options_.rank, " votes to build generation ",
@@ -362,10 +363,10 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
       (elastic ? std::max(options_.vote_timeout, options_.elastic.loss_window + absl::Seconds(5))
                : options_.vote_timeout);
   const bool wants_degrade = rebuilder_.wants_degrade && rebuilder_.wants_degrade();
-  absl::Status store_error =
-      Publish(*store_, VoteKey(generation, options_.rank),
-              absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", fingerprint), vote_deadline,
-              &cancelled_);
+  absl::Status store_error = Publish(
+      *store_, VoteKey(generation, options_.rank),
+      absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", issued_through, "|", fingerprint),
+      vote_deadline, &cancelled_);
   if (!store_error.ok()) return CutOff(store_error, cause);
   for (size_t i = 0; i < members.size() && store_error.ok(); ++i) {
     if (members[i] != options_.rank) {
@@ -440,6 +441,8 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
     return failed;
   }
   uint64_t restart = position;
+  uint64_t max_position = position;
+  uint64_t max_issued = issued_through;
   bool degrade = false;
   // Ranks at the same position must be in the same op; if not, the collectives are mismatched
   // and no retry can help.
@@ -447,12 +450,17 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
     absl::StatusOr<std::string> v = store_->Get(keys[r], absl::ZeroDuration());
     if (!v.ok()) continue;
-    std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 2));
-    uint64_t p = 0;
-    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &p)) continue;
+    std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 3));
+    uint64_t p = 0, issued = 0;
+    if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &p) ||
+        !absl::SimpleAtoi(parts[2], &issued)) {
+      continue;
+    }
     restart = std::min(restart, p);
+    max_position = std::max(max_position, p);
+    max_issued = std::max(max_issued, issued);
     degrade = degrade || parts[1] == "1";
-    if (!parts[2].empty()) ops_at[p][parts[2]].push_back(r);
+    if (!parts[3].empty()) ops_at[p][parts[3]].push_back(r);
   }
   for (const auto& [seq, ops] : ops_at) {
     if (ops.size() < 2) continue;
@@ -526,6 +534,8 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   if (recorder_ != nullptr) recorder_->SetGeneration(generation, (*backend)->name());
   RecoveryPlan plan;
   plan.restart_seq = restart;
+  plan.max_position = max_position;
+  plan.max_issued = max_issued;
   plan.generation = generation;
   plan.backend = std::move(*backend);
   if (change.has_value()) {

@@ -71,8 +71,9 @@ struct BackendRebuilder {
 };
 
 // Also the RecoveryHandler: the vote of a coordinated retry runs through the same store keys.
-//   vote/<g>/<rank> = "<first op the rank has not completed>|<degrade 0/1>|<op fingerprint>";
-//   restart = the smallest position; degrade = any rank's wish.
+//   vote/<g>/<rank> = "<position>|<degrade 0/1>|<last seq issued>|<op fingerprint>";
+//   restart = the smallest position; degrade = any rank's wish; the largest position and last
+//   seq issued are what a step's recovery needs (RecoveryPlan).
 // Keys are per rank at creation ("id"): a shrink renumbers the ranks but not their keys.
 //   members/<g> = "ok|<id>,<id>,..." or "fail|<why>" (elastic: the set that goes on).
 // Wake-ups are numbered (wake/<rank>/<n>, n from an Add on wakes/<rank>) so none is lost.
@@ -95,7 +96,7 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   void Cancel() { cancelled_.store(true); }
 
   absl::Status OnOpFailure(const OpDesc& op, absl::Status status) override;
-  absl::StatusOr<RecoveryPlan> Recover(int generation, uint64_t position,
+  absl::StatusOr<RecoveryPlan> Recover(int generation, uint64_t position, uint64_t issued_through,
                                        const std::string& fingerprint, int attempt,
                                        const absl::Status& cause) override;
   int max_attempts() const override { return options_.max_attempts; }

@@ -52,7 +52,7 @@ void QuietAbslDeadlockDetection() {
 OpExecutor::OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options)
     : backend_(backend.get()),
       replay_(2 * std::clamp<size_t>(options.in_flight_with_retries, 1, kInFlightWithoutRetries),
-              options.retry_record_bytes),
+              options.retry_record_bytes, options.copy_inputs),
       options_(options) {
   QuietAbslDeadlockDetection();
   ExecutorLock lock(this);
@@ -79,6 +79,13 @@ void OpExecutor::Start() {
 std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc&& desc, int epoch) {
   ExecutorLock lock(this);
   desc.seq = next_seq_;
+  if (step_.open != 0 && !step_.failure.ok()) {
+    // The step is to be redone: the op does not run, and takes no number (every rank's numbers
+    // realign when the step ends).
+    absl::Status failed = StepFailedLocked(desc);
+    desc.seq = 0;
+    return WorkImpl::Failed(std::move(desc), std::move(failed));
+  }
   if (aborted_.ok() && !stopping_ && IsDeviceOp(desc)) {
     if (StreamOrdered* ordered = backend().stream_ordered(); ordered != nullptr) {
       // The op's place in the caller's stream is where the caller issued it, whenever the worker
@@ -103,6 +110,7 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc&& desc, int epoch) {
   auto work = MakeWorkImpl(std::move(desc), now, std::move(helper),
                            inline_launch ? std::optional(now) : std::nullopt);
   work->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
+  work->set_step(step_.open);
   if (inline_launch) {
     LaunchInlineLocked(work);
     return work;
@@ -233,7 +241,7 @@ void OpExecutor::RunHeadLocked() {
   if (!status.ok()) {
     ADAPTCOMM_LOG(kDebug, OpKindName(desc.kind), " #", desc.seq, " failed: ", status.ToString());
     if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status) &&
-        !IsMembershipChanged(status)) {
+        !IsMembershipChanged(status) && !IsStepRedo(status)) {
       {
         // The backend returned: the watchdog has nothing left to bound; the handler bounds itself.
         ExecutorLock lock(this);
@@ -330,6 +338,14 @@ uint64_t OpExecutor::next_seq() const {
 bool OpExecutor::Aborted() const {
   absl::MutexLock lock(&mu_);  // reads only: wakes no one
   return !aborted_.ok();
+}
+
+absl::Status OpExecutor::health() const {
+  {
+    absl::MutexLock lock(&mu_);  // reads only: wakes no one
+    if (!aborted_.ok()) return aborted_;
+  }
+  return backend().health();
 }
 
 int OpExecutor::generation() const {

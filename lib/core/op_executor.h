@@ -71,6 +71,9 @@ struct ExecutorOptions {
   size_t in_flight_with_retries = 8;
   // Device memory those records may hold (profile retry.record_bytes; ReplayLog).
   uint64_t retry_record_bytes = uint64_t{1} << 30;
+  // Copy every op's input for a retry (retry.replay copy), or only take records that need none
+  // (auto; ReplayLog).
+  bool copy_inputs = true;
 };
 
 // Decides what a failed op's Work reports: called on the thread that ran the op, without the
@@ -85,7 +88,12 @@ class FailureHandler {
 // A coordinated retry's agreement: where every rank restarts, and the rebuilt backend.
 struct RecoveryPlan {
   uint64_t restart_seq = 0;  // the smallest position over all ranks
-  int generation = 0;        // of the new backend
+  // The largest position over all ranks, and the largest sequence number any rank had issued when
+  // it voted: a step's recovery tells from them whether some rank got past the step's commit, and
+  // where every rank's sequence goes on from (OpExecutor, "Steps").
+  uint64_t max_position = 0;
+  uint64_t max_issued = 0;
+  int generation = 0;  // of the new backend
   std::unique_ptr<Backend> backend;
   // Set when ranks were lost and the survivors go on without them (elastic shrink): the backend is
   // built for the new world, and ops issued before it are renumbered or failed (TranslateOp).
@@ -104,7 +112,9 @@ class RecoveryHandler {
   // build. Errors name the ranks that did not take part (dead or stalled), or, when ranks are in
   // different ops at the same position (mismatched collectives), those ranks and ops
   // (InvalidArgument: never retried).
+  // `issued_through`: the last sequence number this rank has given an op.
   virtual absl::StatusOr<RecoveryPlan> Recover(int generation, uint64_t position,
+                                               uint64_t issued_through,
                                                const std::string& fingerprint, int attempt,
                                                const absl::Status& cause) = 0;
   // Including the first try; 1 = no retries.
@@ -112,6 +122,9 @@ class RecoveryHandler {
   // Whether `status` is one the policy retries (never InvalidArgument).
   virtual bool Retryable(const absl::Status& status) const = 0;
 };
+
+// Aborted with the step-redo payload (IsStepRedo): a step's op, or the step, to be redone.
+absl::Status StepRedoStatus(std::string message);
 
 class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
  public:
@@ -154,6 +167,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   MembershipSnapshot membership() const;
   // Whether Abort() was called (by the caller or because another rank failed): never retried.
   bool Aborted() const;
+  // OK, or what broke the communicator: an abort or a recovery that failed (every new op fails
+  // fast with it), else the backend's own health.
+  absl::Status health() const;
   // Whether another rank asked for a retry this executor has not joined yet.
   bool RecoveryRequested() const;
   // Starts the worker and watchdog threads. Call once, right after construction.
@@ -183,6 +199,31 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::Status Reconfigure(const std::function<absl::StatusOr<RecoveryPlan>()>& reconfigure);
   // The sequence number the next submitted op gets.
   uint64_t next_seq() const;
+
+  // ---- Steps (Communicator::BeginStep / CommitStep; op_executor_steps.cc) ----
+  // Ops issued while a step is open belong to it: they take no replay record and are never re-run
+  // alone. The first failure of one of them, on any rank, recovers the communicator at once (the
+  // retry vote and rebuild, with every rank's position at the step's first op, so no rank has
+  // anything to re-run) and fails the step's other ops without running them; CommitStep then
+  // tells the trainer to redo the step. A vote's sequence numbers realign every rank at the step's
+  // end (the ranks may have given different numbers of the step's ops a number before they
+  // learnt of the failure).
+  // Opens a step. FailedPrecondition if one is open. Waits up to `bound` for a recovery in
+  // progress to end first (a rank between steps joins the recovery of another's failed step).
+  absl::Status BeginStep(absl::Duration bound);
+  // Whether a step is open.
+  bool StepOpen() const;
+  // What became of the open step, which it closes. Waits up to `bound` for every op issued before
+  // to end, and for a recovery in progress.
+  struct StepOutcome {
+    uint64_t step = 0;       // its number (1, 2, ...)
+    absl::Status failure;    // the first failure of one of its ops here or on another rank
+    bool recovered = false;  // the communicator recovered from it
+    // Some rank had got past op `seq` when the recovery voted: true for the step's commit op, the
+    // step is committed there, hence everywhere (see Communicator::CommitStep).
+    uint64_t max_position = 0;
+  };
+  absl::StatusOr<StepOutcome> EndStep(absl::Duration bound);
   // Fails every queued op with `reason`, aborts the running one. Idempotent.
   void Abort(const absl::Status& reason);
   // Lets queued and in-flight ops finish for half the abort bound, aborts those still pending,
@@ -267,6 +308,24 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // it is the watchdog's.
   absl::Status RunWithRetry(const WorkImpl& work, absl::Time started,
                             std::optional<Launched>* launched);
+  // RunWithRetry for an op of a step: no record, no re-run; a failure recovers the communicator
+  // (RecoverStep) and the op fails with the step's redo status.
+  absl::Status RunInStep(const WorkImpl& work, absl::Time started,
+                         std::optional<Launched>* launched);
+  // The communicator's recovery for a failed step (or, between steps, another rank's): votes
+  // with the step's first op as this rank's position (or its next op between steps), installs the
+  // new backend and notes where sequence numbers go on. Returns the redo status for `op` (null:
+  // between steps), or the recovery's error. Called while busy_, without mu_.
+  absl::Status RecoverStep(const OpDesc* op, const absl::Status& cause);
+  // The status of `op` in the open step that failed. REQUIRES: mu_ held.
+  absl::Status StepFailedLocked(const OpDesc& op) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Polls (every 100 us, mu_ released meanwhile) until `quiet` holds or `deadline`; for the
+  // step boundaries, which wait only on the failure path.
+  absl::Status AwaitQuiet(bool (OpExecutor::*quiet)() const, absl::Time deadline, const char* what);
+  bool NoRecoveryLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool DrainedLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool NoRecovery() const;
+  bool Drained() const;
   // One coordinated retry round from this rank's `position`; re-runs ops [restart, position) from
   // the replay log. Called while busy_, without mu_.
   absl::Status RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
@@ -347,6 +406,17 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   }
   absl::Time running_since_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  struct StepState {
+    uint64_t open = 0;       // the open step's number; 0: none
+    uint64_t begun = 0;      // steps begun so far
+    uint64_t begin_seq = 0;  // the open step's first op
+    absl::Status failure;    // the open step's first failure (here, or another rank's retry)
+    bool recovered = false;  // RecoverStep ran for it
+    uint64_t max_position = 0;
+    uint64_t realign_seq = 0;  // where sequence numbers go on from when it ends; 0: as they are
+  };
+  StepState step_ ABSL_GUARDED_BY(mu_);
+  bool recovering_ ABSL_GUARDED_BY(mu_) = false;  // RecoverStep in progress
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   // Host ops left to their waiter (RunOnWaiter): while callers wait for their ops right after

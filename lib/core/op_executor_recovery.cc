@@ -34,6 +34,7 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
   if (pre_run_check_) {
     if (absl::Status s = pre_run_check_(desc, Fingerprint(desc)); !s.ok()) return s;
   }
+  if (work.step() != 0) return RunInStep(work, started, launched);
   bool replayable = false;
   if (retries_) {
     replay_.BeforeOp(desc, backend().stream_ordered());
@@ -86,12 +87,14 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
 absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
                                      const absl::Status& cause) {
   int next;
+  uint64_t issued;
   {
     ExecutorLock lock(this);
     next = std::max(generation_, requested_generation_ - 1) + 1;
+    issued = next_seq_ - 1;
   }
   absl::StatusOr<RecoveryPlan> plan =
-      recovery_handler_->Recover(next, position, fingerprint, attempt, cause);
+      recovery_handler_->Recover(next, position, issued, fingerprint, attempt, cause);
   if (!plan.ok()) {
     // No agreement (a rank is gone): the communicator is finished; later ops fail fast with the
     // reason, and the pending request is dropped so nobody votes again.
@@ -182,6 +185,10 @@ void OpExecutor::RequestRecovery(int generation) {
     if (!aborted_.ok() || stopping_) return;
     if (generation <= generation_ || generation <= requested_generation_) return;
     requested_generation_ = generation;
+    if (step_.open != 0 && step_.failure.ok()) {
+      step_.failure = absl::AbortedError(
+          absl::StrCat("another rank started coordinated retry generation ", generation));
+    }
     // Ops in flight on the device end (and are retried from the oldest) once the backend aborts.
     if (busy_ || !in_flight_.empty()) to_interrupt = backend_.load();
   }
@@ -200,9 +207,10 @@ bool OpExecutor::RecoveryRequested() const {
 void OpExecutor::RecoverIdleLocked() {
   busy_ = true;
   const uint64_t position = last_completed_seq_ + 1;
+  const bool steps = step_.begun != 0;
   UnlockAndWake();
-  absl::Status status =
-      RecoverFrom(position, "", 1, absl::AbortedError("requested by another rank"));
+  const absl::Status cause = absl::AbortedError("requested by another rank");
+  absl::Status status = steps ? RecoverStep(nullptr, cause) : RecoverFrom(position, "", 1, cause);
   mu_.Lock();
   busy_ = false;
   if (!status.ok()) {
@@ -219,6 +227,33 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
                                      absl::Status cause) {
   const OpDesc& oldest = failed.front()->desc();
   absl::Status status = std::move(cause);
+  if (failed.front()->step() != 0) {
+    // A step's ops are never re-run: the communicator recovers, and they all fail for the step to
+    // be redone (any that a Wait let the caller's stream past included: the redo rewrites them).
+    status = RecoverStep(&oldest, status);
+    ExecutorLock lock(this);
+    const bool redo = IsStepRedo(status);
+    for (const std::shared_ptr<WorkImpl>& work : failed) {
+      CompleteLocked(work,
+                     redo && work != failed.front() ? StepFailedLocked(work->desc()) : status);
+    }
+    return;
+  }
+  // An op whose Wait let the caller's stream go on may have been read (or its buffer reused)
+  // already: re-running it in place could rewrite what the stream consumed. Outside a step that
+  // cannot be repaired.
+  for (const std::shared_ptr<WorkImpl>& work : failed) {
+    if (!work->released()) continue;
+    const OpDesc& d = work->desc();
+    status = absl::DataLossError(absl::StrCat(
+        OpKindName(d.kind), " #", d.seq, " on rank ", backend().rank(),
+        " failed on the device after its Wait let the caller's stream go on (", status.message(),
+        "): the stream may have read an incomplete result, so it is not re-run in place; the "
+        "communicator is broken. Inside BeginStep/CommitStep this is a step to redo instead"));
+    ExecutorLock lock(this);
+    if (aborted_.ok()) aborted_ = status;
+    break;
+  }
   for (int attempt = oldest.seq == device_retry_seq_ ? device_retry_attempt_ : 1;
        retries_ && attempt < recovery_handler_->max_attempts() && !Aborted() &&
        !absl::IsInvalidArgument(status) && !IsMembershipChanged(status) &&
@@ -231,7 +266,16 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
     size_t relaunched = 0;
     for (; relaunched < failed.size() && status.ok(); ++relaunched) {
       const std::shared_ptr<WorkImpl>& work = failed[relaunched];
-      work->MarkRelaunching();
+      if (!work->MarkRelaunching()) {
+        // A Wait released the caller's stream between the check above and here.
+        status = absl::DataLossError(absl::StrCat(
+            OpKindName(work->desc().kind), " #", work->desc().seq,
+            " was released to the caller's stream during a coordinated retry: not re-run in "
+            "place; the communicator is broken"));
+        ExecutorLock lock(this);
+        if (aborted_.ok()) aborted_ = status;
+        break;
+      }
       status = replay_.RestoreInput(work->desc().seq, backend().stream_ordered());
       std::optional<Launched> launched;
       if (status.ok()) status = Execute(*work, WallNow(), &launched);

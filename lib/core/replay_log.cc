@@ -95,6 +95,14 @@ absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> m
     e.memory = std::move(memory);
   }
   e.borrowed = op.stable_input && !InPlace(op.kind);
+  if (!e.borrowed && !copy_inputs_ && op.input.bytes() > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("retry.replay is auto, which copies no input: ",
+                     InPlace(op.kind) ? "an op that overwrites its input"
+                                      : "an out-of-place op without stable_input",
+                     " is re-run neither alone nor from a copy (bracket the trainer's steps with "
+                     "BeginStep/CommitStep to redo a failed step, or set retry.replay: copy)"));
+  }
   if (e.borrowed) {
     e.input_copy = op.input.data;
   } else if (absl::Status s = CopyInput(e, op.input.data, ordered); !s.ok()) {
@@ -156,7 +164,8 @@ void ReplayLog::BeforeOp(const OpDesc& next, StreamOrdered* ordered) {
   if (proves_entry || next.seq < 2) return;
   Entry* e = Find(next.seq - 1);
   if (e == nullptr || !e->borrowed) return;
-  if (!CopyInput(*e, e->input_copy, ordered).ok()) e->replayable = false;
+  // Without copies (retry.replay auto) the record goes: the promise no longer covers it.
+  if (!copy_inputs_ || !CopyInput(*e, e->input_copy, ordered).ok()) e->replayable = false;
 }
 
 bool ReplayLog::Covers(uint64_t from, uint64_t to) const {

@@ -1,5 +1,7 @@
 // ReplayLog: copies of the inputs of the last few operations, so that a coordinated retry can
-// re-run them bit for bit after the backend was rebuilt.
+// re-run them bit for bit after the backend was rebuilt. Used only with retry.replay copy, and for
+// the ops that need no copy (out-of-place with stable_input, barriers) with retry.replay auto:
+// a trainer's steps (OpExecutor, "Steps") need no record at all.
 //
 // Why copies: an in-place op (allreduce, broadcast, reduce) overwrites its input, and the caller
 // may reuse any buffer as soon as its Work completed. Cost while retries are on: one copy of each
@@ -57,8 +59,11 @@ class ReplayLog {
   // so a small depth covers every restart point a vote can produce.
   // `device_record_bytes`: the most device memory the records of device ops may hold together (not
   // counting the re-run scratch, which a recovery's first re-run allocates).
-  explicit ReplayLog(size_t depth = 4, uint64_t device_record_bytes = UINT64_MAX)
-      : entries_(depth), device_record_bytes_(device_record_bytes) {}
+  // `copy_inputs`: retry.replay copy; false (auto) records only ops whose input needs no copy
+  // (out-of-place with stable_input, or none at all) and refuses the others.
+  explicit ReplayLog(size_t depth = 4, uint64_t device_record_bytes = UINT64_MAX,
+                     bool copy_inputs = true)
+      : entries_(depth), device_record_bytes_(device_record_bytes), copy_inputs_(copy_inputs) {}
 
   // Host buffers of host ops' records: a window of one op behind and ahead of this rank's oldest
   // unfinished op, with room to spare.
@@ -111,6 +116,7 @@ class ReplayLog {
                            StreamOrdered* ordered);
   std::vector<Entry> entries_;
   const uint64_t device_record_bytes_;
+  const bool copy_inputs_;
   ReplayBuffer host_records_[kHostRecords];
   uint64_t host_record_seq_[kHostRecords] = {};  // the op whose record each holds (0: none)
   ReplayBuffer scratch_;  // detached re-runs run one at a time: one scratch serves them all

@@ -72,10 +72,15 @@ DeviceCompletion* WorkImpl::MarkLaunched(std::shared_ptr<DeviceCompletion> compl
   return launched;
 }
 
-void WorkImpl::MarkRelaunching() {
+bool WorkImpl::MarkRelaunching() {
   absl::MutexLock lock(&mu_);
+  const uintptr_t launch = first_launch_.exchange(kClosed);
+  if (released_.load()) {
+    if (launch > kClosed) first_launch_.store(launch);  // as it was: its Wait read it
+    return false;
+  }
   SetAsideRelaunchLocked();
-  first_launch_.store(kClosed);
+  return true;
 }
 
 void WorkImpl::SetAsideRelaunchLocked() {
@@ -106,6 +111,11 @@ std::string StillThere(const OpDesc& desc, absl::Duration bound, WorkState state
 absl::Status WorkImpl::Wait(absl::Duration bound) {
   // Stream-ordered device op, queued: the caller's stream waits for it, the caller does not.
   const TensorView& view = desc_.kind == OpKind::kSend ? desc_.input : desc_.output;
+  // A device op's Wait lets the caller's stream at its buffers: from here on it is never re-run in
+  // place (MarkRelaunching). Host ops end before Wait returns: nothing to mark.
+  if (desc_.issued_at != nullptr && !released_.load(std::memory_order_relaxed)) {
+    released_.store(true);
+  }
   if (const uintptr_t launch = first_launch_.load(); launch > kClosed) {
     return reinterpret_cast<DeviceCompletion*>(launch)->MakeStreamWait(view.stream);
   }

@@ -59,6 +59,9 @@ class WorkImpl {
   // before the work is shared.
   int membership_epoch() const { return membership_epoch_; }
   void set_membership_epoch(int epoch) { membership_epoch_ = epoch; }
+  // The step (OpExecutor::BeginStep) the op was issued in; 0: none. Set like the epoch.
+  uint64_t step() const { return step_; }
+  void set_step(uint64_t step) { step_ = step; }
 
   // Pending -> running at `now` (the caller's clock read); the timeout clock starts here. False if
   // already terminal (aborted).
@@ -74,8 +77,12 @@ class WorkImpl {
   // REQUIRES: called by the thread executing the op (OpExecutor's busy_), never concurrently with
   // itself.
   DeviceCompletion* MarkLaunched(std::shared_ptr<DeviceCompletion> completion);
-  // A retry is about to queue the op again: waiters wait for that.
-  void MarkRelaunching();
+  // A retry is about to queue the op again in its own buffers: waiters wait for that. False, and
+  // nothing changes for waiters, once a Wait may have let the caller's stream go on past the op
+  // (its buffers may be read or rewritten by then): such an op is never re-run in place.
+  [[nodiscard]] bool MarkRelaunching();
+  // A Wait may have let the caller's stream go on past the op.
+  bool released() const { return released_.load(); }
 
   absl::Status Wait(absl::Duration bound);
   absl::Status Synchronize(absl::Duration bound);
@@ -105,6 +112,11 @@ class WorkImpl {
   const std::weak_ptr<OpExecutor> executor_;
   const absl::Time enqueue_time_;
   int membership_epoch_ = 0;
+  uint64_t step_ = 0;
+  // Set by the first Wait before it reads first_launch_, read by MarkRelaunching after it closed
+  // first_launch_ (both sequentially consistent): either the Wait sees the op closed and waits for
+  // its relaunch, or the relaunch sees the Wait and does not happen.
+  std::atomic<bool> released_{false};
   mutable absl::Mutex mu_;
   WorkState state_ ABSL_GUARDED_BY(mu_) = WorkState::kPending;
   absl::Status status_ ABSL_GUARDED_BY(mu_);

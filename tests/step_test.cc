@@ -1,0 +1,149 @@
+// Step-level recovery (Communicator::BeginStep / CommitStep): a failure anywhere in a step makes
+// every rank's CommitStep ask for a redo, the communicator keeps working, and the redone step's
+// results are exact; steps take no replay record; misuse is named.
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "adaptcomm/communicator.h"
+#include "adaptcomm/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/harness.h"
+
+namespace adaptcomm {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RankEnv;
+using testing::RankMode;
+
+float Input(int rank, int step, size_t i) {
+  return static_cast<float>((rank + 1) * 1000 + step * 10) + static_cast<float>(i % 7) * 0.25f;
+}
+
+TEST(Steps, FailureInAStepIsRedoneOnEveryRankWithExactResults) {
+  constexpr int kWorld = 2, kSteps = 4, kOps = 3, kFaultStep = 1;
+  constexpr size_t kCount = 4096;
+  std::atomic<int> redo_commits{0};
+  testing::RunRanks(RankMode::kThreads, kWorld, [&](const RankEnv& env) {
+    CommunicatorOptions o = env.options;
+    o.timeout = absl::Seconds(1);
+    o.failure_report_window = absl::Seconds(2);
+    auto comm = Communicator::Create(o);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    EXPECT_EQ((*comm)->config().retry.replay, ReplayMode::kAuto);
+    std::vector<std::vector<float>> bufs(kOps, std::vector<float>(kCount));
+    for (int step = 0; step < kSteps; ++step) {
+      for (int attempt = 0;; ++attempt) {
+        ASSERT_LT(attempt, 3) << "rank " << env.rank << " step " << step;
+        ASSERT_TRUE((*comm)->BeginStep().ok());
+        std::vector<Work> works;
+        for (int k = 0; k < kOps; ++k) {
+          // Rank 1 stalls past the op timeout in the middle of the fault step's first attempt,
+          // after rank 0 issued every op of it (so the ranks gave different numbers of ops a
+          // sequence number before they learnt of the failure).
+          if (env.rank == 1 && step == kFaultStep && attempt == 0 && k == 1) {
+            absl::SleepFor(absl::Milliseconds(2500));
+          }
+          for (size_t i = 0; i < kCount; ++i) bufs[k][i] = Input(env.rank, step * kOps + k, i);
+          works.push_back((*comm)->Allreduce(HostView(bufs[k].data(), kCount)));
+        }
+        int redo_ops = 0;
+        for (Work& w : works) {
+          absl::Status s = w.Wait();
+          if (!s.ok()) {
+            EXPECT_TRUE(IsStepRedo(s)) << "rank " << env.rank << ": " << s;
+            ++redo_ops;
+          }
+        }
+        absl::Status commit = (*comm)->CommitStep();
+        if (step == kFaultStep && attempt == 0) {
+          ASSERT_TRUE(IsStepRedo(commit)) << "rank " << env.rank << ": " << commit;
+          EXPECT_THAT(std::string(commit.message()), HasSubstr("redo the step"));
+          EXPECT_GT(redo_ops, 0) << "rank " << env.rank;
+          redo_commits.fetch_add(1);
+          continue;
+        }
+        ASSERT_TRUE(commit.ok()) << "rank " << env.rank << " step " << step << ": " << commit;
+        EXPECT_EQ(redo_ops, 0);
+        break;
+      }
+      for (int k = 0; k < kOps; ++k) {
+        for (size_t i = 0; i < kCount; ++i) {
+          float want = 0;
+          for (int r = 0; r < kWorld; ++r) want += Input(r, step * kOps + k, i);
+          ASSERT_EQ(bufs[k][i], want) << "rank " << env.rank << " step " << step << " op " << k;
+        }
+      }
+    }
+    EXPECT_TRUE((*comm)->health().ok()) << (*comm)->health();
+    EXPECT_GE((*comm)->membership().generation, 1);
+    // Sequence numbers realigned: an op after the steps still matches across the ranks.
+    float x = 1;
+    ASSERT_TRUE((*comm)->Allreduce(HostView(&x, 1)).Wait().ok());
+    EXPECT_EQ(x, kWorld);
+  });
+  EXPECT_EQ(redo_commits.load(), kWorld);
+}
+
+TEST(Steps, MisuseIsNamedOnTheCallingRank) {
+  testing::RunRanks(RankMode::kThreads, 2, [](const RankEnv& env) {
+    auto comm = Communicator::Create(env.options);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    absl::Status commit = (*comm)->CommitStep();
+    EXPECT_TRUE(absl::IsFailedPrecondition(commit)) << commit;
+    EXPECT_THAT(std::string(commit.message()), HasSubstr("CommitStep without BeginStep"));
+    ASSERT_TRUE((*comm)->BeginStep().ok());
+    absl::Status nested = (*comm)->BeginStep();
+    EXPECT_TRUE(absl::IsFailedPrecondition(nested)) << nested;
+    EXPECT_THAT(std::string(nested.message()), HasSubstr("steps do not nest"));
+    // The open step is unharmed by the refused call.
+    float x = static_cast<float>(env.rank + 1);
+    ASSERT_TRUE((*comm)->Allreduce(HostView(&x, 1)).Wait().ok());
+    EXPECT_EQ(x, 3.0f);
+    EXPECT_TRUE((*comm)->CommitStep().ok());
+    EXPECT_TRUE(absl::IsFailedPrecondition((*comm)->CommitStep()));
+  });
+}
+
+// A step begun on one rank only: that rank's commit barrier has no partner. Both ranks get a
+// named error within the op timeout plus the recovery, never a hang or a silent success.
+TEST(Steps, StepBegunOnOneRankOnlyFailsOnBothWithinBound) {
+  testing::RunRanks(
+      RankMode::kThreads, 2,
+      [](const RankEnv& env) {
+        CommunicatorOptions o = env.options;
+        o.timeout = absl::Seconds(1);
+        o.failure_report_window = absl::Seconds(2);
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        const absl::Time start = absl::Now();
+        float x = 1;
+        if (env.rank == 0) {
+          ASSERT_TRUE((*comm)->BeginStep().ok());
+          EXPECT_TRUE((*comm)->Allreduce(HostView(&x, 1)).Wait().ok());
+          absl::Status commit = (*comm)->CommitStep();
+          EXPECT_FALSE(commit.ok());
+          EXPECT_TRUE(IsStepRedo(commit) || absl::IsFailedPrecondition(commit) ||
+                      absl::IsUnavailable(commit))
+              << commit;
+        } else {
+          EXPECT_TRUE((*comm)->Allreduce(HostView(&x, 1)).Wait().ok());
+          // Rank 1 never commits: rank 0's recovery reaches it idle, and finds it past an op that
+          // it cannot re-run.
+          absl::SleepFor(absl::Seconds(5));
+          absl::Status health = (*comm)->health();
+          EXPECT_FALSE(health.ok());
+          EXPECT_THAT(std::string(health.message()), HasSubstr("cannot re-run")) << health;
+        }
+        EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "rank " << env.rank;
+      },
+      absl::Seconds(60));
+}
+
+}  // namespace
+}  // namespace adaptcomm
