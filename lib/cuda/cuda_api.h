@@ -29,6 +29,23 @@ inline constexpr int kCudaErrorNoDevice = 100;
 inline constexpr int kCudaErrorNotReady = 600;
 // Returned by the CudaApi calls that an implementation does not provide.
 inline constexpr int kCudaErrorNotSupported = 801;
+// Stream capture (CUDA graphs): the errors CUDA returns for what a capture forbids.
+inline constexpr int kCudaErrorStreamCaptureUnsupported = 900;  // not allowed during a capture
+inline constexpr int kCudaErrorStreamCaptureInvalidated = 901;  // the capture was invalidated
+inline constexpr int kCudaErrorStreamCaptureIsolation = 905;    // wait on an event outside capture
+inline constexpr int kCudaErrorStreamCaptureImplicit = 906;     // legacy stream during a capture
+inline constexpr int kCudaErrorCapturedEvent = 907;  // query/sync of an event recorded in capture
+// True for the cudaErrorStreamCapture* / cudaErrorCapturedEvent family (900-908).
+inline bool IsStreamCaptureError(int error) { return error >= 900 && error <= 908; }
+
+// cudaStreamCaptureStatus: whether a stream is capturing a CUDA graph (cudaStreamIsCapturing).
+// An invalidated capture is still a capture (its stream stays in capture mode until it ends).
+enum class CaptureStatus : int { kNone = 0, kActive = 1, kInvalidated = 2 };
+// cudaStreamCaptureMode: which calls of this thread a capture forbids
+// (cudaThreadExchangeStreamCaptureMode). kGlobal (the default) forbids "potentially unsafe" calls
+// (cudaMalloc, cudaEventQuery, ...) while this thread or any thread capturing in kGlobal mode has a
+// capture open; kThreadLocal only while this thread does; kRelaxed never.
+enum class CaptureMode : int { kGlobal = 0, kThreadLocal = 1, kRelaxed = 2 };
 
 enum class MemcpyKind : int { kHostToDevice = 1, kDeviceToHost = 2, kDeviceToDevice = 3 };
 
@@ -103,6 +120,17 @@ class CudaApi {
   virtual int MemsetAsync(void* /*ptr*/, int /*value*/, size_t /*bytes*/, CudaStream /*stream*/) {
     return kCudaErrorNotSupported;
   }
+  // Whether `stream` is capturing a CUDA graph (cudaStreamIsCapturing: a host-side query that
+  // neither waits nor touches the stream's work). kCudaErrorStreamCaptureImplicit for the legacy
+  // stream while a blocking stream captures.
+  virtual int StreamIsCapturing(CudaStream /*stream*/, CaptureStatus* /*status*/) {
+    return kCudaErrorNotSupported;
+  }
+  // Sets this thread's capture mode to *mode and returns the previous one in *mode
+  // (cudaThreadExchangeStreamCaptureMode; use it push-pop, as ScopedCaptureModeThreadLocal does).
+  virtual int ThreadExchangeStreamCaptureMode(CaptureMode* /*mode*/) {
+    return kCudaErrorNotSupported;
+  }
   // Queues the conversion of `count` elements src -> dst on `stream` (lib/cuda/cast_kernels.cu;
   // the current device must be the memory's). Widening multiplies by `scale` in fp32 (scale 1:
   // exact). `counters`: null, or device memory the cast adds its counts to. src and dst must not
@@ -135,6 +163,28 @@ class ScopedCudaDevice {
   CudaApi& api_;
   int previous_ = -1;
   int error_ = kCudaSuccess;
+};
+
+// Puts this thread in CaptureMode::kThreadLocal for the scope and restores its mode after: a
+// library thread that polls events (the watchdog) then does not invalidate a CUDA graph another
+// thread is capturing in kGlobal mode (CUDA forbids an event query from any thread during such a
+// capture, even of an event recorded outside it). What this thread captures itself, if anything,
+// is still protected. Two calls of a thread-local setting: cheap, never blocking.
+class ScopedCaptureModeThreadLocal {
+ public:
+  explicit ScopedCaptureModeThreadLocal(CudaApi& api) : api_(api) {
+    set_ = api_.ThreadExchangeStreamCaptureMode(&previous_) == kCudaSuccess;
+  }
+  ~ScopedCaptureModeThreadLocal() {
+    if (set_) (void)api_.ThreadExchangeStreamCaptureMode(&previous_);
+  }
+  ScopedCaptureModeThreadLocal(const ScopedCaptureModeThreadLocal&) = delete;
+  ScopedCaptureModeThreadLocal& operator=(const ScopedCaptureModeThreadLocal&) = delete;
+
+ private:
+  CudaApi& api_;
+  CaptureMode previous_ = CaptureMode::kThreadLocal;
+  bool set_ = false;
 };
 
 // One pause of a loop that polls a CUDA event (or NCCL's asynchronous state): yields for the first

@@ -14,6 +14,18 @@ static_assert(kCudaErrorNotReady == cudaErrorNotReady);
 static_assert(kCudaErrorNoDevice == cudaErrorNoDevice);
 static_assert(kCudaErrorInsufficientDriver == cudaErrorInsufficientDriver);
 static_assert(kCudaErrorNotSupported == cudaErrorNotSupported);
+static_assert(kCudaErrorStreamCaptureUnsupported == cudaErrorStreamCaptureUnsupported);
+static_assert(kCudaErrorStreamCaptureInvalidated == cudaErrorStreamCaptureInvalidated);
+static_assert(kCudaErrorStreamCaptureIsolation == cudaErrorStreamCaptureIsolation);
+static_assert(kCudaErrorStreamCaptureImplicit == cudaErrorStreamCaptureImplicit);
+static_assert(kCudaErrorCapturedEvent == cudaErrorCapturedEvent);
+static_assert(cudaErrorStreamCaptureUnsupported == 900 && cudaErrorStreamCaptureWrongThread == 908);
+static_assert(static_cast<int>(CaptureStatus::kNone) == cudaStreamCaptureStatusNone);
+static_assert(static_cast<int>(CaptureStatus::kActive) == cudaStreamCaptureStatusActive);
+static_assert(static_cast<int>(CaptureStatus::kInvalidated) == cudaStreamCaptureStatusInvalidated);
+static_assert(static_cast<int>(CaptureMode::kGlobal) == cudaStreamCaptureModeGlobal);
+static_assert(static_cast<int>(CaptureMode::kThreadLocal) == cudaStreamCaptureModeThreadLocal);
+static_assert(static_cast<int>(CaptureMode::kRelaxed) == cudaStreamCaptureModeRelaxed);
 #ifdef ADAPTCOMM_HAVE_CAST_KERNELS
 static_assert(static_cast<int>(CastDirection::kF32ToBF16) == kernels::kCastF32ToBF16);
 static_assert(static_cast<int>(CastDirection::kF32ToF16) == kernels::kCastF32ToF16);
@@ -102,6 +114,18 @@ class CudaRuntime final : public CudaApi {
   }
   int MemsetAsync(void* ptr, int value, size_t bytes, CudaStream stream) override {
     return cudaMemsetAsync(ptr, value, bytes, static_cast<cudaStream_t>(stream));
+  }
+  int StreamIsCapturing(CudaStream stream, CaptureStatus* status) override {
+    cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &s);
+    *status = static_cast<CaptureStatus>(s);
+    return e;
+  }
+  int ThreadExchangeStreamCaptureMode(CaptureMode* mode) override {
+    auto m = static_cast<cudaStreamCaptureMode>(*mode);
+    const cudaError_t e = cudaThreadExchangeStreamCaptureMode(&m);
+    *mode = static_cast<CaptureMode>(m);
+    return e;
   }
   int LaunchCast(CastDirection direction, const void* src, void* dst, size_t count, float scale,
                  CudaStream stream, DeviceCastCounters* counters) override {

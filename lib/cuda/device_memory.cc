@@ -27,7 +27,13 @@ class CudaDeviceMemory final : public DeviceMemory {
     ScopedCudaDevice current(*cuda_, device.index);
     if (absl::Status s = Selected(current, device); !s.ok()) return s;
     void* ptr = nullptr;
-    const int e = cuda_->Malloc(&ptr, bytes);
+    int e = kCudaSuccess;
+    {
+      // A retry record's allocation, on a library thread: in CUDA's default capture mode a
+      // cudaMalloc from any thread invalidates a CUDA graph a trainer's thread is capturing.
+      ScopedCaptureModeThreadLocal relaxed(*cuda_);
+      e = cuda_->Malloc(&ptr, bytes);
+    }
     if (absl::Status s =
             Check(e, absl::StrCat("cudaMalloc of ", bytes, " bytes on cuda:", device.index));
         !s.ok()) {
