@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -53,6 +54,17 @@ struct Deferred {
 
 // How long a forced stream waits for a collective of its queue (peers must launch theirs).
 constexpr absl::Duration kFlushBound = absl::Seconds(30);
+
+// One capture sequence (cudaStreamBeginCapture .. cudaStreamEndCapture): the thread and mode it
+// was begun with, and whether a forbidden call invalidated it.
+struct CaptureSeq {
+  std::thread::id thread;
+  cuda::CaptureMode mode = cuda::CaptureMode::kGlobal;
+  bool invalidated = false;
+};
+
+// This thread's capture mode (cudaThreadExchangeStreamCaptureMode).
+thread_local cuda::CaptureMode thread_capture_mode = cuda::CaptureMode::kGlobal;
 
 // Runs one deferred cast on lib/precision's scalar reference kernels.
 void RunCast(const Deferred& d) {
@@ -304,6 +316,33 @@ struct FakeNcclApi::State {
   bool holding = false;                 // HoldStreams(true): collectives wait on their stream
   int held_starts = 0;                  // collectives that may start while held (StepHeldDevice)
   int collectives_started = 0;          // launches posted to the world
+  // Streams in capture mode (the one it began on and those that joined), and events last
+  // recorded in a capture, each with its capture.
+  std::map<void*, std::shared_ptr<CaptureSeq>> capturing;
+  std::map<void*, std::shared_ptr<CaptureSeq>> captured_events;
+
+  CaptureSeq* CaptureOf(void* stream) {
+    auto it = capturing.find(stream);
+    return it == capturing.end() ? nullptr : it->second.get();
+  }
+  // Whether this thread may make a "potentially unsafe" call now (its capture mode against the
+  // open captures); if not, the captures that forbid it are invalidated.
+  bool UnsafeCallAllowed() {
+    const std::thread::id me = std::this_thread::get_id();
+    bool allowed = true;
+    for (auto& [stream, seq] : capturing) {
+      const bool forbids =
+          thread_capture_mode != cuda::CaptureMode::kRelaxed &&
+          seq->mode != cuda::CaptureMode::kRelaxed &&
+          (seq->thread == me || (seq->mode == cuda::CaptureMode::kGlobal &&
+                                 thread_capture_mode == cuda::CaptureMode::kGlobal));
+      if (forbids) {
+        seq->invalidated = true;
+        allowed = false;
+      }
+    }
+    return allowed;
+  }
 
   void Log(const char* name, void* stream, void* event = nullptr, std::string detail = "") {
     calls.push_back(FakeCall{name, stream, event, std::move(detail)});
@@ -478,6 +517,11 @@ int FakeNcclApi::EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   State& st = *state_;
   st.Log("EventRecord", stream, event);
+  if (auto c = st.capturing.find(stream); c != st.capturing.end()) {
+    st.captured_events[event] = c->second;  // a node of the capture: never completes as such
+    return cuda::kCudaSuccess;
+  }
+  st.captured_events.erase(event);
   auto it = st.stream_last.find(stream);
   std::shared_ptr<FakeOp> last = it == st.stream_last.end() ? nullptr : it->second;
   auto q = st.deferred.find(stream);
@@ -500,10 +544,16 @@ int FakeNcclApi::EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) {
   return cuda::kCudaSuccess;
 }
 int FakeNcclApi::EventQuery(cuda::CudaEvent event) {
+  event_queries_.fetch_add(1);
   if (faults_.event_query_takes > absl::ZeroDuration()) absl::SleepFor(faults_.event_query_takes);
   absl::MutexLock lock(&world_->mu);
   auto it = state_->events.find(event);
   if (it == state_->events.end()) return 400;  // cudaErrorInvalidResourceHandle
+  if (auto c = state_->captured_events.find(event); c != state_->captured_events.end()) {
+    c->second->invalidated = true;
+    return cuda::kCudaErrorCapturedEvent;
+  }
+  if (!state_->UnsafeCallAllowed()) return cuda::kCudaErrorStreamCaptureUnsupported;
   if (it->second != nullptr && !it->second->done() && it->second->on_stream) {
     std::shared_ptr<FakeOp> op = it->second;
     state_->Flush(world_->mu, op->marker_stream, /*blocking=*/false);
@@ -522,12 +572,20 @@ int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, cuda::Mem
   memcpy_calls_.fetch_add(1);
   absl::MutexLock lock(&world_->mu);
   state_->Log("MemcpyAsync", stream);
+  if (state_->CaptureOf(stream) != nullptr) return cuda::kCudaSuccess;  // captured, not run
   state_->deferred[stream].push_back(
       Deferred{Deferred::Kind::kCopy, {}, src, dst, bytes, 1.0f, nullptr, nullptr, nullptr});
   return cuda::kCudaSuccess;
 }
 int FakeNcclApi::Malloc(void** ptr, size_t bytes) {
   malloc_calls_.fetch_add(1);
+  {
+    absl::MutexLock lock(&world_->mu);
+    if (!state_->UnsafeCallAllowed()) {
+      *ptr = nullptr;
+      return cuda::kCudaErrorStreamCaptureUnsupported;
+    }
+  }
   *ptr = std::calloc(1, bytes);
   return *ptr != nullptr ? cuda::kCudaSuccess : 2;
 }
@@ -553,6 +611,7 @@ int FakeNcclApi::FreeHost(void* ptr) {
 int FakeNcclApi::LaunchHostFunc(cuda::CudaStream stream, void (*fn)(void*), void* arg) {
   {
     absl::MutexLock lock(&world_->mu);
+    if (state_->CaptureOf(stream) != nullptr) return cuda::kCudaSuccess;  // captured, not run
     if (!state_->Flush(world_->mu, stream, /*blocking=*/true)) return 999;
   }
   fn(arg);  // the fake's streams have nothing else to wait for
@@ -568,6 +627,20 @@ int FakeNcclApi::StreamWaitEvent(cuda::CudaStream stream, cuda::CudaEvent event)
   st.Log("StreamWaitEvent", stream, event);
   auto it = st.events.find(event);
   if (it == st.events.end()) return 400;
+  CaptureSeq* waiter = st.CaptureOf(stream);
+  if (auto c = st.captured_events.find(event); c != st.captured_events.end()) {
+    if (waiter == nullptr) {
+      st.capturing[stream] = c->second;  // the waiting stream joins the capture
+      return cuda::kCudaSuccess;
+    }
+    if (waiter == c->second.get()) return cuda::kCudaSuccess;
+    waiter->invalidated = c->second->invalidated = true;
+    return 902;  // cudaErrorStreamCaptureMerge
+  }
+  if (waiter != nullptr) {
+    waiter->invalidated = true;
+    return cuda::kCudaErrorStreamCaptureIsolation;
+  }
   std::shared_ptr<FakeOp> op = it->second;
   if (op == nullptr || op->done()) return cuda::kCudaSuccess;
   // The waiting stream's later work needs the event's work: force that stream (casts run now).
@@ -582,6 +655,10 @@ int FakeNcclApi::StreamSynchronize(cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   State& st = *state_;
   st.Log("StreamSynchronize", stream);
+  if (CaptureSeq* c = st.CaptureOf(stream); c != nullptr) {
+    c->invalidated = true;
+    return cuda::kCudaErrorStreamCaptureUnsupported;
+  }
   if (!st.Flush(world_->mu, stream, /*blocking=*/true)) return 999;
   auto it = st.stream_last.find(stream);
   if (it == st.stream_last.end() || it->second == nullptr) return cuda::kCudaSuccess;
@@ -594,6 +671,7 @@ int FakeNcclApi::MemsetAsync(void* ptr, int value, size_t bytes, cuda::CudaStrea
   {
     absl::MutexLock lock(&world_->mu);
     state_->Log("MemsetAsync", stream);
+    if (state_->CaptureOf(stream) != nullptr) return cuda::kCudaSuccess;  // captured, not run
     if (!state_->Flush(world_->mu, stream, /*blocking=*/true)) return 999;
   }
   std::memset(ptr, value, bytes);
@@ -610,6 +688,7 @@ int FakeNcclApi::LaunchCast(cuda::CastDirection direction, const void* src, void
   const bool widen =
       direction == cuda::CastDirection::kBF16ToF32 || direction == cuda::CastDirection::kF16ToF32;
   if (count > 0 && (src == nullptr || (dst == nullptr && !widen))) return 1;  // InvalidValue
+  if (st.CaptureOf(stream) != nullptr) return cuda::kCudaSuccess;             // captured, not run
   st.deferred[stream].push_back(Deferred{Deferred::Kind::kCast, direction, src, dst, count, scale,
                                          counters, nullptr, nullptr});
   return cuda::kCudaSuccess;
@@ -621,6 +700,35 @@ std::vector<FakeCall> FakeNcclApi::calls() const {
 void FakeNcclApi::ClearCalls() {
   absl::MutexLock lock(&world_->mu);
   state_->calls.clear();
+}
+int FakeNcclApi::StreamIsCapturing(cuda::CudaStream stream, cuda::CaptureStatus* status) {
+  absl::MutexLock lock(&world_->mu);
+  const CaptureSeq* c = state_->CaptureOf(stream);
+  *status = c == nullptr     ? cuda::CaptureStatus::kNone
+            : c->invalidated ? cuda::CaptureStatus::kInvalidated
+                             : cuda::CaptureStatus::kActive;
+  return cuda::kCudaSuccess;
+}
+int FakeNcclApi::ThreadExchangeStreamCaptureMode(cuda::CaptureMode* mode) {
+  std::swap(*mode, thread_capture_mode);
+  return cuda::kCudaSuccess;
+}
+void FakeNcclApi::BeginCapture(cuda::CudaStream stream, cuda::CaptureMode mode) {
+  absl::MutexLock lock(&world_->mu);
+  auto seq = std::make_shared<CaptureSeq>();
+  seq->thread = std::this_thread::get_id();
+  seq->mode = mode;
+  state_->capturing[stream] = std::move(seq);
+}
+int FakeNcclApi::EndCapture(cuda::CudaStream stream) {
+  absl::MutexLock lock(&world_->mu);
+  auto it = state_->capturing.find(stream);
+  if (it == state_->capturing.end()) return 903;  // cudaErrorStreamCaptureUnmatched
+  const std::shared_ptr<CaptureSeq> seq = it->second;
+  for (auto s = state_->capturing.begin(); s != state_->capturing.end();) {
+    s = s->second == seq ? state_->capturing.erase(s) : std::next(s);
+  }
+  return seq->invalidated ? cuda::kCudaErrorStreamCaptureInvalidated : cuda::kCudaSuccess;
 }
 
 NcclResult FakeNcclApi::GetVersion(int* version) {
@@ -808,7 +916,7 @@ NcclResult FakeNcclApi::GroupEnd() {
   absl::MutexLock lock(&world_->mu);
   State& st = *state_;
   st.in_group = false;
-  if (st.group_comm != nullptr) {
+  if (st.group_comm != nullptr && st.CaptureOf(st.group_stream) == nullptr) {
     st.Flush(world_->mu, st.group_stream, /*blocking=*/true);
     ++st.collectives_started;
     st.stream_last[st.group_stream] =
@@ -826,6 +934,9 @@ NcclResult Post([[maybe_unused]] absl::Mutex& mu, FakeNcclApi::State& st,
                 Part part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
   st.Log(name, stream, nullptr, absl::StrCat(static_cast<int>(part.dtype)));
   if (c->aborted) return NcclResult::kInvalidUsage;
+  if (!st.in_group && st.CaptureOf(stream) != nullptr) {
+    return NcclResult::kSuccess;  // captured into the graph: launched only when it is replayed
+  }
   if (st.in_group) {
     st.group_comm = c;
     st.group_stream = stream;

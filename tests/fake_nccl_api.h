@@ -20,6 +20,18 @@
 // forced stream (EventQuery, StreamSynchronize, ...) launches them in order. StepHeldDevice()
 // models the device's own progress while held: one more collective runs, as a GPU would finish it
 // whether or not the host asks.
+// CUDA graph capture (stream capture, CUDA C++ Programming Guide), as far as these calls go:
+// BeginCapture(stream) puts a stream in capture mode on the calling thread. Work queued on a
+// capturing stream (copies, casts, memsets, host functions, collectives, event records) is
+// recorded in the capture and never runs. A stream that waits on an event recorded in a capture
+// joins that capture. What CUDA forbids fails as CUDA fails it, and invalidates the capture
+// (EndCapture then returns kCudaErrorStreamCaptureInvalidated): querying an event recorded in a
+// capture (kCudaErrorCapturedEvent), synchronizing a capturing stream, a capturing stream waiting
+// on an event recorded outside its capture (kCudaErrorStreamCaptureIsolation), and the
+// "potentially unsafe" calls EventQuery and Malloc made by a thread whose capture mode
+// (ThreadExchangeStreamCaptureMode, per thread) forbids them while a capture is open
+// (kCudaErrorStreamCaptureUnsupported): in kGlobal mode (the default) any capture in kGlobal mode,
+// in kThreadLocal mode only the thread's own.
 #ifndef ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
 #define ADAPTCOMM_TESTS_FAKE_NCCL_API_H_
 
@@ -99,6 +111,12 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   std::vector<nccl::NcclRedOp> ops_seen() const;
   // Pointers inside [p, p + bytes) are reported as host memory by PointerGetAttributes.
   void MarkHost(const void* p, size_t bytes);
+  // cudaStreamBeginCapture(stream, mode) on the calling thread (see the top of this file).
+  void BeginCapture(cuda::CudaStream stream, cuda::CaptureMode mode = cuda::CaptureMode::kGlobal);
+  // cudaStreamEndCapture: kCudaSuccess, or kCudaErrorStreamCaptureInvalidated when a forbidden
+  // call invalidated the capture. Every stream that joined the capture leaves it.
+  int EndCapture(cuda::CudaStream stream);
+  int event_queries() const { return event_queries_.load(); }  // EventQuery calls, all threads
 
   // CudaApi
   int GetDeviceCount(int* count) override;
@@ -125,6 +143,8 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   int StreamSynchronize(cuda::CudaStream stream) override;
   int StreamGetDevice(cuda::CudaStream stream, int* device) override;
   int MemsetAsync(void* ptr, int value, size_t bytes, cuda::CudaStream stream) override;
+  int StreamIsCapturing(cuda::CudaStream stream, cuda::CaptureStatus* status) override;
+  int ThreadExchangeStreamCaptureMode(cuda::CaptureMode* mode) override;
   int LaunchCast(cuda::CastDirection direction, const void* src, void* dst, size_t count,
                  float scale, cuda::CudaStream stream, cuda::DeviceCastCounters* counters) override;
 
@@ -181,6 +201,7 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   std::atomic<int> malloc_calls_{0};
   std::atomic<int> cast_calls_{0};
   std::atomic<int> pointer_queries_{0};
+  std::atomic<int> event_queries_{0};
 };
 
 }  // namespace adaptcomm::testing
