@@ -365,6 +365,14 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
     CudaStream stream = op.kind == OpKind::kBarrier ? stream_
                         : UsesOutput(op.kind)       ? op.output.stream
                                                     : op.input.stream;
+    if (op.kind != OpKind::kBarrier) {
+      // Run waits for the op through an event on `stream`, which a capture forbids (MarkIssue).
+      if (absl::Status s = RefuseIfCapturing(
+              *cuda_, stream, UsesOutput(op.kind) ? "output" : "input", [&] { return What(op); });
+          !s.ok()) {
+        return s;
+      }
+    }
     const NcclResult r = Enqueue(op, stream);
     if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
       // Refused before anything was queued: the communicator is still usable.
@@ -396,6 +404,15 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
         " view's stream is not usable (cudaStreamGetDevice: ", cuda_->ErrorString(g), ")"));
   }
   if (g == kCudaSuccess) last_checked_stream_.store(view.stream, std::memory_order_relaxed);
+  // Before anything touches the caller's stream: an event recorded there during a capture would
+  // pull the communicator's stream into the caller's graph, and the watchdog's query of the op's
+  // end would fail and break the communicator (docs/gpu.md, "CUDA graphs").
+  if (absl::Status s =
+          RefuseIfCapturing(*cuda_, view.stream, which,
+                            [&] { return absl::StrCat(What(op), " (its seq is not taken)"); });
+      !s.ok()) {
+    return s;
+  }
   CudaEvent issued = nullptr, done = nullptr;
   if (absl::Status s = events_.TakeTwo(&issued, &done); !s.ok()) return s;
   if (int e = cuda_->EventRecord(issued, view.stream); e != kCudaSuccess) {

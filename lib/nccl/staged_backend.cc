@@ -12,6 +12,7 @@
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
+#include "lib/nccl/stream_order.h"
 
 namespace adaptcomm::nccl {
 namespace {
@@ -166,13 +167,33 @@ absl::Status StagedBackend::CheckDeviceView(const OpDesc& op, const TensorView& 
 
 absl::Status StagedBackend::Supports(const OpDesc& op) const {
   OpDesc host = op;
-  if (UsesInput(op.kind) && op.input.device.is_cuda()) {
+  const bool in_dev = UsesInput(op.kind) && op.input.device.is_cuda();
+  const bool out_dev = UsesOutput(op.kind) && op.output.device.is_cuda();
+  if (in_dev) {
     if (absl::Status s = CheckDeviceView(op, op.input, "input"); !s.ok()) return s;
     host.input.device = Device::Cpu();
   }
-  if (UsesOutput(op.kind) && op.output.device.is_cuda()) {
+  if (out_dev) {
     if (absl::Status s = CheckDeviceView(op, op.output, "output"); !s.ok()) return s;
     host.output.device = Device::Cpu();
+  }
+  // CUDA graphs: the staging copies and the host's wait for them (an event query) cannot be
+  // captured. Asked here, on the issuing thread (the communicator calls Supports before it queues
+  // the op): the refusal is then the op's alone, before anything touched the stream.
+  auto what = [&] {
+    return absl::StrCat(name_, " ", OpKindName(op.kind),
+                        op.seq != 0 ? absl::StrCat(" seq ", op.seq) : std::string(), " (rank ",
+                        inner_->rank(), ")");
+  };
+  if (in_dev) {
+    if (absl::Status s = RefuseIfCapturing(*cuda_, op.input.stream, "input", what); !s.ok()) {
+      return s;
+    }
+  }
+  if (out_dev && (!in_dev || op.output.stream != op.input.stream)) {
+    if (absl::Status s = RefuseIfCapturing(*cuda_, op.output.stream, "output", what); !s.ok()) {
+      return s;
+    }
   }
   return inner_->Supports(host);
 }

@@ -75,6 +75,25 @@ std::string LaunchedOp::Name() const {
                       ")");
 }
 
+absl::Status RefuseIfCapturing(cuda::CudaApi& api, cuda::CudaStream stream, const char* which,
+                               absl::FunctionRef<std::string()> what) {
+  cuda::CaptureStatus capture = cuda::CaptureStatus::kNone;
+  const int e = api.StreamIsCapturing(stream, &capture);
+  if (e == kCudaSuccess && capture == cuda::CaptureStatus::kNone) return absl::OkStatus();
+  if (e != kCudaSuccess && !cuda::IsStreamCaptureError(e)) return absl::OkStatus();
+  const std::string state =
+      e != kCudaSuccess ? api.ErrorString(e)
+                        : (capture == cuda::CaptureStatus::kActive ? "active" : "invalidated");
+  return absl::FailedPreconditionError(absl::StrCat(
+      what(), " refused: the ", which, " view's stream ",
+      stream == nullptr ? std::string("(legacy default stream)")
+                        : absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(stream))),
+      " is capturing a CUDA graph (cudaStreamIsCapturing: ", state,
+      "). CUDA graph capture of adaptcomm ops is not supported: issue the op outside the capture "
+      "(before cudaStreamBeginCapture or after cudaStreamEndCapture). Nothing was queued on the "
+      "stream and the communicator is unaffected"));
+}
+
 absl::Status CommHealth::Check(const LaunchedOp& op) {
   absl::ReaderMutexLock lock(&mu_);
   if (!live_) return retired_;
@@ -98,7 +117,14 @@ NcclOpEvents::~NcclOpEvents() { shared_->pool.Give(issued_, done_); }
 absl::StatusOr<bool> NcclOpEvents::Poll() {
   // The event first: ncclCommAbort also ends the kernels, so a done event counts only while the
   // communicator was not retired (an op it ended must fail, not pass as done).
-  const int q = shared_->pool.api().EventQuery(done_);
+  // The watchdog polls while a trainer's thread may be capturing a CUDA graph: in CUDA's default
+  // (global) capture mode an event query from any thread invalidates that capture and fails. This
+  // thread captures nothing, so it asks in thread-local mode.
+  int q = kCudaSuccess;
+  {
+    cuda::ScopedCaptureModeThreadLocal relaxed(shared_->pool.api());
+    q = shared_->pool.api().EventQuery(done_);
+  }
   if (absl::Status s = shared_->health.Check(op_); !s.ok()) return s;
   if (q == kCudaSuccess) return true;
   if (q == kCudaErrorNotReady) return false;
@@ -108,6 +134,15 @@ absl::StatusOr<bool> NcclOpEvents::Poll() {
 
 absl::Status NcclOpEvents::MakeStreamWait(void* stream) {
   if (int e = shared_->pool.api().StreamWaitEvent(stream, done_); e != kCudaSuccess) {
+    if (cuda::IsStreamCaptureError(e)) {
+      // Waited for inside a capture: the graph would wait on an event of this one run (CUDA
+      // refuses a capturing stream's wait on an event recorded outside the capture).
+      return absl::FailedPreconditionError(absl::StrCat(
+          op_.Name(), ": Wait() on a stream that is capturing a CUDA graph (cudaStreamWaitEvent: ",
+          shared_->pool.api().ErrorString(e),
+          "); CUDA graph capture of adaptcomm ops is not supported: wait for the op before "
+          "cudaStreamBeginCapture or after cudaStreamEndCapture"));
+    }
     return absl::UnavailableError(
         absl::StrCat(op_.Name(), ": cudaStreamWaitEvent: ", shared_->pool.api().ErrorString(e)));
   }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -65,6 +66,15 @@ struct LaunchedOp {
   // "nccl allreduce seq 12 (rank 1, cuda:1)"
   std::string Name() const;
 };
+
+// CUDA graphs: adaptcomm's device ops cannot be captured (docs/gpu.md, "CUDA graphs"). OK when
+// `stream` is not capturing, else FailedPrecondition: "<what()> refused: the <which> view's stream
+// 0x.. is capturing a CUDA graph ...", saying to issue the op outside the capture. One
+// cudaStreamIsCapturing (a host-side query); what() is called only for a refusal. A CudaApi that
+// cannot tell (kCudaErrorNotSupported) or another error of the query passes: the op's first real
+// call on the stream reports a bad stream as it always did.
+absl::Status RefuseIfCapturing(cuda::CudaApi& api, cuda::CudaStream stream, const char* which,
+                               absl::FunctionRef<std::string()> what);
 
 // Whether a communicator may still be asked about its asynchronous errors: a completion must not
 // touch it once ncclCommAbort or ncclCommDestroy may run. Shared by the backend and its
