@@ -174,6 +174,7 @@ TEST(GraphCapture, WatchdogPollingDoesNotInvalidateAnotherThreadsCapture) {
 TEST(GraphCapture, WaitInsideACaptureIsRefusedNamingTheOp) {
   RunCaptureRanks([](const testing::RankEnv& env, Rank& rank) {
     FakeNcclApi& fake = *rank.fake;
+    fake.HoldStreams(true);  // still in flight at Wait() (a finished op's Wait queues nothing)
     std::vector<float> buf(kCount);
     Work work = IssueAllreduce(*rank.comm, buf, env.rank, 0, rank.graph);
     fake.BeginCapture(rank.graph);
@@ -182,6 +183,7 @@ TEST(GraphCapture, WaitInsideACaptureIsRefusedNamingTheOp) {
     EXPECT_THAT(s.message(), HasSubstr("nccl allreduce seq 1"));
     EXPECT_THAT(s.message(), HasSubstr("capturing a CUDA graph"));
     EXPECT_EQ(fake.EndCapture(rank.graph), cuda::kCudaErrorStreamCaptureInvalidated);
+    fake.HoldStreams(false);
     ASSERT_TRUE(work.Synchronize(absl::Seconds(10)).ok());
     ExpectSum(buf, env.rank, 0);
     EXPECT_TRUE(rank.comm->health().ok()) << rank.comm->health();
