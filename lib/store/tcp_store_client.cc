@@ -3,7 +3,13 @@
 // Requests run on pooled connections: a thread that finds none idle opens another, so that one
 // thread blocked in GET/WAIT never stalls the Set another thread makes through the same client.
 // A connection that failed mid-request is dropped (its framing state is unknown); the next
-// request reconnects once, without the start-up retry loop, so a dead server fails fast.
+// request opens another. A refused connect (nobody listening) fails that request at once, so a
+// dead server fails fast. A connection the server accepted but then closed or refused during the
+// handshake is retried, with exponential backoff and jitter, until the connect deadline
+// (min(connect_timeout, io_timeout)): the server bounds the handshakes it holds at once against
+// floods and asks the surplus to come back (tcp_store_server.cc), which happens to the job's own
+// ranks when hundreds of them connect together. The jitter spreads ranks that were refused
+// together, so that they do not all come back together.
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -15,6 +21,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -31,8 +38,23 @@ namespace wire = store_wire;
 
 // Idle connections kept for reuse; more concurrent requests than this open and close their own.
 constexpr size_t kMaxIdleConnections = 8;
-// Handshakes tried per reconnect when the connection itself was made.
-constexpr int kHandshakeAttempts = 3;
+// Backoff between tries to connect: doubles from the first to the cap; each sleep is drawn
+// between half the backoff and all of it.
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(10);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+
+// A sleep for `backoff` with jitter: uniform in [backoff/2, backoff].
+absl::Duration Jittered(absl::Duration backoff) {
+  thread_local std::minstd_rand rng(std::random_device{}());
+  std::uniform_real_distribution<double> unit(0.5, 1.0);
+  return backoff * unit(rng);
+}
+
+// Sleeps for the jittered `*backoff` (not past `deadline`) and doubles it up to kMaxBackoff.
+void BackOff(absl::Duration* backoff, absl::Time deadline) {
+  absl::SleepFor(std::min(Jittered(*backoff), deadline - absl::Now()));
+  *backoff = std::min(*backoff * 2, kMaxBackoff);
+}
 
 // Connects one socket to host:port before `deadline`; on failure returns -1 and sets *error.
 int ConnectOnce(const std::string& host, int port, absl::Time deadline, std::string* error) {
@@ -99,7 +121,7 @@ class TcpStoreClient final : public Store {
   // The first connection: retries until connect_timeout, so that ranks may start before rank 0.
   absl::Status Connect() {
     absl::Time deadline = absl::Now() + options_.connect_timeout;
-    absl::Duration backoff = absl::Milliseconds(10);
+    absl::Duration backoff = kFirstBackoff;
     int attempts = 0;
     std::string last_error = "no attempt made";
     while (true) {
@@ -112,10 +134,8 @@ class TcpStoreClient final : public Store {
       if (absl::IsPermissionDenied(fd.status()) || absl::IsFailedPrecondition(fd.status())) {
         return fd.status();
       }
-      absl::Time now = absl::Now();
-      if (now >= deadline) break;
-      absl::SleepFor(std::min(backoff, deadline - now));
-      backoff = std::min(backoff * 2, absl::Seconds(1));
+      if (absl::Now() >= deadline) break;
+      BackOff(&backoff, deadline);
     }
     return absl::UnavailableError(absl::StrCat("cannot reach the TCP store at ", addr_, " within ",
                                                absl::FormatDuration(options_.connect_timeout), " (",
@@ -221,18 +241,28 @@ class TcpStoreClient final : public Store {
       }
     }
     std::string error;
-    absl::Time deadline = absl::Now() + std::min(options_.connect_timeout, options_.io_timeout);
-    absl::StatusOr<int> fd;
-    // A server under a connection flood may drop a connection still in its handshake to make room
-    // (tcp_store_server.cc): that is worth another try, a refused connect is not.
-    for (int attempt = 0; attempt < kHandshakeAttempts; ++attempt) {
+    const absl::Duration bound = std::min(options_.connect_timeout, options_.io_timeout);
+    const absl::Time deadline = absl::Now() + bound;
+    absl::Duration backoff = kFirstBackoff;
+    int attempts = 0;
+    while (true) {
+      ++attempts;
       bool reached = false;
-      fd = Dial(deadline, &error, &reached);
-      if (fd.ok() || absl::IsPermissionDenied(fd.status()) || !reached) break;
+      absl::StatusOr<int> fd = Dial(deadline, &error, &reached);
+      if (fd.ok() || absl::IsPermissionDenied(fd.status())) return fd;
+      // Nobody listening (a refused connect) fails at once; so does an answer that another try
+      // would not change (a protocol version the server does not speak).
+      if (!reached || !absl::IsUnavailable(fd.status())) {
+        return absl::UnavailableError(
+            absl::StrCat("lost the TCP store at ", addr_, " and cannot reconnect: ", error));
+      }
+      // The server closed or refused the handshake (too many at once): try again.
+      if (absl::Now() >= deadline) break;
+      BackOff(&backoff, deadline);
     }
-    if (fd.ok() || absl::IsPermissionDenied(fd.status())) return fd;
-    return absl::UnavailableError(
-        absl::StrCat("lost the TCP store at ", addr_, " and cannot reconnect: ", error));
+    return absl::UnavailableError(absl::StrCat(
+        "lost the TCP store at ", addr_, " and cannot reconnect: ", attempts, " handshakes in ",
+        absl::FormatDuration(bound), " closed or refused, the last: ", error));
   }
 
   void Release(int fd) {
