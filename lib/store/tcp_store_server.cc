@@ -9,16 +9,34 @@
 // leaves running threads, not finished ones that no one joined.
 //
 // A peer proves it belongs to the job (HELLO with the token) before the server reads more than
-// kMaxHandshakeBytes from it. Connections still in their handshake are few (kMaxPendingHandshakes)
-// and short-lived: when a new one arrives and the table of pending ones is full, the oldest is
-// dropped, so a flood of idle or slow connections can neither exhaust the server nor lock the
-// job's own ranks out. Frame bodies of authenticated clients share a memory budget.
+// kMaxHandshakeBytes from it. Connections still in their handshake are few
+// (kMaxPendingHandshakes) and short-lived (kMaxHandshakeTime). When one more arrives and the table
+// of pending ones is full:
+//   - the oldest pending one that is suspicious is dropped: pending for kEvictableAge (1 s) or
+//     more AND with nothing unread in its socket. A real client sends its HELLO microseconds after
+//     connecting, so one that has sent nothing for a second is idle or slow on purpose; one whose
+//     HELLO sits unread is waiting for this server (its thread not yet scheduled), not the other
+//     way round, and is kept whatever its age;
+//   - if none is suspicious, the newcomer is refused instead: it gets an Unavailable "busy" frame
+//     and is closed. The job's own client treats that (and any handshake the server closes) as
+//     "try again" and retries with exponential backoff and jitter until its connect deadline
+//     (tcp_store_client.cc), so a refusal costs a rank milliseconds, never the job.
+// Why this and not the old "always drop the oldest pending one": when a big job's ranks connect
+// at once (128 ranks started together), the accept loop outran the threads that read the HELLOs,
+// and it dropped the job's own ranks whose HELLOs were waiting unread; they gave up after three
+// quick tries. Why not a bound that grows with the job's size: the server is not told the world
+// size (TcpStoreOptions has no such field and its callers are outside this layer), and a bound
+// that is merely larger only moves the cliff; refusing young newcomers is safe at any job size.
+// A flood still gets little: at most kMaxPendingHandshakes threads, each for at most a second
+// once newcomers need its slot, and newcomers that find no suspicious slot cost one accept and
+// one close. Frame bodies of authenticated clients share a memory budget.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -52,6 +70,8 @@ constexpr size_t kMaxConnections = 4096;
 // A client sends HELLO right after connecting (microseconds); one that does not is not a client.
 constexpr absl::Duration kMaxHandshakeTime = absl::Seconds(5);
 constexpr size_t kMaxPendingHandshakes = 64;
+// A pending handshake younger than this is never dropped to make room (see the top comment).
+constexpr absl::Duration kEvictableAge = absl::Seconds(1);
 // Frame bodies being received at once, over all connections, in units of max_frame_bytes.
 constexpr size_t kFrameBudgetFrames = 4;
 // Lines about refused peers: a scan or flood must not flood the log.
@@ -133,8 +153,11 @@ class TcpStoreServerImpl final : public TcpStoreServer {
  private:
   struct Conn {
     int fd = -1;  // closed (and set to -1) under conns_mu_ by the serving thread
+    absl::Time accepted;
     bool done = false;
     bool authenticated = false;  // set under conns_mu_ once its HELLO was accepted
+    bool evicted = false;        // set under conns_mu_ when dropped from the pending table
+    bool pending() const { return !done && !authenticated && !evicted && fd >= 0; }
   };
 
   // The server's threads that have not ended. Shared with them, so that a thread that has left
@@ -226,7 +249,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
         ::close(fd);
         return;
       }
-      EvictOldestPendingLocked();
+      if (!MakeRoomForHandshakeLocked(fd)) continue;
       if (conns_.size() >= kMaxConnections) {
         ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: refusing connection from ",
                                 PeerName(fd), ": ", kMaxConnections, " connections already open");
@@ -237,6 +260,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       auto conn = std::make_unique<Conn>();
       conn->fd = fd;
+      conn->accepted = absl::Now();
       Conn* raw = conn.get();
       // Listed before its thread starts: the thread marks it done under conns_mu_, held here.
       conns_.push_back(std::move(conn));
@@ -249,24 +273,52 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     }
   }
 
-  // Makes room for one more pending handshake by cutting the oldest one short (its thread then
-  // sees the connection fail and closes it). Connections are kept in accept order.
-  void EvictOldestPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_) {
+  // Makes room in the table of pending handshakes for the connection just accepted on `fd`:
+  // drops the oldest suspicious pending one if the table is full (see the top comment). False if
+  // there is none to drop: then `fd` has been refused (told the server is busy) and closed.
+  bool MakeRoomForHandshakeLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(conns_mu_) {
     size_t pending = 0;
-    Conn* oldest = nullptr;
+    Conn* victim = nullptr;  // connections are kept in accept order: the first is the oldest
+    const absl::Time now = absl::Now();
     for (auto& c : conns_) {
-      if (c->done || c->authenticated || c->fd < 0) continue;
-      if (oldest == nullptr) oldest = c.get();
+      if (!c->pending()) continue;
       ++pending;
+      if (victim == nullptr && now - c->accepted >= kEvictableAge && UnreadBytes(c->fd) == 0) {
+        victim = c.get();
+      }
     }
-    if (pending < kMaxPendingHandshakes || oldest == nullptr) return;
-    ::shutdown(oldest->fd, SHUT_RDWR);
-    oldest->authenticated = true;  // no longer counted as pending; its thread is ending
-    ++evicted_;
-    ADAPTCOMM_LOG_THROTTLED(refusals_, kWarning, "TCP store: dropped a connection from ",
-                            PeerName(oldest->fd), " that had not completed its handshake (",
-                            kMaxPendingHandshakes, " pending; ", evicted_,
-                            " dropped so far): a scan or flood, or a client that is not adaptcomm");
+    if (pending < kMaxPendingHandshakes) return true;
+    if (victim != nullptr) {
+      ::shutdown(victim->fd, SHUT_RDWR);  // its thread sees the connection fail and closes it
+      victim->evicted = true;
+      ++evicted_;
+      ADAPTCOMM_LOG_THROTTLED(
+          refusals_, kWarning, "TCP store: dropped a connection from ", PeerName(victim->fd),
+          " that sent nothing for ", absl::FormatDuration(now - victim->accepted), " (",
+          kMaxPendingHandshakes, " handshakes pending; ", evicted_,
+          " dropped so far): a scan or flood, or a client that is not adaptcomm");
+      return true;
+    }
+    ++busy_refusals_;
+    ADAPTCOMM_LOG_THROTTLED(busy_, kInfo, "TCP store: ", kMaxPendingHandshakes,
+                            " handshakes pending, none idle for ",
+                            absl::FormatDuration(kEvictableAge), ": asked ", PeerName(fd),
+                            " to retry (", busy_refusals_, " asked so far)");
+    const std::string busy = ErrorResponse(absl::UnavailableError(absl::StrCat(
+        "the TCP store server is busy (", kMaxPendingHandshakes, " handshakes pending); retry")));
+    (void)!::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    // Reads what the peer already sent (its HELLO), so that the close ends with a FIN after the
+    // busy frame rather than a reset that could discard it.
+    char sink[wire::kMaxHandshakeBytes];
+    (void)!::recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    ::close(fd);
+    return false;
+  }
+
+  // Bytes received on `fd` that no one has read yet; 0 if unknown.
+  static int UnreadBytes(int fd) {
+    int n = 0;
+    return ::ioctl(fd, FIONREAD, &n) == 0 ? n : 0;
   }
 
   // Forgets the connections whose threads are done with them.
@@ -282,9 +334,16 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     const std::string what = "the client";
     bool authenticated = Handshake(fd, peer, what);
     if (authenticated) {
+      // Leaves the pending table before the client hears OK, so that it is never dropped after
+      // its handshake succeeded; one dropped just before this point gets no OK and retries.
       absl::MutexLock lock(&conns_mu_);
-      conn->authenticated = true;
+      authenticated = !conn->evicted;
+      conn->authenticated = authenticated;
     }
+    const absl::Duration handshake_limit = std::min(options_.io_timeout, kMaxHandshakeTime);
+    authenticated =
+        authenticated &&
+        wire::SendAll(fd, wire::FrameWriter(0).Finish(), absl::Now() + handshake_limit, what).ok();
     while (authenticated) {
       absl::StatusOr<std::string> frame = ReceiveWithinBudget(fd, what);
       if (!frame.ok()) {
@@ -343,6 +402,8 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     frame_bytes_in_flight_ -= n;
   }
 
+  // Reads and checks the HELLO; true if it is valid (the caller then answers OK). A refused one
+  // gets its error response here.
   bool Handshake(int fd, const std::string& peer, const std::string& what) {
     absl::Duration limit = std::min(options_.io_timeout, kMaxHandshakeTime);
     auto frame = wire::RecvFrame(fd, wire::kMaxHandshakeBytes, absl::Now() + limit, limit, what);
@@ -384,7 +445,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
                           absl::Now() + limit, what);
       return false;
     }
-    return wire::SendAll(fd, wire::FrameWriter(0).Finish(), absl::Now() + limit, what).ok();
+    return true;  // the caller answers OK once the connection has left the pending table
   }
 
   // The response frame for one request; empty when none is to be sent.
@@ -505,7 +566,9 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(conns_mu_);
   bool closing_ ABSL_GUARDED_BY(conns_mu_) = false;
   int64_t evicted_ ABSL_GUARDED_BY(conns_mu_) = 0;
+  int64_t busy_refusals_ ABSL_GUARDED_BY(conns_mu_) = 0;
   log::LogThrottle refusals_{kRefusalLogInterval};
+  log::LogThrottle busy_{kRefusalLogInterval};
 
   absl::Mutex budget_mu_;
   size_t frame_bytes_in_flight_ ABSL_GUARDED_BY(budget_mu_) = 0;
