@@ -238,19 +238,33 @@ int RunDistributed(const Flags& f) {
   const size_t shard = f.samples / world;
   std::vector<float> grad;
   double comm_seconds = 0, comm_bytes = 0;
+  int redone = 0;
   for (int step = 1; step <= f.steps; ++step) {
+    // A step is committed on every rank or redone on every rank: the optimizer update comes only
+    // after CommitStep, so a redo starts again from the same model (no copy of any gradient).
+    absl::Status s = comm.BeginStep();
     float loss =
         static_cast<float>(model.LossAndGradient(data, rank * shard, (rank + 1) * shard, grad));
     auto t0 = std::chrono::steady_clock::now();
-    absl::Status s =
-        comm.Allreduce(adaptcomm::HostView(grad.data(), grad.size()), {adaptcomm::ReduceOp::kAvg})
-            .Wait();
+    if (s.ok()) {
+      s = comm.Allreduce(adaptcomm::HostView(grad.data(), grad.size()), {adaptcomm::ReduceOp::kAvg})
+              .Wait();
+    }
     comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     comm_bytes += grad.size() * sizeof(float);
     if (s.ok())
       s = comm.Allreduce(adaptcomm::HostView(&loss, 1), {adaptcomm::ReduceOp::kAvg}).Wait();
-    if (!s.ok()) {
-      std::fprintf(stderr, "step %d: allreduce failed: %s\n", step, s.ToString().c_str());
+    // A failed op of the step is reported again by CommitStep, which says whether to redo.
+    const absl::Status commit = comm.CommitStep();
+    if (adaptcomm::IsStepRedo(commit)) {
+      std::fprintf(stderr, "step %d: redone (%s)\n", step, commit.ToString().c_str());
+      ++redone;
+      --step;
+      continue;
+    }
+    if (!commit.ok() || !s.ok()) {
+      std::fprintf(stderr, "step %d failed: %s\n", step,
+                   (commit.ok() ? s : commit).ToString().c_str());
       return adaptcomm::kExitCommunicationFailure;
     }
     model.Step(grad, f.learning_rate);
@@ -259,7 +273,10 @@ int RunDistributed(const Flags& f) {
                   loss, 1e3 * comm_seconds / step, comm_bytes / comm_seconds / 1e6);
     }
   }
-  if (rank == 0) WriteWeights(f.out, model.params());
+  if (rank == 0) {
+    if (redone > 0) std::printf("%d step(s) redone\n", redone);
+    WriteWeights(f.out, model.params());
+  }
   return 0;
 }
 

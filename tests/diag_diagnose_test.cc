@@ -366,15 +366,15 @@ TEST(BusbwThresholdTest, FlagProfileTierAndDefault) {
 
   BusbwThreshold small = ResolveBusbwThreshold(std::nullopt, req);
   EXPECT_DOUBLE_EQ(small.gbps, 0.1);
-  EXPECT_EQ(small.source, "profile tier small (profiles.yaml:63)");
+  EXPECT_EQ(small.source, "profile tier small (profiles.yaml:64)");
   req.model_size = "70B";
   BusbwThreshold medium = ResolveBusbwThreshold(std::nullopt, req);
   EXPECT_DOUBLE_EQ(medium.gbps, 0.5);
-  EXPECT_EQ(medium.source, "profile tier medium (profiles.yaml:72)");
+  EXPECT_EQ(medium.source, "profile tier medium (profiles.yaml:73)");
   req.model_size = "235B";
   BusbwThreshold large = ResolveBusbwThreshold(std::nullopt, req);
   EXPECT_DOUBLE_EQ(large.gbps, 1.0);
-  EXPECT_EQ(large.source, "profile tier large (profiles.yaml:84)");
+  EXPECT_EQ(large.source, "profile tier large (profiles.yaml:85)");
 
   // A profile without the key: the built-in default, named as such.
   const std::string dir = ::testing::TempDir();
@@ -417,7 +417,7 @@ TEST(RankChecksTest, BusbwRowNamesItsThresholdSource) {
           o.large_bytes = 256 << 10;
           o.large_iters = 2;
           o.min_busbw_gbps = threshold;
-          o.min_busbw_source = "profile tier small (profiles.yaml:63)";
+          o.min_busbw_source = "profile tier small (profiles.yaml:64)";
           results[env.rank] = RunRankChecks(o);
         },
         absl::Seconds(60));
@@ -425,7 +425,7 @@ TEST(RankChecksTest, BusbwRowNamesItsThresholdSource) {
       const CheckResult* bw = Find(results[r], "ranks.busbw");
       ASSERT_NE(bw, nullptr);
       EXPECT_EQ(bw->status, threshold > 1 ? CheckStatus::kWarn : CheckStatus::kPass) << bw->detail;
-      EXPECT_NE(bw->detail.find("from profile tier small (profiles.yaml:63))"), std::string::npos)
+      EXPECT_NE(bw->detail.find("from profile tier small (profiles.yaml:64))"), std::string::npos)
           << bw->detail;
     }
   }

@@ -142,9 +142,12 @@ size_t StepSize(int step) {
 }
 
 // A rank stopped (SIGSTOP) past the op timeout, then continued: with retries on, a stream of
-// allreduces completes and every result equals the fault-free one, bit for bit.
-TEST(Fault, StoppedRankRecoversWithCoordinatedRetryBitExact) {
-  const std::string dir = FreshDir("stop");
+// allreduces completes and every result equals the fault-free one, bit for bit. `steps`: each
+// allreduce is a step of its own (BeginStep/CommitStep, the default retry.replay auto: no copy of
+// any input; the failed step is redone from the trainer's input); otherwise each op is re-run
+// alone from its copy (retry.replay copy).
+void ExpectStoppedRankRecoversBitExact(bool steps) {
+  const std::string dir = FreshDir(steps ? "stop_steps" : "stop_copy");
   constexpr int kWorld = 4, kSteps = 1000, kStopStep = 300;
   std::vector<int> status = testing::RunRankProcesses(
       kWorld,
@@ -153,12 +156,14 @@ TEST(Fault, StoppedRankRecoversWithCoordinatedRetryBitExact) {
         o.timeout = absl::Seconds(2);
         o.failure_report_window = absl::Seconds(4);  // the vote waits timeout + this
         o.max_retry_attempts = 3;
+        o.replay = steps ? ReplayMode::kAuto : ReplayMode::kCopy;
         o.flight_recorder_dir = dir;
         auto comm = Communicator::Create(o);
         ASSERT_TRUE(comm.ok()) << comm.status();
         std::vector<float> buf;
+        int redone = 0;
         for (int step = 0; step < kSteps; ++step) {
-          if (env.rank == 1 && step == kStopStep) {
+          if (env.rank == 1 && step == kStopStep && redone == 0) {
             // A helper process continues us after 3 s (> the 2 s op timeout).
             const pid_t self = getpid();
             if (fork() == 0) {
@@ -168,16 +173,33 @@ TEST(Fault, StoppedRankRecoversWithCoordinatedRetryBitExact) {
             }
             raise(SIGSTOP);
           }
+          if (steps) {
+            ASSERT_TRUE((*comm)->BeginStep().ok());
+          }
           const size_t n = StepSize(step);
           buf.resize(n);
           for (size_t i = 0; i < n; ++i) buf[i] = Input(env.rank, step, i);
           absl::Status s = (*comm)->Allreduce(HostView(buf.data(), n)).Wait();
+          if (steps) {
+            absl::Status commit = (*comm)->CommitStep();
+            if (IsStepRedo(commit)) {
+              ASSERT_EQ(redone++, 0) << "rank " << env.rank << " step " << step << ": " << commit;
+              --step;
+              continue;
+            }
+            ASSERT_TRUE(commit.ok()) << "rank " << env.rank << " step " << step << ": " << commit;
+          }
           ASSERT_TRUE(s.ok()) << "rank " << env.rank << " step " << step << ": " << s;
           for (size_t i = 0; i < n; ++i) {
             float want = 0;
             for (int r = 0; r < kWorld; ++r) want += Input(r, step, i);
             ASSERT_EQ(buf[i], want) << "rank " << env.rank << " step " << step << " i " << i;
           }
+        }
+        // With steps, every rank redid the step of the fault, except that the stopped rank may
+        // not have begun it yet when it was stopped (it then joins the recovery between steps).
+        if (steps && env.rank != 1) {
+          EXPECT_EQ(redone, 1) << "rank " << env.rank;
         }
         std::ofstream(absl::StrCat(dir, "/done.", env.rank)) << "ok";
       },
@@ -190,8 +212,18 @@ TEST(Fault, StoppedRankRecoversWithCoordinatedRetryBitExact) {
   ASSERT_TRUE(report.ok()) << report.status();
   std::printf("%s", report->ToText().c_str());
   // Whether rank 1 shows as "never entered" or "entered late" depends on whether it queued the
-  // op before it saw the retry; either way the verdict points at the op of the fault.
-  EXPECT_NE(report->verdict.find("allreduce #301"), std::string::npos) << report->verdict;
+  // op before it saw the retry; either way the verdict points at the op of the fault (with steps,
+  // each step is an allreduce and its commit barrier: the allreduce of step 300 is op #601).
+  EXPECT_NE(report->verdict.find(steps ? "#60" : "allreduce #301"), std::string::npos)
+      << report->verdict;
+}
+
+TEST(Fault, StoppedRankRecoversWithCoordinatedRetryBitExact) {
+  ExpectStoppedRankRecoversBitExact(/*steps=*/false);
+}
+
+TEST(Fault, StoppedRankInAStepIsRedoneBitExactWithoutCopies) {
+  ExpectStoppedRankRecoversBitExact(/*steps=*/true);
 }
 
 }  // namespace

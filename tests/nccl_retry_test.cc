@@ -7,6 +7,7 @@
 // allreduces ends with every result exact.
 #include <stdlib.h>
 
+#include <atomic>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -14,6 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/communicator.h"
+#include "adaptcomm/status.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/core/communicator_factory.h"
 #include "tests/fake_nccl_api.h"
@@ -21,6 +24,8 @@
 
 namespace adaptcomm {
 namespace {
+
+using ::testing::HasSubstr;
 
 using testing::FakeNcclApi;
 using testing::FakeNcclFaults;
@@ -44,6 +49,7 @@ std::string WriteProfile(const std::string& fallback, bool retry_timeouts = fals
       << "defaults:\n"
       << "  retry:\n"
       << "    max_attempts: 3\n"
+      << "    replay: copy\n"
       << "    initial_backoff: 100ms\n"
       << "    max_backoff: 1s\n"
       << (retry_timeouts ? "    retryable: unavailable,aborted,deadline_exceeded\n" : "")
@@ -236,9 +242,12 @@ void ExpectOpsBehindAHungOneReRunFromTheirRecords(int in_flight) {
           for (size_t i = 0; i < buf.size(); ++i) buf[i] = Input(env.rank, op, i);
           works.push_back(
               comm.Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)}));
-          absl::Status s = op < kFirst ? works.back().Synchronize(absl::Seconds(10))
-                                       : works.back().Wait(absl::Seconds(10));
-          ASSERT_TRUE(s.ok()) << "rank " << env.rank << " op " << op << ": " << s;
+          // The ops behind the hung one are not waited for: a Wait would let the caller's stream
+          // at their buffers, and such an op is never re-run in place (the next tests).
+          if (op < kFirst) {
+            absl::Status s = works.back().Synchronize(absl::Seconds(10));
+            ASSERT_TRUE(s.ok()) << "rank " << env.rank << " op " << op << ": " << s;
+          }
         }
         for (int op = 0; op < kFirst + kInFlight; ++op) {
           absl::Status s = works[static_cast<size_t>(op)].Synchronize(absl::Seconds(30));
@@ -271,6 +280,100 @@ void ExpectOpsBehindAHungOneReRunFromTheirRecords(int in_flight) {
       }
     }
     EXPECT_EQ(restores, kInFlight) << "rank " << r;
+  }
+}
+
+// How many collectives this rank's fake was asked to launch.
+int AllreduceLaunches(const FakeNcclApi& fake) {
+  int n = 0;
+  for (const testing::FakeCall& c : fake.calls()) n += c.name == "AllReduce" ? 1 : 0;
+  return n;
+}
+
+// The hazard of a relaunch in place: Wait let the caller's stream go on past the ops (a consumer
+// kernel may read the result, or the trainer reuse the buffer), then the device failed. With
+// copies on, the old recovery re-ran them in place (restore, re-run) under that consumer; now none
+// is launched again, and outside a step the failing rank reports DataLoss.
+TEST(NcclRetry, OpWhoseWaitReleasedTheStreamIsNeverRelaunchedInPlace) {
+  constexpr int kOps = 3;  // rank 1's device never finishes the first
+  const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
+      RunWithHangingDevice(2, [&](const testing::RankEnv& env, Communicator& comm) {
+        std::vector<std::vector<float>> bufs(kOps, std::vector<float>(256));
+        std::vector<Work> works;
+        for (int op = 0; op < kOps; ++op) {
+          std::vector<float>& buf = bufs[static_cast<size_t>(op)];
+          for (size_t i = 0; i < buf.size(); ++i) buf[i] = Input(env.rank, op, i);
+          works.push_back(
+              comm.Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)}));
+          ASSERT_TRUE(works.back().Wait(absl::Seconds(10)).ok());
+        }
+        // The hung op and those behind it fail; the first names the loss here, or in the report of
+        // the peer that saw it first (both devices stop: the fake's collective needs both ranks).
+        size_t hung = 0;
+        while (hung < works.size() && works[hung].Synchronize(absl::Seconds(30)).ok()) ++hung;
+        ASSERT_LT(hung, works.size()) << "rank " << env.rank << ": every op completed";
+        const absl::Status first = works[hung].Synchronize(absl::Seconds(10));
+        EXPECT_TRUE(absl::IsDataLoss(first) || absl::IsAborted(first)) << first;
+        EXPECT_THAT(first.message(), HasSubstr("not re-run in place"));
+        for (size_t k = hung; k < works.size(); ++k) {
+          EXPECT_FALSE(works[k].Synchronize(absl::Seconds(10)).ok()) << "op " << k;
+        }
+        EXPECT_FALSE(comm.health().ok());
+      });
+  for (int r = 0; r < kWorld; ++r) {
+    const FakeNcclApi& fake = *fakes[static_cast<size_t>(r)];
+    EXPECT_EQ(fake.init_calls(), 1) << "rank " << r << ": no rebuild, nothing may be re-run";
+    EXPECT_EQ(AllreduceLaunches(fake), kOps) << "rank " << r << ": nothing launched again";
+  }
+}
+
+// The same fault inside a step (the second of two; the profile asks for copies, which steps do
+// not take): the released ops are not re-run alone; the step is redone on every rank
+// (IsStepRedo) on the rebuilt communicator, and every step's sums are exact.
+TEST(NcclRetry, ReleasedOpsOfAFailedStepAreRedoneWithTheStep) {
+  constexpr int kOps = 3, kSteps = 2;
+  std::atomic<int> redone{0};
+  // Creation's launch, then step 0's ops (and commit): the hang lands in step 1. The rebuilt
+  // communicator counts afresh and the redo stays below it.
+  const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
+      RunWithHangingDevice(kOps + 3, [&](const testing::RankEnv& env, Communicator& comm) {
+        std::vector<std::vector<float>> bufs(kOps, std::vector<float>(256));
+        for (int step = 0; step < kSteps; ++step) {
+          for (int attempt = 0;; ++attempt) {
+            ASSERT_LT(attempt, 2) << "rank " << env.rank << " step " << step;
+            ASSERT_TRUE(comm.BeginStep().ok());
+            std::vector<Work> works;
+            for (int op = 0; op < kOps; ++op) {
+              std::vector<float>& buf = bufs[static_cast<size_t>(op)];
+              for (size_t i = 0; i < buf.size(); ++i) buf[i] = Input(env.rank, step * kOps + op, i);
+              works.push_back(
+                  comm.Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)}));
+              (void)works.back().Wait(absl::Seconds(10));  // releases the stream
+            }
+            absl::Status commit = comm.CommitStep();
+            if (IsStepRedo(commit)) {
+              EXPECT_EQ(step, 1) << "rank " << env.rank;
+              redone.fetch_add(1);
+              continue;
+            }
+            ASSERT_TRUE(commit.ok()) << "rank " << env.rank << ": " << commit;
+            break;
+          }
+          for (int op = 0; op < kOps; ++op) {
+            for (size_t i = 0; i < bufs[static_cast<size_t>(op)].size(); ++i) {
+              float want = 0;
+              for (int r = 0; r < kWorld; ++r) want += Input(r, step * kOps + op, i);
+              ASSERT_EQ(bufs[static_cast<size_t>(op)][i], want)
+                  << "rank " << env.rank << " step " << step << " op " << op << " element " << i;
+            }
+          }
+        }
+      });
+  EXPECT_EQ(redone.load(), kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(fakes[static_cast<size_t>(r)]->init_calls(), 2) << "rank " << r << " rebuilt once";
+    // Steps take no record: no device copy of any input (retry.replay copy would take one per op).
+    EXPECT_EQ(fakes[static_cast<size_t>(r)]->memcpy_calls(), 0) << "rank " << r;
   }
 }
 

@@ -62,6 +62,7 @@ CommunicatorOptions Options(const testing::RankEnv& env, int retries, absl::Dura
   CommunicatorOptions o = env.options;
   o.backend = BackendChoice::kAuto;
   o.max_retry_attempts = retries;
+  o.replay = ReplayMode::kCopy;  // these tests check the copies and their order
   o.timeout = timeout;
   o.failure_report_window = absl::Seconds(2);
   return o;

@@ -94,6 +94,7 @@ TEST(NetnsFault, LinkDownPastTheTimeoutThenUpRecoversBitExact) {
       o.init_timeout = absl::Seconds(30);
       o.failure_report_window = absl::Seconds(20);  // TCP retransmit backoff after a flap
       o.max_retry_attempts = 3;
+      o.replay = ReplayMode::kCopy;  // each op re-run alone from its copy
       o.flight_recorder_dir = absl::StrCat(::testing::TempDir(), "/netns_", getppid());
       auto comm = Communicator::Create(o);
       if (!comm.ok()) {

@@ -187,7 +187,7 @@ TEST_F(ProfileResolve, ApiBeatsProfileAndIsNotScaled) {
   EXPECT_EQ(Find(*cfg, "nccl.NCCL_MIN_CTAS")->value, "2");
   EXPECT_EQ(Find(*cfg, "nccl.NCCL_MIN_CTAS")->source, "API");
   EXPECT_EQ(Find(*cfg, "nccl.NCCL_BUFFSIZE")->value, "8388608");
-  EXPECT_EQ(Find(*cfg, "nccl.NCCL_MAX_CTAS")->source, "profiles.yaml:82");
+  EXPECT_EQ(Find(*cfg, "nccl.NCCL_MAX_CTAS")->source, "profiles.yaml:83");
 
   req.overrides = {};
   req.overrides.nccl_env["NCCL_IB_MTU"] = "4096";

@@ -326,7 +326,7 @@ TEST(DiagnoseCommand, RanksThresholdComesFromProfileOrFlag) {
   const std::string bin = adaptcomm::testing::BuildDir() + "/tools/adaptcomm";
   Result tier = RunCli(absl::StrCat("launch -n 2 --timeout 100 -- ", bin,
                                     " diagnose --ranks --multi-host no --model 235B"));
-  EXPECT_THAT(tier.out, HasSubstr("threshold 1.00 GB/s from profile tier large (profiles.yaml:84)"))
+  EXPECT_THAT(tier.out, HasSubstr("threshold 1.00 GB/s from profile tier large (profiles.yaml:85)"))
       << tier.out << tier.err;
   Result flag = RunCli(absl::StrCat("launch -n 2 --timeout 100 -- ", bin,
                                     " diagnose --ranks --multi-host no --model 235B --min-busbw "

@@ -16,9 +16,11 @@
 //                      peer) so it was not re-run. The communicator works on the new membership;
 //                      redo the step. Never retried by the library.
 //   Aborted with the kStepRedoPayload payload (IsStepRedo): returned by Communicator::CommitStep
-//                      when some op of the step failed on some rank. The communicator has
-//                      recovered (aborted, rebuilt, agreed by every rank); the step's results are
-//                      not to be used: redo the step from the trainer's own state.
+//                      when some op of the step failed on some rank, and by an op outside a step
+//                      that failed on every rank and could not be re-run (retry.replay auto). The
+//                      communicator has recovered (aborted, rebuilt, agreed by every rank); the
+//                      results are not to be used: redo the step (or the op's work) from the
+//                      trainer's own state.
 //   DataLoss           an op's result may already have been read while it was still incomplete
 //                      (a device op whose Wait let the caller's stream go on, then the device
 //                      failed outside a step): nothing can repair it; the communicator is broken.

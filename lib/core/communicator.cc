@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "adaptcomm/status.h"
 #include "lib/base/build_info.h"
+#include "lib/base/byte_text.h"
 #include "lib/base/log.h"
 #include "lib/core/collective_check.h"
 #include "lib/core/communicator_impl.h"
@@ -66,9 +67,11 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   exec.abort_bound = config_.timeouts.abort;
   exec.in_flight_with_retries = static_cast<size_t>(config_.retry.in_flight);
   exec.retry_record_bytes = config_.retry.record_bytes;
-  exec.copy_inputs =
-      (options_.replay != ReplayMode::kProfile ? options_.replay : config_.retry.replay) ==
-      ReplayMode::kCopy;
+  // retry.replay auto copies nothing, except under elastic membership: a shrink re-runs the op it
+  // interrupted on the survivors (inside a step no op is recorded either way).
+  const ReplayMode replay =
+      options_.replay != ReplayMode::kProfile ? options_.replay : config_.retry.replay;
+  exec.copy_inputs = replay == ReplayMode::kCopy || elastic_.elastic;
   if (joined.has_value()) {
     exec.initial_generation = joined->generation;
     exec.first_seq = joined->first_seq;
@@ -185,6 +188,30 @@ absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorImpl::cuda_api() cons
   return deps_.cuda;
 }
 
+std::string CommunicatorImpl::ProtectionText() const {
+  const RetryPolicy& r = config_.retry;
+  const int attempts =
+      options_.max_retry_attempts > 0 ? options_.max_retry_attempts : r.max_attempts;
+  if (coordinator_ == nullptr || (attempts < 2 && !elastic_.elastic)) {
+    return "protection: off (no coordinated retry: a failed op or step breaks the communicator)";
+  }
+  const ReplayMode replay = options_.replay != ReplayMode::kProfile ? options_.replay : r.replay;
+  const bool copies = replay == ReplayMode::kCopy || elastic_.elastic;
+  const uint64_t device_op_limit = r.record_bytes / (2 * static_cast<uint64_t>(r.in_flight));
+  return absl::StrCat(
+      "protection: steps (BeginStep/CommitStep): a failed step is redone on every rank, no copies; "
+      "outside a step (retry.replay ",
+      ReplayModeName(replay), elastic_.elastic && replay != ReplayMode::kCopy ? ", elastic" : "",
+      "): ",
+      copies ? absl::StrCat("every op's input is copied first and any op is re-run alone (host "
+                            "ops of any size; device ops up to ",
+                            ByteSizeText(device_op_limit),
+                            " each, retry.record_bytes / (2 x "
+                            "retry.in_flight); larger ones are not protected)")
+             : "ops with stable_input and barriers are re-run alone; other ops are not "
+               "protected (a fault fails them and the communicator)");
+}
+
 Work CommunicatorImpl::Submit(OpDesc&& desc) {
   if (desc.timeout == absl::ZeroDuration()) {
     desc.timeout =
@@ -198,7 +225,11 @@ Work CommunicatorImpl::Submit(OpDesc&& desc) {
                      " cannot send f32 data as ", DTypeName(*desc.wire), " (no wire_cast)"));
   }
   if (valid.ok()) valid = executor_->backend().Supports(desc);
-  if (!valid.ok()) return Work(WorkImpl::Failed(std::move(desc), std::move(valid)));
+  if (!valid.ok()) {
+    // In a step its peers run the op this rank refused: the step cannot commit.
+    executor_->FailStep(valid);
+    return Work(WorkImpl::Failed(std::move(desc), std::move(valid)));
+  }
   if (online_tuner_ != nullptr) online_tuner_->Assign(desc);  // this op's knob values
   return Work(executor_->Submit(std::move(desc), members.epoch));
 }
@@ -469,7 +500,8 @@ std::string Communicator::Explain() const {
   // table fit this topology: lib/core/backend_selection.h).
   const internal::OnlineTuner* tuner = impl_->online_tuner();
   return absl::StrCat(impl_->config().Explain(), "\nbackend: ", backend_name(), " (",
-                      impl_->selection_reason(), ")\n", tuner != nullptr ? tuner->Explain() : "");
+                      impl_->selection_reason(), ")\n", impl_->ProtectionText(), "\n",
+                      tuner != nullptr ? tuner->Explain() : "");
 }
 
 Communicator::LongOperationScope::LongOperationScope(Communicator& comm) : comm_(comm) {

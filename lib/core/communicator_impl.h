@@ -81,6 +81,8 @@ class CommunicatorImpl {
   void ApplyMembership(const MembershipChange& change);
   void MembershipInstalled(const MembershipChange& change);
   Membership membership() const;
+  // Which ops are protected, how and up to what size (a line of Communicator::Explain()).
+  std::string ProtectionText() const;
   // Communicator::Abort: cancels a retry vote or failure report in progress, then aborts.
   void Abort(const absl::Status& reason);
   void EnterLongOperation() { long_operation_scopes_.fetch_add(1); }

@@ -311,8 +311,10 @@ absl::Status OpExecutor::ExecuteAs(const OpDesc& desc, absl::Time started,
   // the backend's stream behind the op's issue point (ReplayLog, StreamOrdered::CopyAt): the op
   // keeps the place in the caller's stream where it was issued.
   absl::StatusOr<std::shared_ptr<DeviceCompletion>> completion = ordered->Launch(desc);
-  if (!completion.ok() && absl::IsInvalidArgument(completion.status())) {
-    return completion.status();  // refused before anything was queued: local to this op
+  if (!completion.ok() && (absl::IsInvalidArgument(completion.status()) ||
+                           absl::IsFailedPrecondition(completion.status()))) {
+    // Refused before anything was queued (bad arguments, a capturing stream): local to this op.
+    return completion.status();
   }
   launched->emplace(Launched{std::move(completion), started});
   return absl::OkStatus();

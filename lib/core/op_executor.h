@@ -213,6 +213,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::Status BeginStep(absl::Duration bound);
   // Whether a step is open.
   bool StepOpen() const;
+  // The open step (if any) fails with `cause` (an op refused at the call): its later ops do not
+  // run and its commit reports `cause`.
+  void FailStep(const absl::Status& cause);
   // What became of the open step, which it closes. Waits up to `bound` for every op issued before
   // to end, and for a recovery in progress.
   struct StepOutcome {
@@ -308,6 +311,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // it is the watchdog's.
   absl::Status RunWithRetry(const WorkImpl& work, absl::Time started,
                             std::optional<Launched>* launched);
+  // A retryable failure of an op that has no record: the coordinated vote and rebuild all the
+  // same (the vote names a rank that is gone), then the op fails with the redo status, or the
+  // vote's error. Called while busy_, without mu_.
+  absl::Status RecoverUnrecorded(const OpDesc& desc, const absl::Status& cause);
   // RunWithRetry for an op of a step: no record, no re-run; a failure recovers the communicator
   // (RecoverStep) and the op fails with the step's redo status.
   absl::Status RunInStep(const WorkImpl& work, absl::Time started,
@@ -346,6 +353,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // The ops in flight failed on the device (`cause`): retries them in order or fails them. On the
   // worker, while busy_, without mu_.
   void HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> failed, absl::Status cause);
+  // DataLoss naming the first of `failed` whose Wait let the caller's stream go on (the
+  // communicator is then broken: aborted_), else OK. Without mu_.
+  absl::Status ReleasedOpLoss(const std::deque<std::shared_ptr<WorkImpl>>& failed,
+                              const absl::Status& cause);
   // Watchdog: finishes the ops in flight the device completed; returns when the oldest one must
   // be looked at again. REQUIRES: mu_ held.
   absl::Time PollInFlightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -48,6 +48,7 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
     }
   }
   absl::Status status = Execute(work, started, launched);
+  if (!status.ok() && !replayable && retries_) return RecoverUnrecorded(desc, status);
   // A failure while another rank's retry is pending (the backend was interrupted or already
   // broken for it) joins that retry whatever its code; otherwise the policy decides.
   for (int attempt = 1;
@@ -82,6 +83,26 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
     }
   }
   return status;
+}
+
+absl::Status OpExecutor::RecoverUnrecorded(const OpDesc& desc, const absl::Status& cause) {
+  if (Aborted() || absl::IsInvalidArgument(cause) || IsMembershipChanged(cause) ||
+      !(recovery_handler_->Retryable(cause) || RecoveryRequested())) {
+    return cause;
+  }
+  {
+    ExecutorLock lock(this);
+    running_ = false;  // the vote and the rebuild bound themselves
+  }
+  // The op cannot run again, but the vote still tells every rank who is gone (its error names
+  // them), and when every rank is in this op the rebuilt communicator goes on: the op failed
+  // everywhere, and the trainer redoes its work.
+  if (absl::Status s = RecoverFrom(desc.seq, Fingerprint(desc), 1, cause); !s.ok()) return s;
+  return StepRedoStatus(absl::StrCat(
+      OpKindName(desc.kind), " #", desc.seq, " failed (", cause.message(),
+      ") and was not re-run (retry.replay auto keeps no copy of its input); every rank voted and "
+      "the communicator recovered at generation ",
+      generation(), ": redo the work of this op (or use BeginStep/CommitStep)"));
 }
 
 absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
@@ -239,41 +260,27 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
     }
     return;
   }
-  // An op whose Wait let the caller's stream go on may have been read (or its buffer reused)
-  // already: re-running it in place could rewrite what the stream consumed. Outside a step that
-  // cannot be repaired.
-  for (const std::shared_ptr<WorkImpl>& work : failed) {
-    if (!work->released()) continue;
-    const OpDesc& d = work->desc();
-    status = absl::DataLossError(absl::StrCat(
-        OpKindName(d.kind), " #", d.seq, " on rank ", backend().rank(),
-        " failed on the device after its Wait let the caller's stream go on (", status.message(),
-        "): the stream may have read an incomplete result, so it is not re-run in place; the "
-        "communicator is broken. Inside BeginStep/CommitStep this is a step to redo instead"));
-    ExecutorLock lock(this);
-    if (aborted_.ok()) aborted_ = status;
-    break;
-  }
   for (int attempt = oldest.seq == device_retry_seq_ ? device_retry_attempt_ : 1;
        retries_ && attempt < recovery_handler_->max_attempts() && !Aborted() &&
        !absl::IsInvalidArgument(status) && !IsMembershipChanged(status) &&
        (recovery_handler_->Retryable(status) || RecoveryRequested()) &&
        replay_.Covers(oldest.seq, failed.back()->desc().seq);
        ++attempt) {
+    // An op whose Wait let the caller's stream go on may have been read (or its buffer reused)
+    // already: a relaunch in place could rewrite what the stream consumed. Outside a step that
+    // cannot be repaired. (A Wait racing this check is caught by MarkRelaunching below.)
+    if (absl::Status lost = ReleasedOpLoss(failed, status); !lost.ok()) {
+      status = lost;
+      break;
+    }
     status = RecoverFrom(oldest.seq, Fingerprint(oldest), attempt, status);
     if (!status.ok()) break;  // no agreement: the error names who was missing
     // Queue them again, in order, each from its recorded input.
     size_t relaunched = 0;
     for (; relaunched < failed.size() && status.ok(); ++relaunched) {
       const std::shared_ptr<WorkImpl>& work = failed[relaunched];
-      if (!work->MarkRelaunching()) {
-        // A Wait released the caller's stream between the check above and here.
-        status = absl::DataLossError(absl::StrCat(
-            OpKindName(work->desc().kind), " #", work->desc().seq,
-            " was released to the caller's stream during a coordinated retry: not re-run in "
-            "place; the communicator is broken"));
-        ExecutorLock lock(this);
-        if (aborted_.ok()) aborted_ = status;
+      if (!work->MarkRelaunching()) {  // its Wait came during the vote
+        status = ReleasedOpLoss({work}, absl::AbortedError("its Wait came during the vote"));
         break;
       }
       status = replay_.RestoreInput(work->desc().seq, backend().stream_ordered());
@@ -320,6 +327,23 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
                                            absl::StrCat(OpKindName(d.kind), " #", d.seq,
                                                         " did not complete: ", status.message())));
   }
+}
+
+absl::Status OpExecutor::ReleasedOpLoss(const std::deque<std::shared_ptr<WorkImpl>>& failed,
+                                        const absl::Status& cause) {
+  for (const std::shared_ptr<WorkImpl>& work : failed) {
+    if (!work->released()) continue;
+    const OpDesc& d = work->desc();
+    absl::Status lost = absl::DataLossError(absl::StrCat(
+        OpKindName(d.kind), " #", d.seq, " on rank ", backend().rank(),
+        " failed on the device after its Wait let the caller's stream go on (", cause.message(),
+        "): the stream may have read an incomplete result, so it is not re-run in place; the "
+        "communicator is broken (inside BeginStep/CommitStep the step would be redone)"));
+    ExecutorLock lock(this);
+    if (aborted_.ok()) aborted_ = lost;
+    return lost;
+  }
+  return absl::OkStatus();
 }
 
 std::deque<std::shared_ptr<WorkImpl>> OpExecutor::TakeUnfinishedInFlightLocked() {

@@ -85,6 +85,11 @@ bool OpExecutor::StepOpen() const {
   return step_.open != 0;
 }
 
+void OpExecutor::FailStep(const absl::Status& cause) {
+  ExecutorLock lock(this);
+  if (step_.open != 0 && step_.failure.ok()) step_.failure = cause;
+}
+
 absl::StatusOr<OpExecutor::StepOutcome> OpExecutor::EndStep(absl::Duration bound) {
   bool failed;
   {
@@ -128,8 +133,9 @@ absl::Status OpExecutor::RunInStep(const WorkImpl& work, absl::Time started,
   }
   absl::Status status = Execute(work, started, launched);
   if (status.ok() || IsMembershipChanged(status)) return status;
-  if (absl::IsInvalidArgument(status)) {
-    // A caller's mistake, local to this rank: the step fails with it (CommitStep returns it).
+  if (absl::IsInvalidArgument(status) || absl::IsFailedPrecondition(status)) {
+    // Refused here alone (a caller's mistake, a capturing stream): the step fails with it and
+    // CommitStep returns it; the peers' recovery reaches this rank when they time out.
     ExecutorLock lock(this);
     if (step_.failure.ok()) step_.failure = status;
     return status;

@@ -75,6 +75,15 @@ absl::Status ReplayLog::Copy(const Entry& e, void* dst, const void* src, size_t 
 
 absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> memory,
                                StreamOrdered* ordered) {
+  const bool borrowed = op.stable_input && !InPlace(op.kind);
+  if (!borrowed && !copy_inputs_ && op.input.bytes() > 0) {
+    // Checked first, and the message made once: this is every such op's path with defaults.
+    static const absl::Status kNotRecorded = absl::FailedPreconditionError(
+        "retry.replay is auto, which copies no input: an op that overwrites its input, or an "
+        "out-of-place op without stable_input, is not re-run alone (bracket the trainer's steps "
+        "with BeginStep/CommitStep to redo a failed step, or set retry.replay: copy)");
+    return kNotRecorded;
+  }
   Entry& e = entries_[op.seq % entries_.size()];
   e.seq = op.seq;
   e.op = op;
@@ -94,15 +103,7 @@ absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> m
     }
     e.memory = std::move(memory);
   }
-  e.borrowed = op.stable_input && !InPlace(op.kind);
-  if (!e.borrowed && !copy_inputs_ && op.input.bytes() > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("retry.replay is auto, which copies no input: ",
-                     InPlace(op.kind) ? "an op that overwrites its input"
-                                      : "an out-of-place op without stable_input",
-                     " is re-run neither alone nor from a copy (bracket the trainer's steps with "
-                     "BeginStep/CommitStep to redo a failed step, or set retry.replay: copy)"));
-  }
+  e.borrowed = borrowed;
   if (e.borrowed) {
     e.input_copy = op.input.data;
   } else if (absl::Status s = CopyInput(e, op.input.data, ordered); !s.ok()) {
