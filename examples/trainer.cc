@@ -11,6 +11,7 @@
 // so every rank applies the full-data gradient and the weights stay identical everywhere; the
 // final weights equal single-process training on the same data (tests/demo_test.cc checks it).
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -37,6 +38,11 @@ struct Flags {
   bool elastic = false;  // go on without a rank that dies (README, "Elastic membership")
   int kill_rank = -1;    // fault injection: this rank (at start) kills itself (SIGKILL)...
   int kill_step = 0;     // ...when it reaches this step
+  // Fault injection: this rank stops (SIGSTOP) inside this step, and a helper process continues
+  // it after stop_seconds (a stalled rank that comes back: its peers time out and redo the step).
+  int stop_rank = -1;
+  int stop_step = 0;
+  int stop_seconds = 15;
 };
 
 bool ParseFlags(int argc, char** argv, Flags& f) {
@@ -71,11 +77,18 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
       f.kill_rank = std::atoi(value("--kill-rank"));
     else if (a == "--kill-step")
       f.kill_step = std::atoi(value("--kill-step"));
+    else if (a == "--stop-rank")
+      f.stop_rank = std::atoi(value("--stop-rank"));
+    else if (a == "--stop-step")
+      f.stop_step = std::atoi(value("--stop-step"));
+    else if (a == "--stop-seconds")
+      f.stop_seconds = std::atoi(value("--stop-seconds"));
     else {
       std::fprintf(
           stderr,
           "usage: %s [--steps N] [--samples N] [--hidden N] [--lr X] [--log-every N] "
-          "[--out FILE] [--reference --shards N] [--elastic [--kill-rank R --kill-step S]]\n",
+          "[--out FILE] [--reference --shards N] [--elastic [--kill-rank R --kill-step S]] "
+          "[--stop-rank R --stop-step S [--stop-seconds T]]\n",
           argv[0]);
       return a == "--help" || a == "-h" ? (std::exit(0), false) : false;
     }
@@ -215,6 +228,18 @@ int RunElastic(const Flags& f) {
   return 0;
 }
 
+// Stops this process; a child continues it after `seconds`.
+void StopFor(int seconds) {
+  const pid_t self = getpid();
+  if (fork() == 0) {
+    sleep(static_cast<unsigned>(seconds));
+    kill(self, SIGCONT);
+    _exit(0);
+  }
+  std::fprintf(stderr, "rank stopping for %d s (--stop-rank)\n", seconds);
+  raise(SIGSTOP);
+}
+
 int RunDistributed(const Flags& f) {
   absl::StatusOr<std::unique_ptr<adaptcomm::Communicator>> created =
       adaptcomm::Communicator::Create({});
@@ -243,6 +268,7 @@ int RunDistributed(const Flags& f) {
     // A step is committed on every rank or redone on every rank: the optimizer update comes only
     // after CommitStep, so a redo starts again from the same model (no copy of any gradient).
     absl::Status s = comm.BeginStep();
+    if (rank == f.stop_rank && step == f.stop_step && redone == 0) StopFor(f.stop_seconds);
     float loss =
         static_cast<float>(model.LossAndGradient(data, rank * shard, (rank + 1) * shard, grad));
     auto t0 = std::chrono::steady_clock::now();
