@@ -90,6 +90,27 @@ TEST(Steps, FailureInAStepIsRedoneOnEveryRankWithExactResults) {
   EXPECT_EQ(redo_commits.load(), kWorld);
 }
 
+// Explain() says which ops are protected and how; what it prints is what runs.
+TEST(Steps, ExplainStatesTheProtectionInEffect) {
+  testing::RunRanks(RankMode::kThreads, 2, [](const RankEnv& env) {
+    CommunicatorOptions o = env.options;
+    const bool copy = env.rank == 0;  // each rank its own communicator's view (names differ)
+    o.name = copy ? "copy" : "auto";
+    o.world_size = 1;
+    o.rank = 0;
+    o.replay = copy ? ReplayMode::kCopy : ReplayMode::kProfile;
+    auto comm = Communicator::Create(o);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    const std::string text = (*comm)->Explain();
+    EXPECT_EQ((*comm)->config().retry.replay, copy ? ReplayMode::kCopy : ReplayMode::kAuto);
+    EXPECT_THAT(text, HasSubstr(copy ? "retry.replay                        copy"
+                                     : "retry.replay                        auto"));
+    EXPECT_THAT(text, HasSubstr("protection: steps (BeginStep/CommitStep)"));
+    EXPECT_THAT(
+        text, HasSubstr(copy ? "every op's input is copied first" : "other ops are not protected"));
+  });
+}
+
 TEST(Steps, MisuseIsNamedOnTheCallingRank) {
   testing::RunRanks(RankMode::kThreads, 2, [](const RankEnv& env) {
     auto comm = Communicator::Create(env.options);
