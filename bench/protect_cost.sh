@@ -6,7 +6,7 @@
 # libopenmpi-dev; a measurement peer only). Rounds are interleaved so machine drift hits all alike;
 # prints the median over rounds of each run's median latency (us) and the ratios to "off" and to
 # OpenMPI.
-#   bench/protect_cost.sh [build dir] [rounds] [ranks]
+#   [BACKENDS="shm gloo"] bench/protect_cost.sh [build dir] [rounds] [ranks]
 set -euo pipefail
 build=${1:-build}
 rounds=${2:-5}
@@ -22,9 +22,14 @@ mpi=0
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
   mpicc -O2 -o "$out/mpi_allreduce_baseline" "$here/mpi_allreduce_baseline.c" && mpi=1
 fi
+backends=${BACKENDS:-shm gloo}
+modes=(default off copy)
 for r in $(seq "$rounds"); do
-  for backend in shm gloo; do
-    for mode in default off copy; do
+  for backend in $backends; do
+    # The order of the modes rotates from round to round: the first run after another backend's
+    # pays for what that one left behind (page cache, the scheduler's placement).
+    for k in 0 1 2; do
+      mode=${modes[$(((r + k) % 3))]}
       profile=$base
       [ $mode != default ] && profile="$out/$mode.yaml"
       ADAPTCOMM_PROFILE=$profile "$build/tools/adaptcomm" launch -n "$ranks" -- \
@@ -44,7 +49,8 @@ python3 - "$out" "$rounds" "$mpi" <<'PY'
 import json, os, statistics, sys
 out, rounds, mpi = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 med = {}
-for backend in ("shm", "gloo"):
+backends = os.environ.get("BACKENDS", "shm gloo").split()
+for backend in backends:
     for mode in ("default", "off", "copy"):
         for r in range(1, rounds + 1):
             for x in json.load(open(f"{out}/{backend}.{mode}.{r}.json"))["results"]:
@@ -57,7 +63,7 @@ if mpi:
         ompi[s] = statistics.median(vals)
 print(f"{'backend':>7} {'bytes':>9} {'default':>9} {'off':>9} {'copy':>9} {'def/off':>8} "
       f"{'copy/off':>8} {'def/ompi':>8} {'ompi':>9}")
-for backend in ("shm", "gloo"):
+for backend in backends:
     for size in sorted({b for (be, _, b) in med if be == backend}):
         d, o, c = (statistics.median(med[(backend, m, size)]) for m in ("default", "off", "copy"))
         m = ompi.get(size)

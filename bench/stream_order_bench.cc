@@ -10,7 +10,7 @@
 // (HeldMicrosPerOp). Same run, interleaved rounds, medians.
 //
 //   build/bench/stream_order_bench [--ops 1000] [--rounds 7] [--only bare|api] [--seams]
-//                                  [--paced US] [--burst N]
+//                                  [--paced US] [--burst N] [--protection]
 //
 // --seams times every call into the fake, in both loops alike (bench/timed_seams.h: two clock
 // reads a call), and splits each loop's host cost into the time spent inside the fake's calls and
@@ -20,6 +20,8 @@
 // --paced US measures instead how busy the host keeps a device that finishes one collective every
 // US microseconds, with coordinated retry on (its small in-flight window) and off
 // (PacedDeviceUtilization).
+// --protection compares the library's loop with the default profile (coordinated retry on,
+// retry.replay auto) against protection off (retry.max_attempts 1), paired rounds.
 // --burst N measures how long a burst of N allreduces (issue + Wait each) holds the trainer's
 // thread while the device takes --paced US (default 100) per op, with retry.in_flight 2, 8 and 32
 // and with retries off (BurstHostMicros).
@@ -192,10 +194,10 @@ std::unique_ptr<Communicator> FakeCommunicator(const Seams& seams, int retry_att
   return *std::move(comm);
 }
 
-HostCost ApiMicrosPerOp(int ops, bool timed) {
+HostCost ApiMicrosPerOp(int ops, bool timed, int retry_attempts) {
   const Seams seams = MakeSeams(timed);
   FakeNcclApi* const api = seams.fake.get();
-  std::unique_ptr<Communicator> comm = FakeCommunicator(seams, /*retry_attempts=*/1);
+  std::unique_ptr<Communicator> comm = FakeCommunicator(seams, retry_attempts);
   cuda::CudaStream caller = nullptr;
   (void)api->StreamCreateNonBlocking(&caller);
   std::vector<float> buf(8, 1.0f);
@@ -336,7 +338,7 @@ int main(int argc, char** argv) {
   int ops = 1000, rounds = 7;
   std::string only;
   int paced_us = 0, burst = 0;
-  bool seams = false;
+  bool seams = false, protection = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--seams") == 0) seams = true;
     if (std::strcmp(argv[i], "--ops") == 0 && i + 1 < argc) ops = std::atoi(argv[++i]);
@@ -344,6 +346,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     if (std::strcmp(argv[i], "--paced") == 0 && i + 1 < argc) paced_us = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--burst") == 0 && i + 1 < argc) burst = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--protection") == 0) protection = true;
     // Debian's abseil checks every Mutex acquisition for lock-order cycles (a graph update per
     // lock): a process-wide setting that only the application may turn off.
     if (std::strcmp(argv[i], "--no-deadlock-detection") == 0) {
@@ -399,6 +402,25 @@ int main(int argc, char** argv) {
     std::printf("  coordinated retry off    %8.2f\n", adaptcomm::Median(without));
     return 0;
   }
+  if (protection) {
+    // The default profile (coordinated retry on, retry.replay auto) against protection off, the
+    // same loop alternately: what protection costs a device op's issue + Wait when nothing fails.
+    std::vector<double> on, off, paired;
+    for (int r = 0; r < rounds; ++r) {
+      on.push_back(adaptcomm::ApiMicrosPerOp(ops, false, /*retry_attempts=*/0).us);
+      off.push_back(adaptcomm::ApiMicrosPerOp(ops, false, /*retry_attempts=*/1).us);
+      paired.push_back(on.back() / off.back());
+    }
+    std::sort(paired.begin(), paired.end());
+    std::printf("stream-ordered allreduce, %d ops issued + waited, device held (median of %d)\n",
+                ops, rounds);
+    std::printf("  default profile (retry on, replay auto) %8.2f us\n", adaptcomm::Median(on));
+    std::printf("  protection off (retry.max_attempts 1)   %8.2f us\n", adaptcomm::Median(off));
+    std::printf("  ratio (paired rounds)                   %8.2fx (quartiles %.2f-%.2f)\n",
+                adaptcomm::Median(paired), paired[paired.size() / 4],
+                paired[(3 * paired.size()) / 4]);
+    return 0;
+  }
   std::vector<double> bare, api_us, bare_seams, api_seams;
   for (int r = 0; r < rounds; ++r) {
     if (only != "api") {
@@ -407,7 +429,7 @@ int main(int argc, char** argv) {
       bare_seams.push_back(c.in_seams_us);
     }
     if (only == "bare") continue;
-    const adaptcomm::HostCost c = adaptcomm::ApiMicrosPerOp(ops, seams);
+    const adaptcomm::HostCost c = adaptcomm::ApiMicrosPerOp(ops, seams, /*retry_attempts=*/1);
     api_us.push_back(c.us);
     api_seams.push_back(c.in_seams_us);
   }

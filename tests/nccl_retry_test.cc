@@ -296,9 +296,13 @@ int AllreduceLaunches(const FakeNcclApi& fake) {
 // is launched again, and outside a step the failing rank reports DataLoss.
 TEST(NcclRetry, OpWhoseWaitReleasedTheStreamIsNeverRelaunchedInPlace) {
   constexpr int kOps = 3;  // rank 1's device never finishes the first
+  // The buffers outlive the communicators: the fake device still holds the hung collective (with
+  // pointers into them) until its communicator goes.
+  std::vector<std::vector<std::vector<float>>> storage(
+      kWorld, std::vector<std::vector<float>>(kOps, std::vector<float>(256)));
   const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
       RunWithHangingDevice(2, [&](const testing::RankEnv& env, Communicator& comm) {
-        std::vector<std::vector<float>> bufs(kOps, std::vector<float>(256));
+        std::vector<std::vector<float>>& bufs = storage[static_cast<size_t>(env.rank)];
         std::vector<Work> works;
         for (int op = 0; op < kOps; ++op) {
           std::vector<float>& buf = bufs[static_cast<size_t>(op)];

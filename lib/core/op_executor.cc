@@ -268,7 +268,9 @@ void OpExecutor::End(WorkImpl& work, absl::Status status, absl::Time when) {
 }
 
 size_t OpExecutor::InFlightWindow() const {
-  return retries_ ? replay_.depth() / 2 : kInFlightWithoutRetries;
+  // The window keeps every restart point a vote can produce within the records; without copies
+  // (retry.replay auto) there are none to keep, and the device gets the whole pipeline.
+  return retries_ && options_.copy_inputs ? replay_.depth() / 2 : kInFlightWithoutRetries;
 }
 
 absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) const {

@@ -383,6 +383,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // ones stay alive in owned_backends_ because other threads may still call Abort()/health() on
   // them.
   std::atomic<Backend*> backend_;
+  // Used only by the executing thread (busy_). Declared before the backends so that it is
+  // destroyed after them: a device record may still be the target of a copy queued on a
+  // backend's stream, which the backend's teardown drains.
+  ReplayLog replay_;
   std::vector<std::unique_ptr<Backend>> owned_backends_ ABSL_GUARDED_BY(mu_);
   int generation_ ABSL_GUARDED_BY(mu_) = 0;
   // Membership changes so far: changes_[e] leads from epoch e to e + 1.
@@ -395,7 +399,6 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   std::atomic<int> member_generation_{0};
   int requested_generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  ReplayLog replay_;            // used only by the executing thread (busy_)
   bool replay_warned_ = false;  // likewise
   // The op whose device failure was retried last, and the attempt its relaunch is: a relaunch the
   // rebuilt backend accepted that the device then fails again is that op's next attempt, not its
