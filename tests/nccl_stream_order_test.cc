@@ -268,15 +268,21 @@ TEST(StreamOrder, RetryRecordIsCopiedOnTheCommunicatorStreamAheadOfTheCollective
       ASSERT_GE(i, 2u);
       ASSERT_LT(i + 1, calls.size());
       // The issue point on the caller's stream, the communicator's stream waiting for it, the
-      // copy there, then the collective on the same stream (which already waits).
+      // copy there, the issue point recorded again behind the copy (so that a restore on another
+      // stream waits for the record), then the collective on the same stream (which already
+      // waits).
+      ASSERT_LT(i + 2, calls.size());
       EXPECT_EQ(calls[i - 2].name, "EventRecord") << i;
       EXPECT_EQ(calls[i - 2].stream, caller) << i;
       EXPECT_EQ(calls[i - 1].name, "StreamWaitEvent") << i;
       EXPECT_EQ(calls[i - 1].event, calls[i - 2].event) << i;
       EXPECT_NE(calls[i].stream, caller) << "copy " << copies << " on the caller's stream";
       EXPECT_EQ(calls[i].stream, calls[i - 1].stream) << i;
-      EXPECT_EQ(calls[i + 1].name, "AllReduce") << i;
+      EXPECT_EQ(calls[i + 1].name, "EventRecord") << i;
+      EXPECT_EQ(calls[i + 1].event, calls[i - 2].event) << i;
       EXPECT_EQ(calls[i + 1].stream, calls[i].stream) << i;
+      EXPECT_EQ(calls[i + 2].name, "AllReduce") << i;
+      EXPECT_EQ(calls[i + 2].stream, calls[i].stream) << i;
     }
     EXPECT_EQ(copies, kOps);
     fake.HoldStreams(false);
@@ -347,10 +353,14 @@ TEST(StreamOrder, OpQueuedBehindAFullWindowRunsAtItsIssuePoint) {
     }
     ASSERT_EQ(calls[wait].name, "StreamWaitEvent");
     ASSERT_EQ(calls[wait + 1].name, "MemcpyAsync");  // the record, then the collective
-    ASSERT_EQ(wait + 2, last_collective);
+    // The issue point moves behind the record's copy (a restore on another stream waits for it).
+    ASSERT_EQ(calls[wait + 2].name, "EventRecord");
+    EXPECT_EQ(calls[wait + 2].event, calls[wait].event);
+    EXPECT_EQ(calls[wait + 2].stream, calls[last_collective].stream);
+    ASSERT_EQ(wait + 3, last_collective);
     void* awaited = calls[wait].event;
-    size_t recorded = calls.size();
-    for (size_t i = 0; i < calls.size(); ++i) {
+    size_t recorded = calls.size();  // where MarkIssue recorded it: its first record
+    for (size_t i = 0; i < calls.size() && recorded == calls.size(); ++i) {
       if (calls[i].name == "EventRecord" && calls[i].event == awaited) recorded = i;
     }
     ASSERT_LT(recorded, calls.size());

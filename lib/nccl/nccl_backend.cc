@@ -460,7 +460,21 @@ absl::Status NcclBackend::CopyAt(const StreamPosition& at, void* dst, const void
     }
   }
   events->MarkAwaitedOn(stream_id_);
-  return device_memory_->CopyAsync(dst, src, bytes, Device::Cuda(options_.device), stream_);
+  if (absl::Status s =
+          device_memory_->CopyAsync(dst, src, bytes, Device::Cuda(options_.device), stream_);
+      !s.ok() || events->WasLaunched()) {
+    return s;
+  }
+  // Not launched yet: this is the retry record's copy (or a restore into the op's own buffer).
+  // The issue point moves behind it, so that whoever waits for the op's position later waits for
+  // the copy too: a restore on a rebuilt communicator's stream, for an op whose launch never
+  // happened (refused after an abort), would otherwise read a record still queued on this stream.
+  if (int e = cuda_->EventRecord(events->issued(), stream_); e != kCudaSuccess) {
+    return absl::UnavailableError(absl::StrCat("nccl rank ", options_.rank,
+                                               ": cudaEventRecord after a copy of ", bytes,
+                                               " bytes: ", cuda_->ErrorString(e)));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDesc& op) {
