@@ -1,8 +1,11 @@
 // Step-level recovery (Communicator::BeginStep / CommitStep): a failure anywhere in a step makes
 // every rank's CommitStep ask for a redo, the communicator keeps working, and the redone step's
 // results are exact; steps take no replay record; misuse is named.
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -109,6 +112,27 @@ TEST(Steps, ExplainStatesTheProtectionInEffect) {
     EXPECT_THAT(
         text, HasSubstr(copy ? "every op's input is copied first" : "other ops are not protected"));
   });
+}
+
+TEST(Steps, UnknownReplayModeIsRefusedWithFileAndLine) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/replay_mode_", getpid(), ".yaml");
+  std::ofstream(path) << "schema: 1\n"
+                      << "defaults:\n"
+                      << "  retry:\n"
+                      << "    replay: always\n"
+                      << "tiers:\n"
+                      << "  - name: test\n"
+                      << "    params: any\n";
+  CommunicatorOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  o.store = CreateHashStore();
+  o.profile_file = path;
+  auto comm = Communicator::Create(o);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(comm.status())) << comm.status();
+  EXPECT_THAT(std::string(comm.status().message()),
+              HasSubstr(absl::StrCat(path, ":4:13: retry.replay: must be one of auto, copy")));
 }
 
 TEST(Steps, MisuseIsNamedOnTheCallingRank) {
