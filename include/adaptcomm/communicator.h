@@ -211,6 +211,16 @@ struct P2POptions {
   absl::Duration timeout = absl::ZeroDuration();
 };
 
+// Communicator::Split's choices for the child.
+struct SplitOptions {
+  // The child's backend; kAuto chooses for the child's own ranks (shared memory for a group on
+  // one host, NCCL for CUDA tensors, ...), whatever the parent runs.
+  BackendChoice backend = BackendChoice::kAuto;
+  // The child's name on the store (flight records and logs name it); empty:
+  // "<parent name>/split<n>/color<c>", n counting this communicator's splits.
+  std::string name;
+};
+
 namespace internal {
 class CommunicatorImpl;
 struct CommunicatorAccess;
@@ -314,6 +324,22 @@ class ADAPTCOMM_EXPORT Communicator {
   // barrier). OK: committed on every rank. IsStepRedo: redo it. FailedPrecondition: no step is
   // open. Any other error: the communicator is broken (the error names the rank at fault).
   [[nodiscard]] absl::Status CommitStep();
+
+  // ---- Sub-communicators ----
+  // MPI_Comm_split: a collective over every rank of this communicator. The ranks that pass the
+  // same `color` form a child communicator, ranked by `key`, ties broken by their rank here; a
+  // rank that passes kNoColor takes part and gets no child (nullptr). Every rank publishes its
+  // (color, key) through this communicator's store and reads the others' (one key per rank, so a
+  // rank that never calls Split is named in the DeadlineExceeded of the others, within the init
+  // timeout); then each child rendezvouses under its own name through the same store and builds
+  // its own backend, with this communicator's options (profile, timeouts, retry, elastic policy)
+  // but its own op sequence, flight record and Explain(). Children of one Split are independent:
+  // their ops may be issued in any order relative to each other and to this communicator's.
+  // REQUIRES: every rank calls Split in the same order relative to its other Splits; this
+  // communicator outlives its children when one of its ranks serves the store.
+  static constexpr int kNoColor = -1;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
+                                                                    const SplitOptions& split = {});
 
   // Writes this rank's flight record now; returns the file's path.
   [[nodiscard]] absl::StatusOr<std::string> DumpFlightRecord(const std::string& reason);

@@ -81,6 +81,12 @@ class CommunicatorImpl {
   void ApplyMembership(const MembershipChange& change);
   void MembershipInstalled(const MembershipChange& change);
   Membership membership() const;
+  // The job's store (the one every communicator of the job rendezvouses through), and this
+  // communicator's own scope of it.
+  const std::shared_ptr<Store>& root_store() const { return rendezvous_.root_store; }
+  const std::shared_ptr<Store>& scoped_store() const { return rendezvous_.store; }
+  // Communicator::Split calls so far (numbers each split's keys and default child names).
+  int NextSplit() { return splits_.fetch_add(1) + 1; }
   // Which ops are protected, how and up to what size (a line of Communicator::Explain()).
   std::string ProtectionText() const;
   // Communicator::Abort: cancels a retry vote or failure report in progress, then aborts.
@@ -93,6 +99,7 @@ class CommunicatorImpl {
   const EffectiveConfig config_;
   const CommunicatorDeps deps_;
   std::atomic<int> long_operation_scopes_{0};
+  std::atomic<int> splits_{0};
   int heartbeat_id_ = 0;
   std::deque<absl::Time> recoveries_;  // times of coordinated retries (rebuilds), for degrade
   ElasticPolicy elastic_;
