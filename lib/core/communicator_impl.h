@@ -85,6 +85,8 @@ class CommunicatorImpl {
   // communicator's own scope of it.
   const std::shared_ptr<Store>& root_store() const { return rendezvous_.root_store; }
   const std::shared_ptr<Store>& scoped_store() const { return rendezvous_.store; }
+  // The seams this communicator was built with (a child of Split is built with them too).
+  const CommunicatorDeps& deps() const { return deps_; }
   // Communicator::Split calls so far (numbers each split's keys and default child names).
   int NextSplit() { return splits_.fetch_add(1) + 1; }
   // Which ops are protected, how and up to what size (a line of Communicator::Explain()).

@@ -15,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "adaptcomm/communicator.h"
+#include "lib/core/communicator_factory.h"
 #include "lib/core/communicator_impl.h"
 
 namespace adaptcomm {
@@ -86,7 +87,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
   }
   child.store = impl.root_store();
   child.elastic.join = false;
-  return Create(child);
+  // With the parent's seams: an injected CUDA runtime and NCCL (the fake in tests) serve the
+  // child too.
+  return internal::CreateCommunicatorWith(child, impl.deps());
 }
 
 }  // namespace adaptcomm
