@@ -111,6 +111,11 @@ TEST(Steps, ExplainStatesTheProtectionInEffect) {
     EXPECT_THAT(text, HasSubstr("protection: steps (BeginStep/CommitStep)"));
     EXPECT_THAT(
         text, HasSubstr(copy ? "every op's input is copied first" : "other ops are not protected"));
+    // An in-place op outside a step: counted as unprotected without copies, not with them.
+    float x = 1;
+    ASSERT_TRUE((*comm)->Allreduce(HostView(&x, 1)).Wait().ok());
+    EXPECT_THAT((*comm)->Explain(), HasSubstr(copy ? "; 0 op(s) outside a step ran unprotected"
+                                                   : "; 1 op(s) outside a step ran unprotected"));
   });
 }
 

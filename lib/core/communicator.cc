@@ -198,6 +198,7 @@ std::string CommunicatorImpl::ProtectionText() const {
   const ReplayMode replay = options_.replay != ReplayMode::kProfile ? options_.replay : r.replay;
   const bool copies = replay == ReplayMode::kCopy || elastic_.elastic;
   const uint64_t device_op_limit = r.record_bytes / (2 * static_cast<uint64_t>(r.in_flight));
+  const uint64_t unprotected = executor_->unprotected_ops();
   return absl::StrCat(
       "protection: steps (BeginStep/CommitStep): a failed step is redone on every rank, no copies; "
       "outside a step (retry.replay ",
@@ -209,7 +210,8 @@ std::string CommunicatorImpl::ProtectionText() const {
                             " each, retry.record_bytes / (2 x "
                             "retry.in_flight); larger ones are not protected)")
              : "ops with stable_input and barriers are re-run alone; other ops are not "
-               "protected (a fault fails them and the communicator)");
+               "protected (a fault fails them and the communicator)",
+      "; ", unprotected, " op(s) outside a step ran unprotected so far");
 }
 
 Work CommunicatorImpl::Submit(OpDesc&& desc) {

@@ -156,6 +156,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // older generation) are ignored.
   void RequestRecovery(int generation);
   int generation() const;
+  // Ops outside a step that ran with coordinated retry on but could not be re-run alone (no
+  // record: retry.replay auto and an op that overwrites its input, a record past its budget, ...).
+  uint64_t unprotected_ops() const { return unprotected_ops_.load(std::memory_order_relaxed); }
   // The membership ops are issued under: its number (changes so far), and the current backend's
   // rank and size, read together.
   struct MembershipSnapshot {
@@ -400,6 +403,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   int requested_generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_completed_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool replay_warned_ = false;  // likewise
+  // Ops outside a step that ran with retries on but without a record (not re-run if they fail);
+  // written by the executing thread, read by anyone.
+  std::atomic<uint64_t> unprotected_ops_{0};
   // The op whose device failure was retried last, and the attempt its relaunch is: a relaunch the
   // rebuilt backend accepted that the device then fails again is that op's next attempt, not its
   // first (HandleDeviceFailure). Likewise used only by the executing thread.

@@ -41,6 +41,11 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
     absl::Status recorded =
         replay_.Record(desc, backend().device_memory(), backend().stream_ordered());
     replayable = recorded.ok();
+    if (!replayable) {
+      // Only the executing thread writes it: a load and a store, no read-modify-write.
+      unprotected_ops_.store(unprotected_ops_.load(std::memory_order_relaxed) + 1,
+                             std::memory_order_relaxed);
+    }
     if (!replayable && !replay_warned_) {
       replay_warned_ = true;
       ADAPTCOMM_LOG(kWarning, OpKindName(desc.kind), " #", desc.seq,
