@@ -56,11 +56,10 @@ struct LaunchInfo {
 ADAPTCOMM_EXPORT int DefaultCudaDevice();
 
 // What a communicator does when a rank is lost for good: it did not vote in a coordinated retry
-// within the loss window (dead, stopped, or cut off from the store). See README, "Elastic
-// membership" (issue #14).
+// within the loss window (dead, stopped, or cut off from the store). See docs/elastic.md.
 enum class LossPolicy : uint8_t {
   kProfile,  // the profile's elastic.on_loss (built-in default: fail)
-  kFail,     // every rank's op fails naming the lost ranks (the behaviour before #14)
+  kFail,     // every rank's op fails naming the lost ranks
   kShrink,   // the survivors continue: renumbered densely in their old order, backend rebuilt
   // Waits up to the replacement timeout for the lost ranks to vote after all (a stopped rank that
   // resumes), then does `after_timeout` (shrink or fail). A new process that replaces a lost rank
@@ -246,7 +245,7 @@ class ADAPTCOMM_EXPORT Communicator {
   int size() const;
   // Rank, world size, generation and the ranks lost in the last membership change.
   Membership membership() const;
-  // Elastic grow (issue #14): admits the processes waiting to join (ElasticOptions::join). A
+  // Elastic grow: admits the processes waiting to join (ElasticOptions::join). A
   // collective: every member calls it at the same point of its op sequence, at a step boundary
   // (every op it issued finished; FailedPrecondition otherwise). Rank 0 looks up the waiting
   // joiners in the store (one request) and broadcasts their count (one 16-byte broadcast); with

@@ -191,12 +191,12 @@ struct ElasticSettings {
   std::string after_timeout = "shrink";  // wait_for_replacement, once it ran out: shrink or fail
 };
 
-// The tuned table (issue #15, written by `adaptcomm tune`): the profile's `tuning.table`, or
+// The tuned table (written by `adaptcomm tune`): the profile's `tuning.table`, or
 // ADAPTCOMM_TUNED_TABLE, which wins. A corrupt or hand-edited table (unknown knob, value out of
 // range...) is refused here with file:line and the reason, and the static profile applies. Its
 // values apply only on the topology it was measured on: checked at communicator creation, when
 // hosts and ranks per host are known (a table for another topology is refused by field).
-// Online tuning (issue #15 item 3; lib/core/online_tuner.h): `tuning.online` of the profile,
+// Online tuning (lib/core/online_tuner.h): `tuning.online` of the profile,
 // `enabled` also from ADAPTCOMM_ONLINE_TUNING (wins). During the first trials_per_candidate x
 // candidates ops of each op x size band the communicator runs each candidate value of its
 // backend's knobs in turn, times them, agrees on the winner with every rank through the store and
