@@ -54,7 +54,8 @@ struct Config {
   size_t max_bytes = 64u << 20;
   std::string csv;
   bool quick = false;
-  // Coordinated retries copy each op's input first (see README); 1 = off, as raw Gloo has none.
+  // Coordinated retry (1 = off, as raw Gloo has none); with retry.replay copy it copies each
+  // op's input first (docs/resilience.md).
   int retries = 1;
   adaptcomm::BackendChoice backend = adaptcomm::BackendChoice::kGloo;
   bool baseline = true;  // raw Gloo in the same rounds
