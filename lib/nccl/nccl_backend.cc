@@ -1,5 +1,3 @@
-#include "lib/nccl/nccl_backend.h"
-
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -13,137 +11,12 @@
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
+#include "lib/nccl/nccl_backend_class.h"  // IWYU pragma: associated
 #include "lib/nccl/nccl_init.h"
 #include "lib/nccl/nccl_translate.h"
 #include "lib/nccl/stream_order.h"
 
 namespace adaptcomm::nccl {
-namespace {
-
-using cuda::CudaApi;
-using cuda::CudaEvent;
-using cuda::CudaStream;
-using cuda::kCudaErrorNotReady;
-using cuda::kCudaErrorNotSupported;
-using cuda::kCudaSuccess;
-using cuda::PointerInfo;
-using cuda::ScopedCudaDevice;
-
-bool InFlight(NcclResult r) { return r == NcclResult::kSuccess || r == NcclResult::kInProgress; }
-
-// Names a communicator stream for NcclOpEvents::AwaitedOn: unlike its handle, never reused by a
-// later backend generation.
-uint64_t NextStreamId() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1);
-}
-
-class NcclBackend final : public Backend, public StreamOrdered {
- public:
-  NcclBackend(std::shared_ptr<NcclApi> api, std::shared_ptr<CudaApi> cuda,
-              const NcclBackendOptions& options, NcclComm comm, int device_count, CudaEvent event,
-              CudaStream stream, void* scratch)
-      : api_(std::move(api)),
-        cuda_(std::move(cuda)),
-        options_(options),
-        comm_(comm),
-        device_count_(device_count),
-        event_(event),
-        stream_(stream),
-        scratch_(scratch),
-        device_memory_(cuda::MakeCudaDeviceMemory(cuda_)),
-        op_events_(std::make_shared<OpEventsShared>(cuda_, options_.device, api_, comm_)) {}
-  ~NcclBackend() override;
-
-  const char* name() const override { return "nccl"; }
-  int rank() const override { return options_.rank; }
-  int size() const override { return options_.size; }
-  Capabilities capabilities() const override {
-    Capabilities c;
-    c.host_memory = false;
-    c.device_memory = true;
-    c.native_bf16 = true;
-    c.native_avg = true;
-    c.send_recv = true;
-    c.abortable = true;
-    c.stream_ordered = true;
-    return c;
-  }
-  absl::Status Supports(const OpDesc& op) const override;
-  absl::Status Run(const OpDesc& op) override;
-  void Abort(const absl::Status& reason) override;
-  absl::Status health() const override {
-    absl::MutexLock lock(&mu_);
-    return broken_;
-  }
-  std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
-  StreamOrdered* stream_ordered() override { return this; }
-  absl::StatusOr<std::shared_ptr<const StreamPosition>> MarkIssue(const OpDesc& op) override;
-  absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(const OpDesc& op) override;
-  absl::Status CopyAt(const StreamPosition& at, void* dst, const void* src, size_t bytes) override;
-
-  // ShrinkNcclBackend / CanShrinkNccl / ReleaseNcclComm (nccl_backend.h).
-  absl::Status CanShrink() const;
-  absl::StatusOr<std::unique_ptr<Backend>> Shrink(const std::vector<int>& exclude_ranks,
-                                                  const NcclBackendOptions& options);
-  void ReleaseComm() { AbortCommOnce(/*allow_park=*/false); }
-
- private:
-  // Marks the op running (or refuses it on a broken backend); FinishCall undoes it, aborting the
-  // communicator if an Abort() came meanwhile, and returns what the caller should see.
-  absl::Status BeginCall(const OpDesc& op);
-  absl::Status FinishCall(absl::Status result);
-  absl::Status CheckView(const OpDesc& op, const TensorView& v, const char* which) const;
-  // Queues `op` on `stream`; the raw NCCL result of the call (or of the group).
-  NcclResult Enqueue(const OpDesc& op, CudaStream stream);
-  // Waits for the event recorded after `op`, polling async errors; the op's final status.
-  absl::Status WaitDone(const OpDesc& op, absl::Time deadline);
-  // Records `status` as the reason the backend is broken, aborts the communicator, returns the
-  // status the caller should see (the abort's, if Abort() came first).
-  absl::Status Break(absl::Status status);
-  // Aborts the communicator once; with keep_comm_for_shrink and `allow_park`, only parks it (the
-  // ops end through health_, ncclCommAbort waits for a shrink or ReleaseComm).
-  void AbortCommOnce(bool allow_park = true);
-  LaunchedOp Launched(const OpDesc& op) const {
-    return LaunchedOp{op.kind, op.seq, options_.rank, options_.device};
-  }
-  std::string What(const OpDesc& op) const { return Launched(op).Name(); }
-
-  const std::shared_ptr<NcclApi> api_;
-  const std::shared_ptr<CudaApi> cuda_;
-  const NcclBackendOptions options_;
-  const NcclComm comm_;
-  const int device_count_;
-  const CudaEvent event_;
-  const CudaStream stream_;  // the communicator's stream: barriers and stream-ordered ops
-  const uint64_t stream_id_ = NextStreamId();
-  void* const scratch_;  // barrier's one-element device buffer
-  const std::shared_ptr<DeviceMemory> device_memory_;
-  const std::shared_ptr<OpEventsShared> op_events_;  // the event pool and the comm's health
-  EventPool& events_ = op_events_->pool;
-  CommHealth& health_ = op_events_->health;
-
-  std::atomic<bool> abort_requested_{false};
-  std::atomic<CudaStream> last_checked_stream_{nullptr};  // on options_.device (MarkIssue)
-  // Device pointers of options_.device that CheckView found valid, by PointerSlot.
-  static constexpr size_t kCheckedPointers = 16;
-  static size_t PointerSlot(const void* p) {
-    return (reinterpret_cast<uintptr_t>(p) >> 8) % kCheckedPointers;
-  }
-  mutable std::array<std::atomic<const void*>, kCheckedPointers> checked_pointers_{};
-  // An op (or a shrink) is making NCCL calls on comm_: Abort() then leaves ncclCommAbort to it
-  // (FinishCall). Set and cleared by the executing thread without mu_ (BeginCall, FinishCall: every
-  // op); Abort() sets abort_requested_ before it reads running_, and a call sets running_ before
-  // it reads abort_requested_, so that (both sequentially consistent) at least one of them sees the
-  // other.
-  std::atomic<bool> running_{false};
-  // Set with broken_ (never cleared): BeginCall's check without mu_.
-  std::atomic<bool> broken_seen_{false};
-  mutable absl::Mutex mu_;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  bool comm_aborted_ ABSL_GUARDED_BY(mu_) = false;
-  bool comm_parked_ ABSL_GUARDED_BY(mu_) = false;
-};
 
 NcclBackend::~NcclBackend() {
   bool aborted = false;
@@ -425,6 +298,8 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
   return MakeRecycled<NcclOpEvents>(op_events_, issued, done, Launched(op));
 }
 
+namespace {
+
 // The events behind a position MarkIssue made (null for another kind of position). NcclOpEvents is
 // final: a typeid check is a pointer compare where a dynamic_cast through its two bases walks the
 // class hierarchy on every op.
@@ -433,6 +308,8 @@ const NcclOpEvents* EventsOf(const StreamPosition* position) {
              ? static_cast<const NcclOpEvents*>(position)
              : nullptr;
 }
+
+}  // namespace
 
 absl::Status NcclBackend::CopyAt(const StreamPosition& at, void* dst, const void* src,
                                  size_t bytes) {
@@ -647,170 +524,6 @@ void NcclBackend::AbortCommOnce(bool allow_park) {
   }
   absl::Status s = CommAbortBounded(api_, comm_, options_.abort_timeout);
   if (!s.ok()) ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank, ": ", s.message());
-}
-
-// The backend around a ready communicator: its CUDA event, stream and barrier scratch.
-absl::StatusOr<std::unique_ptr<Backend>> FinishNcclBackend(std::shared_ptr<NcclApi> api,
-                                                           std::shared_ptr<CudaApi> cuda,
-                                                           const NcclBackendOptions& o,
-                                                           NcclComm comm, int device_count,
-                                                           const std::string& who) {
-  CudaEvent event = nullptr;
-  CudaStream stream = nullptr;
-  void* scratch = nullptr;
-  int e = cuda->EventCreateDisableTiming(&event);
-  if (e == kCudaSuccess) e = cuda->StreamCreateNonBlocking(&stream);
-  if (e == kCudaSuccess) e = cuda->Malloc(&scratch, 256);
-  if (e != kCudaSuccess) {
-    // The constructor takes what exists so that the destructor frees it with the communicator.
-    NcclBackend cleanup(api, cuda, o, comm, device_count, event, stream, scratch);
-    return absl::ResourceExhaustedError(
-        absl::StrCat(who, ": creating its CUDA event/stream/scratch: ", cuda->ErrorString(e)));
-  }
-  int version = 0;
-  (void)api->GetVersion(&version);
-  ADAPTCOMM_LOG(kDebug, who, ": NCCL ", NcclVersionString(version), " from ", api->library_path(),
-                " ready, ", o.size, " ranks");
-  return std::unique_ptr<Backend>(std::make_unique<NcclBackend>(
-      std::move(api), std::move(cuda), o, comm, device_count, event, stream, scratch));
-}
-
-absl::Status NcclBackend::CanShrink() const {
-  if (!api_->has_comm_shrink()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(api_->library_path(), " has no ncclCommShrink (NCCL 2.27+ exports it)"));
-  }
-  absl::MutexLock lock(&mu_);
-  if (comm_aborted_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the NCCL communicator of rank ", options_.rank, " was already aborted"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Shrink(const std::vector<int>& exclude,
-                                                             const NcclBackendOptions& options) {
-  const std::string who =
-      absl::StrCat("ncclCommShrink of rank ", options_.rank, " of ", options_.size, " to rank ",
-                   options.rank, " of ", options.size, " on cuda:", options_.device);
-  int below = 0;
-  for (size_t i = 0; i < exclude.size(); ++i) {
-    const int r = exclude[i];
-    if (r < 0 || r >= options_.size || r == options_.rank ||
-        std::find(exclude.begin(), exclude.begin() + static_cast<long>(i), r) !=
-            exclude.begin() + static_cast<long>(i)) {
-      return absl::InvalidArgumentError(absl::StrCat(who, ": excluded rank ", r,
-                                                     " must be another rank in [0, ", options_.size,
-                                                     "), listed once"));
-    }
-    below += r < options_.rank;
-  }
-  if (options.size != options_.size - static_cast<int>(exclude.size()) ||
-      options.rank != options_.rank - below || options.device != options_.device) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": excluding ", exclude.size(), " rank(s) makes rank ", options_.rank - below, " of ",
-        options_.size - static_cast<int>(exclude.size()), " on cuda:", options_.device));
-  }
-  if (absl::Status s = CanShrink(); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
-  }
-  bool broken = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (running_.load() || comm_aborted_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(who, ": the parent communicator is busy or aborted"));
-    }
-    running_.store(true);  // Abort() meanwhile must not call ncclCommAbort under ncclCommShrink
-    broken = !broken_.ok() || comm_parked_;
-  }
-  ScopedCudaDevice device(*cuda_, options_.device);
-  NcclBackendOptions o = options;
-  o.config.blocking = 0;
-  NcclComm child = nullptr;
-  NcclResult r =
-      api_->CommShrink(comm_, exclude, &child, &o.config, broken ? kShrinkAbort : kShrinkDefault);
-  NcclResult state = r;
-  const absl::Time deadline = absl::Now() + o.init_timeout;
-  for (int i = 0; child != nullptr && (r == NcclResult::kSuccess || r == NcclResult::kInProgress);
-       ++i) {
-    NcclResult q = api_->CommGetAsyncError(child, &state);
-    if (q != NcclResult::kSuccess) state = q;
-    if (state != NcclResult::kInProgress || absl::Now() > deadline) break;
-    cuda::PollPause(64 + i);
-  }
-  if (!InFlight(r)) state = r;
-  const std::string detail = api_->GetLastError(child != nullptr ? child : comm_);
-  {
-    absl::MutexLock lock(&mu_);
-    running_.store(false);
-    broken_seen_.store(true);
-    if (broken_.ok()) {
-      broken_ = absl::FailedPreconditionError(
-          absl::StrCat("nccl backend of rank ", options_.rank,
-                       " was replaced by its shrunk communicator (ncclCommShrink)"));
-    }
-  }
-  // The parent's part is done (its ops ended with NCCL_SHRINK_ABORT, or it is superseded): its
-  // resources go now rather than when the communicator ends.
-  AbortCommOnce(/*allow_park=*/false);
-  if (state != NcclResult::kSuccess) {
-    absl::Status failed = state == NcclResult::kInProgress
-                              ? absl::DeadlineExceededError(absl::StrCat(
-                                    who, " did not finish within ",
-                                    absl::FormatDuration(o.init_timeout), "; ncclCommAbort called"))
-                              : MapNcclResult(state, who, detail);
-    if (child != nullptr) {
-      if (absl::Status a = CommAbortBounded(api_, child, o.abort_timeout); !a.ok()) {
-        failed = absl::Status(failed.code(), absl::StrCat(failed.message(), "; ", a.message()));
-      }
-    }
-    return failed;
-  }
-  return FinishNcclBackend(api_, cuda_, o, child, device_count_, who);
-}
-
-}  // namespace
-
-absl::Status CanShrinkNccl(const Backend& parent) {
-  const auto* nccl = dynamic_cast<const NcclBackend*>(&parent);
-  if (nccl == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the backend to shrink is ", parent.name(), ", not nccl"));
-  }
-  return nccl->CanShrink();
-}
-
-absl::StatusOr<std::unique_ptr<Backend>> ShrinkNcclBackend(Backend& parent,
-                                                           const std::vector<int>& exclude_ranks,
-                                                           const NcclBackendOptions& options) {
-  auto* nccl = dynamic_cast<NcclBackend*>(&parent);
-  if (nccl == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("ncclCommShrink: the backend to shrink is ", parent.name(), ", not nccl"));
-  }
-  return nccl->Shrink(exclude_ranks, options);
-}
-
-void ReleaseNcclComm(Backend& backend) {
-  auto* nccl = dynamic_cast<NcclBackend*>(&backend);
-  if (nccl != nullptr && !nccl->health().ok()) nccl->ReleaseComm();
-}
-
-absl::StatusOr<std::unique_ptr<Backend>> CreateNcclBackend(std::shared_ptr<NcclApi> api,
-                                                           std::shared_ptr<cuda::CudaApi> cuda,
-                                                           const NcclBackendOptions& options) {
-  if (api == nullptr) return absl::InvalidArgumentError("CreateNcclBackend: api is null");
-  if (cuda == nullptr) return absl::InvalidArgumentError("CreateNcclBackend: cuda is null");
-  if (options.store == nullptr) return absl::InvalidArgumentError("CreateNcclBackend: no store");
-  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CreateNcclBackend: rank ", options.rank, " of ", options.size));
-  }
-  absl::StatusOr<InitializedComm> init = InitNcclComm(api, *cuda, options);
-  if (!init.ok()) return init.status();
-  return FinishNcclBackend(std::move(api), std::move(cuda), init->options, init->comm,
-                           init->device_count, init->who);
 }
 
 }  // namespace adaptcomm::nccl

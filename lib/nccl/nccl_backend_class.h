@@ -1,0 +1,163 @@
+// NcclBackend, the Backend over one NCCL communicator: its class, shared by the file that runs
+// ops (nccl_backend.cc) and the one that creates, shrinks and releases it
+// (nccl_backend_create.cc). Internal to lib/nccl.
+#ifndef ADAPTCOMM_LIB_NCCL_NCCL_BACKEND_CLASS_H_
+#define ADAPTCOMM_LIB_NCCL_NCCL_BACKEND_CLASS_H_
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <typeinfo>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "lib/base/block_recycler.h"
+#include "lib/base/log.h"
+#include "lib/base/op_views.h"
+#include "lib/cuda/device_memory.h"
+#include "lib/nccl/nccl_backend.h"
+#include "lib/nccl/nccl_init.h"
+#include "lib/nccl/nccl_translate.h"
+#include "lib/nccl/stream_order.h"
+
+namespace adaptcomm::nccl {
+
+using cuda::CudaApi;
+using cuda::CudaEvent;
+using cuda::CudaStream;
+using cuda::kCudaErrorNotReady;
+using cuda::kCudaErrorNotSupported;
+using cuda::kCudaSuccess;
+using cuda::PointerInfo;
+using cuda::ScopedCudaDevice;
+
+inline bool InFlight(NcclResult r) {
+  return r == NcclResult::kSuccess || r == NcclResult::kInProgress;
+}
+
+// Names a communicator stream for NcclOpEvents::AwaitedOn: unlike its handle, never reused by a
+// later backend generation.
+inline uint64_t NextStreamId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
+class NcclBackend final : public Backend, public StreamOrdered {
+ public:
+  NcclBackend(std::shared_ptr<NcclApi> api, std::shared_ptr<CudaApi> cuda,
+              const NcclBackendOptions& options, NcclComm comm, int device_count, CudaEvent event,
+              CudaStream stream, void* scratch)
+      : api_(std::move(api)),
+        cuda_(std::move(cuda)),
+        options_(options),
+        comm_(comm),
+        device_count_(device_count),
+        event_(event),
+        stream_(stream),
+        scratch_(scratch),
+        device_memory_(cuda::MakeCudaDeviceMemory(cuda_)),
+        op_events_(std::make_shared<OpEventsShared>(cuda_, options_.device, api_, comm_)) {}
+  ~NcclBackend() override;
+
+  const char* name() const override { return "nccl"; }
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  Capabilities capabilities() const override {
+    Capabilities c;
+    c.host_memory = false;
+    c.device_memory = true;
+    c.native_bf16 = true;
+    c.native_avg = true;
+    c.send_recv = true;
+    c.abortable = true;
+    c.stream_ordered = true;
+    return c;
+  }
+  absl::Status Supports(const OpDesc& op) const override;
+  absl::Status Run(const OpDesc& op) override;
+  void Abort(const absl::Status& reason) override;
+  absl::Status health() const override {
+    absl::MutexLock lock(&mu_);
+    return broken_;
+  }
+  std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
+  StreamOrdered* stream_ordered() override { return this; }
+  absl::StatusOr<std::shared_ptr<const StreamPosition>> MarkIssue(const OpDesc& op) override;
+  absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(const OpDesc& op) override;
+  absl::Status CopyAt(const StreamPosition& at, void* dst, const void* src, size_t bytes) override;
+
+  // ShrinkNcclBackend / CanShrinkNccl / ReleaseNcclComm (nccl_backend.h).
+  absl::Status CanShrink() const;
+  absl::StatusOr<std::unique_ptr<Backend>> Shrink(const std::vector<int>& exclude_ranks,
+                                                  const NcclBackendOptions& options);
+  void ReleaseComm() { AbortCommOnce(/*allow_park=*/false); }
+
+ private:
+  // Marks the op running (or refuses it on a broken backend); FinishCall undoes it, aborting the
+  // communicator if an Abort() came meanwhile, and returns what the caller should see.
+  absl::Status BeginCall(const OpDesc& op);
+  absl::Status FinishCall(absl::Status result);
+  absl::Status CheckView(const OpDesc& op, const TensorView& v, const char* which) const;
+  // Queues `op` on `stream`; the raw NCCL result of the call (or of the group).
+  NcclResult Enqueue(const OpDesc& op, CudaStream stream);
+  // Waits for the event recorded after `op`, polling async errors; the op's final status.
+  absl::Status WaitDone(const OpDesc& op, absl::Time deadline);
+  // Records `status` as the reason the backend is broken, aborts the communicator, returns the
+  // status the caller should see (the abort's, if Abort() came first).
+  absl::Status Break(absl::Status status);
+  // Aborts the communicator once; with keep_comm_for_shrink and `allow_park`, only parks it (the
+  // ops end through health_, ncclCommAbort waits for a shrink or ReleaseComm).
+  void AbortCommOnce(bool allow_park = true);
+  LaunchedOp Launched(const OpDesc& op) const {
+    return LaunchedOp{op.kind, op.seq, options_.rank, options_.device};
+  }
+  std::string What(const OpDesc& op) const { return Launched(op).Name(); }
+
+  const std::shared_ptr<NcclApi> api_;
+  const std::shared_ptr<CudaApi> cuda_;
+  const NcclBackendOptions options_;
+  const NcclComm comm_;
+  const int device_count_;
+  const CudaEvent event_;
+  const CudaStream stream_;  // the communicator's stream: barriers and stream-ordered ops
+  const uint64_t stream_id_ = NextStreamId();
+  void* const scratch_;  // barrier's one-element device buffer
+  const std::shared_ptr<DeviceMemory> device_memory_;
+  const std::shared_ptr<OpEventsShared> op_events_;  // the event pool and the comm's health
+  EventPool& events_ = op_events_->pool;
+  CommHealth& health_ = op_events_->health;
+
+  std::atomic<bool> abort_requested_{false};
+  std::atomic<CudaStream> last_checked_stream_{nullptr};  // on options_.device (MarkIssue)
+  // Device pointers of options_.device that CheckView found valid, by PointerSlot.
+  static constexpr size_t kCheckedPointers = 16;
+  static size_t PointerSlot(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) >> 8) % kCheckedPointers;
+  }
+  mutable std::array<std::atomic<const void*>, kCheckedPointers> checked_pointers_{};
+  // An op (or a shrink) is making NCCL calls on comm_: Abort() then leaves ncclCommAbort to it
+  // (FinishCall). Set and cleared by the executing thread without mu_ (BeginCall, FinishCall: every
+  // op); Abort() sets abort_requested_ before it reads running_, and a call sets running_ before
+  // it reads abort_requested_, so that (both sequentially consistent) at least one of them sees the
+  // other.
+  std::atomic<bool> running_{false};
+  // Set with broken_ (never cleared): BeginCall's check without mu_.
+  std::atomic<bool> broken_seen_{false};
+  mutable absl::Mutex mu_;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  bool comm_aborted_ ABSL_GUARDED_BY(mu_) = false;
+  bool comm_parked_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The backend around a ready communicator: its CUDA event, stream and barrier scratch.
+absl::StatusOr<std::unique_ptr<Backend>> FinishNcclBackend(std::shared_ptr<NcclApi> api,
+                                                           std::shared_ptr<cuda::CudaApi> cuda,
+                                                           const NcclBackendOptions& o,
+                                                           NcclComm comm, int device_count,
+                                                           const std::string& who);
+
+}  // namespace adaptcomm::nccl
+
+#endif  // ADAPTCOMM_LIB_NCCL_NCCL_BACKEND_CLASS_H_
