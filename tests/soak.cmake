@@ -17,3 +17,11 @@ add_test(NAME soak_elastic_shrink_100_rounds
                  --gtest_break_on_failure)
 set_tests_properties(soak_elastic_shrink_100_rounds
                      PROPERTIES LABELS soak TIMEOUT 7200 ENVIRONMENT "ADAPTCOMM_LOG_LEVEL=error")
+# The demo trainer across two network-namespace hosts, one link cut for 15 s mid-run: about a
+# minute of wall time, most of it waiting out the cut and TCP's retransmission backoff.
+add_executable(demo_link_cut_soak demo_link_cut_soak.cc)
+target_link_libraries(demo_link_cut_soak PRIVATE adaptcomm_test_harness GTest::gtest_main)
+target_include_directories(demo_link_cut_soak PRIVATE ${PROJECT_SOURCE_DIR})
+adaptcomm_warnings(demo_link_cut_soak)
+add_test(NAME soak_demo_link_cut_15s COMMAND demo_link_cut_soak)
+set_tests_properties(soak_demo_link_cut_15s PROPERTIES LABELS soak TIMEOUT 900)

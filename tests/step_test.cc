@@ -160,6 +160,72 @@ TEST(Steps, MisuseIsNamedOnTheCallingRank) {
   });
 }
 
+// The commit compares the number of ops each rank issued in the step. Ranks whose steps differ
+// (an op issued inside the step on one rank, after its commit on the other) get the same named
+// error, or the error of the op that paired with the other's commit, on every rank within the op
+// timeout plus a recovery; never a hang or a silent success.
+void ExpectAnOpAfterTheCommitOnOneRankIsNamed(BackendChoice backend) {
+  testing::RunRanks(
+      RankMode::kThreads, 2,
+      [backend](const RankEnv& env) {
+        CommunicatorOptions o = env.options;
+        o.backend = backend;
+        o.timeout = absl::Seconds(1);
+        o.failure_report_window = absl::Seconds(2);
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        const absl::Time start = absl::Now();
+        std::vector<float> x(3, static_cast<float>(env.rank + 1));
+        ASSERT_TRUE((*comm)->BeginStep().ok());
+        ASSERT_TRUE((*comm)->Allreduce(HostView(x.data(), x.size())).Wait().ok());
+        absl::Status late = absl::OkStatus();
+        if (env.rank == 0) {
+          late = (*comm)->Allreduce(HostView(x.data(), x.size())).Wait();
+        }
+        absl::Status commit = (*comm)->CommitStep();
+        if (env.rank == 1) late = (*comm)->Allreduce(HostView(x.data(), x.size())).Wait();
+        EXPECT_FALSE(commit.ok() && late.ok()) << "rank " << env.rank << " saw no error";
+        if (absl::IsFailedPrecondition(commit)) {
+          // Rank 0's late allreduce ran against rank 1's commit.
+          EXPECT_THAT(std::string(commit.message()),
+                      HasSubstr("rank(s) 0 ran another op against this rank's commit"));
+        }
+        EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "rank " << env.rank;
+      },
+      absl::Seconds(60));
+}
+
+TEST(Steps, AnOpAfterTheCommitOnOneRankIsNamedOnGloo) {
+  ExpectAnOpAfterTheCommitOnOneRankIsNamed(BackendChoice::kGloo);
+}
+TEST(Steps, AnOpAfterTheCommitOnOneRankIsNamedOnShm) {
+  ExpectAnOpAfterTheCommitOnOneRankIsNamed(BackendChoice::kShm);
+}
+
+// When every rank's commit pairs up but their steps held different numbers of ops (a rank that
+// issued an op of no elements, which moves no data, where the other issued none), every rank gets
+// the same named error and the communicator is broken rather than left with sequences that no
+// longer line up.
+TEST(Steps, DifferentOpCountsInAStepAreNamedOnEveryRank) {
+  testing::RunRanks(RankMode::kThreads, 2, [](const RankEnv& env) {
+    CommunicatorOptions o = env.options;
+    o.backend = BackendChoice::kShm;  // pairs ops by order (Gloo's tags would time out instead)
+    o.timeout = absl::Seconds(5);
+    auto comm = Communicator::Create(o);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    float x = 1;
+    ASSERT_TRUE((*comm)->BeginStep().ok());
+    ASSERT_TRUE((*comm)->Allreduce(HostView(&x, 1)).Wait().ok());
+    // A zero-element op is refused before it runs: it takes a number on rank 0 only.
+    if (env.rank == 0) (void)(*comm)->Allreduce(HostView(&x, 0)).Wait();
+    absl::Status commit = (*comm)->CommitStep();
+    EXPECT_TRUE(absl::IsFailedPrecondition(commit)) << "rank " << env.rank << ": " << commit;
+    EXPECT_THAT(std::string(commit.message()),
+                HasSubstr("issued different numbers of ops in it (rank 0: 2, rank 1: 1)"));
+    EXPECT_FALSE((*comm)->health().ok());
+  });
+}
+
 // A step begun on one rank only: that rank's commit barrier has no partner. Both ranks get a
 // named error within the op timeout plus the recovery, never a hang or a silent success.
 TEST(Steps, StepBegunOnOneRankOnlyFailsOnBothWithinBound) {

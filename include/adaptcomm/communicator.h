@@ -320,8 +320,11 @@ class ADAPTCOMM_EXPORT Communicator {
   // FailedPrecondition: a step is already open (steps do not nest).
   [[nodiscard]] absl::Status BeginStep();
   // Ends the step: waits for its ops (each within its timeout), then agrees with every rank (one
-  // barrier). OK: committed on every rank. IsStepRedo: redo it. FailedPrecondition: no step is
-  // open. Any other error: the communicator is broken (the error names the rank at fault).
+  // allgather of each rank's count of ops in the step; a barrier on a backend that takes device
+  // memory only). OK: committed on every rank. IsStepRedo: redo it. FailedPrecondition: no step is
+  // open here, or the ranks issued different numbers of ops in the step (each rank's count named;
+  // the communicator is then broken). Any other error: the communicator is broken (the error
+  // names the rank at fault).
   [[nodiscard]] absl::Status CommitStep();
 
   // ---- Sub-communicators ----

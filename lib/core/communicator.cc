@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -205,10 +208,12 @@ std::string CommunicatorImpl::ProtectionText() const {
       ReplayModeName(replay), elastic_.elastic && replay != ReplayMode::kCopy ? ", elastic" : "",
       "): ",
       copies ? absl::StrCat("every op's input is copied first and any op is re-run alone (host "
-                            "ops of any size; device ops up to ",
+                            "ops of any size; device ops into one slab of retry.record_bytes (",
+                            ByteSizeText(r.record_bytes),
+                            ") per device, allocated once: always up to ",
                             ByteSizeText(device_op_limit),
-                            " each, retry.record_bytes / (2 x "
-                            "retry.in_flight); larger ones are not protected)")
+                            " each, retry.record_bytes / (2 x retry.in_flight), larger ones "
+                            "while the records in flight leave room, else not protected)")
              : "ops with stable_input and barriers are re-run alone; other ops are not "
                "protected (a fault fails them and the communicator)",
       "; ", unprotected, " op(s) outside a step ran unprotected so far");
@@ -455,6 +460,38 @@ absl::Duration StepBound(const internal::CommunicatorImpl& impl) {
 }
 }  // namespace
 
+namespace {
+// Each rank's block of the commit's allgather: this word, then its count of ops in the step. A
+// block without the word came from another kind of op that paired with the commit.
+constexpr int64_t kCommitWord = 0x61634d6d69745354;  // "TStimMca"
+
+// OK when every rank committed with as many ops in the step, else the error each rank reports.
+absl::Status StepOpCountsAgree(uint64_t step, const std::string& name,
+                               const std::vector<int64_t>& blocks) {
+  const size_t ranks = blocks.size() / 2;
+  std::vector<size_t> elsewhere;
+  std::string each;
+  bool differ = false;
+  for (size_t r = 0; r < ranks; ++r) {
+    if (blocks[2 * r] != kCommitWord) elsewhere.push_back(r);
+    differ = differ || blocks[2 * r + 1] != blocks[1];
+    absl::StrAppend(&each, r == 0 ? "" : ", ", "rank ", r, ": ", blocks[2 * r + 1]);
+  }
+  const std::string prefix = absl::StrCat("step ", step, " of communicator '", name, "': ");
+  if (!elsewhere.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        prefix, "rank(s) ", absl::StrJoin(elsewhere, ", "),
+        " ran another op against this rank's commit: an op of the step issued after CommitStep "
+        "there, or skipped here; the communicator is broken"));
+  }
+  if (!differ) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      prefix, "the ranks issued different numbers of ops in it (", each,
+      "): an op of the step issued after CommitStep on some ranks, or skipped on others; the "
+      "communicator is broken"));
+}
+}  // namespace
+
 absl::Status Communicator::BeginStep() { return impl_->executor().BeginStep(StepBound(*impl_)); }
 
 absl::Status Communicator::CommitStep() {
@@ -464,19 +501,32 @@ absl::Status Communicator::CommitStep() {
                                                       rank(), " of communicator '",
                                                       impl_->options().name, "'"));
   }
-  // Every rank enters the barrier only with every op of its step done, so a barrier that
-  // completes anywhere proves the step everywhere.
-  Work commit = Barrier();
+  // The commit is an allgather of the number of ops each rank issued in the step: it completes
+  // anywhere only once every rank entered it, each with every op of its step done, so it proves
+  // the step everywhere; and ranks that issued different ops in the step (one issued after its
+  // commit, or skipped one) all learn it, naming each other.
+  // A backend that takes device memory only (NCCL) commits with its barrier, without the counts.
+  const bool counted = capabilities().host_memory;
+  int64_t mine[2] = {kCommitWord, static_cast<int64_t>(executor.StepOpsIssued())};
+  std::vector<int64_t> blocks(counted ? 2 * static_cast<size_t>(size()) : 0, 0);
+  Work commit = counted ? Allgather(TensorView{mine, 2, DType::kI64},
+                                    TensorView{blocks.data(), blocks.size(), DType::kI64})
+                        : Barrier();
   const uint64_t commit_seq = commit.seq();
   const absl::Status agreed = commit.Wait();
   absl::StatusOr<internal::OpExecutor::StepOutcome> outcome = executor.EndStep(StepBound(*impl_));
   if (!outcome.ok()) return outcome.status();
-  if (agreed.ok() && outcome->failure.ok()) return absl::OkStatus();
+  if (agreed.ok() && outcome->failure.ok()) {
+    absl::Status agree = StepOpCountsAgree(outcome->step, impl_->options().name, blocks);
+    // The ranks' op sequences no longer line up: any later op could pair with another kind.
+    if (!agree.ok()) Abort(agree);
+    return agree;
+  }
   if (outcome->recovered && commit_seq != 0 && outcome->max_position > commit_seq) {
-    // Another rank got past this barrier before the failure (only this rank's end of it broke):
+    // Another rank got past this commit before the failure (only this rank's end of it broke):
     // the step is committed there, hence here.
     ADAPTCOMM_LOG(kWarning, "step ", outcome->step,
-                  " committed (another rank completed its commit ", "barrier #", commit_seq,
+                  " committed (another rank completed its commit #", commit_seq,
                   " before: ", outcome->failure.message(), ")");
     return absl::OkStatus();
   }

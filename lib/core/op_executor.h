@@ -216,6 +216,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::Status BeginStep(absl::Duration bound);
   // Whether a step is open.
   bool StepOpen() const;
+  // Ops issued in the open step so far (0 when none is open).
+  uint64_t StepOpsIssued() const;
   // The open step (if any) fails with `cause` (an op refused at the call): its later ops do not
   // run and its commit reports `cause`.
   void FailStep(const absl::Status& cause);

@@ -85,6 +85,11 @@ bool OpExecutor::StepOpen() const {
   return step_.open != 0;
 }
 
+uint64_t OpExecutor::StepOpsIssued() const {
+  absl::MutexLock lock(&mu_);  // reads only: wakes no one
+  return step_.open != 0 ? next_seq_ - step_.begin_seq : 0;
+}
+
 void OpExecutor::FailStep(const absl::Status& cause) {
   ExecutorLock lock(this);
   if (step_.open != 0 && step_.failure.ok()) step_.failure = cause;

@@ -85,6 +85,8 @@ absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> m
     return kNotRecorded;
   }
   Entry& e = entries_[op.seq % entries_.size()];
+  arena_.Release(e.record);  // the op it held is past the window
+  e.record = {};
   e.seq = op.seq;
   e.op = op;
   e.replayable = false;
@@ -113,43 +115,30 @@ absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> m
   return absl::OkStatus();
 }
 
-absl::Status ReplayLog::WithinDeviceBudget(const Entry& e, size_t bytes) const {
-  const uint64_t mine = e.input.device_bytes();
-  if (bytes <= mine) return absl::OkStatus();  // its buffer is big enough already: no growth
-  uint64_t held = 0;
-  for (const Entry& other : entries_) held += other.input.device_bytes();
-  const uint64_t after = held - mine + bytes;
-  if (after <= device_record_bytes_) return absl::OkStatus();
-  const uint64_t window = entries_.size() / 2;
-  const uint64_t fits = device_record_bytes_ / (2 * static_cast<uint64_t>(bytes));
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "its retry record (", ByteSizeText(bytes), ") would take the device ops' records to ",
-      ByteSizeText(after), ", past retry.record_bytes (", ByteSizeText(device_record_bytes_), "); ",
-      fits >= 1 ? absl::StrCat("the records of ops this size fit it with retry.in_flight ", fits,
-                               " (now ", window, ")")
-                : absl::StrCat("one op this size needs retry.record_bytes of at least ",
-                               ByteSizeText(2 * static_cast<uint64_t>(bytes)),
-                               " (with retry.in_flight 1)")));
-}
-
 absl::Status ReplayLog::CopyInput(Entry& e, const void* src, StreamOrdered* ordered) {
   const size_t bytes = e.op.input.bytes();
   if (e.memory != nullptr) {
-    if (absl::Status s = WithinDeviceBudget(e, bytes); !s.ok()) return s;
+    arena_.Release(e.record);
+    e.record = {};
+    absl::StatusOr<DeviceRecordArena::Range> range =
+        arena_.Take(PrimaryView(e.op).device, bytes, e.memory);
+    if (!range.ok()) return range.status();
+    e.record = *range;
+    if (absl::Status s = Copy(e, e.record.data, src, bytes, ordered); !s.ok()) return s;
+    e.input_copy = e.record.data;
+    e.borrowed = false;
+    return absl::OkStatus();
   }
-  ReplayBuffer* buffer = &e.input;
-  if (e.memory == nullptr) {
-    const size_t turn = e.seq % kHostRecords;
-    if (host_record_seq_[turn] != e.seq) {
-      if (Entry* previous = host_record_seq_[turn] != 0 ? Find(host_record_seq_[turn]) : nullptr;
-          previous != nullptr && previous->memory == nullptr && !previous->borrowed) {
-        previous->replayable = false;
-      }
-      host_record_seq_[turn] = e.seq;
+  const size_t turn = e.seq % kHostRecords;
+  if (host_record_seq_[turn] != e.seq) {
+    if (Entry* previous = host_record_seq_[turn] != 0 ? Find(host_record_seq_[turn]) : nullptr;
+        previous != nullptr && previous->memory == nullptr && !previous->borrowed) {
+      previous->replayable = false;
     }
-    buffer = &host_records_[turn];
+    host_record_seq_[turn] = e.seq;
   }
-  absl::StatusOr<void*> copy = buffer->Reserve(bytes, PrimaryView(e.op).device, e.memory);
+  absl::StatusOr<void*> copy =
+      host_records_[turn].Reserve(bytes, PrimaryView(e.op).device, /*memory=*/nullptr);
   if (!copy.ok()) return copy.status();
   if (absl::Status s = Copy(e, *copy, src, bytes, ordered); !s.ok()) return s;
   e.input_copy = *copy;

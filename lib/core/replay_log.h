@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "adaptcomm/backend.h"
+#include "lib/core/device_record_arena.h"
 
 namespace adaptcomm::internal {
 
@@ -57,13 +58,14 @@ class ReplayLog {
  public:
   // Keeps the last `depth` ops. Collectives let no rank run more than one op ahead of another,
   // so a small depth covers every restart point a vote can produce.
-  // `device_record_bytes`: the most device memory the records of device ops may hold together (not
+  // `device_record_bytes`: the device memory the records of device ops share, per device (not
   // counting the re-run scratch, which a recovery's first re-run allocates).
   // `copy_inputs`: retry.replay copy; false (auto) records only ops whose input needs no copy
   // (out-of-place with stable_input, or none at all) and refuses the others.
-  explicit ReplayLog(size_t depth = 4, uint64_t device_record_bytes = UINT64_MAX,
+  explicit ReplayLog(size_t depth = 4, uint64_t device_record_bytes = kDefaultDeviceRecordBytes,
                      bool copy_inputs = true)
-      : entries_(depth), device_record_bytes_(device_record_bytes), copy_inputs_(copy_inputs) {}
+      : entries_(depth), arena_(device_record_bytes), copy_inputs_(copy_inputs) {}
+  static constexpr uint64_t kDefaultDeviceRecordBytes = uint64_t{64} << 20;
 
   // Host buffers of host ops' records: a window of one op behind and ahead of this rank's oldest
   // unfinished op, with room to spare.
@@ -98,24 +100,21 @@ class ReplayLog {
     bool replayable = false;
     OpDesc op;
     std::shared_ptr<DeviceMemory> memory;  // set for ops on CUDA memory
-    ReplayBuffer input;                    // a device op's record (host ops' are in host_records_)
+    DeviceRecordArena::Range record;       // a device op's record (host ops' are in host_records_)
     // The recorded bytes: in `input`, in host_records_, or the caller's own.
     const void* input_copy = nullptr;
     bool borrowed = false;  // input_copy is the caller's stable input
   };
   Entry* Find(uint64_t seq);
   const Entry* Find(uint64_t seq) const;
-  // Copies the input into the entry's buffer: its own for a device op, else the host buffer of its
-  // turn, whose previous record is dropped.
+  // Copies the input into the entry's buffer: a range of the arena for a device op, else the host
+  // buffer of its turn, whose previous record is dropped.
   absl::Status CopyInput(Entry& e, const void* src, StreamOrdered* ordered);
-  // OK if growing e's device record to `bytes` keeps the device records within the budget, else
-  // ResourceExhausted saying by how much, and which retry.in_flight would fit ops of this size.
-  absl::Status WithinDeviceBudget(const Entry& e, size_t bytes) const;
   // A copy in the memory of the op's views: memcpy, or queued on the device (see the top).
   static absl::Status Copy(const Entry& e, void* dst, const void* src, size_t bytes,
                            StreamOrdered* ordered);
   std::vector<Entry> entries_;
-  const uint64_t device_record_bytes_;
+  DeviceRecordArena arena_;  // after entries_: its slabs outlive no record
   const bool copy_inputs_;
   ReplayBuffer host_records_[kHostRecords];
   uint64_t host_record_seq_[kHostRecords] = {};  // the op whose record each holds (0: none)
