@@ -168,6 +168,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
+  DropOpenGroup();
   HeartbeatMonitor::Instance().Unregister(heartbeat_id_);
   // The store parts of teardown end within the abort bound whatever the store does (a flooded
   // store or a cut link must not keep the process alive after main returns, issue #11).
@@ -232,6 +233,12 @@ Work CommunicatorImpl::Submit(OpDesc&& desc) {
                      " cannot send f32 data as ", DTypeName(*desc.wire), " (no wire_cast)"));
   }
   if (valid.ok()) valid = executor_->backend().Supports(desc);
+  if (group_open_.load(std::memory_order_acquire)) {
+    if (valid.ok() && online_tuner_ != nullptr) online_tuner_->Assign(desc);
+    if (std::optional<Work> grouped = AddToGroup(desc, valid, members.epoch)) {
+      return *std::move(grouped);
+    }
+  }
   if (!valid.ok()) {
     // In a step its peers run the op this rank refused: the step cannot commit.
     executor_->FailStep(valid);
