@@ -146,7 +146,18 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
-class GlooBackend final : public Backend {
+// Waits on one unbound-buffer operation within what is left of the op's deadline. Gloo throws
+// IoException ("Timed out waiting ...") on timeout; false means the wait was aborted.
+template <typename WaitFn>
+void WaitUntil(Clock::time_point deadline, WaitFn&& wait) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() < 1) left = std::chrono::milliseconds(1);
+  if (!wait(left)) throw ::gloo::IoException("unbound buffer wait was aborted");
+}
+
+Clock::time_point DeadlineOf(const OpDesc& op) { return Clock::now() + ToMs(op.timeout); }
+
+class GlooBackend final : public Backend, public GroupRunner {
  public:
   GlooBackend(std::shared_ptr<AbortableContext> context, const GlooBackendOptions& o)
       : context_(std::move(context)),
@@ -178,6 +189,8 @@ class GlooBackend final : public Backend {
 
   absl::Status Supports(const OpDesc& op) const override;
   absl::Status Run(const OpDesc& op) override;
+  GroupRunner* groups() override { return this; }
+  absl::Status RunGroup(const std::vector<OpDesc>& ops) override;
   void Abort(const absl::Status& reason) override;
   absl::Status health() const override {
     absl::MutexLock lock(&mu_);
@@ -198,8 +211,15 @@ class GlooBackend final : public Backend {
   // ranks (lib/config/online_tuning.h says which candidates are tried therefore).
   int64_t AlgorithmFor(const OpDesc& op, uint64_t bytes) const;
   uint64_t MaxSegmentFor(const OpDesc& op, uint64_t bytes) const;
+  // FailedPrecondition naming `op` once the backend is broken.
+  absl::Status Refused(const OpDesc& op) const;
+  // Runs body(), translating what Gloo throws into the status Run() returns (what(): the op's
+  // name for the message; op.timeout: its bound).
+  template <typename What, typename Body>
+  absl::Status Guarded(const OpDesc& op, What&& what, Body&& body);
   // Each of these throws what Gloo throws; Run() translates at the edge.
   void Dispatch(const OpDesc& op);
+  void Group(const std::vector<OpDesc>& ops, Clock::time_point deadline);
   void Allreduce(const OpDesc& op);
   void Broadcast(const OpDesc& op);
   void Reduce(const OpDesc& op);
@@ -324,21 +344,19 @@ void GlooBackend::Abort(const absl::Status& reason) {
   }
 }
 
-absl::Status GlooBackend::Run(const OpDesc& op) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("gloo backend is broken; ",
-                                                        OpKindName(op.kind), " seq ", op.seq,
-                                                        " not run: ", broken_.ToString()));
-    }
-  }
-  if (absl::Status s = Supports(op); !s.ok()) return s;
+absl::Status GlooBackend::Refused(const OpDesc& op) const {
+  absl::MutexLock lock(&mu_);
+  if (broken_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("gloo backend is broken; ", OpKindName(op.kind),
+                                                    " seq ", op.seq,
+                                                    " not run: ", broken_.ToString()));
+}
+
+template <typename What, typename Body>
+absl::Status GlooBackend::Guarded(const OpDesc& op, What&& what, Body&& body) {
   BlockSigpipeInThisThread();
-  // Built only on failure: the success path of a small allreduce must not allocate.
-  auto what = [&op] { return absl::StrCat("gloo ", OpKindName(op.kind), " seq ", op.seq); };
   try {
-    Dispatch(op);
+    body();
     return absl::OkStatus();
   } catch (const ::gloo::IoException& e) {
     const std::string text = e.what();
@@ -358,6 +376,62 @@ absl::Status GlooBackend::Run(const OpDesc& op) {
   } catch (...) {
     return Break(
         absl::InternalError(absl::StrCat(what(), " failed inside Gloo (unknown exception)")));
+  }
+}
+
+absl::Status GlooBackend::Run(const OpDesc& op) {
+  if (absl::Status s = Refused(op); !s.ok()) return s;
+  if (absl::Status s = Supports(op); !s.ok()) return s;
+  // Built only on failure: the success path of a small allreduce must not allocate.
+  auto what = [&op] { return absl::StrCat("gloo ", OpKindName(op.kind), " seq ", op.seq); };
+  return Guarded(op, what, [&] { Dispatch(op); });
+}
+
+absl::Status GlooBackend::RunGroup(const std::vector<OpDesc>& ops) {
+  if (ops.empty()) return absl::OkStatus();
+  if (absl::Status s = Refused(ops.front()); !s.ok()) return s;
+  OpDesc bound = ops.front();  // the group's bound, for the messages
+  for (const OpDesc& op : ops) {
+    if (absl::Status s = Supports(op); !s.ok()) return s;
+    bound.timeout = std::max(bound.timeout, op.timeout);
+  }
+  auto what = [&ops] {
+    return absl::StrCat("gloo group of ", ops.size(), " op(s) #", ops.front().seq, "-#",
+                        ops.back().seq);
+  };
+  return Guarded(bound, what, [&] { Group(ops, DeadlineOf(bound)); });
+}
+
+void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadline) {
+  // The collectives first, in issue order on every rank (none of them waits on a send or a
+  // receive, as on the other backends); then every send and receive is posted before anything
+  // waits: Gloo's device thread moves them all at once (matched by peer and slot, in order per
+  // slot), whatever order the peers posted theirs in.
+  for (const OpDesc& op : ops) {
+    if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) Dispatch(op);
+  }
+  struct Posted {
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+    bool send;
+  };
+  std::vector<Posted> posted;
+  for (const OpDesc& op : ops) {
+    if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) continue;
+    const uint64_t slot = kSendRecvSlotBase | op.tag;
+    const bool send = op.kind == OpKind::kSend;
+    const TensorView& v = send ? op.input : op.output;
+    auto buffer = context_->createUnboundBuffer(v.data, v.bytes());
+    if (send) {
+      buffer->send(op.peer, slot, 0, v.bytes());
+    } else {
+      buffer->recv(op.peer, slot, 0, v.bytes());
+    }
+    posted.push_back(Posted{std::move(buffer), send});
+  }
+  for (Posted& p : posted) {
+    WaitUntil(deadline, [&](std::chrono::milliseconds t) {
+      return p.send ? p.buffer->waitSend(t) : p.buffer->waitRecv(t);
+    });
   }
 }
 
@@ -537,17 +611,6 @@ void GlooBackend::Barrier(const OpDesc& op) {
   opts.setTimeout(ToMs(op.timeout));
   ::gloo::barrier(opts);
 }
-
-// Waits on one unbound-buffer operation within what is left of the op's deadline. Gloo throws
-// IoException ("Timed out waiting ...") on timeout; false means the wait was aborted.
-template <typename WaitFn>
-void WaitUntil(Clock::time_point deadline, WaitFn&& wait) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  if (left.count() < 1) left = std::chrono::milliseconds(1);
-  if (!wait(left)) throw ::gloo::IoException("unbound buffer wait was aborted");
-}
-
-Clock::time_point DeadlineOf(const OpDesc& op) { return Clock::now() + ToMs(op.timeout); }
 
 void GlooBackend::SendRecv(const OpDesc& op) {
   const Clock::time_point deadline = DeadlineOf(op);
