@@ -121,13 +121,13 @@ const char* DirectionName(cuda::CastDirection d) {
   return "?";
 }
 
-enum class Kind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter };
+enum class Kind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAllToAll };
 
 struct Part {
   Kind kind = Kind::kAllReduce;
   const void* send = nullptr;
   void* recv = nullptr;
-  size_t count = 0;  // allgather: send count; reduce_scatter: recv count
+  size_t count = 0;  // allgather: send count; reduce_scatter: recv count; alltoall: per rank
   NcclDataType dtype = NcclDataType::kFloat32;
   NcclRedOp op = NcclRedOp::kSum;
   int root = 0;
@@ -253,6 +253,19 @@ void Execute(std::vector<std::optional<Part>>& parts) {
       std::vector<char> data(block * n);
       for (size_t r = 0; r < n; ++r) std::memcpy(data.data() + r * block, parts[r]->send, block);
       for (size_t r = 0; r < n; ++r) std::memcpy(parts[r]->recv, data.data(), data.size());
+      break;
+    }
+    case Kind::kAllToAll: {
+      // Into a copy first: a rank's send and receive buffers may be the same.
+      const size_t block = p0.count * es;
+      std::vector<std::vector<char>> out(n, std::vector<char>(block * n));
+      for (size_t dst = 0; dst < n; ++dst) {
+        for (size_t src = 0; src < n; ++src) {
+          std::memcpy(out[dst].data() + src * block,
+                      static_cast<const char*>(parts[src]->send) + dst * block, block);
+        }
+      }
+      for (size_t r = 0; r < n; ++r) std::memcpy(parts[r]->recv, out[r].data(), block * n);
       break;
     }
     case Kind::kReduceScatter: {
@@ -1001,6 +1014,14 @@ NcclResult FakeNcclApi::ReduceScatter(const void* send, void* recv, size_t recv_
   state_->ops.push_back(op);
   return Post(world_->mu, *state_, faults_, Comm(comm), stream, "ReduceScatter",
               Part{Kind::kReduceScatter, send, recv, recv_count, dtype, op, 0, nullptr});
+}
+NcclResult FakeNcclApi::AlltoAll(const void* send, void* recv, size_t count, NcclDataType dtype,
+                                 NcclComm comm, cuda::CudaStream stream) {
+  if (!faults_.has_alltoall) return NcclResult::kInvalidUsage;
+  absl::MutexLock lock(&world_->mu);
+  state_->dtypes.push_back(dtype);
+  return Post(world_->mu, *state_, faults_, Comm(comm), stream, "AlltoAll",
+              Part{Kind::kAllToAll, send, recv, count, dtype, NcclRedOp::kSum, 0, nullptr});
 }
 NcclResult FakeNcclApi::Send(const void* send, size_t count, NcclDataType dtype, int peer,
                              NcclComm comm, cuda::CudaStream stream) {

@@ -71,6 +71,8 @@ struct FakeNcclFaults {
   // Without the flag a parent in error refuses (ncclInvalidUsage).
   bool has_comm_shrink = false;
   bool shrink_fails = false;  // the new communicator's asynchronous result is ncclSystemError
+  // ncclAlltoAll (NCCL 2.28+): advertised (has_alltoall) and implemented as a collective.
+  bool has_alltoall = false;
 };
 
 // One call on the seam, in the order this rank made them (FakeNcclApi::calls()).
@@ -181,6 +183,9 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
                         nccl::NcclComm comm, cuda::CudaStream stream) override;
   nccl::NcclResult Recv(void* recv, size_t count, nccl::NcclDataType dtype, int peer,
                         nccl::NcclComm comm, cuda::CudaStream stream) override;
+  bool has_alltoall() const override { return faults_.has_alltoall; }
+  nccl::NcclResult AlltoAll(const void* send, void* recv, size_t count, nccl::NcclDataType dtype,
+                            nccl::NcclComm comm, cuda::CudaStream stream) override;
   bool has_comm_shrink() const override { return faults_.has_comm_shrink; }
   nccl::NcclResult CommShrink(nccl::NcclComm comm, const std::vector<int>& exclude_ranks,
                               nccl::NcclComm* newcomm, const nccl::NcclCommConfig* config,
