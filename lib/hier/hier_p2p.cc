@@ -39,8 +39,8 @@ absl::Status HierBackend::SupportsP2p(const OpDesc& op) const {
   if (pair_transport_ == nullptr) {
     return refuse("rank ", op.peer, " is on host ", HostOf(op.peer), " and rank ", topo_.rank,
                   " on host ", host_,
-                  ": this hierarchical backend has no pair links (only host leaders can talk "
-                  "between hosts)");
+                  ": without pair links (this backend has none) point-to-point data moves between "
+                  "hosts only between host leaders (local rank 0)");
   }
   // The link does not exist before the pair's first op; it carries host memory as the intra-host
   // backend does (refused above for device memory).
