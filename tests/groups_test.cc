@@ -165,9 +165,10 @@ struct Param {
 class GroupsTest : public ::testing::TestWithParam<Param> {};
 
 // A ring shift of 64 messages per rank (to the next rank, from the previous one), messages of
-// different sizes and tags, each rank issuing its 128 ops in its own random order, three rounds;
-// then a pairwise exchange (every rank sends one message to every other and receives one from
-// each, all under one tag, so pairs match in issue order), also shuffled per rank.
+// different sizes (a few larger than shm's chunk) and tags, each rank issuing its 128 ops in its
+// own random order, three rounds; then a pairwise exchange (every rank sends one message to every
+// other and receives one from each, all under one tag, so pairs match in issue order), also
+// shuffled per rank.
 TEST_P(GroupsTest, MatchingSendsAndReceivesCompleteInAnyIssueOrder) {
   const Param p = GetParam();
   const auto fakes = p.kind == Kind::kNccl ? Fakes(p.world) : decltype(Fakes(0)){};
@@ -182,7 +183,9 @@ TEST_P(GroupsTest, MatchingSendsAndReceivesCompleteInAnyIssueOrder) {
       std::vector<std::vector<float>> out(kPairs), in(kPairs);
       std::vector<P2p> ops;
       for (int m = 0; m < kPairs; ++m) {
-        const size_t count = 16 + static_cast<size_t>(m) * 37;
+        // Mostly small (shm batches them into one chunk), some larger than a chunk.
+        const size_t count =
+            m % 16 == 15 ? 200000 + static_cast<size_t>(m) : 16 + static_cast<size_t>(m) * 37;
         out[m].resize(count);
         for (size_t j = 0; j < count; ++j) out[m][j] = Payload(r, m, j);
         in[m].assign(count, -1.0f);
