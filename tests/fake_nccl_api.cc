@@ -292,6 +292,7 @@ struct FakeComm {
   NcclResult async = NcclResult::kSuccess;
   uint64_t collective_index = 0;
   int launches = 0;
+  int index = 0;  // 1-based: which communicator of its fake
   std::string last_error;
   std::vector<std::weak_ptr<FakeOp>> ops;  // launched here, for CommAbort
 };
@@ -776,6 +777,7 @@ NcclResult FakeNcclApi::CommInitRankConfig(NcclComm* comm, int nranks, const ncc
   c->init_never = faults_.init_never_finishes;
   if (!c->init_failed && !c->init_never) ++g->joined;
   *comm = reinterpret_cast<NcclComm>(c.get());
+  c->index = static_cast<int>(state_->comms.size()) + 1;
   state_->comms.push_back(std::move(c));
   return NcclResult::kInProgress;
 }
@@ -855,6 +857,7 @@ NcclResult FakeNcclApi::CommShrink(NcclComm comm, const std::vector<int>& exclud
   c->init_failed = faults_.shrink_fails;
   if (!c->init_failed) ++g->joined;
   *newcomm = reinterpret_cast<NcclComm>(c.get());
+  c->index = static_cast<int>(state_->comms.size()) + 1;
   state_->comms.push_back(std::move(c));
   return NcclResult::kInProgress;
 }
@@ -880,7 +883,8 @@ std::shared_ptr<FakeOp> Launch(FakeComm* c, const FakeNcclFaults& faults, std::v
   if (fop == nullptr) fop = std::make_shared<FakeOp>();
   c->ops.push_back(fop);
   ++c->launches;
-  if (c->launches == faults.async_error_at_launch) {
+  if (c->launches == faults.async_error_at_launch &&
+      (faults.async_error_on_comm == 0 || faults.async_error_on_comm == c->index)) {
     c->async = faults.async_error;
     c->last_error = "fake: peer connection lost (injected)";
     fop->pending = 1;  // never completes

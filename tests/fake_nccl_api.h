@@ -59,6 +59,9 @@ struct FakeNcclFaults {
   bool init_never_finishes = false;  // init stays ncclInProgress until aborted
   bool init_invalid_usage = false;   // ncclCommInitRankConfig returns ncclInvalidUsage
   int async_error_at_launch = 0;     // 1-based launch that fails asynchronously (never completes)
+  // ... on every NCCL communicator this fake makes (0), or only on the n-th (1-based): a rebuilt
+  // communicator then runs the op that failed.
+  int async_error_on_comm = 0;
   nccl::NcclResult async_error = nccl::NcclResult::kRemoteError;
   int hang_at_launch = 0;  // 1-based launch that never completes, without any error
   absl::Duration abort_hangs_for = absl::ZeroDuration();    // ncclCommAbort blocks this long

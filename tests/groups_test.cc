@@ -277,6 +277,9 @@ TEST(GroupsMisuseTest, EndWithoutStartNestedStartAndEarlyWaitAreErrors) {
     EXPECT_TRUE(absl::IsFailedPrecondition(end)) << end;
     EXPECT_THAT(std::string(end.message()), HasSubstr("without GroupStart"));
     ASSERT_TRUE(comm->GroupStart().ok());
+    absl::Status step = comm->CommitStep();
+    EXPECT_TRUE(absl::IsFailedPrecondition(step)) << step;
+    EXPECT_THAT(std::string(step.message()), HasSubstr("inside a group"));
     absl::Status nested = comm->GroupStart();
     EXPECT_TRUE(absl::IsFailedPrecondition(nested)) << nested;
     EXPECT_THAT(std::string(nested.message()), HasSubstr("do not nest"));
@@ -348,6 +351,62 @@ TEST(GroupsFailureTest, DeviceFailureFailsEveryOpOfTheGroupAlike) {
       EXPECT_THAT(std::string(first.message()), HasSubstr("injected")) << first;
     }
   });
+}
+
+// With coordinated retry on (the default profile's), a group that fails is never re-run alone:
+// outside a step every rank votes and the group's ops fail with the redo status; inside a step
+// CommitStep tells every rank to redo the step, and the redone step commits.
+TEST(GroupsFailureTest, FailedGroupIsRedoneNeverReRunAlone) {
+  constexpr int kWorld = 2;
+  for (bool in_step : {false, true}) {
+    SCOPED_TRACE(in_step ? "in a step" : "outside a step");
+    // Launch 1: the group, on rank 1's first NCCL communicator only.
+    const auto fakes =
+        Fakes(kWorld, FakeNcclFaults{.async_error_at_launch = 1, .async_error_on_comm = 1}, 1);
+    RunRanks(RankMode::kThreads, kWorld, [&](const RankEnv& env) {
+      CommunicatorOptions o = env.options;
+      o.backend = BackendChoice::kNccl;
+      o.timeout = absl::Seconds(5);
+      o.max_retry_attempts = 3;
+      o.failure_report_window = absl::Seconds(2);
+      internal::CommunicatorDeps deps;
+      deps.use_given_apis = true;
+      deps.cuda = fakes[static_cast<size_t>(env.rank)];
+      deps.nccl = fakes[static_cast<size_t>(env.rank)];
+      auto created = internal::CreateCommunicatorWith(o, deps);
+      ASSERT_TRUE(created.ok()) << created.status();
+      Communicator& comm = **created;
+      const int peer = 1 - env.rank;
+      std::vector<float> out(64, static_cast<float>(env.rank + 1)), in(64, -1.0f);
+      auto exchange = [&](Work* s, Work* r) {
+        return comm.Group([&] {
+          *r = comm.Recv(ViewOf(in, Kind::kNccl), peer);
+          *s = comm.Send(ViewOf(out, Kind::kNccl), peer);
+        });
+      };
+      Work s, r;
+      if (in_step) {
+        ASSERT_TRUE(comm.BeginStep().ok());
+      }
+      ASSERT_TRUE(exchange(&s, &r).ok());
+      const absl::Status failed = s.Wait();
+      EXPECT_TRUE(IsStepRedo(failed)) << failed;
+      EXPECT_EQ(r.Wait(), failed);
+      if (in_step) {
+        absl::Status commit = comm.CommitStep();
+        EXPECT_TRUE(IsStepRedo(commit)) << commit;
+        ASSERT_TRUE(comm.BeginStep().ok());
+      }
+      // Redone on the rebuilt communicator.
+      ASSERT_TRUE(exchange(&s, &r).ok());
+      ASSERT_TRUE(s.Wait().ok()) << s.status();
+      ASSERT_TRUE(r.Wait().ok()) << r.status();
+      if (in_step) {
+        ASSERT_TRUE(comm.CommitStep().ok());
+      }
+      for (float v : in) ASSERT_EQ(v, static_cast<float>(peer + 1));
+    });
+  }
 }
 
 // Abort while a group waits for a peer that never issues its part: every op of the group ends

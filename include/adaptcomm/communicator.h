@@ -324,6 +324,7 @@ class ADAPTCOMM_EXPORT Communicator {
   // issues while it is open join it. Groups do not nest.
   // REQUIRES: every rank issues the same groups in the same order relative to its other ops, each
   // with the same collectives in the same order (sends and receives may differ per rank).
+  // BeginStep, CommitStep and AdmitJoiners refuse to run inside a group (FailedPrecondition).
   // GroupStart: FailedPrecondition if a group is already open. GroupEnd: FailedPrecondition without
   // an open group; the status of an op refused at issue (the group's ops then fail with it);
   // otherwise OK once the group is queued (not completed: wait on its ops).

@@ -300,6 +300,7 @@ std::map<int, std::string> CommunicatorImpl::HeldRanks(const std::vector<int>& m
 }
 
 absl::Status CommunicatorImpl::AdmitJoiners() {
+  if (absl::Status s = NoOpenGroup("AdmitJoiners"); !s.ok()) return s;
   if (!elastic_.elastic || coordinator_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "AdmitJoiners on communicator '", options_.name,
@@ -499,9 +500,14 @@ absl::Status StepOpCountsAgree(uint64_t step, const std::string& name,
 }
 }  // namespace
 
-absl::Status Communicator::BeginStep() { return impl_->executor().BeginStep(StepBound(*impl_)); }
+absl::Status Communicator::BeginStep() {
+  if (absl::Status s = impl_->NoOpenGroup("BeginStep"); !s.ok()) return s;
+  return impl_->executor().BeginStep(StepBound(*impl_));
+}
 
 absl::Status Communicator::CommitStep() {
+  // Its barrier would join the group, which cannot start before CommitStep returns.
+  if (absl::Status s = impl_->NoOpenGroup("CommitStep"); !s.ok()) return s;
   internal::OpExecutor& executor = impl_->executor();
   if (!executor.StepOpen()) {
     return absl::FailedPreconditionError(absl::StrCat("CommitStep without BeginStep on rank ",

@@ -67,6 +67,12 @@ absl::Status CommunicatorImpl::GroupEnd() {
   return absl::OkStatus();
 }
 
+absl::Status CommunicatorImpl::NoOpenGroup(const char* what) const {
+  if (!group_open_.load(std::memory_order_acquire)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(what, " on communicator '", options_.name,
+                                                    "' inside a group: call GroupEnd first"));
+}
+
 void CommunicatorImpl::DropOpenGroup() {
   std::optional<OpenGroup> group;
   {

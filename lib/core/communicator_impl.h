@@ -52,6 +52,8 @@ class CommunicatorImpl {
   // Communicator::GroupStart / GroupEnd (communicator_groups.cc).
   absl::Status GroupStart();
   absl::Status GroupEnd();
+  // FailedPrecondition naming `what` while a group is open (steps do not start or end in one).
+  absl::Status NoOpenGroup(const char* what) const;
 
   const CommunicatorOptions& options() const { return options_; }
   OpExecutor& executor() { return *executor_; }
@@ -116,7 +118,7 @@ class CommunicatorImpl {
   const CommunicatorOptions options_;  // as created (rank, world_size: at creation)
   // Read on every op without a lock: whether a group is open (group_ holds it).
   std::atomic<bool> group_open_{false};
-  absl::Mutex group_mu_;
+  mutable absl::Mutex group_mu_;
   std::optional<OpenGroup> group_ ABSL_GUARDED_BY(group_mu_);
   const EffectiveConfig config_;
   const CommunicatorDeps deps_;

@@ -300,7 +300,10 @@ void OpExecutor::RunHeadLocked() {
         ExecutorLock lock(this);
         running_ = false;
       }
-      status = failure_handler_->OnOpFailure(desc, std::move(status));
+      // A group is reported at its own number, which every rank's group shares.
+      OpDesc reported = desc;
+      reported.seq = work->first_seq();
+      status = failure_handler_->OnOpFailure(reported, std::move(status));
     }
   }
   mu_.Lock();
