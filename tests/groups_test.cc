@@ -442,24 +442,36 @@ TEST(GroupsFailureTest, AbortFailsEveryOpOfAWaitingGroup) {
   });
 }
 
-// Inside a step, a group is part of the step: committed when every op of it succeeded.
+// Inside a step, a group is part of the step: committed when every op of it succeeded, though
+// the ranks' groups hold different numbers of sends and receives (rank 0 sends to both others,
+// each of which receives once): the group takes the same sequence numbers on every rank, so the
+// commit's count of the step's ops agrees.
 TEST(GroupsStepTest, GroupInsideAStepCommits) {
-  RunRanks(RankMode::kThreads, 2, [&](const RankEnv& env) {
+  RunRanks(RankMode::kThreads, 3, [&](const RankEnv& env) {
     std::unique_ptr<Communicator> comm = MakeComm(env, Kind::kShm);
     ASSERT_NE(comm, nullptr);
-    const int peer = 1 - env.rank;
-    std::vector<float> out(100, static_cast<float>(env.rank)), in(100, -1.0f);
-    ASSERT_TRUE(comm->BeginStep().ok());
-    Work r, s;
-    ASSERT_TRUE(comm->Group([&] {
-                      r = comm->Recv(HostView(in.data(), in.size()), peer);
-                      s = comm->Send(HostView(out.data(), out.size()), peer);
-                    })
-                    .ok());
-    ASSERT_TRUE(r.Wait().ok());
-    ASSERT_TRUE(s.Wait().ok());
-    ASSERT_TRUE(comm->CommitStep().ok());
-    for (float v : in) EXPECT_EQ(v, static_cast<float>(peer));
+    std::vector<float> out(100, 7.0f), in(100, -1.0f), sum(10, 1.0f);
+    for (int step = 0; step < 2; ++step) {
+      ASSERT_TRUE(comm->BeginStep().ok());
+      std::vector<Work> works;
+      ASSERT_TRUE(comm->Group([&] {
+                        if (env.rank == 0) {
+                          works.push_back(comm->Send(HostView(out.data(), out.size()), 1));
+                          works.push_back(comm->Send(HostView(out.data(), out.size()), 2));
+                        } else {
+                          works.push_back(comm->Recv(HostView(in.data(), in.size()), 0));
+                        }
+                        works.push_back(comm->Allreduce(HostView(sum.data(), sum.size())));
+                      })
+                      .ok());
+      for (Work& w : works) ASSERT_TRUE(w.Wait().ok()) << w.status();
+      absl::Status commit = comm->CommitStep();
+      ASSERT_TRUE(commit.ok()) << commit;
+    }
+    if (env.rank != 0) {
+      for (float v : in) EXPECT_EQ(v, 7.0f);
+    }
+    for (float v : sum) EXPECT_EQ(v, 9.0f);
   });
 }
 
