@@ -1,7 +1,8 @@
 // Backend: the small interface a transport implements (Gloo, NCCL, and later composites such as
 // an intra-host shared-memory path combined with Gloo across hosts).
 //
-// Ownership: a Communicator owns exactly one Backend and is the only caller of Run().
+// Ownership: a Communicator owns exactly one Backend and is the only caller of Run() (and of
+// RunGroup() on its GroupRunner).
 // Thread safety: Run() is called by one thread at a time, in sequence order. Abort(), health()
 // and capabilities() may be called from any thread at any time.
 // Optional features are capability queries (Supports, capabilities), never methods that throw.
