@@ -121,13 +121,13 @@ const char* DirectionName(cuda::CastDirection d) {
   return "?";
 }
 
-enum class Kind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter };
+enum class Kind { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAllToAll };
 
 struct Part {
   Kind kind = Kind::kAllReduce;
   const void* send = nullptr;
   void* recv = nullptr;
-  size_t count = 0;  // allgather: send count; reduce_scatter: recv count
+  size_t count = 0;  // allgather: send count; reduce_scatter: recv count; alltoall: per rank
   NcclDataType dtype = NcclDataType::kFloat32;
   NcclRedOp op = NcclRedOp::kSum;
   int root = 0;
@@ -255,6 +255,19 @@ void Execute(std::vector<std::optional<Part>>& parts) {
       for (size_t r = 0; r < n; ++r) std::memcpy(parts[r]->recv, data.data(), data.size());
       break;
     }
+    case Kind::kAllToAll: {
+      // Into a copy first: a rank's send and receive buffers may be the same.
+      const size_t block = p0.count * es;
+      std::vector<std::vector<char>> out(n, std::vector<char>(block * n));
+      for (size_t dst = 0; dst < n; ++dst) {
+        for (size_t src = 0; src < n; ++src) {
+          std::memcpy(out[dst].data() + src * block,
+                      static_cast<const char*>(parts[src]->send) + dst * block, block);
+        }
+      }
+      for (size_t r = 0; r < n; ++r) std::memcpy(parts[r]->recv, out[r].data(), block * n);
+      break;
+    }
     case Kind::kReduceScatter: {
       std::vector<std::vector<double>> out(n, std::vector<double>(p0.count));
       for (size_t r = 0; r < n; ++r) {
@@ -279,6 +292,7 @@ struct FakeComm {
   NcclResult async = NcclResult::kSuccess;
   uint64_t collective_index = 0;
   int launches = 0;
+  int index = 0;  // 1-based: which communicator of its fake
   std::string last_error;
   std::vector<std::weak_ptr<FakeOp>> ops;  // launched here, for CommAbort
 };
@@ -763,6 +777,7 @@ NcclResult FakeNcclApi::CommInitRankConfig(NcclComm* comm, int nranks, const ncc
   c->init_never = faults_.init_never_finishes;
   if (!c->init_failed && !c->init_never) ++g->joined;
   *comm = reinterpret_cast<NcclComm>(c.get());
+  c->index = static_cast<int>(state_->comms.size()) + 1;
   state_->comms.push_back(std::move(c));
   return NcclResult::kInProgress;
 }
@@ -842,6 +857,7 @@ NcclResult FakeNcclApi::CommShrink(NcclComm comm, const std::vector<int>& exclud
   c->init_failed = faults_.shrink_fails;
   if (!c->init_failed) ++g->joined;
   *newcomm = reinterpret_cast<NcclComm>(c.get());
+  c->index = static_cast<int>(state_->comms.size()) + 1;
   state_->comms.push_back(std::move(c));
   return NcclResult::kInProgress;
 }
@@ -867,7 +883,8 @@ std::shared_ptr<FakeOp> Launch(FakeComm* c, const FakeNcclFaults& faults, std::v
   if (fop == nullptr) fop = std::make_shared<FakeOp>();
   c->ops.push_back(fop);
   ++c->launches;
-  if (c->launches == faults.async_error_at_launch) {
+  if (c->launches == faults.async_error_at_launch &&
+      (faults.async_error_on_comm == 0 || faults.async_error_on_comm == c->index)) {
     c->async = faults.async_error;
     c->last_error = "fake: peer connection lost (injected)";
     fop->pending = 1;  // never completes
@@ -1001,6 +1018,14 @@ NcclResult FakeNcclApi::ReduceScatter(const void* send, void* recv, size_t recv_
   state_->ops.push_back(op);
   return Post(world_->mu, *state_, faults_, Comm(comm), stream, "ReduceScatter",
               Part{Kind::kReduceScatter, send, recv, recv_count, dtype, op, 0, nullptr});
+}
+NcclResult FakeNcclApi::AlltoAll(const void* send, void* recv, size_t count, NcclDataType dtype,
+                                 NcclComm comm, cuda::CudaStream stream) {
+  if (!faults_.has_alltoall) return NcclResult::kInvalidUsage;
+  absl::MutexLock lock(&world_->mu);
+  state_->dtypes.push_back(dtype);
+  return Post(world_->mu, *state_, faults_, Comm(comm), stream, "AlltoAll",
+              Part{Kind::kAllToAll, send, recv, count, dtype, NcclRedOp::kSum, 0, nullptr});
 }
 NcclResult FakeNcclApi::Send(const void* send, size_t count, NcclDataType dtype, int peer,
                              NcclComm comm, cuda::CudaStream stream) {

@@ -59,6 +59,9 @@ struct FakeNcclFaults {
   bool init_never_finishes = false;  // init stays ncclInProgress until aborted
   bool init_invalid_usage = false;   // ncclCommInitRankConfig returns ncclInvalidUsage
   int async_error_at_launch = 0;     // 1-based launch that fails asynchronously (never completes)
+  // ... on every NCCL communicator this fake makes (0), or only on the n-th (1-based): a rebuilt
+  // communicator then runs the op that failed.
+  int async_error_on_comm = 0;
   nccl::NcclResult async_error = nccl::NcclResult::kRemoteError;
   int hang_at_launch = 0;  // 1-based launch that never completes, without any error
   absl::Duration abort_hangs_for = absl::ZeroDuration();    // ncclCommAbort blocks this long
@@ -71,6 +74,8 @@ struct FakeNcclFaults {
   // Without the flag a parent in error refuses (ncclInvalidUsage).
   bool has_comm_shrink = false;
   bool shrink_fails = false;  // the new communicator's asynchronous result is ncclSystemError
+  // ncclAlltoAll (NCCL 2.28+): advertised (has_alltoall) and implemented as a collective.
+  bool has_alltoall = false;
 };
 
 // One call on the seam, in the order this rank made them (FakeNcclApi::calls()).
@@ -181,6 +186,9 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
                         nccl::NcclComm comm, cuda::CudaStream stream) override;
   nccl::NcclResult Recv(void* recv, size_t count, nccl::NcclDataType dtype, int peer,
                         nccl::NcclComm comm, cuda::CudaStream stream) override;
+  bool has_alltoall() const override { return faults_.has_alltoall; }
+  nccl::NcclResult AlltoAll(const void* send, void* recv, size_t count, nccl::NcclDataType dtype,
+                            nccl::NcclComm comm, cuda::CudaStream stream) override;
   bool has_comm_shrink() const override { return faults_.has_comm_shrink; }
   nccl::NcclResult CommShrink(nccl::NcclComm comm, const std::vector<int>& exclude_ranks,
                               nccl::NcclComm* newcomm, const nccl::NcclCommConfig* config,

@@ -458,7 +458,7 @@ TEST(HierBackendTest, RefusesWhatItCannotCarry) {
     send.input = HostView(data.data(), data.size());
     send.seq = 1;
     if (env.rank == 1) {
-      // A non-leader cannot reach another host: nothing would relay it.
+      // Without pair links (ConnectHier makes none) a non-leader cannot reach another host.
       send.peer = 2;
       absl::Status s = b->Supports(send);
       EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
@@ -488,7 +488,7 @@ TEST(HierBackendTest, RefusesWhatItCannotCarry) {
     EXPECT_TRUE(absl::IsInvalidArgument(b->Supports(cuda)));
     // Refusals do not break the backend.
     EXPECT_TRUE(b->health().ok()) << b->health();
-    EXPECT_FALSE(b->capabilities().send_recv);  // some pairs cannot talk
+    EXPECT_FALSE(b->capabilities().send_recv);  // some pairs cannot talk without pair links
     // Every rank is connected before any closes: Gloo's connect fails on a peer that already left.
     OpDesc barrier;
     barrier.kind = OpKind::kBarrier;

@@ -1,7 +1,8 @@
 // Backend: the small interface a transport implements (Gloo, NCCL, and later composites such as
 // an intra-host shared-memory path combined with Gloo across hosts).
 //
-// Ownership: a Communicator owns exactly one Backend and is the only caller of Run().
+// Ownership: a Communicator owns exactly one Backend and is the only caller of Run() (and of
+// RunGroup() on its GroupRunner).
 // Thread safety: Run() is called by one thread at a time, in sequence order. Abort(), health()
 // and capabilities() may be called from any thread at any time.
 // Optional features are capability queries (Supports, capabilities), never methods that throw.
@@ -172,6 +173,22 @@ class ADAPTCOMM_EXPORT StreamOrdered {
                                             size_t bytes) = 0;
 };
 
+// A capability (Backend::groups()): runs the ops of a group (Communicator::GroupStart/GroupEnd)
+// as one unit. Sends and receives progress concurrently, so any set of matching ones completes
+// whatever order each rank issued them in: a send matches the receive of the same pair of ranks
+// and tag, and the ops of one pair and tag match in issue order. Collectives run in issue order
+// (every rank's group holds the same ones in the same order). No other order holds between the
+// ops of a group: an op must not read a buffer that another op of the group writes.
+// Thread safety: RunGroup is called where Run may be.
+class ADAPTCOMM_EXPORT GroupRunner {
+ public:
+  virtual ~GroupRunner() = default;
+  // Runs `ops` (consecutive sequence numbers, in issue order, each accepted by Supports) to
+  // completion, bounded by the largest of their timeouts. One status for the whole group, with
+  // Run's meaning: after a failure other than InvalidArgument the backend is broken.
+  virtual absl::Status RunGroup(const std::vector<OpDesc>& ops) = 0;
+};
+
 // Device memory services of a backend that takes CUDA views: what the coordinated retry needs to
 // keep a copy of a device op's input (include/adaptcomm/communicator.h, max_retry_attempts).
 // Ownership: shared; it must stay usable after the backend that returned it is destroyed (a
@@ -220,6 +237,11 @@ class ADAPTCOMM_EXPORT Backend {
   // A capability: non-null when this backend queues device ops without blocking the host
   // (Capabilities::stream_ordered). Owned by the backend.
   virtual StreamOrdered* stream_ordered() { return nullptr; }
+
+  // A capability: non-null when this backend runs groups of ops as one unit (GroupRunner). Owned
+  // by the backend. Without it a group's ops run one after the other, which completes only when
+  // the ranks issued matching sends and receives in a matching order.
+  virtual GroupRunner* groups() { return nullptr; }
 
   // The values of its knob space (Capabilities::per_op_knobs) that an op of `kind` and `bytes`
   // runs with when OpDesc::knobs sets none (the profile's, or a tuned table's band), named as

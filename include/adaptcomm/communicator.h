@@ -293,10 +293,45 @@ class ADAPTCOMM_EXPORT Communicator {
   // lands in block rank() of output.
   Work Alltoall(TensorView input, TensorView output, const AlltoallOptions& options = {});
   Work Barrier(const BarrierOptions& options = {});
-  // Point to point. Each completes before the next operation of this communicator starts: order
-  // pairs so that they match (as with blocking MPI).
+  // Point to point. Outside a group each completes before the next operation of this
+  // communicator starts: order pairs so that they match (as with blocking MPI), or issue them in a
+  // group (below), where any order completes. A send matches the receive of the same tag between
+  // the same two ranks; sends of one pair and tag match its receives in issue order.
   Work Send(TensorView data, int peer, const P2POptions& options = {});
   Work Recv(TensorView data, int peer, const P2POptions& options = {});
+
+  // ---- Groups: ops issued together, run as one unit (docs/groups.md) ----
+  //
+  //   comm->GroupStart();
+  //   adaptcomm::Work s = comm->Send(HostView(out.data(), n), (rank + 1) % size);
+  //   adaptcomm::Work r = comm->Recv(HostView(in.data(), n), (rank + size - 1) % size);
+  //   if (absl::Status g = comm->GroupEnd(); !g.ok()) return g;   // both run now, together
+  //   s.Wait(); r.Wait();
+  //
+  // The ops issued between GroupStart and GroupEnd (any mix of collectives, sends and receives)
+  // take consecutive sequence numbers and start only at GroupEnd, as one unit: their sends and
+  // receives progress concurrently, so matching ones complete whatever order each rank issued them
+  // in (a ring shift, a pipeline exchange, an all-to-all as pairs); collectives run in issue order.
+  // No other order holds inside a group: no op may read a buffer that another op of the group
+  // writes. On NCCL the launches are one ncclGroupStart/ncclGroupEnd. Each op has its own Work;
+  // the group completes or fails as a whole: a failure (an op refused at issue included) fails
+  // every op of the group with the same status. Waiting on an op of a group that has not ended
+  // fails at once with FailedPrecondition (it would never start otherwise). The group runs within
+  // the largest timeout of its ops. Its ops are never re-run alone by a coordinated retry: inside
+  // BeginStep/CommitStep a failure redoes the step; outside a step the ops fail with the redo
+  // status (IsStepRedo) after the ranks' vote, as any op without a replay record.
+  // Ownership: the open group belongs to the communicator, not to a thread: ops that any thread
+  // issues while it is open join it. Groups do not nest.
+  // REQUIRES: every rank issues the same groups in the same order relative to its other ops, each
+  // with the same collectives in the same order (sends and receives may differ per rank).
+  // BeginStep, CommitStep and AdmitJoiners refuse to run inside a group (FailedPrecondition).
+  // GroupStart: FailedPrecondition if a group is already open. GroupEnd: FailedPrecondition without
+  // an open group; the status of an op refused at issue (the group's ops then fail with it);
+  // otherwise OK once the group is queued (not completed: wait on its ops).
+  [[nodiscard]] absl::Status GroupStart();
+  [[nodiscard]] absl::Status GroupEnd();
+  // GroupStart(), issue(), GroupEnd(): the ops `issue` makes form the group.
+  [[nodiscard]] absl::Status Group(const std::function<void()>& issue);
 
   // ---- Steps: recovery of a whole training step (docs/resilience.md) ----
   //

@@ -605,6 +605,22 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
     if (!inter.ok()) return inter.status();
     h.inter = *std::move(inter);
   }
+  if (a.hosts > 1 && a.max_local > 1) {
+    // Send/recv between hosts for a rank that is not its host's leader: a two-rank Gloo link per
+    // pair, made when the pair first talks (only those two ranks run a send/recv, and a full mesh
+    // of every rank up front would cost every job connections most never use).
+    const GlooBackendOptions base = GlooOptionsFor(o, rv, deadline, deps, tuning, 0, 2, nullptr);
+    h.pair_transport = [base, store = rv.store, me = o.rank](
+                           int peer,
+                           absl::Duration bound) -> absl::StatusOr<std::unique_ptr<Backend>> {
+      GlooBackendOptions g = base;
+      const int lo = std::min(me, peer), hi = std::max(me, peer);
+      g.rank = me == lo ? 0 : 1;
+      g.store = CreatePrefixStore(absl::StrCat("hier/pair/", lo, "-", hi), store);
+      g.init_timeout = bound;
+      return CreateGlooBackend(g);
+    };
+  }
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateHierarchicalBackend(std::move(h));
   if (!backend.ok()) return backend.status();
   return SelectedBackend{

@@ -168,6 +168,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
+  DropOpenGroup();
   HeartbeatMonitor::Instance().Unregister(heartbeat_id_);
   // The store parts of teardown end within the abort bound whatever the store does (a flooded
   // store or a cut link must not keep the process alive after main returns, issue #11).
@@ -232,6 +233,12 @@ Work CommunicatorImpl::Submit(OpDesc&& desc) {
                      " cannot send f32 data as ", DTypeName(*desc.wire), " (no wire_cast)"));
   }
   if (valid.ok()) valid = executor_->backend().Supports(desc);
+  if (group_open_.load(std::memory_order_acquire)) {
+    if (valid.ok() && online_tuner_ != nullptr) online_tuner_->Assign(desc);
+    if (std::optional<Work> grouped = AddToGroup(desc, valid, members.epoch)) {
+      return *std::move(grouped);
+    }
+  }
   if (!valid.ok()) {
     // In a step its peers run the op this rank refused: the step cannot commit.
     executor_->FailStep(valid);
@@ -293,6 +300,7 @@ std::map<int, std::string> CommunicatorImpl::HeldRanks(const std::vector<int>& m
 }
 
 absl::Status CommunicatorImpl::AdmitJoiners() {
+  if (absl::Status s = NoOpenGroup("AdmitJoiners"); !s.ok()) return s;
   if (!elastic_.elastic || coordinator_ == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "AdmitJoiners on communicator '", options_.name,
@@ -492,9 +500,14 @@ absl::Status StepOpCountsAgree(uint64_t step, const std::string& name,
 }
 }  // namespace
 
-absl::Status Communicator::BeginStep() { return impl_->executor().BeginStep(StepBound(*impl_)); }
+absl::Status Communicator::BeginStep() {
+  if (absl::Status s = impl_->NoOpenGroup("BeginStep"); !s.ok()) return s;
+  return impl_->executor().BeginStep(StepBound(*impl_));
+}
 
 absl::Status Communicator::CommitStep() {
+  // Its barrier would join the group, which cannot start before CommitStep returns.
+  if (absl::Status s = impl_->NoOpenGroup("CommitStep"); !s.ok()) return s;
   internal::OpExecutor& executor = impl_->executor();
   if (!executor.StepOpen()) {
     return absl::FailedPreconditionError(absl::StrCat("CommitStep without BeginStep on rank ",

@@ -46,8 +46,14 @@ class CommunicatorImpl {
                    CommunicatorDeps deps, std::optional<JoinedAs> joined = std::nullopt);
   ~CommunicatorImpl();
 
-  // Validates `desc` (generic rules, then the backend's), fills in the default timeout, queues it.
+  // Validates `desc` (generic rules, then the backend's), fills in the default timeout, queues it
+  // (or adds it to the open group).
   Work Submit(OpDesc&& desc);
+  // Communicator::GroupStart / GroupEnd (communicator_groups.cc).
+  absl::Status GroupStart();
+  absl::Status GroupEnd();
+  // FailedPrecondition naming `what` while a group is open (steps do not start or end in one).
+  absl::Status NoOpenGroup(const char* what) const;
 
   const CommunicatorOptions& options() const { return options_; }
   OpExecutor& executor() { return *executor_; }
@@ -97,7 +103,23 @@ class CommunicatorImpl {
   void LeaveLongOperation() { long_operation_scopes_.fetch_sub(1); }
 
  private:
+  // The open group's ops, not queued yet, and the first refusal among them (every op fails with
+  // it at GroupEnd). Adds `desc` to the open group and returns its Work; nothing when none is
+  // open.
+  struct OpenGroup {
+    std::vector<std::shared_ptr<WorkImpl>> works;
+    absl::Status refused;
+    int epoch = -1;
+  };
+  std::optional<Work> AddToGroup(OpDesc& desc, const absl::Status& valid, int epoch);
+  // Fails the ops of a group still open (the communicator goes).
+  void DropOpenGroup();
+
   const CommunicatorOptions options_;  // as created (rank, world_size: at creation)
+  // Read on every op without a lock: whether a group is open (group_ holds it).
+  std::atomic<bool> group_open_{false};
+  mutable absl::Mutex group_mu_;
+  std::optional<OpenGroup> group_ ABSL_GUARDED_BY(group_mu_);
   const EffectiveConfig config_;
   const CommunicatorDeps deps_;
   std::atomic<int> long_operation_scopes_{0};

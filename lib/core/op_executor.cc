@@ -135,6 +135,56 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc&& desc, int epoch) {
   return work;
 }
 
+void OpExecutor::SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works, int epoch) {
+  ExecutorLock lock(this);
+  if (step_.open != 0 && !step_.failure.ok()) {
+    // As Submit: the step is to be redone, and its ops take no number.
+    for (const std::shared_ptr<WorkImpl>& w : works) {
+      w->EndOpenGroup();
+      w->Finish(StepFailedLocked(w->desc()));
+    }
+    return;
+  }
+  // Every rank's group takes the same numbers, however many sends and receives it holds: the
+  // group's own (its sends and receives carry it), then one per collective in issue order (the
+  // same on every rank), which the backends match them by.
+  absl::Duration timeout = absl::ZeroDuration();
+  for (const std::shared_ptr<WorkImpl>& w : works) timeout = std::max(timeout, w->desc().timeout);
+  const uint64_t first = next_seq_++;
+  for (const std::shared_ptr<WorkImpl>& w : works) {
+    const bool p2p = w->desc().kind == OpKind::kSend || w->desc().kind == OpKind::kRecv;
+    w->AssignSeq(p2p ? first : next_seq_++, timeout);
+    w->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
+    w->set_step(step_.open);
+  }
+  const std::shared_ptr<WorkImpl> head = works.front();
+  WorkImpl::FormGroup(head, std::vector<std::shared_ptr<WorkImpl>>(works.begin() + 1, works.end()),
+                      first, next_seq_ - 1);
+  for (const std::shared_ptr<WorkImpl>& w : works) w->EndOpenGroup();
+  if (!aborted_.ok()) {
+    head->Finish(absl::Status(aborted_.code(),
+                              absl::StrCat("communicator was aborted: ", aborted_.message())));
+    return;
+  }
+  if (stopping_) {
+    head->Finish(absl::FailedPreconditionError("communicator is shutting down"));
+    return;
+  }
+  for (const std::shared_ptr<WorkImpl>& w : works) {
+    for (const auto& o : observers_) o->OnEnqueue(w->desc(), w->enqueue_time());
+  }
+  if (deferred_seq_ != 0) {
+    EndDeferralLocked();
+  } else if (defer_to_waiter_ && queue_.empty() && !busy_ && DeviceIdleLocked() &&
+             device_failure_.ok() && requested_generation_ <= generation_ &&
+             WaiterMayRun(head->desc())) {
+    // Left to whoever waits for one of its ops (WorkImpl::HelpProgress helps the head).
+    deferred_seq_ = head->desc().seq;
+    last_deferred_ = WallNow();
+  }
+  queue_.push_back(head);
+}
+
 bool OpExecutor::WaiterMayRun(const OpDesc& desc) const {
   return !IsDeviceOp(desc) && backend().capabilities().runs_on_any_thread;
 }
@@ -226,7 +276,10 @@ void OpExecutor::RunHeadLocked() {
   running_since_ = started;
   const OpDesc& desc = work->desc();
   UnlockAndWake();
-  for (const auto& o : observers_) o->OnStart(desc, started);
+  for (const auto& o : observers_) {
+    o->OnStart(desc, started);
+    for (const std::shared_ptr<WorkImpl>& m : work->group_members()) o->OnStart(m->desc(), started);
+  }
   std::optional<Launched> launched;
   absl::Status status = RunWithRetry(*work, started, &launched);
   if (launched.has_value()) {
@@ -247,7 +300,10 @@ void OpExecutor::RunHeadLocked() {
         ExecutorLock lock(this);
         running_ = false;
       }
-      status = failure_handler_->OnOpFailure(desc, std::move(status));
+      // A group is reported at its own number, which every rank's group shares.
+      OpDesc reported = desc;
+      reported.seq = work->first_seq();
+      status = failure_handler_->OnOpFailure(reported, std::move(status));
     }
   }
   mu_.Lock();
@@ -258,12 +314,17 @@ void OpExecutor::RunHeadLocked() {
 }
 
 void OpExecutor::CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Status status) {
-  if (status.ok()) last_completed_seq_ = std::max(last_completed_seq_, work->desc().seq);
+  if (status.ok()) last_completed_seq_ = std::max(last_completed_seq_, work->last_seq());
   End(*work, std::move(status), WallNow());
 }
 
 void OpExecutor::End(WorkImpl& work, absl::Status status, absl::Time when) {
-  for (const auto& o : observers_) o->OnEnd(work.desc(), status, when);
+  for (const auto& o : observers_) {
+    o->OnEnd(work.desc(), status, when);
+    for (const std::shared_ptr<WorkImpl>& m : work.group_members()) {
+      o->OnEnd(m->desc(), status, when);
+    }
+  }
   work.Finish(std::move(status));
 }
 
@@ -290,6 +351,7 @@ absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) co
 absl::Status OpExecutor::Execute(const WorkImpl& work, absl::Time started,
                                  std::optional<Launched>* launched) {
   launched->reset();
+  if (work.heads_group()) return ExecuteGroup(work);
   if (work.membership_epoch() != epoch_.load()) {
     // Issued before a membership change: run as it reads now, or fail it for the trainer to redo.
     absl::StatusOr<OpDesc> translated = ForCurrentMembership(work);

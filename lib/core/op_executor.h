@@ -123,6 +123,12 @@ class RecoveryHandler {
   virtual bool Retryable(const absl::Status& status) const = 0;
 };
 
+// What every rank must agree an op is ("allreduce f32[4096] sum"): compared across ranks when
+// they vote on a retry, and by the collective check.
+std::string OpFingerprint(const OpDesc& op);
+// A group's: its collectives in issue order (its sends and receives may differ between ranks).
+std::string GroupFingerprint(const WorkImpl& head);
+
 // Aborted with the step-redo payload (IsStepRedo): a step's op, or the step, to be redone.
 absl::Status StepRedoStatus(std::string message);
 
@@ -182,6 +188,16 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // `epoch`: the membership the caller validated `desc` against (membership().epoch); -1: the
   // current one.
   std::shared_ptr<WorkImpl> Submit(OpDesc&& desc, int epoch = -1);
+  // Queues a group (Communicator::GroupEnd): `works` (WorkImpl::Grouped, in issue order, at least
+  // one) run as one unit headed by the first. The group takes a sequence number, which its sends
+  // and receives carry, and one more per collective, in issue order (so every rank's group takes
+  // the same numbers, whatever its sends and receives). It runs through the
+  // backend's GroupRunner, or one after the other on a backend without one. Device ops of a group
+  // are not stream-ordered: the group runs to completion on the executing thread, behind the ops
+  // in flight. Every op of the group ends with the group's status. A group takes no replay record
+  // and is never re-run: inside a step its failure redoes the step; outside one the coordinated
+  // vote runs and its ops fail with the redo status, as an unrecorded op's.
+  void SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works, int epoch = -1);
   // A caller that waits for `work` without a bound runs it on its own thread when nothing else can
   // run in the meantime: `work` is next in the queue, the executor is idle (no op running, none in
   // flight, no retry pending), it is a host op and the backend runs on any thread
@@ -319,7 +335,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // A retryable failure of an op that has no record: the coordinated vote and rebuild all the
   // same (the vote names a rank that is gone), then the op fails with the redo status, or the
   // vote's error. Called while busy_, without mu_.
-  absl::Status RecoverUnrecorded(const OpDesc& desc, const absl::Status& cause);
+  // `fingerprint`: what the vote compares (null: desc's own; a group's, GroupFingerprint).
+  absl::Status RecoverUnrecorded(const OpDesc& desc, const absl::Status& cause,
+                                 const std::string* fingerprint = nullptr);
   // RunWithRetry for an op of a step: no record, no re-run; a failure recovers the communicator
   // (RecoverStep) and the op fails with the step's redo status.
   absl::Status RunInStep(const WorkImpl& work, absl::Time started,
@@ -349,6 +367,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // this attempt started; an op that is the oldest in flight once launched has its device timeout
   // counted from there (its launch included), which saves a clock read per op.
   absl::Status Execute(const WorkImpl& work, absl::Time started, std::optional<Launched>* launched);
+  // Runs a group headed by `work` (Execute's part for groups).
+  absl::Status ExecuteGroup(const WorkImpl& work);
+  // RunWithRetry's part for a group outside a step.
+  absl::Status RunGroupWithRetry(const WorkImpl& work, absl::Time started);
   // Execute's part once the op reads as `desc` on the current membership.
   absl::Status ExecuteAs(const OpDesc& desc, absl::Time started, std::optional<Launched>* launched);
   // Puts a launched op in flight (or, if its launch failed, hands the ops in flight to the

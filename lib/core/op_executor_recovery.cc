@@ -11,10 +11,8 @@
 #include "lib/core/op_executor.h"  // IWYU pragma: associated
 
 namespace adaptcomm::internal {
-namespace {
 
-// What every rank must agree an op is: compared across ranks when they vote on a retry.
-std::string Fingerprint(const OpDesc& op) {
+std::string OpFingerprint(const OpDesc& op) {
   const TensorView& v = op.kind == OpKind::kRecv ? op.output : op.input;
   return absl::StrCat(OpKindName(op.kind), " ", DTypeName(v.dtype), "[", v.count, "]",
                       op.kind == OpKind::kAllreduce || op.kind == OpKind::kReduce ||
@@ -26,15 +24,29 @@ std::string Fingerprint(const OpDesc& op) {
                           : "");
 }
 
+namespace {
+constexpr auto Fingerprint = OpFingerprint;
 }  // namespace
 
 absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
                                       std::optional<Launched>* launched) {
   const OpDesc& desc = work.desc();
   if (pre_run_check_) {
-    if (absl::Status s = pre_run_check_(desc, Fingerprint(desc)); !s.ok()) return s;
+    absl::Status s;
+    if (work.heads_group()) {
+      // Every rank's group takes part (its first op may be a send on one rank and a collective on
+      // another): checked as a barrier would be, with the group's collectives as its fingerprint.
+      OpDesc probe = desc;
+      probe.kind = OpKind::kBarrier;
+      probe.seq = work.first_seq();
+      s = pre_run_check_(probe, GroupFingerprint(work));
+    } else {
+      s = pre_run_check_(desc, Fingerprint(desc));
+    }
+    if (!s.ok()) return s;
   }
   if (work.step() != 0) return RunInStep(work, started, launched);
+  if (work.heads_group()) return RunGroupWithRetry(work, started);
   bool replayable = false;
   if (retries_) {
     replay_.BeforeOp(desc, backend().stream_ordered());
@@ -90,7 +102,8 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
   return status;
 }
 
-absl::Status OpExecutor::RecoverUnrecorded(const OpDesc& desc, const absl::Status& cause) {
+absl::Status OpExecutor::RecoverUnrecorded(const OpDesc& desc, const absl::Status& cause,
+                                           const std::string* fingerprint) {
   if (Aborted() || absl::IsInvalidArgument(cause) || IsMembershipChanged(cause) ||
       !(recovery_handler_->Retryable(cause) || RecoveryRequested())) {
     return cause;
@@ -102,7 +115,11 @@ absl::Status OpExecutor::RecoverUnrecorded(const OpDesc& desc, const absl::Statu
   // The op cannot run again, but the vote still tells every rank who is gone (its error names
   // them), and when every rank is in this op the rebuilt communicator goes on: the op failed
   // everywhere, and the trainer redoes its work.
-  if (absl::Status s = RecoverFrom(desc.seq, Fingerprint(desc), 1, cause); !s.ok()) return s;
+  if (absl::Status s = RecoverFrom(
+          desc.seq, fingerprint != nullptr ? *fingerprint : Fingerprint(desc), 1, cause);
+      !s.ok()) {
+    return s;
+  }
   return StepRedoStatus(absl::StrCat(
       OpKindName(desc.kind), " #", desc.seq, " failed (", cause.message(),
       ") and was not re-run (retry.replay auto keeps no copy of its input); every rank voted and "

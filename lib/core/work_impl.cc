@@ -12,6 +12,7 @@ namespace adaptcomm::internal {
 WorkImpl::WorkImpl(OpDesc&& desc, absl::Time enqueue_time, std::weak_ptr<OpExecutor> executor,
                    std::optional<absl::Time> started)
     : desc_(std::move(desc)),
+      seq_(desc_.seq),
       executor_(std::move(executor)),
       enqueue_time_(enqueue_time),
       state_(started.has_value() ? WorkState::kRunning : WorkState::kPending),
@@ -23,17 +24,50 @@ std::shared_ptr<WorkImpl> WorkImpl::Failed(OpDesc&& desc, absl::Status status) {
   return work;
 }
 
+std::shared_ptr<WorkImpl> WorkImpl::Grouped(OpDesc&& desc, std::weak_ptr<OpExecutor> executor) {
+  desc.seq = 0;
+  auto work = MakeWorkImpl(std::move(desc), WallNow(), std::move(executor));
+  work->in_open_group_.store(true, std::memory_order_release);
+  return work;
+}
+
+void WorkImpl::AssignSeq(uint64_t seq, absl::Duration timeout) {
+  desc_.seq = seq;
+  desc_.timeout = timeout;
+  seq_.store(seq, std::memory_order_release);
+}
+
+void WorkImpl::FormGroup(const std::shared_ptr<WorkImpl>& head,
+                         std::vector<std::shared_ptr<WorkImpl>> members, uint64_t first,
+                         uint64_t last) {
+  head->heads_group_ = true;
+  head->group_first_seq_ = first;
+  head->group_last_seq_ = last;
+  head->group_members_ = std::move(members);
+  for (const std::shared_ptr<WorkImpl>& m : head->group_members_) m->group_head_ = head;
+}
+
 bool WorkImpl::MarkRunning(absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  if (state_ != WorkState::kPending) return false;
-  state_ = WorkState::kRunning;
-  start_time_ = now;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != WorkState::kPending) return false;
+    state_ = WorkState::kRunning;
+    start_time_ = now;
+  }
+  for (const std::shared_ptr<WorkImpl>& m : group_members_) m->MarkRunning(now);
   return true;
 }
 
 bool WorkImpl::Finish(absl::Status status) {
-  absl::MutexLock lock(&mu_);
-  return FinishLocked(std::move(status));
+  bool won;
+  {
+    absl::MutexLock lock(&mu_);
+    won = FinishLocked(group_members_.empty() ? std::move(status) : status);
+  }
+  // Every op of a group ends with the group's status, whoever ends it (the worker, an abort, the
+  // watchdog): the members are finished here rather than at each of those places.
+  for (const std::shared_ptr<WorkImpl>& m : group_members_) m->Finish(status);
+  return won;
 }
 
 bool WorkImpl::FinishLocked(absl::Status status) {
@@ -108,7 +142,19 @@ std::string StillThere(const OpDesc& desc, absl::Duration bound, WorkState state
 
 }  // namespace
 
+namespace {
+
+absl::Status InOpenGroup(const OpDesc& desc, const char* what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " on ", OpKindName(desc.kind),
+                   " of a group that has not ended: its ops start only at GroupEnd(); call "
+                   "GroupEnd() first (the op stays pending)"));
+}
+
+}  // namespace
+
 absl::Status WorkImpl::Wait(absl::Duration bound) {
+  if (in_open_group()) return InOpenGroup(desc_, "Wait()");
   // Stream-ordered device op, queued: the caller's stream waits for it, the caller does not.
   const TensorView& view = desc_.kind == OpKind::kSend ? desc_.input : desc_.output;
   // A device op's Wait lets the caller's stream at its buffers: from here on it is never re-run in
@@ -153,22 +199,29 @@ void WorkImpl::HelpProgress(absl::Duration bound) {
   if (IsDeviceOp(desc_)) return;  // never run on, or left to, its waiter: nothing to ask
   std::shared_ptr<OpExecutor> executor = executor_.lock();
   if (executor == nullptr) return;
+  // A group runs as its head: the waiter of any of its ops helps the head.
+  const std::shared_ptr<WorkImpl> head = group_head();
+  const WorkImpl* target = head != nullptr ? head.get() : this;
   if (bound == absl::InfiniteDuration()) {
-    (void)executor->RunOnWaiter(this);
+    (void)executor->RunOnWaiter(target);
   } else {
-    executor->Expedite(this);
+    executor->Expedite(target);
   }
 }
 
 WorkState WorkImpl::PolledState() const {
   const WorkState s = state();
-  if (s == WorkState::kPending) {
-    if (std::shared_ptr<OpExecutor> executor = executor_.lock()) executor->Expedite(this);
+  if (s == WorkState::kPending && !in_open_group()) {
+    const std::shared_ptr<WorkImpl> head = group_head();
+    if (std::shared_ptr<OpExecutor> executor = executor_.lock()) {
+      executor->Expedite(head != nullptr ? head.get() : this);
+    }
   }
   return s;
 }
 
 absl::Status WorkImpl::Synchronize(absl::Duration bound) {
+  if (in_open_group()) return InOpenGroup(desc_, "Synchronize()");
   HelpProgress(bound);  // a host op: Synchronize is Wait
   const absl::Time deadline = absl::Now() + bound;
   absl::Duration step = absl::Microseconds(20);
@@ -249,6 +302,6 @@ absl::Status Work::status() const {
   return impl_->status();
 }
 
-uint64_t Work::seq() const { return impl_ ? impl_->desc().seq : 0; }
+uint64_t Work::seq() const { return impl_ ? impl_->seq() : 0; }
 
 }  // namespace adaptcomm

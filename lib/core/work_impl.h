@@ -55,6 +55,36 @@ class WorkImpl {
   static std::shared_ptr<WorkImpl> Failed(OpDesc&& desc, absl::Status status);
 
   const OpDesc& desc() const { return desc_; }
+  // desc().seq, readable by any thread while GroupEnd assigns it (AssignSeq).
+  uint64_t seq() const { return seq_.load(std::memory_order_acquire); }
+
+  // ---- Groups (Communicator::GroupStart/GroupEnd) ----
+  // The Work of an op issued into an open group: pending, not queued; Wait and Synchronize fail at
+  // once with FailedPrecondition until GroupEnd (they would otherwise wait for an op that cannot
+  // start before the caller ends the group).
+  static std::shared_ptr<WorkImpl> Grouped(OpDesc&& desc, std::weak_ptr<OpExecutor> executor);
+  bool in_open_group() const { return in_open_group_.load(std::memory_order_acquire); }
+  // GroupEnd, under the executor's lock, before the group is queued: the op's sequence number and
+  // timeout (the group's: the largest of its ops'). Only this writes desc_ after construction; the
+  // issuing side reads no more of desc_ than its kind and views until then (seq() is atomic).
+  void AssignSeq(uint64_t seq, absl::Duration timeout);
+  void EndOpenGroup() { in_open_group_.store(false, std::memory_order_release); }
+  // The group's first op stands for the group in the executor's queue: it carries the others,
+  // which start and end with it (MarkRunning, Finish) with its status. REQUIRES: before queued.
+  // `first`..`last`: the sequence numbers the group takes (OpExecutor::SubmitGroup).
+  static void FormGroup(const std::shared_ptr<WorkImpl>& head,
+                        std::vector<std::shared_ptr<WorkImpl>> members, uint64_t first,
+                        uint64_t last);
+  // Whether this op heads a group, and the ops it carries (itself not included).
+  bool heads_group() const { return heads_group_; }
+  const std::vector<std::shared_ptr<WorkImpl>>& group_members() const { return group_members_; }
+  // The first and last sequence numbers of the group this op heads (desc().seq for an op
+  // outside a group): where every rank's group starts, whatever op it issued first.
+  uint64_t first_seq() const { return heads_group_ ? group_first_seq_ : desc_.seq; }
+  uint64_t last_seq() const { return heads_group_ ? group_last_seq_ : desc_.seq; }
+  // A member's group head (null for a head or an op outside a group): a member's waiter helps the
+  // group progress through it.
+  std::shared_ptr<WorkImpl> group_head() const { return group_head_.lock(); }
   // The membership (OpExecutor::membership().epoch) the op was issued under. Set by the executor
   // before the work is shared.
   int membership_epoch() const { return membership_epoch_; }
@@ -108,7 +138,14 @@ class WorkImpl {
   // being relaunched, or terminal).
   DeviceCompletion* CompletionLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
-  const OpDesc desc_;
+  OpDesc desc_;  // const but for AssignSeq (see there)
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> in_open_group_{false};
+  bool heads_group_ = false;  // set before the group is queued, then fixed
+  uint64_t group_first_seq_ = 0;
+  uint64_t group_last_seq_ = 0;
+  std::vector<std::shared_ptr<WorkImpl>> group_members_;
+  std::weak_ptr<WorkImpl> group_head_;
   const std::weak_ptr<OpExecutor> executor_;
   const absl::Time enqueue_time_;
   int membership_epoch_ = 0;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -46,6 +47,10 @@ using Clock = std::chrono::steady_clock;
 // in the top byte (and Context::nextSlot counts up from 0), so a top byte of 0x50/0x51 cannot
 // collide with them.
 constexpr uint64_t kSendRecvSlotBase = uint64_t{0x50} << 56;
+// A group's small messages of one pair and direction, sent as one (GlooBackend::Group), up to this
+// many bytes; the low 32 bits of the slot are the group's sequence number.
+constexpr uint64_t kCoalescedSlotBase = uint64_t{0x52} << 56;
+constexpr size_t kCoalesceMaxBytes = size_t{1} << 20;
 constexpr uint64_t kReduceScatterSlotBase = uint64_t{0x51} << 56;
 // reduce_scatter steps are numbered in the low 16 bits of its slot.
 constexpr int kMaxRingSize = 1 << 16;
@@ -146,7 +151,18 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
-class GlooBackend final : public Backend {
+// Waits on one unbound-buffer operation within what is left of the op's deadline. Gloo throws
+// IoException ("Timed out waiting ...") on timeout; false means the wait was aborted.
+template <typename WaitFn>
+void WaitUntil(Clock::time_point deadline, WaitFn&& wait) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() < 1) left = std::chrono::milliseconds(1);
+  if (!wait(left)) throw ::gloo::IoException("unbound buffer wait was aborted");
+}
+
+Clock::time_point DeadlineOf(const OpDesc& op) { return Clock::now() + ToMs(op.timeout); }
+
+class GlooBackend final : public Backend, public GroupRunner {
  public:
   GlooBackend(std::shared_ptr<AbortableContext> context, const GlooBackendOptions& o)
       : context_(std::move(context)),
@@ -178,6 +194,8 @@ class GlooBackend final : public Backend {
 
   absl::Status Supports(const OpDesc& op) const override;
   absl::Status Run(const OpDesc& op) override;
+  GroupRunner* groups() override { return this; }
+  absl::Status RunGroup(const std::vector<OpDesc>& ops) override;
   void Abort(const absl::Status& reason) override;
   absl::Status health() const override {
     absl::MutexLock lock(&mu_);
@@ -198,8 +216,15 @@ class GlooBackend final : public Backend {
   // ranks (lib/config/online_tuning.h says which candidates are tried therefore).
   int64_t AlgorithmFor(const OpDesc& op, uint64_t bytes) const;
   uint64_t MaxSegmentFor(const OpDesc& op, uint64_t bytes) const;
+  // FailedPrecondition naming `op` once the backend is broken.
+  absl::Status Refused(const OpDesc& op) const;
+  // Runs body(), translating what Gloo throws into the status Run() returns (what(): the op's
+  // name for the message; op.timeout: its bound).
+  template <typename What, typename Body>
+  absl::Status Guarded(const OpDesc& op, What&& what, Body&& body);
   // Each of these throws what Gloo throws; Run() translates at the edge.
   void Dispatch(const OpDesc& op);
+  void Group(const std::vector<OpDesc>& ops, Clock::time_point deadline);
   void Allreduce(const OpDesc& op);
   void Broadcast(const OpDesc& op);
   void Reduce(const OpDesc& op);
@@ -324,21 +349,19 @@ void GlooBackend::Abort(const absl::Status& reason) {
   }
 }
 
-absl::Status GlooBackend::Run(const OpDesc& op) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("gloo backend is broken; ",
-                                                        OpKindName(op.kind), " seq ", op.seq,
-                                                        " not run: ", broken_.ToString()));
-    }
-  }
-  if (absl::Status s = Supports(op); !s.ok()) return s;
+absl::Status GlooBackend::Refused(const OpDesc& op) const {
+  absl::MutexLock lock(&mu_);
+  if (broken_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("gloo backend is broken; ", OpKindName(op.kind),
+                                                    " seq ", op.seq,
+                                                    " not run: ", broken_.ToString()));
+}
+
+template <typename What, typename Body>
+absl::Status GlooBackend::Guarded(const OpDesc& op, What&& what, Body&& body) {
   BlockSigpipeInThisThread();
-  // Built only on failure: the success path of a small allreduce must not allocate.
-  auto what = [&op] { return absl::StrCat("gloo ", OpKindName(op.kind), " seq ", op.seq); };
   try {
-    Dispatch(op);
+    body();
     return absl::OkStatus();
   } catch (const ::gloo::IoException& e) {
     const std::string text = e.what();
@@ -358,6 +381,92 @@ absl::Status GlooBackend::Run(const OpDesc& op) {
   } catch (...) {
     return Break(
         absl::InternalError(absl::StrCat(what(), " failed inside Gloo (unknown exception)")));
+  }
+}
+
+absl::Status GlooBackend::Run(const OpDesc& op) {
+  if (absl::Status s = Refused(op); !s.ok()) return s;
+  if (absl::Status s = Supports(op); !s.ok()) return s;
+  // Built only on failure: the success path of a small allreduce must not allocate.
+  auto what = [&op] { return absl::StrCat("gloo ", OpKindName(op.kind), " seq ", op.seq); };
+  return Guarded(op, what, [&] { Dispatch(op); });
+}
+
+absl::Status GlooBackend::RunGroup(const std::vector<OpDesc>& ops) {
+  if (ops.empty()) return absl::OkStatus();
+  if (absl::Status s = Refused(ops.front()); !s.ok()) return s;
+  OpDesc bound = ops.front();
+  for (const OpDesc& op : ops) {
+    if (absl::Status s = Supports(op); !s.ok()) return s;
+    bound.timeout = std::max(bound.timeout, op.timeout);
+  }
+  auto what = [&ops] { return absl::StrCat("gloo group of ", ops.size(), " op(s)"); };
+  return Guarded(bound, what, [&] { Group(ops, DeadlineOf(bound)); });
+}
+
+void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadline) {
+  // The collectives first, in issue order (none waits on a send or a receive); then every send
+  // and receive is posted before any is waited for: Gloo's device thread moves them all at once,
+  // whatever order the peers posted theirs in.
+  for (const OpDesc& op : ops) {
+    if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) Dispatch(op);
+  }
+  // Per peer and direction, in (tag, issue) order: the order the peer's group has them in too.
+  std::map<std::pair<int, bool>, std::vector<const OpDesc*>> streams;
+  for (const OpDesc& op : ops) {
+    if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
+      streams[{op.peer, op.kind == OpKind::kSend}].push_back(&op);
+    }
+  }
+  struct Posted {
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+    bool send;
+    std::vector<uint8_t> staging;          // a coalesced stream's bytes
+    std::vector<const OpDesc*> coalesced;  // ... and its receives, to scatter it into
+  };
+  std::vector<Posted> posted;
+  auto post = [&](int peer, bool send, void* data, size_t bytes, uint64_t slot, Posted p) {
+    p.buffer = context_->createUnboundBuffer(data, bytes);
+    send ? p.buffer->send(peer, slot, 0, bytes) : p.buffer->recv(peer, slot, 0, bytes);
+    posted.push_back(std::move(p));
+  };
+  for (auto& [key, stream] : streams) {
+    const auto [peer, send] = key;
+    std::stable_sort(stream.begin(), stream.end(),
+                     [](const OpDesc* a, const OpDesc* b) { return a->tag < b->tag; });
+    size_t total = 0;
+    for (const OpDesc* op : stream) total += (send ? op->input : op->output).bytes();
+    if (stream.size() < 2 || total > kCoalesceMaxBytes) {
+      for (const OpDesc* op : stream) {
+        const TensorView& v = send ? op->input : op->output;
+        post(peer, send, v.data, v.bytes(), kSendRecvSlotBase | op->tag,
+             Posted{nullptr, send, {}, {}});
+      }
+      continue;
+    }
+    // Small messages of one pair and direction go as one (both ranks decide alike from the same
+    // messages): else Gloo's cost per message, not the bytes, sets the group's time.
+    if (total == 0) continue;  // nothing to move
+    Posted p{nullptr, send, std::vector<uint8_t>(total), {}};
+    size_t off = 0;
+    for (const OpDesc* op : stream) {
+      if (send) std::memcpy(p.staging.data() + off, op->input.data, op->input.bytes());
+      off += (send ? op->input : op->output).bytes();
+    }
+    if (!send) p.coalesced = stream;
+    void* data = p.staging.data();
+    post(peer, send, data, total, kCoalescedSlotBase | (stream.front()->seq & 0xffffffffu),
+         std::move(p));
+  }
+  for (Posted& p : posted) {
+    WaitUntil(deadline, [&](std::chrono::milliseconds t) {
+      return p.send ? p.buffer->waitSend(t) : p.buffer->waitRecv(t);
+    });
+    size_t off = 0;
+    for (const OpDesc* op : p.coalesced) {
+      std::memcpy(op->output.data, p.staging.data() + off, op->output.bytes());
+      off += op->output.bytes();
+    }
   }
 }
 
@@ -537,17 +646,6 @@ void GlooBackend::Barrier(const OpDesc& op) {
   opts.setTimeout(ToMs(op.timeout));
   ::gloo::barrier(opts);
 }
-
-// Waits on one unbound-buffer operation within what is left of the op's deadline. Gloo throws
-// IoException ("Timed out waiting ...") on timeout; false means the wait was aborted.
-template <typename WaitFn>
-void WaitUntil(Clock::time_point deadline, WaitFn&& wait) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  if (left.count() < 1) left = std::chrono::milliseconds(1);
-  if (!wait(left)) throw ::gloo::IoException("unbound buffer wait was aborted");
-}
-
-Clock::time_point DeadlineOf(const OpDesc& op) { return Clock::now() + ToMs(op.timeout); }
 
 void GlooBackend::SendRecv(const OpDesc& op) {
   const Clock::time_point deadline = DeadlineOf(op);

@@ -12,166 +12,10 @@
 #include "absl/time/clock.h"
 #include "lib/base/elementwise.h"
 #include "lib/base/op_views.h"
+#include "lib/hier/hier_backend_class.h"
 
 namespace adaptcomm {
-namespace {
-
-#define HIER_RETURN_IF_ERROR(expr)                     \
-  do {                                                 \
-    if (absl::Status _s = (expr); !_s.ok()) return _s; \
-  } while (false)
-
-// Who is where: identical on every rank (computed from the same host_of).
-struct Layout {
-  int hosts = 0;
-  int max_local = 0;
-  std::vector<std::vector<int>> ranks_of;  // per host: its global ranks, ascending
-  std::vector<int> local_of;               // per global rank: its local rank
-};
-
-absl::StatusOr<Layout> MakeLayout(const HierTopology& t) {
-  auto bad = [](auto&&... parts) {
-    return absl::InvalidArgumentError(absl::StrCat("hierarchical backend: ", parts...));
-  };
-  if (t.world_size < 1 || t.rank < 0 || t.rank >= t.world_size) {
-    return bad("rank ", t.rank, " is not in a world of ", t.world_size);
-  }
-  if (t.host_of.size() != static_cast<size_t>(t.world_size)) {
-    return bad("host_of has ", t.host_of.size(), " entries for a world of ", t.world_size);
-  }
-  Layout l;
-  l.hosts = *std::max_element(t.host_of.begin(), t.host_of.end()) + 1;
-  l.ranks_of.resize(static_cast<size_t>(std::max(l.hosts, 0)));
-  l.local_of.resize(t.host_of.size());
-  for (int g = 0; g < t.world_size; ++g) {
-    const int h = t.host_of[static_cast<size_t>(g)];
-    if (h < 0) return bad("rank ", g, " has host index ", h);
-    auto& ranks = l.ranks_of[static_cast<size_t>(h)];
-    l.local_of[static_cast<size_t>(g)] = static_cast<int>(ranks.size());
-    ranks.push_back(g);
-  }
-  for (int h = 0; h < l.hosts; ++h) {
-    const size_t n = l.ranks_of[static_cast<size_t>(h)].size();
-    if (n == 0) return bad("host index ", h, " has no rank (host indices must be dense)");
-    l.max_local = std::max(l.max_local, static_cast<int>(n));
-  }
-  if (l.local_of[static_cast<size_t>(t.rank)] != t.local_rank) {
-    return bad("rank ", t.rank, " says it is local rank ", t.local_rank, " but host_of makes it ",
-               l.local_of[static_cast<size_t>(t.rank)]);
-  }
-  return l;
-}
-
-TensorView View(void* data, size_t count, DType dtype) {
-  return TensorView{data, count, dtype, Device::Cpu(), nullptr};
-}
-
-OpDesc Inner(OpKind kind, TensorView input, TensorView output, ReduceOp reduce = ReduceOp::kSum,
-             int root = 0) {
-  OpDesc d;
-  d.kind = kind;
-  d.input = input;
-  d.output = output;
-  d.reduce = reduce == ReduceOp::kAvg ? ReduceOp::kSum : reduce;
-  d.root = root;
-  return d;
-}
-
-class HierBackend final : public Backend {
- public:
-  HierBackend(HierTopology topo, Layout layout, std::unique_ptr<Backend> intra,
-              std::unique_ptr<Backend> inter)
-      : topo_(std::move(topo)),
-        layout_(std::move(layout)),
-        host_(topo_.host_of[static_cast<size_t>(topo_.rank)]),
-        local_(topo_.local_rank),
-        locals_(static_cast<int>(layout_.ranks_of[static_cast<size_t>(host_)].size())),
-        intra_(std::move(intra)),
-        inter_(std::move(inter)) {}
-
-  const char* name() const override { return "hier"; }
-  int rank() const override { return topo_.rank; }
-  int size() const override { return topo_.world_size; }
-  Capabilities capabilities() const override;
-  absl::Status Supports(const OpDesc& op) const override;
-  absl::Status Run(const OpDesc& op) override;
-  void Abort(const absl::Status& reason) override;
-  absl::Status health() const override;
-
- private:
-  enum class Level { kIntra, kInter };
-  // The outer op in flight.
-  struct Outer {
-    const OpDesc& op;
-    absl::Time start;
-    absl::Time deadline;
-  };
-
-  bool leader() const { return local_ == 0; }
-  bool multi_host() const { return layout_.hosts > 1; }
-  int HostOf(int g) const { return topo_.host_of[static_cast<size_t>(g)]; }
-  int LocalOf(int g) const { return layout_.local_of[static_cast<size_t>(g)]; }
-  int Global(int host, int local) const {
-    return layout_.ranks_of[static_cast<size_t>(host)][static_cast<size_t>(local)];
-  }
-  std::string Where(Level level) const;
-  absl::Status Reword(const Outer& o, Level level, absl::string_view step,
-                      const absl::Status& s) const;
-  absl::Status Break(absl::Status s);
-  uint8_t* Scratch(size_t bytes);
-
-  // Runs one inner op with what is left of the outer op's time. `seq` numbers the inner op on its
-  // backend; collectives take the next one, point-to-point moves reuse the current one.
-  absl::Status Step(const Outer& o, Level level, absl::string_view step, OpDesc inner);
-  absl::Status Intra(const Outer& o, absl::string_view step, OpDesc inner) {
-    inner.seq = ++intra_seq_;
-    return Step(o, Level::kIntra, step, inner);
-  }
-  absl::Status Inter(const Outer& o, absl::string_view step, OpDesc inner) {
-    inner.seq = ++inter_seq_;
-    return Step(o, Level::kInter, step, inner);
-  }
-  // Intra point-to-point on an internal tag (user tags stay below kHierInternalTagBase).
-  absl::Status IntraP2p(const Outer& o, absl::string_view step, OpKind kind, int local,
-                        TensorView v, uint32_t tag);
-
-  // Leader <-> local moves of `count` elements per local rank. Gather: the leader's `dst` gets
-  // local rank j's `src` as block j. Scatter: local rank j's `dst` gets block j of the leader's
-  // `src`. Every local rank calls them; the leader's buffers hold locals_ blocks.
-  absl::Status GatherToLeader(const Outer& o, const void* src, size_t count, DType t, void* dst);
-  absl::Status ScatterFromLeader(const Outer& o, const void* src, size_t count, DType t, void* dst);
-
-  absl::Status Dispatch(const Outer& o);
-  absl::Status Allreduce(const Outer& o);
-  absl::Status Broadcast(const Outer& o);
-  absl::Status Reduce(const Outer& o);
-  absl::Status Allgather(const Outer& o);
-  absl::Status ReduceScatter(const Outer& o);
-  absl::Status Alltoall(const Outer& o);
-  absl::Status Barrier(const Outer& o);
-  absl::Status SendRecv(const Outer& o);
-  void FinishAvg(const OpDesc& op, const TensorView& v) const {
-    if (op.reduce == ReduceOp::kAvg)
-      elementwise::DivideInPlace(v.dtype, v.data, v.count, topo_.world_size);
-  }
-
-  const HierTopology topo_;
-  const Layout layout_;
-  const int host_;
-  const int local_;
-  const int locals_;  // ranks on this host
-  const std::unique_ptr<Backend> intra_;
-  const std::unique_ptr<Backend> inter_;  // leaders of a multi-host job only
-
-  // Run() is called by one thread at a time: these need no lock.
-  uint64_t intra_seq_ = 0;
-  uint64_t inter_seq_ = 0;
-  std::vector<uint8_t> scratch_;
-
-  mutable absl::Mutex mu_;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
-};
+namespace hier {
 
 Capabilities HierBackend::capabilities() const {
   const Capabilities in = intra_->capabilities();
@@ -180,14 +24,18 @@ Capabilities HierBackend::capabilities() const {
   c.device_memory = false;
   c.native_bf16 = false;
   c.native_avg = false;
-  // Every pair can talk only on one host, or when every rank is its host's leader.
-  c.send_recv = in.send_recv &&
-                (!multi_host() || (layout_.max_local == 1 && inter_->capabilities().send_recv));
+  // Every pair can talk: on one host, over pair links, or when every rank is its host's leader.
+  c.send_recv = in.send_recv && (!multi_host() || pair_transport_ != nullptr ||
+                                 (layout_.max_local == 1 && inter_->capabilities().send_recv));
   c.abortable = in.abortable && (inter_ == nullptr || inter_->capabilities().abortable);
   return c;
 }
 
-std::string HierBackend::Where(Level level) const {
+std::string HierBackend::Where(Level level, int peer) const {
+  if (level == Level::kPair) {
+    return absl::StrCat("between hosts (global rank ", topo_.rank, " on host ", host_,
+                        ", its link to rank ", peer, ")");
+  }
   if (level == Level::kInter) {
     return absl::StrCat("between hosts (leader of host ", host_, ", global rank ", topo_.rank, ")");
   }
@@ -201,7 +49,8 @@ absl::Status HierBackend::Reword(const Outer& o, Level level, absl::string_view 
                                              Where(level), ", ", step, ": ", s.message()));
 }
 
-absl::Status HierBackend::Step(const Outer& o, Level level, absl::string_view step, OpDesc inner) {
+absl::Status HierBackend::Step(const Outer& o, Level level, absl::string_view step, OpDesc inner,
+                               Backend* pair) {
   const absl::Time now = absl::Now();
   const absl::Duration left = o.deadline - now;
   if (left <= absl::ZeroDuration()) {
@@ -211,7 +60,7 @@ absl::Status HierBackend::Step(const Outer& o, Level level, absl::string_view st
                       " was used up (", absl::FormatDuration(now - o.start), " since it began)")));
   }
   inner.timeout = left;
-  Backend& b = level == Level::kIntra ? *intra_ : *inter_;
+  Backend& b = level == Level::kPair ? *pair : level == Level::kIntra ? *intra_ : *inter_;
   absl::Status s = b.Run(inner);
   if (s.ok()) return s;
   if (absl::IsInvalidArgument(s) && o.op.kind != OpKind::kSend && o.op.kind != OpKind::kRecv) {
@@ -260,28 +109,7 @@ absl::Status HierBackend::Supports(const OpDesc& op) const {
     return refuse("avg of ", DTypeName(main.dtype),
                   " is not defined (an integer average would truncate)");
   }
-  if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
-    if (op.tag >= kHierInternalTagBase) {
-      return refuse("tag ", op.tag, " is reserved by the hierarchical backend (tags from ",
-                    kHierInternalTagBase, " up)");
-    }
-    if (op.peer < 0 || op.peer >= topo_.world_size || op.peer == topo_.rank) {
-      return refuse("peer ", op.peer, " is not another rank of a world of ", topo_.world_size);
-    }
-    OpDesc d = op;
-    if (HostOf(op.peer) == host_) {
-      d.peer = LocalOf(op.peer);
-      return intra_->Supports(d);
-    }
-    if (!leader() || LocalOf(op.peer) != 0) {
-      return refuse("rank ", op.peer, " is on host ", HostOf(op.peer), " and rank ", topo_.rank,
-                    " on host ", host_,
-                    ": the hierarchical backend moves point-to-point data between hosts only "
-                    "between host leaders (local rank 0)");
-    }
-    d.peer = HostOf(op.peer);
-    return inter_->Supports(d);
-  }
+  if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) return SupportsP2p(op);
   if (!multi_host()) return intra_->Supports(op);
   if (op.kind == OpKind::kBarrier) return absl::OkStatus();
   // The inner steps run with this dtype and reduce op on buffers up to the op's largest.
@@ -335,6 +163,8 @@ absl::Status HierBackend::Break(absl::Status s) {
       absl::AbortedError(absl::StrCat("rank ", topo_.rank, " failed: ", s.message()));
   intra_->Abort(why);
   if (inter_ != nullptr) inter_->Abort(why);
+  absl::MutexLock lock(&pairs_mu_);
+  for (auto& [peer, link] : pairs_) link->Abort(why);
   return s;
 }
 
@@ -351,6 +181,8 @@ void HierBackend::Abort(const absl::Status& reason) {
   }
   intra_->Abort(reason);
   if (inter_ != nullptr) inter_->Abort(reason);
+  absl::MutexLock lock(&pairs_mu_);
+  for (auto& [peer, link] : pairs_) link->Abort(reason);
 }
 
 absl::Status HierBackend::health() const {
@@ -658,22 +490,13 @@ absl::Status HierBackend::Barrier(const Outer& o) {
   return absl::OkStatus();
 }
 
-absl::Status HierBackend::SendRecv(const Outer& o) {
-  OpDesc d = o.op;
-  const bool same_host = HostOf(d.peer) == host_;
-  d.peer = same_host ? LocalOf(d.peer) : HostOf(d.peer);
-  d.seq = same_host ? intra_seq_ : inter_seq_;
-  return Step(
-      o, same_host ? Level::kIntra : Level::kInter,
-      absl::StrCat(d.kind == OpKind::kSend ? "send to" : "receive from", " rank ", o.op.peer), d);
-}
+}  // namespace hier
 
-#undef HIER_RETURN_IF_ERROR
-
-}  // namespace
+using hier::HierBackend;
+using hier::Layout;
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateHierarchicalBackend(HierBackendOptions options) {
-  absl::StatusOr<Layout> layout = MakeLayout(options.topology);
+  absl::StatusOr<Layout> layout = hier::MakeLayout(options.topology);
   if (!layout.ok()) return layout.status();
   const HierTopology& t = options.topology;
   const int host = t.host_of[static_cast<size_t>(t.rank)];
@@ -701,8 +524,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateHierarchicalBackend(HierBackendOp
   } else {
     options.inter.reset();
   }
-  return std::unique_ptr<Backend>(new HierBackend(
-      options.topology, *std::move(layout), std::move(options.intra), std::move(options.inter)));
+  return std::unique_ptr<Backend>(
+      new HierBackend(options.topology, *std::move(layout), std::move(options.intra),
+                      std::move(options.inter), std::move(options.pair_transport)));
 }
 
 }  // namespace adaptcomm

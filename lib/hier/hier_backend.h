@@ -14,8 +14,14 @@
 //   reduce_scatter  host-major reorder -> intra reduce -> leaders reduce_scatter -> scatter
 //   alltoall        gather to the leader -> leaders alltoall -> scatter
 //   barrier         intra, leaders, intra
-//   send/recv       within a host, or between two leaders; other cross-host pairs are refused
-//                   (InvalidArgument: only the two ranks of a send run, so no leader could relay)
+//   send/recv       within a host on the intra backend, between two leaders on the inter one;
+//                   any other cross-host pair on a two-rank link of its own, made by
+//                   HierBackendOptions::pair_transport the first time the pair talks (only the
+//                   two ranks of a send run, so no leader could relay); refused without it
+//   groups          (GroupRunner) collectives in issue order, then the sends and receives, per
+//                   level as one inner group: intra, inter, then each pair link in the order of
+//                   its two global ranks, an order every rank shares, so no two ranks wait on
+//                   each other
 // The leader-to-local moves use the intra backend's send/recv, or a broadcast/allgather when it
 // has none. avg is summed at every level and divided once by N at the end. On a single host every
 // op goes straight to the intra backend.
@@ -34,6 +40,7 @@
 #define ADAPTCOMM_LIB_HIER_HIER_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -53,6 +60,11 @@ struct HierTopology {
   int local_rank = 0;
 };
 
+// Builds a two-rank backend linking this rank and global rank `peer` on another host (rank 0 of it:
+// the smaller global rank), within `bound`; both ranks call it for the same pair.
+using PairTransport =
+    std::function<absl::StatusOr<std::unique_ptr<Backend>>(int peer, absl::Duration bound)>;
+
 struct HierBackendOptions {
   HierTopology topology;
   // All ranks of this host: size L, rank = local rank.
@@ -60,6 +72,9 @@ struct HierBackendOptions {
   // Leaders only (local rank 0), when there are several hosts: size H, rank = host index. Null on
   // every other rank (and may be null on a single host).
   std::unique_ptr<Backend> inter;
+  // Cross-host send/recv of a rank that is not its host's leader (or to one that is not); empty:
+  // such pairs are refused.
+  PairTransport pair_transport;
 };
 
 // Errors: InvalidArgument when the topology is inconsistent or the inner backends do not match it

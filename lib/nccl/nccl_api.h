@@ -116,6 +116,19 @@ class NcclApi {
   // ncclCommShrink (NCCL 2.27+): the survivors of `comm` (every rank but `exclude_ranks`, in its
   // numbering) build `*newcomm`, renumbered densely; `config` null: the parent's. Nonblocking:
   // poll CommGetAsyncError(*newcomm). Without the symbol: ncclInvalidUsage.
+  // ncclAlltoAll (NCCL 2.28+): `count` elements to and from every rank. Without the symbol:
+  // ncclInvalidUsage.
+  virtual bool has_alltoall() const { return false; }
+  virtual NcclResult AlltoAll(const void* send, void* recv, size_t count, NcclDataType dtype,
+                              NcclComm comm, cuda::CudaStream stream) {
+    (void)send;
+    (void)recv;
+    (void)count;
+    (void)dtype;
+    (void)comm;
+    (void)stream;
+    return NcclResult::kInvalidUsage;
+  }
   virtual bool has_comm_shrink() const { return false; }
   virtual NcclResult CommShrink(NcclComm comm, const std::vector<int>& exclude_ranks,
                                 NcclComm* newcomm, const NcclCommConfig* config, int shrink_flags) {
@@ -144,11 +157,12 @@ int NormalizeNcclVersion(int code);
                                             absl::Duration bound);
 
 // dlopen()s NCCL once per process: `path` if given, else $ADAPTCOMM_NCCL_LIBRARY, else
-// "libnccl.so.2". Every required symbol is checked (optional ones, ncclCommShrink, are resolved
-// when present: has_comm_shrink()); errors: FailedPrecondition "NCCL backend not
-// built: ..." (no CUDA at build time), Unavailable with dlerror()'s text ("libnccl.so.2: cannot
-// open shared object file: ..."), or Unavailable naming the first missing symbol. A successful load
-// is cached per path; a failed one is retried on the next call.
+// "libnccl.so.2". Every required symbol is checked (optional ones, ncclCommShrink and
+// ncclAlltoAll, are resolved when present: has_comm_shrink(), has_alltoall()); errors:
+// FailedPrecondition "NCCL backend not built: ..." (no CUDA at build time), Unavailable with
+// dlerror()'s text ("libnccl.so.2: cannot open shared object file: ..."), or Unavailable naming the
+// first missing symbol. A successful load is cached per path; a failed one is retried on the next
+// call.
 absl::StatusOr<std::shared_ptr<NcclApi>> LoadNcclApi(const std::string& path = "");
 
 }  // namespace adaptcomm::nccl

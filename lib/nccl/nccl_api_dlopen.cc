@@ -52,6 +52,9 @@ struct NcclSymbols {
   ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   // Optional (null when the loaded NCCL lacks it): ncclCommShrink, NCCL 2.27+.
   ncclResult_t (*CommShrink)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
+  // Optional: ncclAlltoAll, NCCL 2.28+ (typed here, not taken from nccl.h, which older NCCLs
+  // lack it in).
+  ncclResult_t (*AlltoAll)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
 };
 
 #if NCCL_VERSION_CODE >= 22700
@@ -154,6 +157,12 @@ class DlopenNcclApi final : public NcclApi {
                   cuda::CudaStream stream) override {
     return R(sym_.Recv(recv, count, D(dtype), peer, C(comm), S(stream)));
   }
+  bool has_alltoall() const override { return sym_.AlltoAll != nullptr; }
+  NcclResult AlltoAll(const void* send, void* recv, size_t count, NcclDataType dtype, NcclComm comm,
+                      cuda::CudaStream stream) override {
+    if (sym_.AlltoAll == nullptr) return NcclResult::kInvalidUsage;
+    return R(sym_.AlltoAll(send, recv, count, D(dtype), C(comm), S(stream)));
+  }
   bool has_comm_shrink() const override { return sym_.CommShrink != nullptr; }
   NcclResult CommShrink(NcclComm comm, const std::vector<int>& exclude_ranks, NcclComm* newcomm,
                         const NcclCommConfig* c, int shrink_flags) override {
@@ -222,6 +231,7 @@ absl::StatusOr<std::shared_ptr<NcclApi>> Open(const std::string& name) {
   Resolve(handle, "ncclRecv", &s.Recv, &missing);
   std::string optional_missing;  // optional symbols: a null slot is what has_comm_shrink() reads
   Resolve(handle, "ncclCommShrink", &s.CommShrink, &optional_missing);
+  Resolve(handle, "ncclAlltoAll", &s.AlltoAll, &optional_missing);
   if (!missing.empty()) {
     std::string version;
     int code = 0;

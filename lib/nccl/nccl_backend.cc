@@ -146,6 +146,20 @@ absl::Status NcclBackend::Supports(const OpDesc& op) const {
 }
 
 NcclResult NcclBackend::Enqueue(const OpDesc& op, CudaStream stream) {
+  // NCCL pairs a rank's sends and receives only within a group call; a native all-to-all is one
+  // call.
+  const bool grouped = op.kind == OpKind::kSend || op.kind == OpKind::kRecv ||
+                       (op.kind == OpKind::kAlltoall && !api_->has_alltoall());
+  if (!grouped) return EnqueueMember(op, stream);
+  NcclResult r = api_->GroupStart();
+  if (r != NcclResult::kSuccess) return r;
+  const NcclResult first_error = EnqueueMember(op, stream);
+  // The group must be closed even when a member was refused.
+  r = api_->GroupEnd();
+  return first_error != NcclResult::kSuccess ? first_error : r;
+}
+
+NcclResult NcclBackend::EnqueueMember(const OpDesc& op, CudaStream stream) {
   const TensorView& in = op.input;
   const TensorView& out = op.output;
   switch (op.kind) {
@@ -167,32 +181,27 @@ NcclResult NcclBackend::Enqueue(const OpDesc& op, CudaStream stream) {
       return api_->AllReduce(scratch_, scratch_, 1, NcclDataType::kFloat32, NcclRedOp::kSum, comm_,
                              stream);
     case OpKind::kSend:
+      return api_->Send(in.data, in.count, ToNccl(in.dtype), op.peer, comm_, stream);
     case OpKind::kRecv:
+      return api_->Recv(out.data, out.count, ToNccl(out.dtype), op.peer, comm_, stream);
     case OpKind::kAlltoall: {
-      NcclResult r = api_->GroupStart();
-      if (r != NcclResult::kSuccess) return r;
+      const size_t block = in.count / static_cast<size_t>(options_.size);
+      if (api_->has_alltoall()) {
+        return api_->AlltoAll(in.data, out.data, block, ToNccl(in.dtype), comm_, stream);
+      }
       NcclResult first_error = NcclResult::kSuccess;
       auto note = [&first_error](NcclResult x) {
         if (!InFlight(x) && first_error == NcclResult::kSuccess) first_error = x;
       };
-      if (op.kind == OpKind::kSend) {
-        note(api_->Send(in.data, in.count, ToNccl(in.dtype), op.peer, comm_, stream));
-      } else if (op.kind == OpKind::kRecv) {
-        note(api_->Recv(out.data, out.count, ToNccl(out.dtype), op.peer, comm_, stream));
-      } else {
-        const size_t block = in.count / static_cast<size_t>(options_.size);
-        const size_t block_bytes = block * DTypeSize(in.dtype);
-        for (int peer = 0; peer < options_.size; ++peer) {
-          const size_t off = block_bytes * static_cast<size_t>(peer);
-          note(api_->Send(static_cast<const char*>(in.data) + off, block, ToNccl(in.dtype), peer,
-                          comm_, stream));
-          note(api_->Recv(static_cast<char*>(out.data) + off, block, ToNccl(out.dtype), peer, comm_,
-                          stream));
-        }
+      const size_t block_bytes = block * DTypeSize(in.dtype);
+      for (int peer = 0; peer < options_.size; ++peer) {
+        const size_t off = block_bytes * static_cast<size_t>(peer);
+        note(api_->Send(static_cast<const char*>(in.data) + off, block, ToNccl(in.dtype), peer,
+                        comm_, stream));
+        note(api_->Recv(static_cast<char*>(out.data) + off, block, ToNccl(out.dtype), peer, comm_,
+                        stream));
       }
-      // The group must be closed even when a member was refused.
-      r = api_->GroupEnd();
-      return first_error != NcclResult::kSuccess ? first_error : r;
+      return first_error;
     }
   }
   return NcclResult::kInvalidArgument;
@@ -252,7 +261,82 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
       return MapNcclResult(r, What(op), api_->GetLastError(comm_));
     }
     if (!InFlight(r)) return Break(MapNcclResult(r, What(op), api_->GetLastError(comm_)));
-    return WaitDone(op, deadline);
+    return WaitDone(op, stream, deadline);
+  }());
+}
+
+absl::Status NcclBackend::RunGroup(const std::vector<OpDesc>& ops) {
+  if (ops.empty()) return absl::OkStatus();
+  const OpDesc& head = ops.front();
+  if (absl::Status s = BeginCall(head); !s.ok()) return s;
+  return FinishCall([&]() -> absl::Status {
+    absl::Duration bound = head.timeout;
+    for (const OpDesc& op : ops) {
+      if (absl::Status s = Supports(op); !s.ok()) return s;
+      bound = std::max(bound, op.timeout);
+    }
+    const absl::Time deadline = absl::Now() + bound;
+    ScopedCudaDevice device(*cuda_, options_.device);
+    if (int e = device.error(); e != kCudaSuccess) {
+      return Break(absl::UnavailableError(absl::StrCat(
+          What(head), ": cudaSetDevice(", options_.device, "): ", cuda_->ErrorString(e))));
+    }
+    // The group runs on the communicator's stream, behind the work queued on each op's stream
+    // (one NCCL group, one stream); the host then waits for it, so the callers' streams see the
+    // results without waiting on it.
+    std::vector<CudaStream> waited;
+    for (const OpDesc& op : ops) {
+      const bool output = UsesOutput(op.kind);
+      const CudaStream s = op.kind == OpKind::kBarrier ? stream_
+                           : output                    ? op.output.stream
+                                                       : op.input.stream;
+      if (s == stream_ || std::find(waited.begin(), waited.end(), s) != waited.end()) continue;
+      if (absl::Status r =
+              RefuseIfCapturing(*cuda_, s, output ? "output" : "input", [&] { return What(op); });
+          !r.ok()) {
+        return r;
+      }
+      if (int e = cuda_->EventRecord(event_, s); e != kCudaSuccess) {
+        return Break(absl::UnavailableError(
+            absl::StrCat(What(op), ": cudaEventRecord: ", cuda_->ErrorString(e))));
+      }
+      if (int e = cuda_->StreamWaitEvent(stream_, event_); e != kCudaSuccess) {
+        return Break(absl::UnavailableError(
+            absl::StrCat(What(op), ": cudaStreamWaitEvent: ", cuda_->ErrorString(e))));
+      }
+      waited.push_back(s);
+    }
+    // Collectives in issue order, then the sends and receives: NCCL pairs those of two ranks in
+    // the order each issued them, so they go by tag (then issue order), as the peer's do.
+    std::vector<const OpDesc*> p2p;
+    for (const OpDesc& op : ops) {
+      if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) p2p.push_back(&op);
+    }
+    std::stable_sort(p2p.begin(), p2p.end(),
+                     [](const OpDesc* a, const OpDesc* b) { return a->tag < b->tag; });
+    NcclResult r = api_->GroupStart();
+    if (r != NcclResult::kSuccess) {
+      return Break(MapNcclResult(r, What(head), api_->GetLastError(comm_)));
+    }
+    NcclResult first_error = NcclResult::kSuccess;
+    auto note = [&first_error](NcclResult x) {
+      if (!InFlight(x) && first_error == NcclResult::kSuccess) first_error = x;
+    };
+    for (const OpDesc& op : ops) {
+      if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) note(EnqueueMember(op, stream_));
+    }
+    for (const OpDesc* op : p2p) note(EnqueueMember(*op, stream_));
+    r = api_->GroupEnd();  // closed even when a member was refused
+    if (first_error != NcclResult::kSuccess) r = first_error;
+    const std::string what = absl::StrCat("nccl group of ", ops.size(), " op(s) #", head.seq, "-#",
+                                          ops.back().seq, " on rank ", options_.rank);
+    if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
+      return MapNcclResult(r, what, api_->GetLastError(comm_));
+    }
+    if (!InFlight(r)) return Break(MapNcclResult(r, what, api_->GetLastError(comm_)));
+    OpDesc group = head;
+    group.timeout = bound;
+    return WaitDone(group, stream_, deadline);
   }());
 }
 
@@ -426,7 +510,7 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
   return completion;
 }
 
-absl::Status NcclBackend::WaitDone(const OpDesc& op, absl::Time deadline) {
+absl::Status NcclBackend::WaitDone(const OpDesc& op, CudaStream stream, absl::Time deadline) {
   // Nonblocking communicators may return ncclInProgress before the kernel is even queued: the
   // event may only be recorded once the communicator says the launch is done.
   bool recorded = false;
@@ -443,9 +527,6 @@ absl::Status NcclBackend::WaitDone(const OpDesc& op, absl::Time deadline) {
                                  api_->GetLastError(comm_)));
     }
     if (!recorded && state == NcclResult::kSuccess) {
-      CudaStream stream = op.kind == OpKind::kBarrier ? stream_
-                          : UsesOutput(op.kind)       ? op.output.stream
-                                                      : op.input.stream;
       if (int e = cuda_->EventRecord(event_, stream); e != kCudaSuccess) {
         return Break(absl::UnavailableError(
             absl::StrCat(What(op), ": cudaEventRecord: ", cuda_->ErrorString(e))));

@@ -44,7 +44,7 @@ inline uint64_t NextStreamId() {
   return next.fetch_add(1);
 }
 
-class NcclBackend final : public Backend, public StreamOrdered {
+class NcclBackend final : public Backend, public StreamOrdered, public GroupRunner {
  public:
   NcclBackend(std::shared_ptr<NcclApi> api, std::shared_ptr<CudaApi> cuda,
               const NcclBackendOptions& options, NcclComm comm, int device_count, CudaEvent event,
@@ -84,6 +84,10 @@ class NcclBackend final : public Backend, public StreamOrdered {
   }
   std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
   StreamOrdered* stream_ordered() override { return this; }
+  GroupRunner* groups() override { return this; }
+  // The group's ops in one ncclGroupStart/ncclGroupEnd on the communicator's stream; returns once
+  // the device finished them (not stream-ordered).
+  absl::Status RunGroup(const std::vector<OpDesc>& ops) override;
   absl::StatusOr<std::shared_ptr<const StreamPosition>> MarkIssue(const OpDesc& op) override;
   absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(const OpDesc& op) override;
   absl::Status CopyAt(const StreamPosition& at, void* dst, const void* src, size_t bytes) override;
@@ -102,8 +106,10 @@ class NcclBackend final : public Backend, public StreamOrdered {
   absl::Status CheckView(const OpDesc& op, const TensorView& v, const char* which) const;
   // Queues `op` on `stream`; the raw NCCL result of the call (or of the group).
   NcclResult Enqueue(const OpDesc& op, CudaStream stream);
-  // Waits for the event recorded after `op`, polling async errors; the op's final status.
-  absl::Status WaitDone(const OpDesc& op, absl::Time deadline);
+  // Enqueue's calls without a group of their own: for a caller that opened one.
+  NcclResult EnqueueMember(const OpDesc& op, CudaStream stream);
+  // Waits for the event recorded on `stream` after `op`, polling async errors; the op's status.
+  absl::Status WaitDone(const OpDesc& op, CudaStream stream, absl::Time deadline);
   // Records `status` as the reason the backend is broken, aborts the communicator, returns the
   // status the caller should see (the abort's, if Abort() came first).
   absl::Status Break(absl::Status status);
