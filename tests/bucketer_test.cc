@@ -76,6 +76,7 @@ void ExpectSameAsPerTensor(BackendChoice backend, ReduceOp op) {
     BucketerOptions bo;
     bo.op = op;
     bo.bucket_bytes = 16 << 10;
+    bo.direct_bytes = 30000;  // some of the 6000-9000-element tensors are reduced in place
     auto bucketer = GradientBucketer::Create(*comm, specs, bo);
     ASSERT_TRUE(bucketer.ok()) << bucketer.status();
     EXPECT_GT((*bucketer)->bucket_count(), 4);
@@ -179,6 +180,14 @@ TEST(Bucketer, AssignmentIsReverseRegistrationOrderCutAtTheBucketSize) {
     EXPECT_EQ((*bucketer)->bucket(3).tensors, std::vector<int>({0}));
     EXPECT_EQ((*bucketer)->bucket(2).bytes, 2400u);
     EXPECT_EQ((*bucketer)->bucket_of(3), 1);
+    // Tensors of direct_bytes or more are buckets of their own; the others fuse around them.
+    bo.direct_bytes = 4000;
+    auto direct = GradientBucketer::Create(*comm, specs, bo);
+    ASSERT_TRUE(direct.ok()) << direct.status();
+    ASSERT_EQ((*direct)->bucket_count(), 4);
+    EXPECT_EQ((*direct)->bucket(1).tensors, std::vector<int>({4, 2, 1}));
+    EXPECT_EQ((*direct)->bucket(2).tensors, std::vector<int>({3}));
+    EXPECT_EQ((*direct)->bucket(3).tensors, std::vector<int>({0}));
   });
 }
 

@@ -12,7 +12,8 @@
 //
 // Buckets. The tensors are assigned to buckets once, at Create, from the registration alone: in
 // reverse registration order (backward produces the last layers' gradients first), a bucket per
-// (dtype, device) that closes once it holds at least `bucket_bytes`. Every rank therefore builds
+// (dtype, device) that closes once it holds at least `bucket_bytes`; a tensor of at least
+// `direct_bytes` is a bucket of its own. Every rank therefore builds
 // the same buckets and launches them in the same order, whatever order its tensors become ready
 // in: bucket b is launched when all of its tensors are ready and buckets 0..b-1 were launched.
 // A ready tensor is copied into its bucket's buffer (no copy when the caller wrote it in place, at
@@ -80,6 +81,11 @@ struct BucketerOptions {
   // Bytes per bucket (a bucket closes once it holds at least this many; a larger tensor is a
   // bucket of its own). Zero: the profile's buckets.bytes (built-in default 25 MiB).
   size_t bucket_bytes = 0;
+  // A host tensor of at least this many bytes is a bucket of its own, reduced in place in the
+  // caller's view: fusing it would save one op's fixed cost but cost two copies of its bytes
+  // (measured on shared memory, 2 ranks: copies made a 100 MiB step 2.5x slower than one
+  // allreduce, bench/RESULTS.md). Zero: every tensor may be fused.
+  size_t direct_bytes = size_t{1} << 20;
   // kF32: plain allreduces. kBF16 or kF16: the f32 buckets go through AllreduceMixed with this
   // wire dtype (casts, barrier and overflow guard of adaptcomm/precision.h), run in bucket order
   // by a thread of the bucketer so that backward goes on meanwhile; other dtypes stay plain.

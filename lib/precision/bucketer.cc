@@ -252,6 +252,7 @@ absl::Status CheckSameOnEveryRank(Communicator& comm, const std::vector<Gradient
   uint64_t digest = kFnvOffset;
   Mix(digest, static_cast<uint64_t>(header));
   Mix(digest, bucket_bytes);
+  Mix(digest, o.direct_bytes);
   for (const GradientSpec& s : specs) {
     Mix(digest, s.count);
     Mix(digest, static_cast<uint64_t>(TensorCode(s)));
@@ -271,15 +272,17 @@ absl::Status CheckSameOnEveryRank(Communicator& comm, const std::vector<Gradient
     same = same && all[2 * r] == all[0] && all[2 * r + 1] == all[1];
   }
   if (same) return absl::OkStatus();
-  // Record: n, bucket bytes, header, then (count, code) per tensor, padded with -1.
-  const size_t width = 3 + 2 * static_cast<size_t>(max_n);
+  // Record: n, bucket bytes, direct bytes, header, then (count, code) per tensor, padded with -1.
+  constexpr size_t kHead = 4;
+  const size_t width = kHead + 2 * static_cast<size_t>(max_n);
   std::vector<int64_t> rec(width, -1);
   rec[0] = static_cast<int64_t>(specs.size());
   rec[1] = static_cast<int64_t>(bucket_bytes);
-  rec[2] = header;
+  rec[2] = static_cast<int64_t>(o.direct_bytes);
+  rec[3] = header;
   for (size_t i = 0; i < specs.size(); ++i) {
-    rec[3 + 2 * i] = static_cast<int64_t>(specs[i].count);
-    rec[4 + 2 * i] = TensorCode(specs[i]);
+    rec[kHead + 2 * i] = static_cast<int64_t>(specs[i].count);
+    rec[kHead + 1 + 2 * i] = TensorCode(specs[i]);
   }
   std::vector<int64_t> recs(width * world);
   s = comm.Allgather(HostView(rec.data(), rec.size()), HostView(recs.data(), recs.size())).Wait();
@@ -292,21 +295,22 @@ absl::Status CheckSameOnEveryRank(Communicator& comm, const std::vector<Gradient
     const int64_t* other = recs.data() + width * r;
     if (std::equal(zero, zero + width, other)) continue;
     std::string what;
-    if (other[1] != zero[1] || other[2] != zero[2]) {
+    if (!std::equal(zero + 1, zero + kHead, other + 1)) {
       what = absl::StrCat("its options differ (bucket bytes ", other[1], " vs ", zero[1],
-                          "; op/wire/unused code ", other[2], " vs ", zero[2], ")");
+                          "; direct bytes ", other[2], " vs ", zero[2], "; op/wire/unused code ",
+                          other[3], " vs ", zero[3], ")");
     } else {
       const int64_t n = std::min(zero[0], other[0]);
       int64_t i = 0;
-      while (i < n && zero[3 + 2 * i] == other[3 + 2 * i] && zero[4 + 2 * i] == other[4 + 2 * i])
-        ++i;
+      auto count = [](const int64_t* r, int64_t t) { return r[kHead + 2 * t]; };
+      auto code = [](const int64_t* r, int64_t t) { return r[kHead + 1 + 2 * t]; };
+      while (i < n && count(zero, i) == count(other, i) && code(zero, i) == code(other, i)) ++i;
       const std::string name =
           i < static_cast<int64_t>(specs.size()) ? absl::StrCat(" (", specs[i].name, " here)") : "";
       if (i < n) {
-        what =
-            absl::StrCat("tensor ", i, name, " is ",
-                         DescribeTensor(other[3 + 2 * i], other[4 + 2 * i]), " on rank ", r,
-                         " but ", DescribeTensor(zero[3 + 2 * i], zero[4 + 2 * i]), " on rank 0");
+        what = absl::StrCat("tensor ", i, name, " is ",
+                            DescribeTensor(count(other, i), code(other, i)), " on rank ", r,
+                            " but ", DescribeTensor(count(zero, i), code(zero, i)), " on rank 0");
       } else {
         what = absl::StrCat("rank ", r, " registers ", other[0], " tensors and rank 0 ", zero[0],
                             "; the first tensor only one of them has is tensor ", i, name);
@@ -342,11 +346,14 @@ absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
     const auto key =
         std::make_tuple(static_cast<int>(s.dtype), static_cast<int>(s.device.type), s.device.index);
     auto it = open.find(key);
+    const size_t bytes = s.count * DTypeSize(s.dtype);
+    const bool alone =
+        s.device.is_cuda() || (options.direct_bytes != 0 && bytes >= options.direct_bytes);
     int b;
-    if (it == open.end() || s.device.is_cuda()) {
+    if (it == open.end() || alone) {
       b = static_cast<int>(st.buckets.size());
       st.buckets.push_back(BucketInfo{{}, 0, s.dtype, s.device});
-      if (!s.device.is_cuda()) open[key] = b;
+      if (!alone) open[key] = b;
     } else {
       b = it->second;
     }
@@ -354,8 +361,8 @@ absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
     st.bucket_of[i] = b;
     st.offset[i] = info.bytes;
     info.tensors.push_back(i);
-    info.bytes += s.count * DTypeSize(s.dtype);
-    if (info.bytes >= cap) open.erase(key);
+    info.bytes += bytes;
+    if (!alone && info.bytes >= cap) open.erase(key);
   }
   st.buffers.resize(st.buckets.size());
   for (size_t b = 0; b < st.buckets.size(); ++b) {
