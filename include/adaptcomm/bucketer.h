@@ -71,8 +71,8 @@ enum class UnusedPolicy : uint8_t {
   // Wait() fails on every rank naming the rank and the first such tensor. The step's results are
   // not valid; the bucketer is ready for the next step.
   kError,
-  // Its gradient counts as zero on this rank: the bucketer zeroes its slot in the bucket, and
-  // writes the reduced result to the last view given for it (none yet: Storage(i)).
+  // Its gradient counts as zero on this rank: the bucketer zeroes its slot (Storage(i)), where
+  // the reduced result then is (a view of an earlier step may no longer be valid).
   kZero,
 };
 
@@ -142,7 +142,8 @@ class ADAPTCOMM_EXPORT GradientBucketer {
 
   // Tensor `index`'s slot in its bucket's host buffer: write the gradient there and MarkReady(i)
   // saves the copy in (DDP's gradient_as_bucket_view). Valid for the bucketer's lifetime; after
-  // Wait() it holds the reduced result. A CUDA tensor has no slot (a view with data == nullptr).
+  // Wait() it holds the reduced result when the step's gradient was given there (or zeroed by
+  // UnusedPolicy::kZero). A CUDA tensor has no slot (a view with data == nullptr).
   TensorView Storage(int index) const;
 
   // Ends the step: launches what is left (see UnusedPolicy), waits for every bucket (each within
