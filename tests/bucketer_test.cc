@@ -68,8 +68,8 @@ std::vector<int> Shuffled(int n, unsigned seed) {
 
 // Two ranks: a + b is the same bits in either order, so any correct allreduce gives the same bits,
 // and a bucketed one must match the per-tensor one exactly, element by element.
-void ExpectSameAsPerTensor(BackendChoice backend, ReduceOp op) {
-  testing::RunRanks(RankMode::kThreads, 2, [&](const RankEnv& env) {
+void ExpectSameAsPerTensor(BackendChoice backend, ReduceOp op, RankMode mode = RankMode::kThreads) {
+  testing::RunRanks(mode, 2, [&](const RankEnv& env) {
     auto comm = Make(env, backend);
     ASSERT_NE(comm, nullptr);
     const std::vector<GradientSpec> specs = Specs(40, 7);
@@ -117,6 +117,12 @@ TEST(Bucketer, AvgOnGlooEqualsPerTensorAllreduceBitForBit) {
 }
 TEST(Bucketer, AvgOnShmEqualsPerTensorAllreduceBitForBit) {
   ExpectSameAsPerTensor(BackendChoice::kShm, ReduceOp::kAvg);
+}
+TEST(Bucketer, AvgOnGlooAcrossProcessesEqualsPerTensorAllreduceBitForBit) {
+  ExpectSameAsPerTensor(BackendChoice::kGloo, ReduceOp::kAvg, RankMode::kProcesses);
+}
+TEST(Bucketer, SumOnShmAcrossProcessesEqualsPerTensorAllreduceBitForBit) {
+  ExpectSameAsPerTensor(BackendChoice::kShm, ReduceOp::kSum, RankMode::kProcesses);
 }
 
 // Three ranks, values that every summation order adds exactly (multiples of 1/8 below 2^20): the
