@@ -25,10 +25,13 @@
 // naming the rank and the tensor, rather than leaving the others waiting for a bucket that is
 // never launched: the erring rank launches its remaining buckets anyway (see UnusedPolicy).
 //
-// Memory: host tensors, any dtype the backend reduces. CUDA tensors are accepted where the
-// communicator's backend takes device memory (Capabilities::device_memory, NCCL); each is then a
-// bucket of its own, reduced in place on its own stream (no fusion across device tensors yet:
-// packing them needs device copies), and refused at Create on a backend that does not take them.
+// Memory: host tensors, any dtype the backend reduces; the communicator's backend must take host
+// memory (Gloo, shared memory, hierarchical; a backend that takes device memory only, NCCL, is
+// refused at Create: not yet). CUDA tensors are accepted where that backend also takes device
+// memory (Capabilities::device_memory: Gloo staging CUDA views); each is then a bucket of its
+// own, reduced in place (no fusion across device tensors yet: packing them needs device copies).
+// As with Work::Wait, a stream-ordered backend's Wait() returns once the ops are queued on the
+// tensors' streams.
 //
 // Thread safety: MarkReady may be called from any thread, concurrently; Wait from one thread at a
 // time. Collectives: Create and Wait are collectives of the communicator, and the bucket
@@ -122,7 +125,8 @@ class ADAPTCOMM_EXPORT GradientBucketer {
   // allgather of 16 bytes each) and, when they differ, the registrations themselves: every rank
   // gets FailedPrecondition naming the first rank and the first tensor that differ from rank 0's.
   // InvalidArgument: an empty tensor, an op the dtype cannot take (avg of integers), a wire other
-  // than f32/bf16/f16. Unimplemented: CUDA tensors on a backend without device memory.
+  // than f32/bf16/f16. Unimplemented: a backend without host memory (NCCL), CUDA tensors on a
+  // backend without device memory.
   // `comm` must outlive the bucketer.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<GradientBucketer>> Create(
       Communicator& comm, std::vector<GradientSpec> tensors, const BucketerOptions& options = {});

@@ -214,7 +214,16 @@ struct GradientBucketer::State {
 namespace {
 
 absl::Status ValidateOptions(const std::vector<GradientSpec>& specs, const BucketerOptions& o,
-                             const Capabilities& caps) {
+                             const Communicator& comm) {
+  const Capabilities caps = comm.capabilities();
+  if (!caps.host_memory) {
+    // The digest and the per-step error exchange are host collectives, and fused buckets live in
+    // host memory; a device-only transport would need them in device scratch.
+    return absl::UnimplementedError(absl::StrCat(
+        "gradient bucketer: the communicator's backend (", comm.backend_name(),
+        ") takes device memory only; the bucketer needs a backend that takes host memory (Gloo, "
+        "shared memory, hierarchical, or Gloo staging CUDA tensors)"));
+  }
   if (o.wire != DType::kF32 && o.wire != DType::kBF16 && o.wire != DType::kF16) {
     return absl::InvalidArgumentError(
         absl::StrCat("gradient bucketer: wire must be f32, bf16 or f16, not ", DTypeName(o.wire)));
@@ -327,7 +336,7 @@ absl::Status CheckSameOnEveryRank(Communicator& comm, const std::vector<Gradient
 
 absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
     Communicator& comm, std::vector<GradientSpec> tensors, const BucketerOptions& options) {
-  if (absl::Status s = ValidateOptions(tensors, options, comm.capabilities()); !s.ok()) return s;
+  if (absl::Status s = ValidateOptions(tensors, options, comm); !s.ok()) return s;
   auto state = std::make_unique<State>(comm, std::move(tensors), options);
   State& st = *state;
   const size_t cap = options.bucket_bytes != 0 ? options.bucket_bytes
