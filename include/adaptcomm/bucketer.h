@@ -160,8 +160,8 @@ class ADAPTCOMM_EXPORT GradientBucketer {
 
   int tensor_count() const;
   int bucket_count() const;
-  const BucketInfo& bucket(int b) const;
-  int bucket_of(int index) const;
+  const BucketInfo& bucket(int b) const;  // an empty BucketInfo for no such bucket
+  int bucket_of(int index) const;         // -1 for no such tensor
   // The state of bucket b's allreduce in the current step: kPending until it is launched (and,
   // with a mixed-precision wire, until it ran), then as its Work says.
   WorkState bucket_state(int b) const;

@@ -82,7 +82,6 @@ struct GradientBucketer::State {
   absl::Mutex mu;
   // Per step.
   std::vector<uint8_t> claimed ABSL_GUARDED_BY(mu);     // MarkReady began for the tensor
-  std::vector<uint8_t> ready ABSL_GUARDED_BY(mu);       // its data is in the bucket
   std::vector<TensorView> dest ABSL_GUARDED_BY(mu);     // where Wait copies the result (or none)
   std::vector<int> missing ABSL_GUARDED_BY(mu);         // per bucket: tensors not ready yet
   std::vector<TensorView> reduced ABSL_GUARDED_BY(mu);  // per bucket: the view its allreduce ran on
@@ -104,7 +103,7 @@ struct GradientBucketer::State {
   std::thread worker;
 
   bool mixed_wire() const { return options.wire != DType::kF32; }
-  bool fused_host(int b) const { return buffers[b] != nullptr; }
+  bool host_bucket(int b) const { return buffers[b] != nullptr; }
 
   TensorView Slot(int index) const {
     const int b = bucket_of[index];
@@ -121,7 +120,6 @@ struct GradientBucketer::State {
   void ResetStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const size_t n = specs.size(), nb = buckets.size();
     claimed.assign(n, 0);
-    ready.assign(n, 0);
     dest.assign(n, TensorView{});
     missing.assign(nb, 0);
     for (size_t b = 0; b < nb; ++b) missing[b] = static_cast<int>(buckets[b].tensors.size());
@@ -146,7 +144,7 @@ struct GradientBucketer::State {
     while (next_launch < static_cast<int>(buckets.size()) && missing[next_launch] == 0) {
       const int b = next_launch++;
       const BucketInfo& info = buckets[b];
-      if (!fused_host(b) || (info.tensors.size() == 1 && dest[info.tensors[0]].data != nullptr)) {
+      if (!host_bucket(b) || (info.tensors.size() == 1 && dest[info.tensors[0]].data != nullptr)) {
         // Alone in its bucket (or on a device): reduced in place, no copy.
         reduced[b] = dest[info.tensors[0]];
         if (reduced[b].data == nullptr) reduced[b] = BucketView(b);
@@ -345,7 +343,8 @@ absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
       options.timeout > absl::ZeroDuration() ? options.timeout : comm.config().timeouts.collective;
   if (absl::Status s = CheckSameOnEveryRank(comm, st.specs, options, cap); !s.ok()) return s;
 
-  // Reverse registration order, one open bucket per (dtype, device); CUDA tensors alone.
+  // Reverse registration order, one open bucket per (dtype, device); CUDA tensors and tensors of
+  // direct_bytes or more alone.
   const int n = static_cast<int>(st.specs.size());
   st.bucket_of.assign(n, -1);
   st.offset.assign(n, 0);
@@ -376,7 +375,7 @@ absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
   st.buffers.resize(st.buckets.size());
   for (size_t b = 0; b < st.buckets.size(); ++b) {
     if (st.buckets[b].device.is_cuda()) continue;
-    // Zeroed: first-touched now rather than in the first step, and padding-free slots start at 0.
+    // Zeroed: first-touched here rather than inside the first step's backward.
     st.buffers[b].reset(new std::byte[st.buckets[b].bytes]());
   }
   if (st.mixed_wire()) {
@@ -415,8 +414,13 @@ GradientBucketer::~GradientBucketer() {
 
 int GradientBucketer::tensor_count() const { return static_cast<int>(state_->specs.size()); }
 int GradientBucketer::bucket_count() const { return static_cast<int>(state_->buckets.size()); }
-const BucketInfo& GradientBucketer::bucket(int b) const { return state_->buckets.at(b); }
-int GradientBucketer::bucket_of(int index) const { return state_->bucket_of.at(index); }
+const BucketInfo& GradientBucketer::bucket(int b) const {
+  static const BucketInfo* const kNone = new BucketInfo();
+  return b >= 0 && b < bucket_count() ? state_->buckets[b] : *kNone;
+}
+int GradientBucketer::bucket_of(int index) const {
+  return index >= 0 && index < tensor_count() ? state_->bucket_of[index] : -1;
+}
 
 TensorView GradientBucketer::Storage(int index) const {
   if (index < 0 || index >= tensor_count()) return TensorView{};
@@ -478,7 +482,6 @@ absl::Status GradientBucketer::MarkReady(int index, TensorView grad) {
     dest = TensorView{};  // in place in the bucket: nothing to copy back
   }
   absl::MutexLock lock(&st.mu);
-  st.ready[index] = 1;
   st.dest[index] = dest;
   --st.missing[b];
   st.LaunchReady(/*from_mark=*/true);
@@ -502,7 +505,7 @@ absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
       ++stats.unused_tensors;
       TensorView slot = st.Slot(i);
       if (slot.data != nullptr) std::memset(slot.data, 0, slot.bytes());
-      st.claimed[i] = st.ready[i] = 1;
+      st.claimed[i] = 1;
       st.dest[i] = TensorView{};
       if (slot.data == nullptr) {
         // A CUDA tensor has no slot: there is nothing to reduce for it here. The peers' op for
