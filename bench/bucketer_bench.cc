@@ -3,7 +3,7 @@
 // of a shared machine hits them alike).
 //
 //   bucketer_bench [--ranks 2] [--rounds 5] [--backends shm,gloo] [--bucket-bytes 26214400]
-//                  [--direct-bytes 1048576]
+//                  [--direct-bytes 1048576] [--wire f32|bf16|f16]
 //
 // 1,000 f32 tensors like a model's gradients: 10 of 4 MiB, 90 of 256 KiB to 1 MiB, 900 of 4 to
 // 32 KiB (about 100 MiB), avg over the ranks (forked processes). Variants:
@@ -12,7 +12,8 @@
 //   in place      the same with each gradient written in its bucket slot (Storage(i)): no copies
 //   per tensor    one Allreduce per tensor, all issued, then all waited for
 //   single        one Allreduce of the total bytes (the floor for the bytes moved)
-// Prints the median time of each and the ratios.
+// With --wire bf16 (or f16) every variant sends that wire through the mixed-precision path
+// (AllreduceMixed per tensor, per bucket, or once). Prints the median time of each and the ratios.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "adaptcomm/adaptcomm.h"
 #include "adaptcomm/bucketer.h"
+#include "adaptcomm/precision.h"
 #include "tests/harness.h"
 
 namespace {
@@ -38,6 +40,7 @@ struct Config {
   std::vector<std::string> backends = {"shm", "gloo"};
   size_t bucket_bytes = 0;                // the profile's (25 MiB)
   size_t direct_bytes = size_t{1} << 20;  // BucketerOptions' default
+  adaptcomm::DType wire = adaptcomm::DType::kF32;
 };
 
 std::vector<size_t> TensorCounts() {
@@ -86,6 +89,13 @@ void RunBackend(const Config& cfg, const std::string& backend) {
         adaptcomm::BucketerOptions bo;
         bo.bucket_bytes = cfg.bucket_bytes;
         bo.direct_bytes = cfg.direct_bytes;
+        bo.wire = cfg.wire;
+        // A bf16/fp16 wire: the baselines go through AllreduceMixed too, with one context.
+        adaptcomm::MixedPrecisionContext ctx(c);
+        adaptcomm::MixedOptions mo;
+        mo.wire = cfg.wire;
+        mo.op = adaptcomm::ReduceOp::kAvg;
+        mo.context = &ctx;
         auto bucketer = adaptcomm::GradientBucketer::Create(c, specs, bo);
         Check(bucketer.status(), "bucketer");
         std::vector<std::vector<float>> grads(counts.size());
@@ -115,6 +125,15 @@ void RunBackend(const Config& cfg, const std::string& backend) {
             Check((*bucketer)->Wait().status(), "wait in place");
           });
           const double t = time([&] {
+            if (cfg.wire != adaptcomm::DType::kF32) {
+              for (int i = n - 1; i >= 0; --i) {
+                Check(adaptcomm::AllreduceMixed(c, adaptcomm::HostView(grads[i].data(), counts[i]),
+                                                mo)
+                          .status(),
+                      "per tensor mixed");
+              }
+              return;
+            }
             std::vector<adaptcomm::Work> works;
             works.reserve(n);
             for (int i = n - 1; i >= 0; --i) {
@@ -124,6 +143,12 @@ void RunBackend(const Config& cfg, const std::string& backend) {
             for (auto& w : works) Check(w.Wait(), "per tensor");
           });
           const double s = time([&] {
+            if (cfg.wire != adaptcomm::DType::kF32) {
+              Check(adaptcomm::AllreduceMixed(c, adaptcomm::HostView(flat.data(), flat.size()), mo)
+                        .status(),
+                    "single mixed");
+              return;
+            }
             Check(c.Allreduce(adaptcomm::HostView(flat.data(), flat.size()),
                               {adaptcomm::ReduceOp::kAvg})
                       .Wait(),
@@ -139,13 +164,14 @@ void RunBackend(const Config& cfg, const std::string& backend) {
         const double b = Median(bucketed), p = Median(in_place), t = Median(per_tensor),
                      s = Median(single);
         std::printf(
-            "%s, %d ranks, %zu tensors, %.1f MiB, %d buckets (%d launched before Wait), median of "
-            "%d rounds:\n"
+            "%s, %s wire, %d ranks, %zu tensors, %.1f MiB, %d buckets (%d launched before Wait), "
+            "median of %d rounds:\n"
             "  bucketed %8.1f ms   in place %8.1f ms   per tensor %8.1f ms   single %8.1f ms\n"
             "  per tensor / bucketed = %.2fx   bucketed / single = %.2fx   in place / single = "
             "%.2fx\n",
-            backend.c_str(), cfg.ranks, counts.size(), total * 4.0 / (1 << 20),
-            (*bucketer)->bucket_count(), overlapped, cfg.rounds, b, p, t, s, t / b, b / s, p / s);
+            backend.c_str(), adaptcomm::DTypeName(cfg.wire), cfg.ranks, counts.size(),
+            total * 4.0 / (1 << 20), (*bucketer)->bucket_count(), overlapped, cfg.rounds, b, p, t,
+            s, t / b, b / s, p / s);
         std::fflush(stdout);
       },
       absl::Minutes(20));
@@ -166,12 +192,17 @@ int main(int argc, char** argv) {
       cfg.backends = absl::StrSplit(argv[++i], ',', absl::SkipEmpty());
     } else if (a == "--bucket-bytes" && has_value) {
       cfg.bucket_bytes = std::strtoul(argv[++i], nullptr, 10);
+    } else if (a == "--wire" && has_value) {
+      const std::string w = argv[++i];
+      cfg.wire = w == "bf16"  ? adaptcomm::DType::kBF16
+                 : w == "f16" ? adaptcomm::DType::kF16
+                              : adaptcomm::DType::kF32;
     } else if (a == "--direct-bytes" && has_value) {
       cfg.direct_bytes = std::strtoul(argv[++i], nullptr, 10);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--ranks N] [--rounds N] [--backends shm,gloo] [--bucket-bytes B] "
-                   "[--direct-bytes B]\n",
+                   "[--direct-bytes B] [--wire f32|bf16|f16]\n",
                    argv[0]);
       return 2;
     }
