@@ -1,6 +1,7 @@
 // GradientBucketer and CUDA tensors, on the fake CUDA/NCCL seams: a backend that stages CUDA
-// views (Gloo) reduces each CUDA tensor as a bucket of its own beside fused host buckets; a
-// device-only backend (NCCL) is refused at Create, naming why.
+// views (Gloo) reduces each CUDA tensor as a bucket of its own beside fused host buckets; on NCCL
+// (device memory only) the bookkeeping goes through device scratch, with the same checks.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,7 +76,8 @@ TEST(NcclBucketer, CudaTensorsOnAStagingBackendAreBucketsOfTheirOwn) {
       absl::Seconds(60));
 }
 
-TEST(NcclBucketer, DeviceOnlyBackendIsRefusedNamingWhy) {
+// Two fake-NCCL ranks, each with its own fake GPU, running `body` on an NCCL communicator.
+void OnNccl(const std::function<void(Communicator&, int rank)>& body) {
   auto world = testing::MakeFakeNcclWorld();
   std::vector<std::shared_ptr<FakeNcclApi>> fakes;
   for (int r = 0; r < 2; ++r) {
@@ -92,13 +94,100 @@ TEST(NcclBucketer, DeviceOnlyBackendIsRefusedNamingWhy) {
         deps.nccl = fakes[static_cast<size_t>(env.rank)];
         auto comm = internal::CreateCommunicatorWith(o, deps);
         ASSERT_TRUE(comm.ok()) << comm.status();
-        auto bucketer =
-            GradientBucketer::Create(**comm, {{"w", 64, DType::kF32, Device::Cuda(0)}}, {});
-        EXPECT_TRUE(absl::IsUnimplemented(bucketer.status())) << bucketer.status();
-        EXPECT_THAT(std::string(bucketer.status().message()),
-                    HasSubstr("backend (nccl) takes device memory only"));
+        ASSERT_STREQ((*comm)->backend_name(), "nccl");
+        body(**comm, env.rank);
       },
       absl::Seconds(60));
+}
+
+TensorView Cuda(std::vector<float>& v) {
+  return TensorView{v.data(), v.size(), DType::kF32, Device::Cuda(0), nullptr};
+}
+
+// Every op of the backend before it has finished on the device once this returns.
+void DrainDevice(Communicator& comm) {
+  float one = 1;
+  ASSERT_TRUE(comm.Allreduce(TensorView{&one, 1, DType::kF32, Device::Cuda(0), nullptr})
+                  .Synchronize(absl::Seconds(20))
+                  .ok());
+}
+
+std::vector<GradientSpec> CudaSpecs() {
+  std::vector<GradientSpec> specs;
+  for (int i = 0; i < 5; ++i) {
+    specs.push_back({absl::StrCat("w", i), size_t(100 + 37 * i), DType::kF32, Device::Cuda(0)});
+  }
+  return specs;
+}
+
+// NCCL takes device memory only: the registration digest and the error exchange go through
+// device scratch; each CUDA tensor is a bucket reduced in place.
+TEST(NcclBucketer, CudaTensorsOnNcclAreReducedInPlace) {
+  OnNccl([](Communicator& comm, int rank) {
+    const std::vector<GradientSpec> specs = CudaSpecs();
+    auto bucketer = GradientBucketer::Create(comm, specs, {});
+    ASSERT_TRUE(bucketer.ok()) << bucketer.status();
+    EXPECT_EQ((*bucketer)->bucket_count(), 5);
+    for (int step = 0; step < 2; ++step) {
+      std::vector<std::vector<float>> g;
+      for (const GradientSpec& s : specs) g.emplace_back(s.count, 1.0f + 2.0f * rank + step);
+      for (int i : {2, 4, 0, 3, 1}) ASSERT_TRUE((*bucketer)->MarkReady(i, Cuda(g[i])).ok());
+      auto stats = (*bucketer)->Wait();
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      DrainDevice(comm);
+      for (size_t i = 0; i < g.size(); ++i) {
+        for (float v : g[i]) ASSERT_EQ(v, 2.0f + step) << "rank " << rank << " tensor " << i;
+      }
+    }
+  });
+}
+
+TEST(NcclBucketer, MismatchAndUnmarkedTensorsAreNamedOnEveryRankThroughTheDevice) {
+  OnNccl([](Communicator& comm, int rank) {
+    std::vector<GradientSpec> specs = CudaSpecs();
+    if (rank == 1) specs[2].count = 7;
+    auto bad = GradientBucketer::Create(comm, specs, {});
+    EXPECT_THAT(std::string(bad.status().message()),
+                HasSubstr("rank 1's registration differs from rank 0's: tensor 2 (w2 here) is 7 x "
+                          "f32 on cuda:0 on rank 1 but 174 x f32 on cuda:0 on rank 0"))
+        << bad.status();
+    auto bucketer = GradientBucketer::Create(comm, CudaSpecs(), {});
+    ASSERT_TRUE(bucketer.ok()) << bucketer.status();
+    for (int step = 0; step < 2; ++step) {
+      std::vector<std::vector<float>> g;
+      for (const GradientSpec& s : CudaSpecs()) g.emplace_back(s.count, 3.0f);
+      for (int i = 4; i >= 0; --i) {
+        if (step == 0 && rank == 1 && i == 3) continue;  // never marked: zeros stand in
+        ASSERT_TRUE((*bucketer)->MarkReady(i, Cuda(g[i])).ok());
+      }
+      auto stats = (*bucketer)->Wait();
+      if (step == 0) {
+        EXPECT_THAT(std::string(stats.status().message()),
+                    HasSubstr("rank 1: tensor 3 (w3) was never marked ready"))
+            << "rank " << rank << ": " << stats.status();
+        continue;
+      }
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      DrainDevice(comm);
+      for (const auto& t : g) {
+        for (float v : t) ASSERT_EQ(v, 3.0f);  // avg
+      }
+    }
+  });
+}
+
+TEST(NcclBucketer, HostTensorsAndMixedWiresOnNcclAreRefused) {
+  OnNccl([](Communicator& comm, int) {
+    auto host = GradientBucketer::Create(comm, {{"w", 64}}, {});
+    EXPECT_TRUE(absl::IsUnimplemented(host.status())) << host.status();
+    EXPECT_THAT(std::string(host.status().message()),
+                HasSubstr("is host memory but the communicator's backend (nccl) takes device "
+                          "memory only"));
+    BucketerOptions bf16;
+    bf16.wire = DType::kBF16;
+    auto mixed = GradientBucketer::Create(comm, CudaSpecs(), bf16);
+    EXPECT_TRUE(absl::IsUnimplemented(mixed.status())) << mixed.status();
+  });
 }
 
 }  // namespace

@@ -25,13 +25,15 @@
 // naming the rank and the tensor, rather than leaving the others waiting for a bucket that is
 // never launched: the erring rank launches its remaining buckets anyway (see UnusedPolicy).
 //
-// Memory: host tensors, any dtype the backend reduces; the communicator's backend must take host
-// memory (Gloo, shared memory, hierarchical; a backend that takes device memory only, NCCL, is
-// refused at Create: not yet). CUDA tensors are accepted where that backend also takes device
-// memory (Capabilities::device_memory: Gloo staging CUDA views); each is then a bucket of its
-// own, reduced in place (no fusion across device tensors yet: packing them needs device copies).
-// As with Work::Wait, a stream-ordered backend's Wait() returns once the ops are queued on the
-// tensors' streams.
+// Memory: host tensors on a backend that takes host memory (Gloo, shared memory, hierarchical).
+// CUDA tensors where the backend takes device memory (NCCL; Gloo staging CUDA views), all of one
+// rank's on one device: each is a bucket of its own, reduced in place on its view's stream (no
+// fusion across device tensors yet: packing them needs device copies). On a backend that takes
+// device memory only (NCCL) every tensor must be a CUDA tensor and the wire f32; the bucketer's
+// own exchanges (registration digest, per-step errors) then go through device scratch on a stream
+// of its own, and Wait() waits (bounded) for the error exchange to come back to the host: the
+// buckets themselves are, as with Work::Wait, queued on their streams when Wait() returns. An
+// unmarked CUDA tensor is stood in for by zeros in device scratch (its result is dropped).
 //
 // Thread safety: MarkReady may be called from any thread, concurrently; Wait from one thread at a
 // time. Collectives: Create and Wait are collectives of the communicator, and the bucket
@@ -75,7 +77,8 @@ enum class UnusedPolicy : uint8_t {
   // not valid; the bucketer is ready for the next step.
   kError,
   // Its gradient counts as zero on this rank: the bucketer zeroes its slot (Storage(i)), where
-  // the reduced result then is (a view of an earlier step may no longer be valid).
+  // the reduced result then is (a view of an earlier step may no longer be valid). A CUDA tensor
+  // has no slot: zeros in device scratch stand in, and its result is dropped.
   kZero,
 };
 
@@ -125,8 +128,8 @@ class ADAPTCOMM_EXPORT GradientBucketer {
   // allgather of 16 bytes each) and, when they differ, the registrations themselves: every rank
   // gets FailedPrecondition naming the first rank and the first tensor that differ from rank 0's.
   // InvalidArgument: an empty tensor, an op the dtype cannot take (avg of integers), a wire other
-  // than f32/bf16/f16. Unimplemented: a backend without host memory (NCCL), CUDA tensors on a
-  // backend without device memory.
+  // than f32/bf16/f16, CUDA tensors on two devices. Unimplemented: CUDA tensors on a backend
+  // without device memory; host tensors or a bf16/f16 wire on one without host memory (NCCL).
   // `comm` must outlive the bucketer.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<GradientBucketer>> Create(
       Communicator& comm, std::vector<GradientSpec> tensors, const BucketerOptions& options = {});

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <thread>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "lib/precision/bucketer_device.h"
 
 namespace adaptcomm {
 namespace {
@@ -77,6 +79,10 @@ struct GradientBucketer::State {
   std::vector<size_t> offset;                         // byte offset of each tensor in its bucket
   std::vector<std::unique_ptr<std::byte[]>> buffers;  // per host bucket (null for CUDA)
   std::unique_ptr<MixedPrecisionContext> mixed;       // wire != f32
+  // The bookkeeping exchanges on a device-only backend, and zeros for unmarked CUDA tensors; null
+  // where there is no CUDA runtime (a host backend without CUDA tensors needs none).
+  std::unique_ptr<bucketer::DeviceScratch> scratch;
+  bool host_exchange = true;  // the backend takes host memory
   absl::Duration op_timeout;
 
   absl::Mutex mu;
@@ -214,13 +220,12 @@ namespace {
 absl::Status ValidateOptions(const std::vector<GradientSpec>& specs, const BucketerOptions& o,
                              const Communicator& comm) {
   const Capabilities caps = comm.capabilities();
-  if (!caps.host_memory) {
-    // The digest and the per-step error exchange are host collectives, and fused buckets live in
-    // host memory; a device-only transport would need them in device scratch.
-    return absl::UnimplementedError(absl::StrCat(
-        "gradient bucketer: the communicator's backend (", comm.backend_name(),
-        ") takes device memory only; the bucketer needs a backend that takes host memory (Gloo, "
-        "shared memory, hierarchical, or Gloo staging CUDA tensors)"));
+  if (!caps.host_memory && o.wire != DType::kF32) {
+    return absl::UnimplementedError(absl::StrCat("gradient bucketer: a ", DTypeName(o.wire),
+                                                 " wire on a backend that takes device memory "
+                                                 "only (",
+                                                 comm.backend_name(),
+                                                 ") is not supported yet; use wire f32"));
   }
   if (o.wire != DType::kF32 && o.wire != DType::kBF16 && o.wire != DType::kF16) {
     return absl::InvalidArgumentError(
@@ -230,6 +235,7 @@ absl::Status ValidateOptions(const std::vector<GradientSpec>& specs, const Bucke
     return absl::InvalidArgumentError(
         "gradient bucketer: a bf16/f16 wire takes sum, avg, min or max, not prod");
   }
+  const GradientSpec* first_cuda = nullptr;
   for (size_t i = 0; i < specs.size(); ++i) {
     const GradientSpec& s = specs[i];
     const std::string who = absl::StrCat("gradient bucketer: tensor ", i, " (", s.name, ")");
@@ -243,14 +249,29 @@ absl::Status ValidateOptions(const std::vector<GradientSpec>& specs, const Bucke
           who, " is on cuda:", s.device.index,
           " but the communicator's backend takes host memory only (NCCL takes CUDA tensors)"));
     }
+    if (!s.device.is_cuda() && !caps.host_memory) {
+      return absl::UnimplementedError(
+          absl::StrCat(who, " is host memory but the communicator's backend (", comm.backend_name(),
+                       ") takes device memory only"));
+    }
+    if (s.device.is_cuda() && first_cuda == nullptr) first_cuda = &s;
+    if (s.device.is_cuda() && s.device.index != first_cuda->device.index) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, " is on cuda:", s.device.index, " but ", first_cuda->name,
+          " on cuda:", first_cuda->device.index, ": a rank's tensors must be on one device"));
+    }
   }
   return absl::OkStatus();
 }
 
+// An allgather of `count` int64 per rank, in host memory or through device scratch.
+using Gather = std::function<absl::Status(const int64_t* mine, size_t count, int64_t* all)>;
+
 // Every rank compares its registration with rank 0's: a digest first (16 bytes per rank), the
 // registrations themselves only when a digest differs, to name the first rank and tensor.
 absl::Status CheckSameOnEveryRank(Communicator& comm, const std::vector<GradientSpec>& specs,
-                                  const BucketerOptions& o, size_t bucket_bytes) {
+                                  const BucketerOptions& o, size_t bucket_bytes,
+                                  const Gather& gather) {
   const int world = comm.size();
   if (world == 1) return absl::OkStatus();
   const int64_t header =
@@ -266,8 +287,7 @@ absl::Status CheckSameOnEveryRank(Communicator& comm, const std::vector<Gradient
   }
   std::vector<int64_t> mine = {static_cast<int64_t>(specs.size()), static_cast<int64_t>(digest)};
   std::vector<int64_t> all(2 * static_cast<size_t>(world));
-  absl::Status s =
-      comm.Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size())).Wait();
+  absl::Status s = gather(mine.data(), mine.size(), all.data());
   if (!s.ok()) {
     return absl::Status(
         s.code(), absl::StrCat("gradient bucketer: comparing the registrations: ", s.message()));
@@ -292,7 +312,7 @@ absl::Status CheckSameOnEveryRank(Communicator& comm, const std::vector<Gradient
     rec[kHead + 1 + 2 * i] = TensorCode(specs[i]);
   }
   std::vector<int64_t> recs(width * world);
-  s = comm.Allgather(HostView(rec.data(), rec.size()), HostView(recs.data(), recs.size())).Wait();
+  s = gather(rec.data(), rec.size(), recs.data());
   if (!s.ok()) {
     return absl::Status(
         s.code(), absl::StrCat("gradient bucketer: comparing the registrations: ", s.message()));
@@ -341,7 +361,35 @@ absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
                                                : static_cast<size_t>(comm.config().buckets.bytes);
   st.op_timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : comm.config().timeouts.collective;
-  if (absl::Status s = CheckSameOnEveryRank(comm, st.specs, options, cap); !s.ok()) return s;
+  const Capabilities caps = comm.capabilities();
+  st.host_exchange = caps.host_memory;
+  const auto cuda_tensor = std::find_if(st.specs.begin(), st.specs.end(),
+                                        [](const GradientSpec& s) { return s.device.is_cuda(); });
+  if (!caps.host_memory || cuda_tensor != st.specs.end()) {
+    const int device =
+        cuda_tensor != st.specs.end() ? cuda_tensor->device.index : DefaultCudaDevice();
+    absl::StatusOr<std::unique_ptr<bucketer::DeviceScratch>> scratch =
+        bucketer::DeviceScratch::Create(comm, device, st.op_timeout);
+    // A host backend staging CUDA tensors goes on without one (an unmarked CUDA tensor then
+    // cannot be stood in for); a device-only backend cannot.
+    if (scratch.ok()) {
+      st.scratch = *std::move(scratch);
+    } else if (!caps.host_memory) {
+      return scratch.status();
+    }
+  }
+  Gather gather = [&](const int64_t* mine, size_t count, int64_t* all) -> absl::Status {
+    AllgatherOptions ao;
+    ao.timeout = options.timeout;
+    if (!st.host_exchange) return st.scratch->Allgather(mine, count, all, ao.timeout);
+    return comm
+        .Allgather(TensorView{const_cast<int64_t*>(mine), count, DType::kI64, Device::Cpu()},
+                   HostView(all, count * static_cast<size_t>(comm.size())), ao)
+        .Wait();
+  };
+  if (absl::Status s = CheckSameOnEveryRank(comm, st.specs, options, cap, gather); !s.ok()) {
+    return s;
+  }
 
   // Reverse registration order, one open bucket per (dtype, device); CUDA tensors and tensors of
   // direct_bytes or more alone.
@@ -508,9 +556,19 @@ absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
       st.claimed[i] = 1;
       st.dest[i] = TensorView{};
       if (slot.data == nullptr) {
-        // A CUDA tensor has no slot: there is nothing to reduce for it here. The peers' op for
-        // this bucket fails on its timeout; this rank reports the error at once.
-        st.RecordError(kNeverReady, i);
+        // A CUDA tensor has no slot: a zeroed device buffer stands in for it (its result is
+        // dropped). Without a CUDA runtime there is nothing to reduce: the peers' op for this
+        // bucket fails on its timeout, and this rank reports the error at once.
+        const GradientSpec& spec = st.specs[i];
+        absl::StatusOr<TensorView> zeros =
+            st.scratch != nullptr
+                ? st.scratch->Zeros(i, TensorView{nullptr, spec.count, spec.dtype, spec.device})
+                : absl::StatusOr<TensorView>(absl::UnavailableError("no CUDA runtime"));
+        if (zeros.ok()) {
+          st.dest[i] = *zeros;
+        } else {
+          st.RecordError(kNeverReady, i);
+        }
       }
       --st.missing[st.bucket_of[i]];
     }
@@ -578,9 +636,11 @@ absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
     st.ResetStep();
   }
   absl::Status exchanged =
-      st.comm
-          .Allreduce(HostView(errors.data(), errors.size()), {ReduceOp::kMax, st.options.timeout})
-          .Wait();
+      st.host_exchange ? st.comm
+                             .Allreduce(HostView(errors.data(), errors.size()),
+                                        {ReduceOp::kMax, st.options.timeout})
+                             .Wait()
+                       : st.scratch->AllreduceMax(errors.data(), errors.size(), st.options.timeout);
   stats.wait_time = absl::Now() - start;
   if (!first_failure.ok()) return first_failure;
   if (!exchanged.ok()) {
