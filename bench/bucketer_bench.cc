@@ -3,7 +3,7 @@
 // of a shared machine hits them alike).
 //
 //   bucketer_bench [--ranks 2] [--rounds 5] [--backends shm,gloo] [--bucket-bytes 26214400]
-//                  [--direct-bytes 1048576] [--wire f32|bf16|f16]
+//                  [--direct-bytes 1048576] [--wire f32|bf16|f16] [--compute-us 0]
 //
 // 1,000 f32 tensors like a model's gradients: 10 of 4 MiB, 90 of 256 KiB to 1 MiB, 900 of 4 to
 // 32 KiB (about 100 MiB), avg over the ranks (forked processes). Variants:
@@ -25,6 +25,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "adaptcomm/adaptcomm.h"
 #include "adaptcomm/bucketer.h"
 #include "adaptcomm/precision.h"
@@ -41,6 +42,10 @@ struct Config {
   size_t bucket_bytes = 0;                // the profile's (25 MiB)
   size_t direct_bytes = size_t{1} << 20;  // BucketerOptions' default
   adaptcomm::DType wire = adaptcomm::DType::kF32;
+  // Backward's work before each gradient is ready, as on a GPU: the host sleeps (a busy wait would
+  // take the cores the transport needs on a small host). What the bucketer's launches can overlap;
+  // the single allreduce comes after all of it, as without overlap.
+  int compute_us = 0;
 };
 
 std::vector<size_t> TensorCounts() {
@@ -108,11 +113,16 @@ void RunBackend(const Config& cfg, const std::string& backend) {
           body();
           return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         };
-        std::vector<double> bucketed, in_place, per_tensor, single;
+        auto compute = [&] {
+          if (cfg.compute_us == 0) return;
+          absl::SleepFor(absl::Microseconds(cfg.compute_us));
+        };
+        std::vector<double> bucketed, in_place, per_tensor, single, compute_alone;
         int overlapped = 0;
         for (int round = 0; round <= cfg.rounds; ++round) {
           const double b = time([&] {
             for (int i = n - 1; i >= 0; --i) {
+              compute();
               Check((*bucketer)->MarkReady(i, adaptcomm::HostView(grads[i].data(), counts[i])),
                     "mark");
             }
@@ -121,12 +131,16 @@ void RunBackend(const Config& cfg, const std::string& backend) {
             overlapped = st->launched_before_wait;
           });
           const double p = time([&] {
-            for (int i = n - 1; i >= 0; --i) Check((*bucketer)->MarkReady(i), "mark in place");
+            for (int i = n - 1; i >= 0; --i) {
+              compute();
+              Check((*bucketer)->MarkReady(i), "mark in place");
+            }
             Check((*bucketer)->Wait().status(), "wait in place");
           });
           const double t = time([&] {
             if (cfg.wire != adaptcomm::DType::kF32) {
               for (int i = n - 1; i >= 0; --i) {
+                compute();
                 Check(adaptcomm::AllreduceMixed(c, adaptcomm::HostView(grads[i].data(), counts[i]),
                                                 mo)
                           .status(),
@@ -137,12 +151,14 @@ void RunBackend(const Config& cfg, const std::string& backend) {
             std::vector<adaptcomm::Work> works;
             works.reserve(n);
             for (int i = n - 1; i >= 0; --i) {
+              compute();
               works.push_back(c.Allreduce(adaptcomm::HostView(grads[i].data(), counts[i]),
                                           {adaptcomm::ReduceOp::kAvg}));
             }
             for (auto& w : works) Check(w.Wait(), "per tensor");
           });
           const double s = time([&] {
+            for (int i = 0; i < n; ++i) compute();
             if (cfg.wire != adaptcomm::DType::kF32) {
               Check(adaptcomm::AllreduceMixed(c, adaptcomm::HostView(flat.data(), flat.size()), mo)
                         .status(),
@@ -154,7 +170,11 @@ void RunBackend(const Config& cfg, const std::string& backend) {
                       .Wait(),
                   "single");
           });
+          const double a = cfg.compute_us == 0 ? 0 : time([&] {
+            for (int i = 0; i < n; ++i) compute();
+          });
           if (round == 0) continue;  // warm-up: first touch of every buffer
+          compute_alone.push_back(a);
           bucketed.push_back(b);
           in_place.push_back(p);
           per_tensor.push_back(t);
@@ -165,13 +185,14 @@ void RunBackend(const Config& cfg, const std::string& backend) {
                      s = Median(single);
         std::printf(
             "%s, %s wire, %d ranks, %zu tensors, %.1f MiB, %d buckets (%d launched before Wait), "
-            "median of %d rounds:\n"
+            "%d us of compute per tensor, median of %d rounds:\n"
             "  bucketed %8.1f ms   in place %8.1f ms   per tensor %8.1f ms   single %8.1f ms\n"
             "  per tensor / bucketed = %.2fx   bucketed / single = %.2fx   in place / single = "
-            "%.2fx\n",
+            "%.2fx\n"
+            "  backward alone %8.1f ms\n",
             backend.c_str(), adaptcomm::DTypeName(cfg.wire), cfg.ranks, counts.size(),
-            total * 4.0 / (1 << 20), (*bucketer)->bucket_count(), overlapped, cfg.rounds, b, p, t,
-            s, t / b, b / s, p / s);
+            total * 4.0 / (1 << 20), (*bucketer)->bucket_count(), overlapped, cfg.compute_us,
+            cfg.rounds, b, p, t, s, t / b, b / s, p / s, Median(compute_alone));
         std::fflush(stdout);
       },
       absl::Minutes(20));
@@ -197,12 +218,14 @@ int main(int argc, char** argv) {
       cfg.wire = w == "bf16"  ? adaptcomm::DType::kBF16
                  : w == "f16" ? adaptcomm::DType::kF16
                               : adaptcomm::DType::kF32;
+    } else if (a == "--compute-us" && has_value) {
+      cfg.compute_us = std::atoi(argv[++i]);
     } else if (a == "--direct-bytes" && has_value) {
       cfg.direct_bytes = std::strtoul(argv[++i], nullptr, 10);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--ranks N] [--rounds N] [--backends shm,gloo] [--bucket-bytes B] "
-                   "[--direct-bytes B] [--wire f32|bf16|f16]\n",
+                   "[--direct-bytes B] [--wire f32|bf16|f16] [--compute-us N]\n",
                    argv[0]);
       return 2;
     }
