@@ -7,9 +7,11 @@
 //   adaptcomm launch --elastic --max-restarts 1 -n 4 -- adaptcomm_trainer --elastic --kill-rank 2
 //                                       # ... and a replacement joins: it finishes on 4 again
 //
-// Each rank computes the gradient on its shard and averages it over all ranks with one allreduce,
-// so every rank applies the full-data gradient and the weights stay identical everywhere; the
-// final weights equal single-process training on the same data (tests/demo_test.cc checks it).
+// Each rank computes the gradient on its shard and averages it over all ranks through a
+// GradientBucketer (the model's four tensors, marked ready last layer first, as backward produces
+// them), so every rank applies the full-data gradient and the weights stay identical everywhere;
+// the final weights equal single-process training on the same data (tests/demo_test.cc checks
+// it). The elastic loop keeps one allreduce: its step sums gradient, loss and shard size together.
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "adaptcomm/adaptcomm.h"
+#include "adaptcomm/bucketer.h"
 #include "examples/mlp.h"
 
 namespace {
@@ -261,6 +264,17 @@ int RunDistributed(const Flags& f) {
   auto data = adaptcomm::examples::MakeRegressionSet(f.samples, f.inputs, 1234);
   adaptcomm::examples::Mlp model(f.inputs, f.hidden, 42);
   const size_t shard = f.samples / world;
+  // The model's tensors in its flat gradient (mlp.h: w1, b1, w2, b2), registered in model order.
+  const size_t h = static_cast<size_t>(f.hidden), in = static_cast<size_t>(f.inputs);
+  const size_t sizes[] = {h * in, h, h, 1};
+  std::vector<adaptcomm::GradientSpec> specs = {
+      {"w1", sizes[0]}, {"b1", sizes[1]}, {"w2", sizes[2]}, {"b2", sizes[3]}};
+  auto bucketer = adaptcomm::GradientBucketer::Create(comm, specs, {});
+  if (!bucketer.ok()) {
+    std::fprintf(stderr, "cannot create the gradient bucketer: %s\n",
+                 bucketer.status().ToString().c_str());
+    return adaptcomm::kExitCommunicationFailure;
+  }
   std::vector<float> grad;
   double comm_seconds = 0, comm_bytes = 0;
   int redone = 0;
@@ -273,8 +287,14 @@ int RunDistributed(const Flags& f) {
         static_cast<float>(model.LossAndGradient(data, rank * shard, (rank + 1) * shard, grad));
     auto t0 = std::chrono::steady_clock::now();
     if (s.ok()) {
-      s = comm.Allreduce(adaptcomm::HostView(grad.data(), grad.size()), {adaptcomm::ReduceOp::kAvg})
-              .Wait();
+      // Backward of this MLP yields every gradient at once; mark them as a layered model's
+      // backward would, last layer first. Wait() writes the averages back into `grad`.
+      const size_t offset[4] = {0, sizes[0], sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2]};
+      for (int t = 3; t >= 0 && s.ok(); --t) {
+        s = (*bucketer)->MarkReady(t, adaptcomm::HostView(grad.data() + offset[t], sizes[t]));
+      }
+      absl::StatusOr<adaptcomm::BucketStepStats> reduced = (*bucketer)->Wait();
+      if (s.ok()) s = reduced.status();
     }
     comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     comm_bytes += grad.size() * sizeof(float);

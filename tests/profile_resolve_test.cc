@@ -351,6 +351,19 @@ TEST_F(ProfileResolve, RetryRecordBudgetDefaultsToOneGibAndComesFromTheProfile) 
   EXPECT_EQ(Find(*set, "retry.record_bytes")->source, "test.yaml:3");
 }
 
+// buckets.bytes: the gradient bucketer's bucket size; 25 MiB unless the profile (or a tier) says
+// otherwise, in the profile's units.
+TEST_F(ProfileResolve, BucketSizeDefaultsTo25MibAndComesFromTheTier) {
+  auto defaults = FromText("tiers:\n  - name: only\n");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->buckets.bytes, uint64_t{25} << 20);
+  EXPECT_EQ(Find(*defaults, "buckets.bytes")->source, "default");
+  auto set = FromText("tiers:\n  - name: only\n    buckets:\n      bytes: 100MiB\n");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->buckets.bytes, uint64_t{100} << 20);
+  EXPECT_EQ(Find(*set, "buckets.bytes")->source, "test.yaml:4");
+}
+
 TEST_F(ProfileResolve, TemplatesLoad) {
   for (const char* t : {"templates/3b.yaml", "templates/7b.yaml", "templates/30b.yaml"}) {
     auto cfg = Resolve("", 8, t);
@@ -403,6 +416,11 @@ TEST_F(ProfileResolve, BrokenFilesNameLineAndColumn) {
       {"retry record budget", "defaults:\n  retry:\n    record_bytes: 2GeB\ntiers: [{name: a}]\n",
        "test.yaml:3:19: retry.record_bytes: size '2GeB': unknown unit 'GeB' (use B, KiB, MiB, GiB, "
        "KB, MB or GB) (at '2GeB')"},
+      {"bucket size", "defaults:\n  buckets:\n    bytes: 1KiB\ntiers: [{name: a}]\n",
+       "test.yaml:3:12: buckets.bytes: 1024 is outside 4096..1099511627776 (at '1KiB')"},
+      {"bucket unit", "defaults:\n  buckets:\n    bytes: 25MeB\ntiers: [{name: a}]\n",
+       "test.yaml:3:12: buckets.bytes: size '25MeB': unknown unit 'MeB' (use B, KiB, MiB, GiB, "
+       "KB, MB or GB) (at '25MeB')"},
       {"buffsize", "tiers:\n  - name: a\n    nccl:\n      NCCL_BUFFSIZE: 2MeB\n",
        "test.yaml:4:22: NCCL_BUFFSIZE: size '2MeB': unknown unit 'MeB' (use B, KiB, MiB, GiB, KB, "
        "MB or GB) (at '2MeB')"},

@@ -182,6 +182,12 @@ struct PrecisionSettings {
   std::string fp16_overflow = "report";
 };
 
+// The gradient bucketer (adaptcomm/bucketer.h; BucketerOptions::bucket_bytes wins).
+struct BucketSettings {
+  // Gradients fused into one allreduce: a bucket closes once it holds at least this many bytes.
+  uint64_t bytes = uint64_t{25} << 20;
+};
+
 // Elastic membership (README, "Elastic membership"; CommunicatorOptions::elastic wins).
 struct ElasticSettings {
   std::string on_loss = "fail";                   // "fail", "shrink" or "wait_for_replacement"
@@ -247,6 +253,7 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
   FlightRecorderSettings flight_recorder;
   TraceSettings trace;
   PrecisionSettings precision;
+  BucketSettings buckets;
   ElasticSettings elastic;
   TuningSettings tuning;
 

@@ -179,6 +179,13 @@ const std::vector<KeySpec>& Schema() {
        {"report", "fail", "resend_bf16", "resend_f32"},
        "report",
        "mixed-precision fp16 wire overflow: report, fail the op, or resend it in bf16/fp32"},
+      {"buckets.bytes",
+       Kind::kBytes,
+       4096,
+       double(uint64_t{1} << 40),
+       {},
+       "25MiB",
+       "gradient bucketer: bytes of gradients fused into one allreduce (adaptcomm/bucketer.h)"},
       {"elastic.on_loss",
        Kind::kEnum,
        0,
@@ -286,8 +293,8 @@ const KeySpec* FindKey(const std::string& key) {
 
 const std::vector<std::string>& SectionNames() {
   static const auto* names = new std::vector<std::string>{
-      "timeouts", "world_scaling", "retry",     "backend", "gloo",  "flight_recorder",
-      "trace",    "diagnose",      "precision", "elastic", "tuning"};
+      "timeouts", "world_scaling", "retry",     "backend", "gloo",    "flight_recorder",
+      "trace",    "diagnose",      "precision", "buckets", "elastic", "tuning"};
   return *names;
 }
 
@@ -348,6 +355,13 @@ absl::StatusOr<std::string> CanonicalText(const KeySpec& spec, const std::string
     case Kind::kBytes: {
       auto v = ParseByteSize(text);
       if (!v.ok()) return v.status();
+      // A range of 0..0 means any size (gloo.max_segment_bytes: 0 is "Gloo's default").
+      if (spec.max > 0 &&
+          (static_cast<double>(*v) < spec.min || static_cast<double>(*v) > spec.max)) {
+        return absl::OutOfRangeError(absl::StrCat(*v, " is outside ",
+                                                  static_cast<uint64_t>(spec.min), "..",
+                                                  static_cast<uint64_t>(spec.max)));
+      }
       return absl::StrCat(*v);
     }
     case Kind::kNameList: {

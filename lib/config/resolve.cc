@@ -270,6 +270,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   cfg.trace.enabled = v.At("trace.enabled").text == "true";
   cfg.trace.dir = v.At("trace.dir").text;
   cfg.precision.fp16_overflow = v.At("precision.fp16_overflow").text;
+  cfg.buckets.bytes = v.Bytes("buckets.bytes");
   cfg.elastic.on_loss = v.At("elastic.on_loss").text;
   cfg.elastic.min_world_size = static_cast<int>(v.Int("elastic.min_world_size"));
   cfg.elastic.loss_window = v.Duration("elastic.loss_window");

@@ -1,0 +1,666 @@
+// GradientBucketer (adaptcomm/bucketer.h): buckets assigned once from the registration, launched
+// strictly in bucket order, and one error exchange per step so that every rank fails alike.
+#include "adaptcomm/bucketer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "lib/precision/bucketer_device.h"
+
+namespace adaptcomm {
+namespace {
+
+constexpr uint64_t kFnvOffset = 14695981039346656037ull;
+constexpr uint64_t kFnvPrime = 1099511628211ull;
+
+void Mix(uint64_t& h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= (v >> (8 * i)) & 0xff;
+    h *= kFnvPrime;
+  }
+}
+
+// A tensor's registration as one number: what every rank must agree on.
+int64_t TensorCode(const GradientSpec& s) {
+  return static_cast<int64_t>(static_cast<uint64_t>(s.dtype) |
+                              (static_cast<uint64_t>(s.device.type) << 8) |
+                              (static_cast<uint64_t>(s.device.index + 1) << 16));
+}
+
+std::string DescribeTensor(int64_t count, int64_t code) {
+  const auto dtype = static_cast<DType>(code & 0xff);
+  const auto type = static_cast<DeviceType>((code >> 8) & 0xff);
+  const int64_t index = (code >> 16) - 1;
+  return absl::StrCat(count, " x ", DTypeName(dtype), " on ",
+                      type == DeviceType::kCuda ? absl::StrCat("cuda:", index) : "cpu");
+}
+
+// Bucketing errors, exchanged at every Wait (one int64 per rank: kind << 32 | tensor + 1).
+enum ErrorKind : int64_t { kNoError = 0, kNeverReady = 1, kReadyTwice = 2, kBadView = 3 };
+
+const char* ErrorText(int64_t kind) {
+  switch (kind) {
+    case kNeverReady:
+      return "was never marked ready in this step";
+    case kReadyTwice:
+      return "was marked ready twice in this step";
+    case kBadView:
+      return "was marked ready with a view unlike its registration (or an unknown index)";
+    default:
+      return "had an unknown bucketing error";
+  }
+}
+
+bool SameDevice(const Device& a, const Device& b) {
+  return a.type == b.type && (a.type == DeviceType::kCpu || a.index == b.index);
+}
+
+}  // namespace
+
+struct GradientBucketer::State {
+  State(Communicator& c, std::vector<GradientSpec> t, const BucketerOptions& o)
+      : comm(c), specs(std::move(t)), options(o) {}
+
+  Communicator& comm;
+  const std::vector<GradientSpec> specs;
+  BucketerOptions options;
+  std::vector<BucketInfo> buckets;
+  std::vector<int> bucket_of;
+  std::vector<size_t> offset;                         // byte offset of each tensor in its bucket
+  std::vector<std::unique_ptr<std::byte[]>> buffers;  // per host bucket (null for CUDA)
+  std::unique_ptr<MixedPrecisionContext> mixed;       // wire != f32
+  // The bookkeeping exchanges on a device-only backend, and zeros for unmarked CUDA tensors; null
+  // where there is no CUDA runtime (a host backend without CUDA tensors needs none).
+  std::unique_ptr<bucketer::DeviceScratch> scratch;
+  bool host_exchange = true;  // the backend takes host memory
+  absl::Duration op_timeout;
+
+  absl::Mutex mu;
+  // Per step.
+  std::vector<uint8_t> claimed ABSL_GUARDED_BY(mu);     // MarkReady began for the tensor
+  std::vector<TensorView> dest ABSL_GUARDED_BY(mu);     // where Wait copies the result (or none)
+  std::vector<int> missing ABSL_GUARDED_BY(mu);         // per bucket: tensors not ready yet
+  std::vector<TensorView> reduced ABSL_GUARDED_BY(mu);  // per bucket: the view its allreduce ran on
+  // Per bucket (plain wire); shared so that Wait() waits outside the lock while bucket_state()
+  // still reads them.
+  std::vector<std::shared_ptr<Work>> works ABSL_GUARDED_BY(mu);
+  int next_launch ABSL_GUARDED_BY(mu) = 0;
+  int launched_before_wait ABSL_GUARDED_BY(mu) = 0;
+  int64_t error ABSL_GUARDED_BY(mu) = kNoError;  // this rank's first, encoded
+  absl::Status broken ABSL_GUARDED_BY(mu);
+
+  // Mixed wire: a thread runs the launched buckets in order (AllreduceMixed is synchronous).
+  std::deque<int> queue ABSL_GUARDED_BY(mu);
+  std::vector<uint8_t> done ABSL_GUARDED_BY(mu);  // per bucket, this step
+  std::vector<absl::Status> done_status ABSL_GUARDED_BY(mu);
+  size_t cast_overflow ABSL_GUARDED_BY(mu) = 0;
+  bool resent ABSL_GUARDED_BY(mu) = false;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  std::thread worker;
+
+  bool mixed_wire() const { return options.wire != DType::kF32; }
+  bool host_bucket(int b) const { return buffers[b] != nullptr; }
+
+  TensorView Slot(int index) const {
+    const int b = bucket_of[index];
+    if (buffers[b] == nullptr)
+      return TensorView{nullptr, 0, specs[index].dtype, specs[index].device, nullptr};
+    return TensorView{buffers[b].get() + offset[index], specs[index].count, specs[index].dtype,
+                      Device::Cpu(), nullptr};
+  }
+  TensorView BucketView(int b) const {
+    return TensorView{buffers[b].get(), buckets[b].bytes / DTypeSize(buckets[b].dtype),
+                      buckets[b].dtype, Device::Cpu(), nullptr};
+  }
+
+  void ResetStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const size_t n = specs.size(), nb = buckets.size();
+    claimed.assign(n, 0);
+    dest.assign(n, TensorView{});
+    missing.assign(nb, 0);
+    for (size_t b = 0; b < nb; ++b) missing[b] = static_cast<int>(buckets[b].tensors.size());
+    reduced.assign(nb, TensorView{});
+    works.assign(nb, nullptr);
+    done.assign(nb, 0);
+    done_status.assign(nb, absl::OkStatus());
+    next_launch = 0;
+    launched_before_wait = 0;
+    error = kNoError;
+    cast_overflow = 0;
+    resent = false;
+  }
+
+  void RecordError(int64_t kind, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (error == kNoError) error = (kind << 32) | (static_cast<int64_t>(index + 1) & 0xffffffff);
+  }
+
+  // Launches every complete bucket that is next in line: the order is the bucket order on every
+  // rank, whatever order the tensors became ready in.
+  void LaunchReady(bool from_mark) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (next_launch < static_cast<int>(buckets.size()) && missing[next_launch] == 0) {
+      const int b = next_launch++;
+      const BucketInfo& info = buckets[b];
+      if (!host_bucket(b) || (info.tensors.size() == 1 && dest[info.tensors[0]].data != nullptr)) {
+        // Alone in its bucket (or on a device): reduced in place, no copy.
+        reduced[b] = dest[info.tensors[0]];
+        if (reduced[b].data == nullptr) reduced[b] = BucketView(b);
+        dest[info.tensors[0]] = TensorView{};
+      } else {
+        reduced[b] = BucketView(b);
+      }
+      if (from_mark) ++launched_before_wait;
+      if (reduced[b].data == nullptr) {
+        done[b] = 1;  // an unmarked CUDA tensor: nothing to reduce (its error is recorded)
+        continue;
+      }
+      if (mixed_wire()) {
+        queue.push_back(b);
+      } else {
+        works[b] =
+            std::make_shared<Work>(comm.Allreduce(reduced[b], {options.op, options.timeout}));
+      }
+    }
+  }
+
+  void RunMixed() {
+    for (;;) {
+      int b = -1;
+      TensorView view;
+      {
+        absl::MutexLock lock(&mu);
+        mu.Await(absl::Condition(
+            +[](State* s)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->stop || !s->queue.empty(); },
+            this));
+        if (queue.empty()) return;
+        b = queue.front();
+        queue.pop_front();
+        view = reduced[b];
+      }
+      absl::Status status;
+      size_t overflow = 0;
+      bool was_resent = false;
+      if (view.dtype == DType::kF32) {
+        MixedOptions m;
+        m.wire = options.wire;
+        m.op = options.op;
+        m.overflow = options.overflow;
+        m.timeout = options.timeout;
+        m.context = mixed.get();
+        absl::StatusOr<MixedStats> st = AllreduceMixed(comm, view, m);
+        status = st.status();
+        if (st.ok()) {
+          overflow = st->cast_overflow;
+          was_resent = st->resent;
+        }
+      } else {
+        status = comm.Allreduce(view, {options.op, options.timeout}).Wait();
+      }
+      absl::MutexLock lock(&mu);
+      done[b] = 1;
+      done_status[b] = status;
+      cast_overflow += overflow;
+      resent = resent || was_resent;
+    }
+  }
+};
+
+namespace {
+
+absl::Status ValidateOptions(const std::vector<GradientSpec>& specs, const BucketerOptions& o,
+                             const Communicator& comm) {
+  const Capabilities caps = comm.capabilities();
+  if (!caps.host_memory && o.wire != DType::kF32) {
+    return absl::UnimplementedError(absl::StrCat("gradient bucketer: a ", DTypeName(o.wire),
+                                                 " wire on a backend that takes device memory "
+                                                 "only (",
+                                                 comm.backend_name(),
+                                                 ") is not supported yet; use wire f32"));
+  }
+  if (o.wire != DType::kF32 && o.wire != DType::kBF16 && o.wire != DType::kF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient bucketer: wire must be f32, bf16 or f16, not ", DTypeName(o.wire)));
+  }
+  if (o.wire != DType::kF32 && o.op == ReduceOp::kProd) {
+    return absl::InvalidArgumentError(
+        "gradient bucketer: a bf16/f16 wire takes sum, avg, min or max, not prod");
+  }
+  const GradientSpec* first_cuda = nullptr;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const GradientSpec& s = specs[i];
+    const std::string who = absl::StrCat("gradient bucketer: tensor ", i, " (", s.name, ")");
+    if (s.count == 0) return absl::InvalidArgumentError(absl::StrCat(who, " has no elements"));
+    if (o.op == ReduceOp::kAvg && !IsFloatingPoint(s.dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, " is ", DTypeName(s.dtype), ": avg needs a floating-point dtype"));
+    }
+    if (s.device.is_cuda() && !caps.device_memory) {
+      return absl::UnimplementedError(absl::StrCat(
+          who, " is on cuda:", s.device.index,
+          " but the communicator's backend takes host memory only (NCCL takes CUDA tensors)"));
+    }
+    if (!s.device.is_cuda() && !caps.host_memory) {
+      return absl::UnimplementedError(
+          absl::StrCat(who, " is host memory but the communicator's backend (", comm.backend_name(),
+                       ") takes device memory only"));
+    }
+    if (s.device.is_cuda() && first_cuda == nullptr) first_cuda = &s;
+    if (s.device.is_cuda() && s.device.index != first_cuda->device.index) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, " is on cuda:", s.device.index, " but ", first_cuda->name,
+          " on cuda:", first_cuda->device.index, ": a rank's tensors must be on one device"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// An allgather of `count` int64 per rank, in host memory or through device scratch.
+using Gather = std::function<absl::Status(const int64_t* mine, size_t count, int64_t* all)>;
+
+// Every rank compares its registration with rank 0's: a digest first (16 bytes per rank), the
+// registrations themselves only when a digest differs, to name the first rank and tensor.
+absl::Status CheckSameOnEveryRank(Communicator& comm, const std::vector<GradientSpec>& specs,
+                                  const BucketerOptions& o, size_t bucket_bytes,
+                                  const Gather& gather) {
+  const int world = comm.size();
+  if (world == 1) return absl::OkStatus();
+  const int64_t header =
+      static_cast<int64_t>(static_cast<uint64_t>(o.op) | (static_cast<uint64_t>(o.wire) << 8) |
+                           (static_cast<uint64_t>(o.unused) << 16));
+  uint64_t digest = kFnvOffset;
+  Mix(digest, static_cast<uint64_t>(header));
+  Mix(digest, bucket_bytes);
+  Mix(digest, o.direct_bytes);
+  for (const GradientSpec& s : specs) {
+    Mix(digest, s.count);
+    Mix(digest, static_cast<uint64_t>(TensorCode(s)));
+  }
+  std::vector<int64_t> mine = {static_cast<int64_t>(specs.size()), static_cast<int64_t>(digest)};
+  std::vector<int64_t> all(2 * static_cast<size_t>(world));
+  absl::Status s = gather(mine.data(), mine.size(), all.data());
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("gradient bucketer: comparing the registrations: ", s.message()));
+  }
+  int64_t max_n = 0;
+  bool same = true;
+  for (int r = 0; r < world; ++r) {
+    max_n = std::max(max_n, all[2 * r]);
+    same = same && all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+  }
+  if (same) return absl::OkStatus();
+  // Record: n, bucket bytes, direct bytes, header, then (count, code) per tensor, padded with -1.
+  constexpr size_t kHead = 4;
+  const size_t width = kHead + 2 * static_cast<size_t>(max_n);
+  std::vector<int64_t> rec(width, -1);
+  rec[0] = static_cast<int64_t>(specs.size());
+  rec[1] = static_cast<int64_t>(bucket_bytes);
+  rec[2] = static_cast<int64_t>(o.direct_bytes);
+  rec[3] = header;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    rec[kHead + 2 * i] = static_cast<int64_t>(specs[i].count);
+    rec[kHead + 1 + 2 * i] = TensorCode(specs[i]);
+  }
+  std::vector<int64_t> recs(width * world);
+  s = gather(rec.data(), rec.size(), recs.data());
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("gradient bucketer: comparing the registrations: ", s.message()));
+  }
+  const int64_t* zero = recs.data();
+  for (int r = 1; r < world; ++r) {
+    const int64_t* other = recs.data() + width * r;
+    if (std::equal(zero, zero + width, other)) continue;
+    std::string what;
+    if (!std::equal(zero + 1, zero + kHead, other + 1)) {
+      what = absl::StrCat("its options differ (bucket bytes ", other[1], " vs ", zero[1],
+                          "; direct bytes ", other[2], " vs ", zero[2], "; op/wire/unused code ",
+                          other[3], " vs ", zero[3], ")");
+    } else {
+      const int64_t n = std::min(zero[0], other[0]);
+      int64_t i = 0;
+      auto count = [](const int64_t* r, int64_t t) { return r[kHead + 2 * t]; };
+      auto code = [](const int64_t* r, int64_t t) { return r[kHead + 1 + 2 * t]; };
+      while (i < n && count(zero, i) == count(other, i) && code(zero, i) == code(other, i)) ++i;
+      const std::string name =
+          i < static_cast<int64_t>(specs.size()) ? absl::StrCat(" (", specs[i].name, " here)") : "";
+      if (i < n) {
+        what = absl::StrCat("tensor ", i, name, " is ",
+                            DescribeTensor(count(other, i), code(other, i)), " on rank ", r,
+                            " but ", DescribeTensor(count(zero, i), code(zero, i)), " on rank 0");
+      } else {
+        what = absl::StrCat("rank ", r, " registers ", other[0], " tensors and rank 0 ", zero[0],
+                            "; the first tensor only one of them has is tensor ", i, name);
+      }
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "gradient bucketer: rank ", r, "'s registration differs from rank 0's: ", what));
+  }
+  return absl::FailedPreconditionError(
+      "gradient bucketer: the registration digests differ but the registrations do not");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
+    Communicator& comm, std::vector<GradientSpec> tensors, const BucketerOptions& options) {
+  if (absl::Status s = ValidateOptions(tensors, options, comm); !s.ok()) return s;
+  auto state = std::make_unique<State>(comm, std::move(tensors), options);
+  State& st = *state;
+  const size_t cap = options.bucket_bytes != 0 ? options.bucket_bytes
+                                               : static_cast<size_t>(comm.config().buckets.bytes);
+  st.op_timeout =
+      options.timeout > absl::ZeroDuration() ? options.timeout : comm.config().timeouts.collective;
+  const Capabilities caps = comm.capabilities();
+  st.host_exchange = caps.host_memory;
+  const auto cuda_tensor = std::find_if(st.specs.begin(), st.specs.end(),
+                                        [](const GradientSpec& s) { return s.device.is_cuda(); });
+  if (!caps.host_memory || cuda_tensor != st.specs.end()) {
+    const int device =
+        cuda_tensor != st.specs.end() ? cuda_tensor->device.index : DefaultCudaDevice();
+    absl::StatusOr<std::unique_ptr<bucketer::DeviceScratch>> scratch =
+        bucketer::DeviceScratch::Create(comm, device, st.op_timeout);
+    // A host backend staging CUDA tensors goes on without one (an unmarked CUDA tensor then
+    // cannot be stood in for); a device-only backend cannot.
+    if (scratch.ok()) {
+      st.scratch = *std::move(scratch);
+    } else if (!caps.host_memory) {
+      return scratch.status();
+    }
+  }
+  Gather gather = [&](const int64_t* mine, size_t count, int64_t* all) -> absl::Status {
+    AllgatherOptions ao;
+    ao.timeout = options.timeout;
+    if (!st.host_exchange) return st.scratch->Allgather(mine, count, all, ao.timeout);
+    return comm
+        .Allgather(TensorView{const_cast<int64_t*>(mine), count, DType::kI64, Device::Cpu()},
+                   HostView(all, count * static_cast<size_t>(comm.size())), ao)
+        .Wait();
+  };
+  if (absl::Status s = CheckSameOnEveryRank(comm, st.specs, options, cap, gather); !s.ok()) {
+    return s;
+  }
+
+  // Reverse registration order, one open bucket per (dtype, device); CUDA tensors and tensors of
+  // direct_bytes or more alone.
+  const int n = static_cast<int>(st.specs.size());
+  st.bucket_of.assign(n, -1);
+  st.offset.assign(n, 0);
+  std::map<std::tuple<int, int, int>, int> open;
+  for (int i = n - 1; i >= 0; --i) {
+    const GradientSpec& s = st.specs[i];
+    const auto key =
+        std::make_tuple(static_cast<int>(s.dtype), static_cast<int>(s.device.type), s.device.index);
+    auto it = open.find(key);
+    const size_t bytes = s.count * DTypeSize(s.dtype);
+    const bool alone =
+        s.device.is_cuda() || (options.direct_bytes != 0 && bytes >= options.direct_bytes);
+    int b;
+    if (it == open.end() || alone) {
+      b = static_cast<int>(st.buckets.size());
+      st.buckets.push_back(BucketInfo{{}, 0, s.dtype, s.device});
+      if (!alone) open[key] = b;
+    } else {
+      b = it->second;
+    }
+    BucketInfo& info = st.buckets[b];
+    st.bucket_of[i] = b;
+    st.offset[i] = info.bytes;
+    info.tensors.push_back(i);
+    info.bytes += bytes;
+    if (!alone && info.bytes >= cap) open.erase(key);
+  }
+  st.buffers.resize(st.buckets.size());
+  for (size_t b = 0; b < st.buckets.size(); ++b) {
+    if (st.buckets[b].device.is_cuda()) continue;
+    // Zeroed: first-touched here rather than inside the first step's backward.
+    st.buffers[b].reset(new std::byte[st.buckets[b].bytes]());
+  }
+  if (st.mixed_wire()) {
+    st.mixed = std::make_unique<MixedPrecisionContext>(comm);
+    size_t largest = 0;
+    for (const BucketInfo& info : st.buckets) {
+      if (info.dtype == DType::kF32) largest = std::max(largest, info.bytes / sizeof(float));
+    }
+    st.mixed->Reserve(largest);
+  }
+  {
+    absl::MutexLock lock(&st.mu);
+    st.ResetStep();
+  }
+  if (st.mixed_wire()) st.worker = std::thread([&st] { st.RunMixed(); });
+  return std::unique_ptr<GradientBucketer>(new GradientBucketer(std::move(state)));
+}
+
+GradientBucketer::GradientBucketer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+GradientBucketer::~GradientBucketer() {
+  State& st = *state_;
+  std::vector<std::shared_ptr<Work>> works;
+  {
+    absl::MutexLock lock(&st.mu);
+    st.stop = true;
+    st.queue.clear();
+    works = st.works;
+  }
+  // The buffers must outlive the ops that read them; each wait is bounded by the op's timeout.
+  for (const std::shared_ptr<Work>& w : works) {
+    if (w != nullptr) (void)w->Wait();
+  }
+  if (st.worker.joinable()) st.worker.join();
+}
+
+int GradientBucketer::tensor_count() const { return static_cast<int>(state_->specs.size()); }
+int GradientBucketer::bucket_count() const { return static_cast<int>(state_->buckets.size()); }
+const BucketInfo& GradientBucketer::bucket(int b) const {
+  static const BucketInfo* const kNone = new BucketInfo();
+  return b >= 0 && b < bucket_count() ? state_->buckets[b] : *kNone;
+}
+int GradientBucketer::bucket_of(int index) const {
+  return index >= 0 && index < tensor_count() ? state_->bucket_of[index] : -1;
+}
+
+TensorView GradientBucketer::Storage(int index) const {
+  if (index < 0 || index >= tensor_count()) return TensorView{};
+  return state_->Slot(index);
+}
+
+WorkState GradientBucketer::bucket_state(int b) const {
+  State& st = *state_;
+  absl::MutexLock lock(&st.mu);
+  if (b < 0 || b >= st.next_launch) return WorkState::kPending;
+  if (st.mixed_wire()) {
+    if (!st.done[b]) return WorkState::kPending;
+    return st.done_status[b].ok() ? WorkState::kDone : WorkState::kFailed;
+  }
+  return st.works[b] != nullptr ? st.works[b]->state() : WorkState::kDone;
+}
+
+absl::Status GradientBucketer::MarkReady(int index) { return MarkReady(index, Storage(index)); }
+
+absl::Status GradientBucketer::MarkReady(int index, TensorView grad) {
+  State& st = *state_;
+  const int n = tensor_count();
+  TensorView slot;
+  {
+    absl::MutexLock lock(&st.mu);
+    if (!st.broken.ok()) return st.broken;
+    if (index < 0 || index >= n) {
+      st.RecordError(kBadView, index);
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient bucketer: no tensor ", index, " (", n, " registered)"));
+    }
+    const GradientSpec& s = st.specs[index];
+    if (st.claimed[index]) {
+      st.RecordError(kReadyTwice, index);
+      return absl::FailedPreconditionError(absl::StrCat("gradient bucketer: tensor ", index, " (",
+                                                        s.name, ") ", ErrorText(kReadyTwice)));
+    }
+    if (grad.data == nullptr || grad.count != s.count || grad.dtype != s.dtype ||
+        !SameDevice(grad.device, s.device)) {
+      st.RecordError(kBadView, index);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient bucketer: tensor ", index, " (", s.name, ") is registered as ",
+          DescribeTensor(static_cast<int64_t>(s.count), TensorCode(s)), " but marked ready with ",
+          grad.data == nullptr
+              ? "no data"
+              : DescribeTensor(static_cast<int64_t>(grad.count),
+                               TensorCode({"", grad.count, grad.dtype, grad.device}))));
+    }
+    st.claimed[index] = 1;
+    slot = st.Slot(index);
+  }
+  // Outside the lock: other tensors are copied concurrently, each into its own slot.
+  const int b = st.bucket_of[index];
+  const bool alone = st.buckets[b].tensors.size() == 1;
+  TensorView dest = grad;
+  if (slot.data != nullptr && grad.data != slot.data && !alone) {
+    std::memcpy(slot.data, grad.data, grad.bytes());
+  } else if (grad.data == slot.data) {
+    dest = TensorView{};  // in place in the bucket: nothing to copy back
+  }
+  absl::MutexLock lock(&st.mu);
+  st.dest[index] = dest;
+  --st.missing[b];
+  st.LaunchReady(/*from_mark=*/true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
+  State& st = *state_;
+  const absl::Time start = absl::Now();
+  BucketStepStats stats;
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<TensorView> dest;
+  {
+    absl::MutexLock lock(&st.mu);
+    if (!st.broken.ok()) return st.broken;
+    for (int i = 0; i < tensor_count(); ++i) {
+      if (st.claimed[i]) continue;
+      // Never marked: its slot is zeroed and its bucket launched anyway, so that the peers'
+      // allreduce of this bucket completes and the error exchange can tell them.
+      if (st.options.unused == UnusedPolicy::kError) st.RecordError(kNeverReady, i);
+      ++stats.unused_tensors;
+      TensorView slot = st.Slot(i);
+      if (slot.data != nullptr) std::memset(slot.data, 0, slot.bytes());
+      st.claimed[i] = 1;
+      st.dest[i] = TensorView{};
+      if (slot.data == nullptr) {
+        // A CUDA tensor has no slot: a zeroed device buffer stands in for it (its result is
+        // dropped). Without a CUDA runtime there is nothing to reduce: the peers' op for this
+        // bucket fails on its timeout, and this rank reports the error at once.
+        const GradientSpec& spec = st.specs[i];
+        absl::StatusOr<TensorView> zeros =
+            st.scratch != nullptr
+                ? st.scratch->Zeros(i, TensorView{nullptr, spec.count, spec.dtype, spec.device})
+                : absl::StatusOr<TensorView>(absl::UnavailableError("no CUDA runtime"));
+        if (zeros.ok()) {
+          st.dest[i] = *zeros;
+        } else {
+          st.RecordError(kNeverReady, i);
+        }
+      }
+      --st.missing[st.bucket_of[i]];
+    }
+    const int before = st.launched_before_wait;
+    st.LaunchReady(/*from_mark=*/false);
+    if (st.next_launch < bucket_count()) {
+      // A MarkReady still copying: the bucket cannot be launched, and the peers wait for it.
+      st.broken = absl::FailedPreconditionError(
+          "gradient bucketer: Wait() called while a MarkReady of the step was still running");
+      return st.broken;
+    }
+    stats.launched_before_wait = before;
+    stats.buckets = st.next_launch;
+    works = st.works;
+    dest = st.dest;
+  }
+  absl::Status first_failure;
+  const int nb = bucket_count();
+  for (int b = 0; b < nb; ++b) {
+    absl::Status s;
+    if (st.mixed_wire()) {
+      // Each bucket's collectives are bounded by their own timeouts; this bound only guards
+      // against a bucketer thread that never gets to run.
+      const absl::Duration bound = 4 * st.op_timeout + absl::Seconds(30);
+      struct Arg {
+        State* state;
+        int bucket;
+      } arg{&st, b};
+      absl::MutexLock lock(&st.mu);
+      const bool finished = st.mu.AwaitWithTimeout(
+          absl::Condition(
+              +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->state->done[a->bucket] != 0; },
+              &arg),
+          bound);
+      if (!finished) {
+        st.broken = absl::DeadlineExceededError(absl::StrCat("gradient bucketer: bucket ", b,
+                                                             " did not finish within ",
+                                                             absl::FormatDuration(bound)));
+        return st.broken;
+      }
+      s = st.done_status[b];
+    } else if (works[b] != nullptr) {
+      s = works[b]->Wait();
+    }
+    if (!s.ok()) {
+      if (first_failure.ok()) first_failure = s;
+      continue;
+    }
+    const BucketInfo& info = st.buckets[b];
+    stats.bytes += info.bytes;
+    for (int i : info.tensors) {
+      if (dest[i].data != nullptr && st.Slot(i).data != nullptr) {
+        std::memcpy(dest[i].data, st.Slot(i).data, dest[i].bytes());
+      }
+    }
+  }
+  // Every rank issues the exchange, failed buckets or not, so that the op sequences stay alike.
+  const int world = st.comm.size();
+  std::vector<int64_t> errors(static_cast<size_t>(world), 0);
+  {
+    absl::MutexLock lock(&st.mu);
+    errors[st.comm.rank()] = st.error;
+    stats.cast_overflow = st.cast_overflow;
+    stats.resent = st.resent;
+    st.ResetStep();
+  }
+  absl::Status exchanged =
+      st.host_exchange ? st.comm
+                             .Allreduce(HostView(errors.data(), errors.size()),
+                                        {ReduceOp::kMax, st.options.timeout})
+                             .Wait()
+                       : st.scratch->AllreduceMax(errors.data(), errors.size(), st.options.timeout);
+  stats.wait_time = absl::Now() - start;
+  if (!first_failure.ok()) return first_failure;
+  if (!exchanged.ok()) {
+    return absl::Status(exchanged.code(), absl::StrCat("gradient bucketer: exchanging errors: ",
+                                                       exchanged.message()));
+  }
+  int erring = 0, first = -1;
+  for (int r = 0; r < world; ++r) {
+    if (errors[r] == kNoError) continue;
+    ++erring;
+    if (first < 0) first = r;
+  }
+  if (first < 0) return stats;
+  const int64_t kind = errors[first] >> 32;
+  const int64_t index = (errors[first] & 0xffffffff) - 1;
+  const std::string name =
+      index >= 0 && index < tensor_count() ? absl::StrCat(" (", st.specs[index].name, ")") : "";
+  return absl::FailedPreconditionError(absl::StrCat(
+      "gradient bucketer: rank ", first, ": tensor ", index, name, " ", ErrorText(kind),
+      erring > 1 ? absl::StrCat(" (and errors on ", erring - 1, " other rank(s))") : ""));
+}
+
+}  // namespace adaptcomm
