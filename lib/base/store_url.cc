@@ -1,4 +1,6 @@
-// External store URLs (redis://, etcd://) and the choice of client for one.
+// External store URLs (redis://, etcd://): their syntax, checked where a URL is given (the
+// profile, the environment, the options) and where a client connects. In the base layer because
+// both the config and the store layers read URLs.
 #include <optional>
 #include <string>
 
@@ -7,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "adaptcomm/store.h"
-#include "lib/store/external_store.h"
 
 namespace adaptcomm {
 namespace {
@@ -34,19 +35,6 @@ std::optional<std::string> PercentDecoded(absl::string_view text) {
 }
 
 }  // namespace
-
-namespace external_store {
-#ifndef ADAPTCOMM_HAVE_HIREDIS
-absl::StatusOr<std::shared_ptr<Store>> ConnectRedis(const StoreUrl&, const ExternalStoreOptions&) {
-  return absl::FailedPreconditionError("the redis client was not built in");
-}
-#endif
-#ifndef ADAPTCOMM_HAVE_CURL
-absl::StatusOr<std::shared_ptr<Store>> ConnectEtcd(const StoreUrl&, const ExternalStoreOptions&) {
-  return absl::FailedPreconditionError("the etcd client was not built in");
-}
-#endif
-}  // namespace external_store
 
 absl::StatusOr<StoreUrl> ParseStoreUrl(const std::string& url_text) {
   const absl::string_view url = url_text;
@@ -114,38 +102,6 @@ std::string RedactedStoreUrl(const StoreUrl& url) {
       url.host.find(':') != std::string::npos ? absl::StrCat("[", url.host, "]") : url.host;
   const std::string cred = url.password.empty() ? "" : absl::StrCat(url.user, ":***@");
   return absl::StrCat(url.scheme, "://", cred, host, ":", url.port);
-}
-
-bool ExternalStoreBuiltIn(const std::string& scheme) {
-#ifdef ADAPTCOMM_HAVE_HIREDIS
-  if (scheme == "redis") return true;
-#endif
-#ifdef ADAPTCOMM_HAVE_CURL
-  if (scheme == "etcd") return true;
-#endif
-  (void)scheme;
-  return false;
-}
-
-absl::StatusOr<std::shared_ptr<Store>> ConnectExternalStore(const ExternalStoreOptions& options) {
-  absl::StatusOr<StoreUrl> url = ParseStoreUrl(options.url);
-  if (!url.ok()) return url.status();
-  if (!ExternalStoreBuiltIn(url->scheme)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "store ", RedactedStoreUrl(*url), ": this adaptcomm was built without the ", url->scheme,
-        " client (",
-        url->scheme == "redis" ? "hiredis: libhiredis-dev" : "libcurl: libcurl4-openssl-dev",
-        " was not found at build time; install it with scripts/install-deps.sh and rebuild)"));
-  }
-  if (options.connect_timeout <= absl::ZeroDuration() ||
-      options.io_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("store timeouts must be positive");
-  }
-  absl::StatusOr<std::shared_ptr<Store>> store = url->scheme == "redis"
-                                                     ? external_store::ConnectRedis(*url, options)
-                                                     : external_store::ConnectEtcd(*url, options);
-  if (!store.ok() || options.prefix.empty()) return store;
-  return CreatePrefixStore(options.prefix, *std::move(store));
 }
 
 }  // namespace adaptcomm
