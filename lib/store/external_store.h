@@ -19,17 +19,23 @@ namespace adaptcomm::external_store {
 
 // Neither server can tell a client that a key appeared without extra server configuration
 // (Redis keyspace events) or a streaming connection per waiter (etcd watch), so a waiting Get
-// polls: first after 1 ms, doubling up to 20 ms. 20 ms keeps a rendezvous step short while a
-// hundred waiting ranks cost the server a few thousand cheap reads a second.
+// polls: first after 1 ms, doubling up to 20 ms, which keeps a rendezvous step short. A wait that
+// has lasted longer polls less often, every tenth of the time waited so far (at most 200 ms):
+// that adds at most a tenth to any wait, while ranks held back by a slow peer (hundreds of them
+// while a large job's Gloo mesh connects) stop costing the server, and a crowded host's CPUs,
+// thousands of reads a second.
 class PollBackoff {
  public:
   // Sleeps until the next poll, never past `deadline`.
   void Sleep(absl::Time deadline) {
+    const absl::Duration cap =
+        std::clamp((absl::Now() - start_) / 10, absl::Milliseconds(20), absl::Milliseconds(200));
     absl::SleepFor(std::max(std::min(next_, deadline - absl::Now()), absl::ZeroDuration()));
-    next_ = std::min(next_ * 2, absl::Milliseconds(20));
+    next_ = std::min(next_ * 2, cap);
   }
 
  private:
+  const absl::Time start_ = absl::Now();
   absl::Duration next_ = absl::Milliseconds(1);
 };
 
