@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -191,6 +192,54 @@ TEST(RedisStoreTest, ServerDeathFailsRequestsWithinTheirBound) {
   absl::StatusOr<std::string> v = (*c)->Get("never", absl::Seconds(30));
   EXPECT_TRUE(absl::IsUnavailable(v.status())) << v.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+}
+
+// How many times the server at `port` ran `command` (INFO commandstats, over a raw connection).
+int64_t RedisCalls(int port, const std::string& command) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  const std::string request = "INFO commandstats\r\n";
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    // A bulk reply: "$<length>\r\n<text>\r\n".
+    while (reply.find("\r\n") == std::string::npos ||
+           reply.size() <
+               reply.find("\r\n") + 2 + std::strtoul(reply.c_str() + 1, nullptr, 10) + 2) {
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      reply.append(buf, n);
+    }
+  }
+  ::close(fd);
+  const std::string key = absl::StrCat("cmdstat_", command, ":calls=");
+  const size_t at = reply.find(key);
+  return at == std::string::npos ? -1 : std::strtoll(reply.c_str() + at + key.size(), nullptr, 10);
+}
+
+// A Get that waits long polls less often as it goes: over 3 s, a few dozen reads, not the 150 of a
+// poll every 20 ms; and it still polls (a key set late is found).
+TEST(RedisStoreTest, LongWaitsPollLessOften) {
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  if (!redis.SkipReason().empty()) GTEST_SKIP() << redis.SkipReason();
+  ASSERT_EQ(redis.error(), "");
+  auto c = Connect(redis.Url());
+  ASSERT_TRUE(c.ok()) << c.status();
+  const int64_t before = std::max<int64_t>(RedisCalls(redis.port(), "get"), 0);
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(absl::IsDeadlineExceeded((*c)->Get("never", absl::Seconds(3)).status()));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3) + absl::Milliseconds(500));
+  const int64_t polls = RedisCalls(redis.port(), "get") - before;
+  EXPECT_GT(polls, 10);
+  EXPECT_LT(polls, 70);
+  std::printf("a 3 s Get polled %lld times\n", static_cast<long long>(polls));
 }
 
 // ---- etcd specifics ----
