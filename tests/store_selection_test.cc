@@ -1,6 +1,6 @@
 // Choosing an external store (profile store.url, ADAPTCOMM_STORE, CommunicatorOptions::store_url)
 // and communicators that rendezvous through a real Redis or etcd server: allreduce on 4 ranks,
-// an elastic shrink after rank 0 is killed, and a wrong password refused at creation.
+// an elastic shrink after rank 0 is killed, and a wrong Redis password refused at creation.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -191,19 +191,15 @@ TEST(CommunicatorOverRedis, WrongPasswordIsRefusedAtCreationNamingIt) {
   EXPECT_THAT((*comm)->Explain(), HasSubstr("env ADAPTCOMM_STORE"));
 }
 
-// Rank 0 is killed mid-run; with the store on a Redis server nobody's loss ends the job: the three
-// others shrink to a world of 3 and go on, every result checked.
-TEST(CommunicatorOverRedis, ElasticShrinkAfterRankZeroIsKilled) {
-  ServerProcess redis(ServerProcess::Kind::kRedis);
-  if (!redis.SkipReason().empty()) GTEST_SKIP() << redis.SkipReason();
-  if (!ExternalStoreBuiltIn("redis")) GTEST_SKIP() << "redis client not built in";
-  ASSERT_EQ(redis.error(), "");
+// Rank 0 is killed mid-run; with the store on a Redis or etcd server nobody's loss ends the job:
+// the three others shrink to a world of 3 and go on, every result checked.
+void ShrinkAfterRankZeroIsKilled(const ServerProcess& server) {
   constexpr int kWorld = 4, kSteps = 20, kKillStep = 8;
   constexpr size_t kCount = 1000;
   std::vector<int> status = testing::RunRankProcesses(
       kWorld,
       [&](const RankEnv& env) {
-        CommunicatorOptions o = ThroughUrl(env, redis.Url());
+        CommunicatorOptions o = ThroughUrl(env, server.Url());
         o.backend = BackendChoice::kGloo;
         o.fallback = Fallback::kDeny;
         o.timeout = absl::Seconds(10);
@@ -234,6 +230,22 @@ TEST(CommunicatorOverRedis, ElasticShrinkAfterRankZeroIsKilled) {
   for (int r = 1; r < kWorld; ++r) {
     EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
   }
+}
+
+TEST(CommunicatorOverRedis, ElasticShrinkAfterRankZeroIsKilled) {
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  if (!redis.SkipReason().empty()) GTEST_SKIP() << redis.SkipReason();
+  if (!ExternalStoreBuiltIn("redis")) GTEST_SKIP() << "redis client not built in";
+  ASSERT_EQ(redis.error(), "");
+  ShrinkAfterRankZeroIsKilled(redis);
+}
+
+TEST(CommunicatorOverEtcd, ElasticShrinkAfterRankZeroIsKilled) {
+  ServerProcess etcd(ServerProcess::Kind::kEtcd);
+  if (!etcd.SkipReason().empty()) GTEST_SKIP() << etcd.SkipReason();
+  if (!ExternalStoreBuiltIn("etcd")) GTEST_SKIP() << "etcd client not built in";
+  ASSERT_EQ(etcd.error(), "");
+  ShrinkAfterRankZeroIsKilled(etcd);
 }
 
 }  // namespace
