@@ -1,8 +1,8 @@
 // Real Redis and etcd servers for tests: each one a process of the test's own, on a free loopback
 // port, with its files in a temporary directory. The destructor kills it and removes the
 // directory; if the test process dies first, the kernel kills the server (PR_SET_PDEATHSIG), so no
-// server outlives a failed or crashed test. Where the binary is not installed, SkipReason() says
-// so and which package provides it.
+// server outlives a failed or crashed test. Where the binary is not installed, or this build has
+// no client for it, SkipReason() says so and which package provides what is missing.
 #ifndef ADAPTCOMM_TESTS_EXTERNAL_SERVERS_H_
 #define ADAPTCOMM_TESTS_EXTERNAL_SERVERS_H_
 
@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "adaptcomm/store.h"
 #include "tests/harness.h"
 
 namespace adaptcomm::testing {
@@ -82,6 +83,12 @@ class ServerProcess {
   // `password`: Redis requirepass (etcd: the caller enables auth itself, see EnableEtcdAuth in
   // tests/external_store_test.cc).
   explicit ServerProcess(Kind kind, const std::string& password = "") : kind_(kind) {
+    if (!ExternalStoreBuiltIn(Name())) {
+      skip_ = absl::StrCat("this build has no ", Name(), " client (",
+                           kind == Kind::kRedis ? "libhiredis-dev" : "libcurl4-openssl-dev",
+                           " was not found; see docs/stores.md)");
+      return;
+    }
     const std::string binary = FindBinary(kind == Kind::kRedis ? "redis-server" : "etcd");
     if (binary.empty()) {
       skip_ = kind == Kind::kRedis

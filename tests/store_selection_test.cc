@@ -152,7 +152,6 @@ void FourRanksAllreduce(const ServerProcess& server, const std::string& scheme) 
 TEST(CommunicatorOverRedis, FourRanksAllreduce) {
   ServerProcess redis(ServerProcess::Kind::kRedis);
   if (!redis.SkipReason().empty()) GTEST_SKIP() << redis.SkipReason();
-  if (!ExternalStoreBuiltIn("redis")) GTEST_SKIP() << "redis client not built in";
   ASSERT_EQ(redis.error(), "");
   FourRanksAllreduce(redis, "redis");
 }
@@ -160,7 +159,6 @@ TEST(CommunicatorOverRedis, FourRanksAllreduce) {
 TEST(CommunicatorOverEtcd, FourRanksAllreduce) {
   ServerProcess etcd(ServerProcess::Kind::kEtcd);
   if (!etcd.SkipReason().empty()) GTEST_SKIP() << etcd.SkipReason();
-  if (!ExternalStoreBuiltIn("etcd")) GTEST_SKIP() << "etcd client not built in";
   ASSERT_EQ(etcd.error(), "");
   FourRanksAllreduce(etcd, "etcd");
 }
@@ -168,7 +166,6 @@ TEST(CommunicatorOverEtcd, FourRanksAllreduce) {
 TEST(CommunicatorOverRedis, WrongPasswordIsRefusedAtCreationNamingIt) {
   ServerProcess redis(ServerProcess::Kind::kRedis, "right-pw");
   if (!redis.SkipReason().empty()) GTEST_SKIP() << redis.SkipReason();
-  if (!ExternalStoreBuiltIn("redis")) GTEST_SKIP() << "redis client not built in";
   ASSERT_EQ(redis.error(), "");
   RankEnv env;
   env.options.rank = 0;
@@ -235,7 +232,6 @@ void ShrinkAfterRankZeroIsKilled(const ServerProcess& server) {
 TEST(CommunicatorOverRedis, ElasticShrinkAfterRankZeroIsKilled) {
   ServerProcess redis(ServerProcess::Kind::kRedis);
   if (!redis.SkipReason().empty()) GTEST_SKIP() << redis.SkipReason();
-  if (!ExternalStoreBuiltIn("redis")) GTEST_SKIP() << "redis client not built in";
   ASSERT_EQ(redis.error(), "");
   ShrinkAfterRankZeroIsKilled(redis);
 }
@@ -243,7 +239,6 @@ TEST(CommunicatorOverRedis, ElasticShrinkAfterRankZeroIsKilled) {
 TEST(CommunicatorOverEtcd, ElasticShrinkAfterRankZeroIsKilled) {
   ServerProcess etcd(ServerProcess::Kind::kEtcd);
   if (!etcd.SkipReason().empty()) GTEST_SKIP() << etcd.SkipReason();
-  if (!ExternalStoreBuiltIn("etcd")) GTEST_SKIP() << "etcd client not built in";
   ASSERT_EQ(etcd.error(), "");
   ShrinkAfterRankZeroIsKilled(etcd);
 }
