@@ -81,8 +81,10 @@ class ServerProcess {
  public:
   enum class Kind { kRedis, kEtcd };
   // `password`: Redis requirepass (etcd: the caller enables auth itself, see EnableEtcdAuth in
-  // tests/external_store_test.cc).
-  explicit ServerProcess(Kind kind, const std::string& password = "") : kind_(kind) {
+  // tests/external_store_test.cc). `extra`: more command-line arguments for the server.
+  explicit ServerProcess(Kind kind, const std::string& password = "",
+                         const std::vector<std::string>& extra = {})
+      : kind_(kind) {
     if (!ExternalStoreBuiltIn(Name())) {
       skip_ = absl::StrCat("this build has no ", Name(), " client (",
                            kind == Kind::kRedis ? "libhiredis-dev" : "libcurl4-openssl-dev",
@@ -135,6 +137,7 @@ class ServerProcess {
                                "--log-level",
                                "error"});
     }
+    args.insert(args.end(), extra.begin(), extra.end());
     const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {

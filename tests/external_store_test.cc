@@ -276,5 +276,21 @@ TEST(EtcdStoreTest, UserAndPasswordAreRequiredAndChecked) {
   EXPECT_EQ(*(*right)->Get("k", absl::ZeroDuration()), "v");
 }
 
+// The server forgets a token after its TTL (1 s here); the client authenticates again and the
+// request goes through.
+TEST(EtcdStoreTest, ExpiredTokenIsRenewed) {
+  ServerProcess etcd(ServerProcess::Kind::kEtcd, "", {"--auth-token-ttl", "1"});
+  if (!etcd.SkipReason().empty()) GTEST_SKIP() << etcd.SkipReason();
+  ASSERT_EQ(etcd.error(), "");
+  ASSERT_TRUE(Connect(etcd.Url()).ok());
+  ASSERT_TRUE(EnableEtcdAuth(etcd.port(), "r00t-pw").ok());
+  auto c = Connect(etcd.Url("root:r00t-pw@"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->Set("k", "1").ok());
+  absl::SleepFor(absl::Seconds(3));
+  EXPECT_TRUE((*c)->Set("k", "2").ok());
+  EXPECT_EQ(*(*c)->Get("k", absl::ZeroDuration()), "2");
+}
+
 }  // namespace
 }  // namespace adaptcomm
