@@ -44,7 +44,7 @@ inline void ClearProfileEnvironment() {
   }
   for (const std::string& n : names) unsetenv(n.c_str());
   for (const char* n : {"ADAPTCOMM_MODEL_SIZE", "ADAPTCOMM_PROFILE", "ADAPTCOMM_PROFILE_STRICT",
-                        "ADAPTCOMM_CONFIG_DIR"}) {
+                        "ADAPTCOMM_CONFIG_DIR", "ADAPTCOMM_STORE"}) {
     unsetenv(n);
   }
 }

@@ -139,6 +139,12 @@ struct CommunicatorOptions {
   std::string master_addr;  // empty: MASTER_ADDR / ADAPTCOMM_MASTER_ADDR, else 127.0.0.1
   int master_port = 0;      // 0: MASTER_PORT / ADAPTCOMM_MASTER_PORT
   std::string store_token;  // empty: ADAPTCOMM_STORE_TOKEN (empty there too: no token)
+  // A Redis or etcd server instead of rank 0's TCP store (docs/stores.md):
+  // "redis://[user:password@]host:port" or "etcd://[user:password@]host:port". Empty:
+  // ADAPTCOMM_STORE, else the profile's store.url, else the TCP store. Every key goes under the
+  // job's token (store_token), so jobs sharing one server never see each other's keys. Rank 0
+  // serves nothing then: its loss does not end an elastic job.
+  std::string store_url;
 
   // Flight recorder: the last `flight_recorder_entries` ops of this rank, dumped as JSON to
   // flight_recorder_dir/flight.rank<R>.json on a timeout or fatal error, or by DumpFlightRecord().

@@ -81,6 +81,7 @@ struct ProfileOverrides {
   std::optional<bool> allow_fallback;
   std::optional<int> max_retry_attempts;
   std::optional<ReplayMode> replay;          // kProfile is the same as unset
+  std::optional<std::string> store_url;      // store.url (CommunicatorOptions::store_url)
   std::optional<uint64_t> nccl_buffer_size;  // bytes (NCCL_BUFFSIZE)
   std::optional<int> nccl_min_ctas;          // channels (ncclConfig_t.minCTAs / NCCL_MIN_CTAS)
   std::optional<int> nccl_max_ctas;
@@ -229,6 +230,14 @@ struct TuningSettings {
   OnlineTuningSettings online;
 };
 
+// The job's store (profile store.url; ADAPTCOMM_STORE wins over it, the API over both).
+struct StoreSettings {
+  // "redis://[user:password@]host:port" or "etcd://..." (StoreUrl, adaptcomm/store.h); empty:
+  // rank 0 serves a TCP store. Explain() shows it with the password replaced by "***".
+  std::string url;
+  std::string source;  // "profiles.yaml:12", "env ADAPTCOMM_STORE", "API", "default"
+};
+
 // One row of the effective-configuration report.
 struct SettingRecord {
   std::string key;         // "timeouts.collective", "nccl.NCCL_MIN_CTAS"
@@ -256,6 +265,7 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
   BucketSettings buckets;
   ElasticSettings elastic;
   TuningSettings tuning;
+  StoreSettings store;
 
   std::vector<SettingRecord> settings;  // every setting, sorted by key
   std::vector<std::string> warnings;    // dead/deprecated variables, non-power-of-two buffers...

@@ -1,9 +1,9 @@
 // Store: the key-value rendezvous that ranks use to find each other (and, later, to agree on
 // retries, fallbacks and configuration hashes).
 //
-// Implementations: a TCP store (rank 0 or the launcher serves, every rank is a client), a file
-// store (a shared directory), an in-process hash store (ranks as threads), and a prefix view of
-// any of them.
+// Implementations: a TCP store (rank 0 or the launcher serves, every rank is a client), clients
+// of an existing distributed store (Redis, etcd: docs/stores.md), a file store (a shared
+// directory), an in-process hash store (ranks as threads), and a prefix view of any of them.
 // Thread safety: every Store method is safe to call concurrently from many threads.
 // Every blocking call has a bound; none waits forever.
 #ifndef ADAPTCOMM_STORE_H_
@@ -63,6 +63,37 @@ class ADAPTCOMM_EXPORT TcpStoreServer {
 // A client. Unavailable after connect_timeout names host:port.
 [[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<std::shared_ptr<Store>> ConnectTcpStore(
     const TcpStoreOptions& options);
+
+// ---- external stores: a Redis or etcd server run apart from the job (docs/stores.md) ----
+// "redis://[user:password@]host[:port]" (port 6379 when left out) or
+// "etcd://[user:password@]host[:port]" (2379; etcd's v3 HTTP/JSON gateway). User and password
+// may be percent-encoded; "redis://:password@host" authenticates as Redis's default user.
+struct StoreUrl {
+  std::string scheme;    // "redis" or "etcd"
+  std::string user;      // empty: none (Redis: AUTH with the password alone)
+  std::string password;  // empty: no authentication
+  std::string host;
+  int port = 0;
+};
+// InvalidArgument naming what is wrong with `url` (the password never appears in it).
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<StoreUrl> ParseStoreUrl(const std::string& url);
+// The URL as text with the password replaced by "***": for logs, errors and Explain().
+ADAPTCOMM_EXPORT std::string RedactedStoreUrl(const StoreUrl& url);
+// Whether this build has the client of `scheme` ("redis": hiredis, "etcd": libcurl).
+ADAPTCOMM_EXPORT bool ExternalStoreBuiltIn(const std::string& scheme);
+
+struct ExternalStoreOptions {
+  std::string url;     // see StoreUrl
+  std::string prefix;  // every key is stored under prefix + "/" (the job's namespace); empty: none
+  absl::Duration connect_timeout = absl::Seconds(60);  // retry reaching the server until then
+  absl::Duration io_timeout = absl::Seconds(300);      // bound of any single request
+};
+// A client of the server at options.url, checked with one round trip (and the credentials).
+// InvalidArgument for a bad URL; FailedPrecondition when this build lacks the scheme's client
+// library; PermissionDenied for missing or refused credentials; Unavailable when the server does
+// not answer within connect_timeout.
+[[nodiscard]] ADAPTCOMM_EXPORT absl::StatusOr<std::shared_ptr<Store>> ConnectExternalStore(
+    const ExternalStoreOptions& options);
 
 // ---- other stores ----
 // Keys are files in `directory` (created if missing); suits a shared file system.

@@ -160,6 +160,7 @@ absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request) {
     if (config::SetByAdaptcomm(name, value)) continue;
     in.user_env[name] = value;
   }
+  in.store_env = Env("ADAPTCOMM_STORE");
   auto cfg = config::ResolveFromText(in, **registry);
   if (!cfg.ok()) return cfg.status();
   if (!size_origin.empty()) {

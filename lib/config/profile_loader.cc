@@ -170,6 +170,30 @@ std::vector<std::string> KeysBelow(const std::string& prefix) {
   return keys;
 }
 
+// One schema key's value (`node`), checked and put into `layer`.
+absl::Status ParseValue(const std::string& file, const KeySpec& spec, const YAML::Node& node,
+                        Layer* layer) {
+  std::string text;
+  const bool list = spec.kind == Kind::kCodeList || spec.kind == Kind::kNameList;
+  if (list && node.IsSequence()) {
+    std::vector<std::string> items;
+    for (const auto& item : node) {
+      auto s = ScalarAt(file, item, spec.key);
+      if (!s.ok()) return s.status();
+      items.push_back(*s);
+    }
+    text = absl::StrJoin(items, ",");
+  } else {
+    auto s = ScalarAt(file, node, spec.key);
+    if (!s.ok()) return s.status();
+    text = *s;
+  }
+  auto canonical = CanonicalValue(spec, text);
+  if (!canonical.ok()) return ErrorAt(file, node, std::string(canonical.status().message()));
+  layer->values[spec.key] = {*canonical, WhereLine(file, node), Where(file, node)};
+  return absl::OkStatus();
+}
+
 // The schema keys of the map `node` at `prefix` ("tuning"), and those of the maps inside it
 // ("tuning.online": {enabled: true, ...}).
 absl::Status ParseKeys(const std::string& file, const std::string& prefix, const YAML::Node& node,
@@ -194,27 +218,7 @@ absl::Status ParseKeys(const std::string& file, const std::string& prefix, const
       if (absl::Status s = ParseKeys(file, full, entry.second, layer); !s.ok()) return s;
       continue;
     }
-    std::string text;
-    const bool list = spec->kind == Kind::kCodeList || spec->kind == Kind::kNameList;
-    if (list && entry.second.IsSequence()) {
-      std::vector<std::string> items;
-      for (const auto& item : entry.second) {
-        auto s = ScalarAt(file, item, spec->key);
-        if (!s.ok()) return s.status();
-        items.push_back(*s);
-      }
-      text = absl::StrJoin(items, ",");
-    } else {
-      auto s = ScalarAt(file, entry.second, spec->key);
-      if (!s.ok()) return s.status();
-      text = *s;
-    }
-    auto canonical = CanonicalValue(*spec, text);
-    if (!canonical.ok()) {
-      return ErrorAt(file, entry.second, std::string(canonical.status().message()));
-    }
-    layer->values[spec->key] = {*canonical, WhereLine(file, entry.second),
-                                Where(file, entry.second)};
+    if (absl::Status s = ParseValue(file, *spec, entry.second, layer); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -243,6 +247,12 @@ absl::Status ParseSection(const std::string& file, const YAML::Node& node,
       return ErrorAt(file, kv.first,
                      absl::StrCat("unknown key '", section, "'",
                                   DidYouMeanSuffix(ClosestName(section, allowed))));
+    }
+    if (section == "store" && kv.second.IsScalar()) {  // `store: redis://...` is store.url
+      if (absl::Status s = ParseValue(file, *FindKey("store.url"), kv.second, layer); !s.ok()) {
+        return s;
+      }
+      continue;
     }
     if (!kv.second.IsMap())
       return ErrorAt(file, kv.second, absl::StrCat(section, " must be a map"));

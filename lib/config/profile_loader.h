@@ -25,6 +25,7 @@ struct ResolveInputs {
   ProfileOverrides overrides;
   // NCCL_* variables the user exported (not ones adaptcomm set itself).
   std::map<std::string, std::string> user_env;
+  std::string store_env;  // ADAPTCOMM_STORE, if set
 };
 
 absl::StatusOr<EffectiveConfig> ResolveFromText(const ResolveInputs& in, const NcclRegistry& reg);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "adaptcomm/store.h"
 #include "lib/config/units.h"
 
 namespace adaptcomm::config {
@@ -273,6 +274,14 @@ const std::vector<KeySpec>& Schema() {
        {},
        "30s",
        "online tuning: bound of a band's agreement; past it the static values stay (logged)"},
+      {"store.url",
+       Kind::kString,
+       0,
+       0,
+       {},
+       "",
+       "the job's store: redis://[user:password@]host:port or etcd://...; empty: rank 0 serves a "
+       "TCP store (ADAPTCOMM_STORE wins; docs/stores.md)"},
       {"diagnose.min_busbw_gbps",
        Kind::kDouble,
        0,
@@ -294,7 +303,7 @@ const KeySpec* FindKey(const std::string& key) {
 const std::vector<std::string>& SectionNames() {
   static const auto* names = new std::vector<std::string>{
       "timeouts", "world_scaling", "retry",     "backend", "gloo",    "flight_recorder",
-      "trace",    "diagnose",      "precision", "buckets", "elastic", "tuning"};
+      "trace",    "diagnose",      "precision", "buckets", "elastic", "tuning", "store"};
   return *names;
 }
 
@@ -351,6 +360,10 @@ absl::StatusOr<std::string> CanonicalText(const KeySpec& spec, const std::string
       }
       return text;
     case Kind::kString:
+      if (std::string(spec.key) == "store.url" && !text.empty()) {
+        absl::StatusOr<StoreUrl> url = ParseStoreUrl(text);
+        if (!url.ok()) return url.status();
+      }
       return text;
     case Kind::kBytes: {
       auto v = ParseByteSize(text);

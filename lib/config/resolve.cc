@@ -2,6 +2,8 @@
 // scaling and the cross-field checks.
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -10,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "adaptcomm/profile.h"
+#include "adaptcomm/store.h"
 #include "lib/base/log.h"
 #include "lib/config/profile_schema.h"
 #include "lib/config/resolve_internal.h"
@@ -138,6 +141,30 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   }
   if (o.replay.has_value() && *o.replay != ReplayMode::kProfile) {
     v.Set("retry.replay", ReplayModeName(*o.replay), "API");
+  }
+
+  // The store: the API, else ADAPTCOMM_STORE, else the profile; each one checked where it came
+  // from.
+  std::optional<std::pair<std::string, std::string>> store_url;  // (url, source)
+  if (o.store_url.has_value() && !o.store_url->empty()) {
+    store_url = {*o.store_url, "API"};
+  } else if (!in.store_env.empty()) {
+    store_url = {in.store_env, "env ADAPTCOMM_STORE"};
+  }
+  if (store_url.has_value()) {
+    auto c = CanonicalValue(*FindKey("store.url"), store_url->first);
+    if (!c.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(store_url->second, ": ", c.status().message()));
+    }
+    v.Set("store.url", *c, store_url->second);
+  }
+  cfg.store.url = v.At("store.url").text;
+  cfg.store.source = v.At("store.url").source;
+  if (!cfg.store.url.empty()) {
+    // Explain() and the cross-rank check show the URL without its password.
+    absl::StatusOr<StoreUrl> url = ParseStoreUrl(cfg.store.url);
+    if (url.ok()) merge.values["store.url"].text = RedactedStoreUrl(*url);
   }
 
   TimeoutConfig& t = cfg.timeouts;

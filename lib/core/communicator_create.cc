@@ -71,12 +71,14 @@ absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o) {
   // What Explain() prints is what runs: the options that the executor reads go through here.
   if (o.max_retry_attempts > 0) req.overrides.max_retry_attempts = o.max_retry_attempts;
   if (o.replay != ReplayMode::kProfile) req.overrides.replay = o.replay;
+  if (!o.store_url.empty()) req.overrides.store_url = o.store_url;
   absl::StatusOr<EffectiveConfig> cfg = ResolveProfile(req);
   if (!cfg.ok()) return cfg.status();
   o.timeout = cfg->timeouts.collective;
   o.init_timeout = cfg->timeouts.init;
   o.backend = cfg->backend.choice;
   o.fallback = cfg->backend.allow_fallback ? Fallback::kAllow : Fallback::kDeny;
+  o.store_url = cfg->store.url;
   if (o.flight_recorder_entries == 0) o.flight_recorder_entries = cfg->flight_recorder.entries;
   if (o.flight_recorder_dir.empty()) {
     const char* env = std::getenv("ADAPTCOMM_FLIGHT_RECORDER_DIR");

@@ -109,6 +109,7 @@ absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::T
 
 absl::StatusOr<StoreServer> ResolveStoreServer(const CommunicatorOptions& o) {
   if (o.store != nullptr) return StoreServer::kCaller;
+  if (!o.store_url.empty()) return StoreServer::kUrl;
   const char* external = Env("ADAPTCOMM_STORE_EXTERNAL");
   if (external == nullptr || std::string(external) == "0") return StoreServer::kRankZero;
   if (std::string(external) == "1") return StoreServer::kExternal;
@@ -124,6 +125,9 @@ std::string StoreServerName(StoreServer server) {
       return "rank 0";
     case StoreServer::kExternal:
       return "the process that started the ranks (ADAPTCOMM_STORE_EXTERNAL=1)";
+    case StoreServer::kUrl:
+      return "an external store server (CommunicatorOptions::store_url, ADAPTCOMM_STORE or the "
+             "profile's store.url)";
     case StoreServer::kCaller:
       break;
   }
@@ -143,9 +147,29 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
         Env("ADAPTCOMM_MASTER_ADDR") ? Env("ADAPTCOMM_MASTER_ADDR") : Env("MASTER_ADDR");
     if (env != nullptr) master = env;
   }
+  const std::string token = !o.store_token.empty()                    ? o.store_token
+                            : Env("ADAPTCOMM_STORE_TOKEN") != nullptr ? Env("ADAPTCOMM_STORE_TOKEN")
+                                                                      : "";
   if (o.store != nullptr) {
     rv.root_store = o.store;
     rv.description = "store given by the caller";
+  } else if (rv.store_server == StoreServer::kUrl) {
+    // A server that other jobs may share: this job's keys live under its token.
+    ExternalStoreOptions external;
+    external.url = o.store_url;
+    external.prefix = absl::StrCat("adaptcomm/job/", token.empty() ? "default" : token);
+    external.connect_timeout =
+        std::max(std::min(store_connect, deadline - absl::Now()), absl::Milliseconds(1));
+    external.io_timeout = std::max(store_connect, absl::Seconds(1));
+    absl::StatusOr<std::shared_ptr<Store>> client = ConnectExternalStore(external);
+    if (!client.ok()) return client.status();
+    rv.root_store = *std::move(client);
+    absl::StatusOr<StoreUrl> url = ParseStoreUrl(o.store_url);
+    if (!url.ok()) return url.status();  // ConnectExternalStore accepted it: not reached
+    rv.description = absl::StrCat(url->scheme, " store ", RedactedStoreUrl(*url),
+                                  token.empty() ? " (no job token: keys under 'default')" : "");
+    // Without a master address, the transport binds to the address that routes to the store.
+    if (master.empty()) master = url->host;
   } else {
     int port = o.master_port;
     if (port == 0) {
@@ -165,10 +189,7 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
     TcpStoreOptions tcp;
     tcp.host = master;
     tcp.port = port;
-    tcp.token = o.store_token;
-    if (tcp.token.empty() && Env("ADAPTCOMM_STORE_TOKEN") != nullptr) {
-      tcp.token = Env("ADAPTCOMM_STORE_TOKEN");
-    }
+    tcp.token = token;
     tcp.connect_timeout =
         std::max(std::min(store_connect, deadline - absl::Now()), absl::Milliseconds(1));
     // A request the store has not answered this long past its own wait is lost (a cut link, a

@@ -17,9 +17,11 @@ namespace adaptcomm::internal {
 // Who serves the job's store. Only with kRankZero does the loss of rank 0 end the job: with
 // kExternal (`adaptcomm launch --elastic` serves it in the launcher process) rank 0 is a client
 // like every other rank, and an elastic job goes on without it.
-enum class StoreServer { kRankZero, kExternal, kCaller };
+// kUrl: a Redis or etcd server (CommunicatorOptions::store_url), apart from the ranks too.
+enum class StoreServer { kRankZero, kExternal, kCaller, kUrl };
 
-// The server the options ask for: kCaller with CommunicatorOptions::store, kExternal with
+// The server the options ask for: kCaller with CommunicatorOptions::store, kUrl with store_url
+// (REQUIRES: resolved with the profile, as creation does), kExternal with
 // ADAPTCOMM_STORE_EXTERNAL=1, else kRankZero. InvalidArgument naming the variable for a value
 // other than 0 or 1.
 [[nodiscard]] absl::StatusOr<StoreServer> ResolveStoreServer(const CommunicatorOptions& options);

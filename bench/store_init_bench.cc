@@ -1,0 +1,168 @@
+// Init time of N ranks as threads of this process: Communicator::Create (Gloo) and the first
+// allreduce, through the store given, with the store calls each rank made.
+//
+//   store_init_bench --ranks N --store tcp                 a TCP store served in this process
+//   store_init_bench --ranks N --store redis://127.0.0.1:6379   (or etcd://...)
+//   --timeout S: bound of creation and of the allreduce (600 s)
+//
+// Every rank has a client of its own, as ranks that are processes do. The counts are the calls
+// the communicator made on its Store (a waiting Get or Wait is one call); the Redis and etcd
+// clients poll inside such a call, so the server sees more requests than that (measure them on
+// the server: redis-cli INFO stats, total_commands_processed).
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "adaptcomm/adaptcomm.h"
+
+namespace adaptcomm {
+namespace {
+
+struct Counts {
+  std::atomic<int64_t> set{0}, get{0}, add{0}, wait{0}, del{0};
+  int64_t Total() const { return set + get + add + wait + del; }
+};
+
+class CountingStore final : public Store {
+ public:
+  CountingStore(std::shared_ptr<Store> base, Counts* counts)
+      : base_(std::move(base)), counts_(counts) {}
+  absl::Status Set(const std::string& k, const std::string& v) override {
+    ++counts_->set;
+    return base_->Set(k, v);
+  }
+  absl::StatusOr<std::string> Get(const std::string& k, absl::Duration t) override {
+    ++counts_->get;
+    return base_->Get(k, t);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override {
+    ++counts_->add;
+    return base_->Add(k, d);
+  }
+  absl::Status Wait(const std::vector<std::string>& k, absl::Duration t) override {
+    ++counts_->wait;
+    return base_->Wait(k, t);
+  }
+  absl::StatusOr<bool> Delete(const std::string& k) override {
+    ++counts_->del;
+    return base_->Delete(k);
+  }
+
+ private:
+  std::shared_ptr<Store> base_;
+  Counts* counts_;
+};
+
+int Main(int argc, char** argv) {
+  int ranks = 0;
+  int timeout_s = 600;
+  std::string store_arg;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--ranks" && absl::SimpleAtoi(argv[i + 1], &ranks)) continue;
+    if (flag == "--timeout" && absl::SimpleAtoi(argv[i + 1], &timeout_s)) continue;
+    if (flag == "--store") {
+      store_arg = argv[i + 1];
+      continue;
+    }
+    ranks = 0;
+    break;
+  }
+  if (ranks < 1 || store_arg.empty()) {
+    std::fprintf(stderr,
+                 "usage: store_init_bench --ranks N --store tcp|redis://...|etcd://... "
+                 "[--timeout SECONDS]\n");
+    return 2;
+  }
+  const std::string token = absl::StrCat("bench-", absl::ToUnixNanos(absl::Now()));
+  std::unique_ptr<TcpStoreServer> server;
+  TcpStoreOptions tcp;
+  tcp.token = token;
+  if (store_arg == "tcp") {
+    auto s = StartTcpStoreServer(tcp);
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", s.status().ToString().c_str());
+      return 1;
+    }
+    server = *std::move(s);
+    tcp.port = server->port();
+  }
+  std::vector<Counts> counts(ranks);
+  std::vector<absl::Status> status(ranks);
+  std::vector<absl::Duration> done(ranks);
+  std::vector<std::thread> threads;
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::shared_ptr<Store>> client;
+      if (server != nullptr) {
+        client = ConnectTcpStore(tcp);
+      } else {
+        ExternalStoreOptions e;
+        e.url = store_arg;
+        e.prefix = absl::StrCat("adaptcomm/job/", token);
+        client = ConnectExternalStore(e);
+      }
+      if (!client.ok()) {
+        status[r] = client.status();
+        return;
+      }
+      CommunicatorOptions o;
+      o.rank = r;
+      o.world_size = ranks;
+      o.name = "init";
+      o.backend = BackendChoice::kGloo;
+      o.master_addr = "127.0.0.1";
+      o.init_timeout = absl::Seconds(timeout_s);
+      o.timeout = absl::Seconds(timeout_s);
+      o.store = std::make_shared<CountingStore>(*std::move(client), &counts[r]);
+      auto comm = Communicator::Create(o);
+      if (!comm.ok()) {
+        status[r] = comm.status();
+        return;
+      }
+      std::vector<float> buf(1024, 1.0f);
+      status[r] = (*comm)->Allreduce(HostView(buf.data(), buf.size())).Wait();
+      if (status[r].ok() && buf[0] != static_cast<float>(ranks)) {
+        status[r] = absl::InternalError(absl::StrCat("sum ", buf[0], ", not ", ranks));
+      }
+      done[r] = absl::Now() - start;
+    });
+  }
+  for (auto& t : threads) t.join();
+  absl::Duration slowest = absl::ZeroDuration();
+  Counts total;
+  for (int r = 0; r < ranks; ++r) {
+    if (!status[r].ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", r, status[r].ToString().c_str());
+      return 1;
+    }
+    slowest = std::max(slowest, done[r]);
+    total.set += counts[r].set;
+    total.get += counts[r].get;
+    total.add += counts[r].add;
+    total.wait += counts[r].wait;
+    total.del += counts[r].del;
+  }
+  const std::string kind = store_arg == "tcp" ? "tcp" : store_arg.substr(0, store_arg.find(':'));
+  std::printf(
+      "ranks=%d store=%s init_s=%.3f store_calls_per_rank=%.1f (set %.1f get %.1f add %.1f wait "
+      "%.1f delete %.1f)\n",
+      ranks, kind.c_str(), absl::ToDoubleSeconds(slowest),
+      static_cast<double>(total.Total()) / ranks, static_cast<double>(total.set) / ranks,
+      static_cast<double>(total.get) / ranks, static_cast<double>(total.add) / ranks,
+      static_cast<double>(total.wait) / ranks, static_cast<double>(total.del) / ranks);
+  return 0;
+}
+
+}  // namespace
+}  // namespace adaptcomm
+
+int main(int argc, char** argv) { return adaptcomm::Main(argc, argv); }
