@@ -1,12 +1,13 @@
 #!/bin/sh
 # Installs what adaptcomm needs from Debian 12's packages, skipping what is already there.
 #   scripts/install-deps.sh        build + demo dependencies
-#   scripts/install-deps.sh test   also what the test suite uses (gmock, clang's libFuzzer)
+#   scripts/install-deps.sh test   also what the test suite uses (gmock, clang's libFuzzer, and
+#                                  the Prometheus server that scrapes the demo)
 set -eu
 packages="build-essential cmake pkg-config libgloo-dev libyaml-cpp-dev libabsl-dev libgtest-dev
-  libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev"
+  libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev"
 if [ "${1:-}" = test ]; then
-  packages="$packages clang libclang-rt-14-dev iproute2"
+  packages="$packages clang libclang-rt-14-dev iproute2 prometheus"
 fi
 missing=""
 for p in $packages; do

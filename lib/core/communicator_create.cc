@@ -195,7 +195,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int ge
     world = membership_.world_size;
     lost.swap(shrink_lost_);
   }
-  return BuildBackendFor(generation, rank, world, degrade, std::move(lost));
+  if (metrics_ != nullptr) {
+    metrics_->AddRetry();
+    if (degrade) metrics_->AddFallback();
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      BuildBackendFor(generation, rank, world, degrade, std::move(lost));
+  if (backend.ok() && metrics_ != nullptr) metrics_->SetBackend((*backend)->name(), world);
+  return backend;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::BuildBackendFor(
