@@ -60,19 +60,10 @@ TEST(CommMetricsTest, RecordsEntryStartAndEndOfEachOp) {
   // Queued 100 us, ran 600 us (the 1000 us bucket, not the 500 us one).
   m->OnEnqueue(Allreduce4KiB(1), t0);
   m->OnStart(Allreduce4KiB(1), t0 + absl::Microseconds(100));
-  trace::CommMetrics::Progress p = m->progress();
-  EXPECT_EQ(p.current, 1u);
-  EXPECT_EQ(p.kind, OpKind::kAllreduce);
-  EXPECT_EQ(p.bytes, 4096u);
-  EXPECT_EQ(p.enqueue_ns, absl::ToUnixNanos(t0));
-  EXPECT_EQ(p.start_ns, absl::ToUnixNanos(t0 + absl::Microseconds(100)));
   m->OnEnd(Allreduce4KiB(1), absl::OkStatus(), t0 + absl::Microseconds(700));
   // Launched by its issuer (queued and started at once), then a timeout.
   m->OnEnqueueAndStart(Allreduce4KiB(2), t0 + absl::Milliseconds(1));
   m->OnEnd(Allreduce4KiB(2), absl::DeadlineExceededError("late"), t0 + absl::Milliseconds(3));
-  p = m->progress();
-  EXPECT_EQ(p.current, 0u);
-  EXPECT_EQ(p.last_ended, 2u);
 
   const std::string text = trace::RenderMetrics(false);
   const std::vector<std::string> series = {
@@ -141,7 +132,8 @@ TEST(MetricsExportTest, CommunicatorCountsItsOpsAndServesThemOverHttp) {
     for (int i = 0; i < 10; ++i)
       ASSERT_TRUE((*comm)->Allreduce(HostView(small.data(), small.size())).Wait().ok());
     for (int i = 0; i < 3; ++i)
-      ASSERT_TRUE((*comm)->Broadcast(HostView(large.data(), large.size()), BroadcastOptions{}).Wait().ok());
+      ASSERT_TRUE(
+          (*comm)->Broadcast(HostView(large.data(), large.size()), BroadcastOptions{}).Wait().ok());
     EXPECT_EQ(trace::MetricsPort(), port);
     httplib::Client client("127.0.0.1", port);
     client.set_connection_timeout(5);

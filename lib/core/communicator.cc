@@ -166,10 +166,11 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   heartbeat_id_ = HeartbeatMonitor::Instance().Register(std::move(watch));
   executor_->SetHeartbeat([id = heartbeat_id_] { HeartbeatMonitor::Instance().Beat(id); });
   executor_->Start();
-  if (metrics_ != nullptr && config_.status.enabled && rendezvous_.root_store != nullptr) {
+  if (config_.status.enabled && rendezvous_.root_store != nullptr) {
     std::weak_ptr<OpExecutor> executor = executor_;
     StatusSources sources;
     sources.comm = options_.name;
+    sources.recorder = recorder_;
     sources.metrics = metrics_;
     sources.rank = [executor, rank = options_.rank] {
       auto e = executor.lock();

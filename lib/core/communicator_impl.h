@@ -128,7 +128,7 @@ class CommunicatorImpl {
   // Also an observer of executor_; null when metrics.enabled is false.
   std::shared_ptr<trace::CommMetrics> metrics_;
   std::unique_ptr<trace::MetricsExportHandle> metrics_export_;
-  std::unique_ptr<StatusPublisher> status_;  // null without a store, metrics or status.enabled
+  std::unique_ptr<StatusPublisher> status_;  // null without a store or status.enabled
   const std::string selection_reason_;
 };
 

@@ -43,7 +43,7 @@ std::string StatusKey(const std::string& comm, const std::string& leaf) {
 
 namespace {
 
-int64_t Millis(int64_t ns) { return ns == 0 ? 0 : ns / 1000000; }
+int64_t Millis(absl::Time t) { return t == absl::UnixEpoch() ? 0 : absl::ToUnixMillis(t); }
 
 std::string HostName() {
   char host[256] = "unknown";
@@ -54,7 +54,7 @@ std::string HostName() {
 // The record without its time: what decides whether it changed.
 nlohmann::json RecordBody(const StatusSources& s, absl::Duration interval,
                           const std::string& health_override) {
-  const trace::CommMetrics::Progress p = s.metrics->progress();
+  const trace::FlightRecorder::Progress p = s.recorder->progress();
   nlohmann::json j;
   j["rank"] = s.rank();
   j["world"] = s.world_size();
@@ -70,17 +70,17 @@ nlohmann::json RecordBody(const StatusSources& s, absl::Duration interval,
   }
   j["last_enqueued"] = p.last_enqueued;
   j["last_started"] = p.last_started;
-  j["last_completed"] = p.last_ended;
+  j["last_completed"] = p.last_completed;
   if (p.current != 0) {
     j["op"] = {{"kind", OpKindName(p.kind)},
                {"seq", p.current},
                {"bytes", p.bytes},
-               {"entered_ms", Millis(p.enqueue_ns)},
-               {"started_ms", Millis(p.start_ns)}};
+               {"entered_ms", Millis(p.entered)},
+               {"started_ms", Millis(p.started)}};
   } else {
     j["op"] = nullptr;
   }
-  j["slowness"] = s.metrics->slowness_score();
+  j["slowness"] = s.metrics != nullptr ? s.metrics->slowness_score() : 0.0;
   j["metrics_port"] = trace::MetricsPort();
   return j;
 }

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
+#include "lib/trace/flight_recorder.h"
 #include "lib/trace/metrics.h"
 #include "lib/trace/metrics_export.h"
 
@@ -38,8 +39,9 @@ std::string StatusKey(const std::string& comm, const std::string& leaf);
 // What a publisher reads each time it looks; each source must not block.
 struct StatusSources {
   std::string comm;
-  std::shared_ptr<trace::CommMetrics> metrics;  // progress and slowness; required
-  std::function<int()> rank;                    // current rank (membership changes it)
+  std::shared_ptr<trace::FlightRecorder> recorder;  // progress; required
+  std::shared_ptr<trace::CommMetrics> metrics;      // slowness; null when metrics are off
+  std::function<int()> rank;                        // current rank (membership changes it)
   std::function<int()> world_size;
   std::function<absl::Status()> health;
 };

@@ -20,6 +20,14 @@ uint64_t MessageBytes(const OpDesc& op) {
 
 int64_t Nanos(absl::Time t) { return absl::ToUnixNanos(t); }
 
+// kExecTimeBucketsUs in nanoseconds: an integer comparison per bucket on the op path.
+constexpr std::array<int64_t, kExecTimeBucketsUs.size()> BucketNs() {
+  std::array<int64_t, kExecTimeBucketsUs.size()> ns{};
+  for (size_t i = 0; i < ns.size(); ++i) ns[i] = static_cast<int64_t>(kExecTimeBucketsUs[i] * 1000);
+  return ns;
+}
+constexpr std::array<int64_t, kExecTimeBucketsUs.size()> kBucketNs = BucketNs();
+
 std::string Escape(const std::string& value) {
   std::string out;
   out.reserve(value.size());
@@ -133,37 +141,34 @@ double BusFactor(OpKind kind, int nranks) {
 CommMetrics::CommMetrics(CommMetricsOptions options) : options_(std::move(options)) {
   backends_.push_back(options_.backend);
   backend_nranks_.fill(options_.nranks);
+  for (size_t k = 0; k < kKinds; ++k) {
+    bus_factor_[k] = BusFactor(static_cast<OpKind>(k), options_.nranks);
+  }
 }
 
-void CommMetrics::Enter(const OpDesc& op, int64_t enqueue_ns, int64_t start_ns) {
+void CommMetrics::OnEnqueue(const OpDesc& op, absl::Time when) {
   Times& t = times_[op.seq % kTimes];
-  // seq last: a reader that sees it sees the rest of a slot it checks twice (progress()).
-  t.seq.store(0, std::memory_order_relaxed);
-  t.enqueue_ns.store(enqueue_ns, std::memory_order_relaxed);
-  t.start_ns.store(start_ns, std::memory_order_relaxed);
-  t.bytes.store(MessageBytes(op), std::memory_order_relaxed);
-  t.kind.store(op.kind, std::memory_order_relaxed);
-  t.seq.store(op.seq, std::memory_order_release);
-  last_enqueued_.store(op.seq, std::memory_order_relaxed);
-  if (start_ns != 0) last_started_.store(op.seq, std::memory_order_relaxed);
+  t.seq.store(op.seq, std::memory_order_relaxed);
+  t.enqueue_ns.store(Nanos(when), std::memory_order_relaxed);
+  t.start_ns.store(0, std::memory_order_relaxed);
 }
-
-void CommMetrics::OnEnqueue(const OpDesc& op, absl::Time when) { Enter(op, Nanos(when), 0); }
 
 void CommMetrics::OnStart(const OpDesc& op, absl::Time when) {
   Times& t = times_[op.seq % kTimes];
   if (t.seq.load(std::memory_order_relaxed) != op.seq) {
     // Started without a recorded enqueue (a retry's re-run of an old op): entered when started.
-    Enter(op, Nanos(when), Nanos(when));
-    return;
+    t.seq.store(op.seq, std::memory_order_relaxed);
+    t.enqueue_ns.store(Nanos(when), std::memory_order_relaxed);
   }
   t.start_ns.store(Nanos(when), std::memory_order_relaxed);
-  last_started_.store(op.seq, std::memory_order_relaxed);
 }
 
 void CommMetrics::OnEnqueueAndStart(const OpDesc& op, absl::Time when) {
+  Times& t = times_[op.seq % kTimes];
   const int64_t ns = Nanos(when);
-  Enter(op, ns, ns);
+  t.seq.store(op.seq, std::memory_order_relaxed);
+  t.enqueue_ns.store(ns, std::memory_order_relaxed);
+  t.start_ns.store(ns, std::memory_order_relaxed);
 }
 
 void CommMetrics::OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) {
@@ -174,14 +179,10 @@ void CommMetrics::OnEnd(const OpDesc& op, const absl::Status& status, absl::Time
     start = t.start_ns.load(std::memory_order_relaxed);
     if (start == 0) start = end;  // failed while queued (an abort): it never ran
   }
-  if (op.seq > last_ended_.load(std::memory_order_relaxed)) {
-    last_ended_.store(op.seq, std::memory_order_relaxed);
-  }
   const int64_t exec_ns = std::max<int64_t>(end - start, 0);
   const uint64_t bytes = MessageBytes(op);
-  const double exec_us = static_cast<double>(exec_ns) / 1e3;
   int bucket = 0;
-  while (bucket < kBuckets - 1 && exec_us > kExecTimeBucketsUs[bucket]) ++bucket;
+  while (bucket < kBuckets - 1 && exec_ns > kBucketNs[static_cast<size_t>(bucket)]) ++bucket;
   const size_t kind = std::min<size_t>(static_cast<size_t>(op.kind), kKinds - 1);
   const size_t band = static_cast<size_t>(SizeBandOf(bytes));
   SpinLockHold hold(&mu_);
@@ -193,7 +194,7 @@ void CommMetrics::OnEnd(const OpDesc& op, const absl::Status& status, absl::Time
   }
   ++s.ops;
   s.bytes += bytes;
-  s.bus_bytes += static_cast<double>(bytes) * BusFactor(op.kind, backend_nranks_[backend_]);
+  s.bus_bytes += static_cast<double>(bytes) * bus_factor_[kind];
   s.exec_ns += exec_ns;
   s.queue_ns += std::max<int64_t>(start - enqueue, 0);
   ++s.buckets[bucket];
@@ -209,6 +210,7 @@ void CommMetrics::SetBackend(const std::string& backend, int nranks) {
   backend_ = static_cast<int>(
       std::min<size_t>(static_cast<size_t>(known - backends_.begin()), kBackends - 1));
   backend_nranks_[backend_] = nranks;
+  for (size_t k = 0; k < kKinds; ++k) bus_factor_[k] = BusFactor(static_cast<OpKind>(k), nranks);
 }
 
 void CommMetrics::SetUnprotectedOpsSource(std::function<uint64_t()> source) {
@@ -221,25 +223,6 @@ uint64_t CommMetrics::ops_ended() const {
   uint64_t n = 0;
   for (const Series& s : series_) n += s.ops + s.errors;
   return n;
-}
-
-CommMetrics::Progress CommMetrics::progress() const {
-  Progress p;
-  p.last_enqueued = last_enqueued_.load(std::memory_order_relaxed);
-  p.last_started = last_started_.load(std::memory_order_relaxed);
-  p.last_ended = last_ended_.load(std::memory_order_relaxed);
-  // Ops run in order: the oldest not ended is the one after the last ended, if entered.
-  const uint64_t current = p.last_ended + 1;
-  if (current > p.last_enqueued) return p;
-  const Times& t = times_[current % kTimes];
-  if (t.seq.load(std::memory_order_acquire) != current) return p;
-  p.kind = t.kind.load(std::memory_order_relaxed);
-  p.bytes = t.bytes.load(std::memory_order_relaxed);
-  p.enqueue_ns = t.enqueue_ns.load(std::memory_order_relaxed);
-  p.start_ns = t.start_ns.load(std::memory_order_relaxed);
-  if (t.seq.load(std::memory_order_acquire) != current) return p;  // reused meanwhile
-  p.current = current;
-  return p;
 }
 
 void CommMetrics::AppendTo(Families& f) const {

@@ -71,19 +71,6 @@ class CommMetrics final : public OpObserver {
   // Ops ended so far (all series); for tests and the status record.
   uint64_t ops_ended() const;
 
-  // Where this rank is: the last op it entered, started and ended, and the oldest op it entered
-  // and has not ended (when it entered it, when it started it: 0 if still queued).
-  struct Progress {
-    uint64_t last_enqueued = 0;
-    uint64_t last_started = 0;
-    uint64_t last_ended = 0;
-    uint64_t current = 0;  // 0: none
-    OpKind kind = OpKind::kBarrier;
-    uint64_t bytes = 0;
-    int64_t enqueue_ns = 0;  // Unix nanoseconds
-    int64_t start_ns = 0;
-  };
-  Progress progress() const;
   double slowness_score() const { return slowness_.load(std::memory_order_relaxed); }
 
  private:
@@ -106,22 +93,18 @@ class CommMetrics final : public OpObserver {
     std::atomic<uint64_t> seq{0};
     std::atomic<int64_t> enqueue_ns{0};
     std::atomic<int64_t> start_ns{0};
-    std::atomic<uint64_t> bytes{0};
-    std::atomic<OpKind> kind{OpKind::kBarrier};
   };
-  void Enter(const OpDesc& op, int64_t enqueue_ns, int64_t start_ns);
   static constexpr size_t kTimes = 2048;
 
   const CommMetricsOptions options_;
   std::array<Times, kTimes> times_;
-  std::atomic<uint64_t> last_enqueued_{0};
-  std::atomic<uint64_t> last_started_{0};
-  std::atomic<uint64_t> last_ended_{0};
   mutable SpinLock mu_;
   std::array<Series, kKinds * kMetricSizeBands * kBackends> series_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> backends_ ABSL_GUARDED_BY(mu_);
   int backend_ ABSL_GUARDED_BY(mu_) = 0;
   std::array<int, kBackends> backend_nranks_ ABSL_GUARDED_BY(mu_){};
+  // BusFactor of each kind on the current backend's world: no division per op.
+  std::array<double, kKinds> bus_factor_ ABSL_GUARDED_BY(mu_){};
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> fallbacks_{0};
   std::atomic<uint64_t> membership_changes_{0};

@@ -1,5 +1,7 @@
 #include "lib/trace/metrics_export.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -21,12 +23,18 @@
 namespace adaptcomm::trace {
 namespace {
 
-// Scrapes must not take CPU from the ranks' threads, which share the rank's cores.
+// Scrapes must not take CPU from the ranks' threads, which share the rank's cores (a bound rank's
+// threads all run on its own cores): SCHED_IDLE runs them only on a core with nothing else to
+// run, and never preempts a rank's thread when a request wakes them. Nice 19 where it is refused.
 void LowerThreadPriority() {
   thread_local bool lowered = false;
   if (lowered) return;
   lowered = true;
-  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+  sched_param param{};
+  param.sched_priority = 0;
+  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) != 0) {
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+  }
 }
 
 absl::Status WriteAtomically(const std::string& path, const std::string& text) {
