@@ -24,17 +24,17 @@ namespace adaptcomm::trace {
 namespace {
 
 // Scrapes must not take CPU from the ranks' threads, which share the rank's cores (a bound rank's
-// threads all run on its own cores): SCHED_IDLE runs them only on a core with nothing else to
-// run, and never preempts a rank's thread when a request wakes them. Nice 19 where it is refused.
+// threads all run on its own cores). SCHED_BATCH never preempts a running rank thread when a
+// request wakes the server, and nice 19 leaves it a small share of a busy core; SCHED_IDLE would
+// cost less still but starves the endpoint on a host whose cores are all busy (scrapes time out).
 void LowerThreadPriority() {
   thread_local bool lowered = false;
   if (lowered) return;
   lowered = true;
   sched_param param{};
   param.sched_priority = 0;
-  if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) != 0) {
-    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
-  }
+  (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
 }
 
 absl::Status WriteAtomically(const std::string& path, const std::string& text) {
