@@ -51,13 +51,14 @@ class Server {
   pid_t pid_;
 };
 
-// A base port with the next three free too (one per local rank).
+// A base port with the next three free too (one per local rank), below the ephemeral range
+// (32768 up), where the ports next to a free one are often some connection's.
 int PickFourFreePorts() {
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    const int base = adaptcomm::testing::PickFreePort();
-    if (base <= 0 || base > 65000) continue;
+  std::srand(static_cast<unsigned>(getpid()));
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int base = 20000 + std::rand() % 12000;
     bool free = true;
-    for (int i = 1; i < 4 && free; ++i) {
+    for (int i = 0; i < 4 && free; ++i) {
       const int fd = socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in addr{};
       addr.sin_family = AF_INET;
