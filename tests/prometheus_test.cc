@@ -169,6 +169,26 @@ TEST(Prometheus, ScrapesTheFourRankDemoAndCountsItsAllreduces) {
                   "max(max_over_time(adaptcomm_bus_bandwidth_gbs{job=\"adaptcomm\","
                   "collective=\"allreduce\"}[10m]))"),
             0);
+  // Every query of the shipped Grafana dashboard is one Prometheus accepts.
+  const char* source = std::getenv("ADAPTCOMM_SOURCE_DIR");
+  ASSERT_NE(source, nullptr);
+  std::ifstream in(std::string(source) + "/configs/grafana_dashboard.json");
+  nlohmann::json dashboard = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(dashboard.is_discarded());
+  int queries = 0;
+  for (const auto& panel : dashboard["panels"]) {
+    for (const auto& target : panel["targets"]) {
+      std::string expr = target["expr"].get<std::string>();
+      for (size_t at; (at = expr.find("$comm_name")) != std::string::npos;) {
+        expr.replace(at, 10, ".*");
+      }
+      auto res = client.Get("/api/v1/query", httplib::Params{{"query", expr}}, httplib::Headers{});
+      ASSERT_TRUE(res);
+      EXPECT_EQ(res->status, 200) << panel["title"] << ": " << expr << ": " << res->body;
+      ++queries;
+    }
+  }
+  EXPECT_GE(queries, 6);
 }
 
 }  // namespace
