@@ -5,7 +5,7 @@
 // second to rank 0's endpoint.
 //
 //   metrics_bench [--ranks 2] [--bytes 4096] [--ops 2000] [--rounds 15] [--flood-rate 1000]
-//                 [--port BASE] [--control 0|1] [--on-first 0|1] [--bind-to auto|core|none]
+//                 [--port BASE] [--control 0|1] [--bind-to auto|core|none]
 //
 // --control 1 turns metrics off in the second communicator too: the A/A difference that its
 // position alone makes. METRICS_BENCH_OBSERVER_ONLY=1 times the observer's callbacks alone.
@@ -51,7 +51,6 @@ struct Config {
   int port = 0;  // 0: picked from the pid
   // A/A control: the second communicator has metrics off too (what its position alone costs).
   bool control = false;
-  bool on_first = false;  // create the metrics communicator first
   adaptcomm::CpuBindMode bind = adaptcomm::CpuBindMode::kAuto;
 };
 
@@ -69,8 +68,10 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::string Profile(const std::string& dir, const char* name, const std::string& metrics) {
-  const std::string path = absl::StrCat(dir, "/", name, ".yaml");
+// One file per rank: the ranks write theirs at the same time.
+std::string Profile(const std::string& dir, const char* name, int rank,
+                    const std::string& metrics) {
+  const std::string path = absl::StrCat(dir, "/", name, ".rank", rank, ".yaml");
   std::ofstream(path) << "schema: 1\ndefaults:\n  metrics:\n"
                       << metrics << "tiers:\n  - name: only\n";
   return path;
@@ -115,14 +116,12 @@ double Round(adaptcomm::Communicator& c, std::vector<float>& data, int ops) {
 void RankMain(const Config& cfg, int rank, const std::string& dir, Shared* shared) {
   auto store = adaptcomm::CreateFileStore(dir);
   if (!store.ok()) std::_Exit(1);
-  auto off = Make(cfg, rank, *store, "off", Profile(dir, "off", "    enabled: false\n"));
+  auto off = Make(cfg, rank, *store, "off", Profile(dir, "off", rank, "    enabled: false\n"));
   auto on =
       Make(cfg, rank, *store, "on",
-           Profile(dir, "on",
+           Profile(dir, "on", rank,
                    cfg.control ? std::string("    enabled: false\n")
                                : absl::StrCat("    enabled: true\n    port: ", cfg.port, "\n")));
-  if (cfg.on_first)
-    off = Make(cfg, rank, *store, "off", Profile(dir, "off", "    enabled: false\n"));
   std::vector<float> data(cfg.bytes / sizeof(float), 1.0f);
   Round(*off, data, 50);
   Round(*on, data, 50);
@@ -152,10 +151,8 @@ void RankMain(const Config& cfg, int rank, const std::string& dir, Shared* share
       "%d ranks shm allreduce %zu B, %d ops x %d rounds: metrics off %.3f us, on %.3f us%s "
       "(on/off %.4f), on + %d req/s flood %.3f us (flood/on %.4f)\n",
       cfg.ranks, cfg.bytes, cfg.ops, cfg.rounds, m_off, m_on,
-      cfg.control    ? " (control: off too)"
-      : cfg.on_first ? " (created first)"
-                     : "",
-      m_on / m_off, cfg.flood_rate, m_flood, m_flood / m_on);
+      cfg.control ? " (control: off too)" : "", m_on / m_off, cfg.flood_rate, m_flood,
+      m_flood / m_on);
   std::fflush(stdout);
 }
 
@@ -241,10 +238,6 @@ bool Parse(int argc, char** argv, Config& cfg) {
       int c = 0;
       ok = absl::SimpleAtoi(v, &c) && (c == 0 || c == 1);
       cfg.control = c == 1;
-    } else if (a == "--on-first") {
-      int c = 0;
-      ok = absl::SimpleAtoi(v, &c) && (c == 0 || c == 1);
-      cfg.on_first = c == 1;
     } else if (a == "--bind-to") {
       absl::StatusOr<adaptcomm::CpuBindMode> mode = adaptcomm::ParseCpuBindMode(v);
       ok = mode.ok();
@@ -264,7 +257,7 @@ int main(int argc, char** argv) {
   if (!Parse(argc, argv, cfg)) {
     std::fprintf(stderr,
                  "usage: metrics_bench [--ranks N] [--bytes B] [--ops N] [--rounds N] "
-                 "[--flood-rate N] [--port BASE] [--control 0|1] [--on-first 0|1] [--bind-to "
+                 "[--flood-rate N] [--port BASE] [--control 0|1] [--bind-to "
                  "auto|core|none]\n");
     return 2;
   }
