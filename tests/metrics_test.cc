@@ -17,10 +17,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "adaptcomm/adaptcomm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "lib/core/communicator_factory.h"
 #include "lib/trace/metrics_export.h"
 #include "tests/harness.h"
 
@@ -168,6 +170,12 @@ TEST(MetricsExportTest, CommunicatorCountsItsOpsAndServesThemOverHttp) {
     }
     EXPECT_GT(refused, 0);
     EXPECT_TRUE((*comm)->Allreduce(HostView(small.data(), small.size())).Wait().ok());
+    // The straggler detector's hook shows in the gauge.
+    ASSERT_TRUE(internal::SetSlownessScore(**comm, 1.5));
+    absl::SleepFor(absl::Seconds(1));  // past the rate limit's window
+    auto after = client.Get("/metrics");
+    ASSERT_TRUE(after);
+    EXPECT_EQ(Sample(after->body, "adaptcomm_slowness_score", {"comm_name=\"served\""}), 1.5);
   });
   EXPECT_EQ(trace::MetricsPort(), 0);  // stopped with the last communicator
 }

@@ -367,6 +367,13 @@ absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorCudaApi(const Communi
   return CommunicatorAccess::Impl(comm).cuda_api();
 }
 
+bool SetSlownessScore(Communicator& comm, double score) {
+  trace::CommMetrics* metrics = CommunicatorAccess::Impl(comm).metrics();
+  if (metrics == nullptr) return false;
+  metrics->SetSlownessScore(score);
+  return true;
+}
+
 std::vector<OnlineDecision> OnlineTuningDecisions(const Communicator& comm) {
   const OnlineTuner* tuner = CommunicatorAccess::Impl(comm).online_tuner();
   return tuner != nullptr ? tuner->Decisions() : std::vector<OnlineDecision>{};
