@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "adaptcomm/adaptcomm.h"
+#include "adaptcomm/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -90,10 +92,15 @@ TEST(CommMetricsTest, RecordsEntryStartAndEndOfEachOp) {
   EXPECT_NEAR(Sample(text, "adaptcomm_bus_bandwidth_gbs", series), 6144 / 600e3, 1e-9);
   EXPECT_EQ(Sample(text, "adaptcomm_slowness_score", {"comm_name=\"times\""}), 0);
   m->SetSlownessScore(2.5);
-  m->AddRetry();
+  m->AddRetry(absl::StatusCode::kDeadlineExceeded);
   const std::string after = trace::RenderMetrics(false);
   EXPECT_EQ(Sample(after, "adaptcomm_slowness_score", {"comm_name=\"times\""}), 2.5);
-  EXPECT_EQ(Sample(after, "adaptcomm_retries_total", {"comm_name=\"times\""}), 1);
+  EXPECT_EQ(Sample(after, "adaptcomm_retries_total",
+                   {"comm_name=\"times\"", "cause=\"deadline_exceeded\""}),
+            1);
+  EXPECT_EQ(
+      Sample(after, "adaptcomm_retries_total", {"comm_name=\"times\"", "cause=\"unavailable\""}),
+      0);
   // Prometheus text names counter families with _total; OpenMetrics without, and ends in # EOF.
   EXPECT_THAT(text, HasSubstr("# TYPE adaptcomm_ops_total counter\n"));
   const std::string om = trace::RenderMetrics(true);
@@ -178,6 +185,48 @@ TEST(MetricsExportTest, CommunicatorCountsItsOpsAndServesThemOverHttp) {
     EXPECT_EQ(Sample(after->body, "adaptcomm_slowness_score", {"comm_name=\"served\""}), 1.5);
   });
   EXPECT_EQ(trace::MetricsPort(), 0);  // stopped with the last communicator
+}
+
+// A rank that stalls past the op timeout inside a step: every rank's coordinated retry is counted,
+// the stalled-on rank's with its cause, a timeout.
+TEST(MetricsExportTest, RetriesAreCountedByCause) {
+  testing::RunRanks(testing::RankMode::kThreads, 2, [](const testing::RankEnv& env) {
+    CommunicatorOptions o = env.options;
+    o.name = "retried";
+    o.timeout = absl::Seconds(1);
+    o.failure_report_window = absl::Seconds(2);
+    auto comm = Communicator::Create(o);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    std::vector<float> buf(1024, 1.0f);
+    for (int attempt = 0;; ++attempt) {
+      ASSERT_LT(attempt, 3);
+      ASSERT_TRUE((*comm)->BeginStep().ok());
+      if (env.rank == 1 && attempt == 0) absl::SleepFor(absl::Milliseconds(2500));
+      (void)(*comm)->Allreduce(HostView(buf.data(), buf.size())).Wait();
+      const absl::Status commit = (*comm)->CommitStep();
+      if (IsStepRedo(commit)) continue;
+      ASSERT_TRUE(commit.ok()) << commit;
+      break;
+    }
+    // Both ranks are past the recovery: the counts are final.
+    ASSERT_TRUE((*comm)->Barrier().Wait().ok());
+    const std::string text = trace::RenderMetrics(false);
+    const std::string rank = absl::StrCat("rank=\"", env.rank, "\"");
+    double retries = 0;
+    for (const char* cause : {"deadline_exceeded", "unavailable", "aborted"}) {
+      retries += std::max(
+          0.0, Sample(text, "adaptcomm_retries_total",
+                      {"comm_name=\"retried\"", rank, absl::StrCat("cause=\"", cause, "\"")}));
+    }
+    EXPECT_GE(retries, 1) << text;
+    if (env.rank == 0) {
+      EXPECT_GE(Sample(text, "adaptcomm_retries_total",
+                       {"comm_name=\"retried\"", rank, "cause=\"deadline_exceeded\""}),
+                1)
+          << text;
+    }
+    ASSERT_TRUE((*comm)->Barrier().Wait().ok());  // neither rank leaves while the other reads
+  });
 }
 
 TEST(MetricsExportTest, TakenPortLeavesTheJobRunningWithoutMetrics) {

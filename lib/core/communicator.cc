@@ -81,6 +81,22 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   }
   executor_ = std::make_shared<OpExecutor>(std::move(backend), exec);
   executor_->AddObserver(recorder_);
+  if (config_.metrics.enabled) {
+    trace::CommMetricsOptions mo;
+    mo.comm_name = options_.name;
+    mo.rank = options_.rank;
+    mo.nranks = options_.world_size;
+    mo.backend = executor_->backend().name();
+    metrics_ = std::make_shared<trace::CommMetrics>(std::move(mo));
+    executor_->AddObserver(metrics_);
+    std::weak_ptr<OpExecutor> executor = executor_;
+    metrics_->SetUnprotectedOpsSource([executor]() -> uint64_t {
+      auto e = executor.lock();
+      return e != nullptr ? e->unprotected_ops() : 0;
+    });
+    trace::RegisterMetrics(metrics_);
+    metrics_export_ = StartMetricsExportFor(config_.metrics, options_.rank, options_.world_size);
+  }
   if (const trace::TraceRequest tr =
           trace::ResolveTraceRequest(config_.trace.enabled, config_.trace.dir);
       tr.enabled && !joined.has_value()) {  // the timeline's rendezvous is the creators' only
@@ -130,26 +146,15 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
         return check->Check(op, fingerprint);
       });
     }
-    executor_->SetRecoveryHandler(coordinator_);
+    if (metrics_ != nullptr) {
+      executor_->SetRecoveryHandler(
+          std::make_shared<CountingRecoveryHandler>(coordinator_, metrics_));
+    } else {
+      executor_->SetRecoveryHandler(coordinator_);
+    }
   }
   online_tuner_ =
       StartOnlineTuner(options_, config_, elastic_.elastic, rendezvous_.store, executor_);
-  if (config_.metrics.enabled) {
-    trace::CommMetricsOptions mo;
-    mo.comm_name = options_.name;
-    mo.rank = options_.rank;
-    mo.nranks = options_.world_size;
-    mo.backend = executor_->backend().name();
-    metrics_ = std::make_shared<trace::CommMetrics>(std::move(mo));
-    executor_->AddObserver(metrics_);
-    std::weak_ptr<OpExecutor> executor = executor_;
-    metrics_->SetUnprotectedOpsSource([executor]() -> uint64_t {
-      auto e = executor.lock();
-      return e != nullptr ? e->unprotected_ops() : 0;
-    });
-    trace::RegisterMetrics(metrics_);
-    metrics_export_ = StartMetricsExportFor(config_.metrics, options_.rank, options_.world_size);
-  }
   HeartbeatMonitor::Watch watch;
   watch.name = absl::StrCat("communicator '", options_.name, "' rank ", options_.rank);
   watch.timeout = config_.timeouts.heartbeat;

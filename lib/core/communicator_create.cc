@@ -195,10 +195,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int ge
     world = membership_.world_size;
     lost.swap(shrink_lost_);
   }
-  if (metrics_ != nullptr) {
-    metrics_->AddRetry();
-    if (degrade) metrics_->AddFallback();
-  }
+  if (metrics_ != nullptr && degrade) metrics_->AddFallback();
   absl::StatusOr<std::unique_ptr<Backend>> backend =
       BuildBackendFor(generation, rank, world, degrade, std::move(lost));
   if (backend.ok() && metrics_ != nullptr) metrics_->SetBackend((*backend)->name(), world);

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
+#include "lib/core/op_executor.h"
 #include "lib/trace/flight_recorder.h"
 #include "lib/trace/metrics.h"
 #include "lib/trace/metrics_export.h"
@@ -51,6 +52,27 @@ struct StatusSources {
 // "slowness","metrics_port"}; times are Unix milliseconds (0: not yet).
 std::string StatusRecordJson(const StatusSources& sources, absl::Duration interval,
                              const std::string& health_override = "");
+
+// The coordinated-retry handler the executor sees when metrics are on: counts each retry round by
+// its cause on this rank (a timeout, a lost peer), then lets `inner` run it.
+class CountingRecoveryHandler final : public RecoveryHandler {
+ public:
+  CountingRecoveryHandler(std::shared_ptr<RecoveryHandler> inner,
+                          std::shared_ptr<trace::CommMetrics> metrics)
+      : inner_(std::move(inner)), metrics_(std::move(metrics)) {}
+  absl::StatusOr<RecoveryPlan> Recover(int generation, uint64_t position, uint64_t issued_through,
+                                       const std::string& fingerprint, int attempt,
+                                       const absl::Status& cause) override {
+    metrics_->AddRetry(cause.code());
+    return inner_->Recover(generation, position, issued_through, fingerprint, attempt, cause);
+  }
+  int max_attempts() const override { return inner_->max_attempts(); }
+  bool Retryable(const absl::Status& status) const override { return inner_->Retryable(status); }
+
+ private:
+  const std::shared_ptr<RecoveryHandler> inner_;
+  const std::shared_ptr<trace::CommMetrics> metrics_;
+};
 
 class StatusPublisher {
  public:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace adaptcomm::trace {
@@ -97,7 +98,10 @@ struct CommMetrics::Families {
        "counter",
        "Time completed ops waited between entering the communicator and starting.",
        {}},
-      {"adaptcomm_retries", "counter", "Coordinated retries (backend rebuilds).", {}},
+      {"adaptcomm_retries",
+       "counter",
+       "Coordinated retries this rank took part in, by the status that caused each here.",
+       {}},
       {"adaptcomm_fallbacks", "counter", "Backend fallbacks (NCCL degraded to Gloo).", {}},
       {"adaptcomm_membership_changes", "counter", "Agreed membership changes (elastic).", {}},
       {"adaptcomm_unprotected_ops",
@@ -213,6 +217,12 @@ void CommMetrics::SetBackend(const std::string& backend, int nranks) {
   for (size_t k = 0; k < kKinds; ++k) bus_factor_[k] = BusFactor(static_cast<OpKind>(k), nranks);
 }
 
+void CommMetrics::AddRetry(absl::StatusCode cause) {
+  const int code = static_cast<int>(cause);
+  retries_[static_cast<size_t>(code >= 0 && code < kCodes ? code : 2)].fetch_add(
+      1, std::memory_order_relaxed);
+}
+
 void CommMetrics::SetUnprotectedOpsSource(std::function<uint64_t()> source) {
   absl::MutexLock lock(&source_mu_);
   unprotected_ = std::move(source);
@@ -283,7 +293,19 @@ void CommMetrics::AppendTo(Families& f) const {
   auto add = [&](Families::Id id, const char* suffix, double v) {
     absl::StrAppend(&f.all[id].samples, f.all[id].name, suffix, "{", base, "} ", Number(v), "\n");
   };
-  add(Families::kRetries, "_total", static_cast<double>(retries_.load()));
+  for (int code = 0; code < kCodes; ++code) {
+    const uint64_t n = retries_[static_cast<size_t>(code)].load(std::memory_order_relaxed);
+    const auto c = static_cast<absl::StatusCode>(code);
+    // The causes the default profile retries are always there (0 until one happens), so that a
+    // dashboard's rate() has a series to work on; others once they happen.
+    if (n == 0 && c != absl::StatusCode::kDeadlineExceeded && c != absl::StatusCode::kUnavailable &&
+        c != absl::StatusCode::kAborted) {
+      continue;
+    }
+    absl::StrAppend(&f.all[Families::kRetries].samples, f.all[Families::kRetries].name, "_total{",
+                    base, ",cause=\"", absl::AsciiStrToLower(absl::StatusCodeToString(c)), "\"} ",
+                    n, "\n");
+  }
   add(Families::kFallbacks, "_total", static_cast<double>(fallbacks_.load()));
   add(Families::kMembership, "_total", static_cast<double>(membership_changes_.load()));
   add(Families::kUnprotected, "_total", static_cast<double>(unprotected));

@@ -56,7 +56,8 @@ class CommMetrics final : public OpObserver {
   // A rebuilt backend (a retry, a degrade, a membership change): later ops count under its name
   // and world size.
   void SetBackend(const std::string& backend, int nranks);
-  void AddRetry() { retries_.fetch_add(1, std::memory_order_relaxed); }
+  // A coordinated retry this rank took part in, by the status that caused it here.
+  void AddRetry(absl::StatusCode cause);
   void AddFallback() { fallbacks_.fetch_add(1, std::memory_order_relaxed); }
   void AddMembershipChange() { membership_changes_.fetch_add(1, std::memory_order_relaxed); }
   // The straggler detector's score of this rank (0: not slow, or no detector); exported as is.
@@ -105,7 +106,8 @@ class CommMetrics final : public OpObserver {
   std::array<int, kBackends> backend_nranks_ ABSL_GUARDED_BY(mu_){};
   // BusFactor of each kind on the current backend's world: no division per op.
   std::array<double, kKinds> bus_factor_ ABSL_GUARDED_BY(mu_){};
-  std::atomic<uint64_t> retries_{0};
+  static constexpr int kCodes = 17;  // absl::StatusCode values 0..16
+  std::array<std::atomic<uint64_t>, kCodes> retries_{};
   std::atomic<uint64_t> fallbacks_{0};
   std::atomic<uint64_t> membership_changes_{0};
   std::atomic<double> slowness_{0};
