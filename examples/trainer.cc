@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "adaptcomm/adaptcomm.h"
@@ -46,6 +47,10 @@ struct Flags {
   int stop_rank = -1;
   int stop_step = 0;
   int stop_seconds = 15;
+  // Monitoring demos: each step also sleeps this long (a stand-in for compute), and the ranks keep
+  // their communicator this long after the last step, so that a scraper sees the final counts.
+  int pace_ms = 0;
+  int hold_seconds = 0;
 };
 
 bool ParseFlags(int argc, char** argv, Flags& f) {
@@ -86,17 +91,22 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
       f.stop_step = std::atoi(value("--stop-step"));
     else if (a == "--stop-seconds")
       f.stop_seconds = std::atoi(value("--stop-seconds"));
+    else if (a == "--pace-ms")
+      f.pace_ms = std::atoi(value("--pace-ms"));
+    else if (a == "--hold")
+      f.hold_seconds = std::atoi(value("--hold"));
     else {
       std::fprintf(
           stderr,
           "usage: %s [--steps N] [--samples N] [--hidden N] [--lr X] [--log-every N] "
           "[--out FILE] [--reference --shards N] [--elastic [--kill-rank R --kill-step S]] "
-          "[--stop-rank R --stop-step S [--stop-seconds T]]\n",
+          "[--stop-rank R --stop-step S [--stop-seconds T]] [--pace-ms N] [--hold S]\n",
           argv[0]);
       return a == "--help" || a == "-h" ? (std::exit(0), false) : false;
     }
   }
-  return f.steps > 0 && f.samples > 0 && f.hidden > 0 && f.shards > 0 && f.log_every > 0;
+  return f.steps > 0 && f.samples > 0 && f.hidden > 0 && f.shards > 0 && f.log_every > 0 &&
+         f.pace_ms >= 0 && f.hold_seconds >= 0;
 }
 
 void WriteWeights(const std::string& path, const std::vector<float>& params) {
@@ -318,11 +328,14 @@ int RunDistributed(const Flags& f) {
       std::printf("step %d loss %.6f  gradient allreduce %.3f ms avg, %.1f MB/s algbw\n", step,
                   loss, 1e3 * comm_seconds / step, comm_bytes / comm_seconds / 1e6);
     }
+    if (f.pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.pace_ms));
   }
   if (rank == 0) {
     if (redone > 0) std::printf("%d step(s) redone\n", redone);
     WriteWeights(f.out, model.params());
   }
+  std::fflush(stdout);
+  if (f.hold_seconds > 0) std::this_thread::sleep_for(std::chrono::seconds(f.hold_seconds));
   return 0;
 }
 

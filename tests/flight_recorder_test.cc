@@ -29,6 +29,37 @@ FlightRecorderOptions StartingOnNccl(size_t capacity) {
   return options;
 }
 
+// Where the rank is (its state record for `adaptcomm status`): the oldest op entered and not
+// ended, with its kind, bytes and times, and the last ops entered, started and completed.
+TEST(FlightRecorder, ProgressNamesTheOldestOpNotEnded) {
+  FlightRecorder recorder(StartingOnNccl(16));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(recorder.progress().current, 0u);
+  recorder.OnEnqueueAndStart(Allreduce(1), t0);
+  recorder.OnEnd(Allreduce(1), absl::OkStatus(), t0 + absl::Milliseconds(1));
+  recorder.OnEnqueue(Allreduce(2), t0 + absl::Milliseconds(2));
+  recorder.OnStart(Allreduce(2), t0 + absl::Milliseconds(3));
+  recorder.OnEnqueue(Allreduce(3), t0 + absl::Milliseconds(4));
+  FlightRecorder::Progress p = recorder.progress();
+  EXPECT_EQ(p.current, 2u);
+  EXPECT_EQ(p.kind, OpKind::kAllreduce);
+  EXPECT_EQ(p.bytes, 32u);
+  EXPECT_EQ(p.entered, t0 + absl::Milliseconds(2));
+  EXPECT_EQ(p.started, t0 + absl::Milliseconds(3));
+  EXPECT_EQ(p.last_enqueued, 3u);
+  EXPECT_EQ(p.last_started, 2u);
+  EXPECT_EQ(p.last_completed, 1u);
+  recorder.OnEnd(Allreduce(2), absl::OkStatus(), t0 + absl::Milliseconds(5));
+  p = recorder.progress();
+  EXPECT_EQ(p.current, 3u);
+  EXPECT_EQ(p.started, absl::UnixEpoch());  // still queued
+  recorder.OnStart(Allreduce(3), t0 + absl::Milliseconds(6));
+  recorder.OnEnd(Allreduce(3), absl::DeadlineExceededError("late"), t0 + absl::Milliseconds(7));
+  p = recorder.progress();
+  EXPECT_EQ(p.current, 0u);  // failed ops end too
+  EXPECT_EQ(p.last_completed, 2u);
+}
+
 // Each entry names the backend its op ran on, also after a rebuild changed the backend's kind
 // (a degrade from NCCL to Gloo) and after one that kept it; the document names the current one.
 TEST(FlightRecorder, EntriesNameTheBackendOfTheirGeneration) {

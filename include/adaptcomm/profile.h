@@ -177,6 +177,24 @@ struct TraceSettings {
   std::string dir;
 };
 
+// Metrics export (docs/monitoring.md): per-op counters always kept when enabled; the HTTP endpoint
+// and the textfile only when a port or a path is set.
+struct MetricsSettings {
+  bool enabled = true;
+  int port = -1;            // -1: no endpoint; 0: any free port; else the base, plus the local rank
+  std::string port_source;  // "default", "profiles.yaml:12", "env ADAPTCOMM_METRICS_PORT"
+  std::string address = "0.0.0.0";
+  std::string textfile;  // "{rank}" becomes the rank; empty: none
+  absl::Duration textfile_interval = absl::Seconds(15);
+  int max_scrapes_per_second = 50;
+};
+
+// The state record `adaptcomm status` reads from the store.
+struct StatusSettings {
+  bool enabled = true;
+  absl::Duration interval = absl::Seconds(1);
+};
+
 struct PrecisionSettings {
   // The default OverflowPolicy of mixed-precision collectives (adaptcomm/precision.h) with an fp16
   // wire: "report", "fail", "resend_bf16" or "resend_f32".
@@ -261,6 +279,8 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
   GlooSettings gloo;
   FlightRecorderSettings flight_recorder;
   TraceSettings trace;
+  MetricsSettings metrics;
+  StatusSettings status;
   PrecisionSettings precision;
   BucketSettings buckets;
   ElasticSettings elastic;

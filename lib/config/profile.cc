@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "lib/config/online_tuning.h"
 #include "lib/config/profile_loader.h"
@@ -29,6 +30,35 @@ bool FileExists(const std::string& path) {
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? std::string() : std::string(v);
+}
+
+// ADAPTCOMM_METRICS_PORT and ADAPTCOMM_METRICS_TEXTFILE over metrics.port and metrics.textfile.
+// Their rows' source is "env ...": left out of the cross-rank check, since the ranks of a job may
+// export different ones.
+absl::Status ApplyMetricsEnv(EffectiveConfig& cfg) {
+  auto set_row = [&cfg](const char* key, const std::string& value, const std::string& source) {
+    for (SettingRecord& s : cfg.settings) {
+      if (s.key == key) {
+        s.value = value;
+        s.source = source;
+      }
+    }
+  };
+  if (const std::string port = Env("ADAPTCOMM_METRICS_PORT"); !port.empty()) {
+    int p = 0;
+    if (!absl::SimpleAtoi(port, &p) || p < -1 || p > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ADAPTCOMM_METRICS_PORT='", port, "': must be -1 (off), 0 (any free port) or 1..65535"));
+    }
+    cfg.metrics.port = p;
+    cfg.metrics.port_source = "env ADAPTCOMM_METRICS_PORT";
+    set_row("metrics.port", absl::StrCat(p), cfg.metrics.port_source);
+  }
+  if (const std::string file = Env("ADAPTCOMM_METRICS_TEXTFILE"); !file.empty()) {
+    cfg.metrics.textfile = file;
+    set_row("metrics.textfile", file, "env ADAPTCOMM_METRICS_TEXTFILE");
+  }
+  return absl::OkStatus();
 }
 
 std::string DirName(const std::string& path) {
@@ -186,6 +216,7 @@ absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request) {
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ApplyMetricsEnv(*cfg); !s.ok()) return s;
   return cfg;
 }
 

@@ -296,6 +296,25 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   cfg.flight_recorder.dump_dir = v.At("flight_recorder.dump_dir").text;
   cfg.trace.enabled = v.At("trace.enabled").text == "true";
   cfg.trace.dir = v.At("trace.dir").text;
+  cfg.metrics.enabled = v.At("metrics.enabled").text == "true";
+  cfg.metrics.port = static_cast<int>(v.Int("metrics.port"));
+  cfg.metrics.port_source = v.At("metrics.port").source;
+  cfg.metrics.address = v.At("metrics.address").text;
+  cfg.metrics.textfile = v.At("metrics.textfile").text;
+  cfg.metrics.textfile_interval = v.Duration("metrics.textfile_interval");
+  cfg.metrics.max_scrapes_per_second = static_cast<int>(v.Int("metrics.max_scrapes_per_second"));
+  if (cfg.metrics.textfile_interval < absl::Seconds(1) ||
+      cfg.metrics.textfile_interval > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe("metrics.textfile_interval", v.At("metrics.textfile_interval")),
+                     " is out of range (1s to 1h)"));
+  }
+  cfg.status.enabled = v.At("status.enabled").text == "true";
+  cfg.status.interval = v.Duration("status.interval");
+  if (cfg.status.interval < absl::Milliseconds(100) || cfg.status.interval > absl::Seconds(10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe("status.interval", v.At("status.interval")), " is out of range (100ms to 10s)"));
+  }
   cfg.precision.fp16_overflow = v.At("precision.fp16_overflow").text;
   cfg.buckets.bytes = v.Bytes("buckets.bytes");
   cfg.elastic.on_loss = v.At("elastic.on_loss").text;

@@ -81,6 +81,22 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   }
   executor_ = std::make_shared<OpExecutor>(std::move(backend), exec);
   executor_->AddObserver(recorder_);
+  if (config_.metrics.enabled) {
+    trace::CommMetricsOptions mo;
+    mo.comm_name = options_.name;
+    mo.rank = options_.rank;
+    mo.nranks = options_.world_size;
+    mo.backend = executor_->backend().name();
+    metrics_ = std::make_shared<trace::CommMetrics>(std::move(mo));
+    executor_->AddObserver(metrics_);
+    std::weak_ptr<OpExecutor> executor = executor_;
+    metrics_->SetUnprotectedOpsSource([executor]() -> uint64_t {
+      auto e = executor.lock();
+      return e != nullptr ? e->unprotected_ops() : 0;
+    });
+    trace::RegisterMetrics(metrics_);
+    metrics_export_ = StartMetricsExportFor(config_.metrics, options_.rank, options_.world_size);
+  }
   if (const trace::TraceRequest tr =
           trace::ResolveTraceRequest(config_.trace.enabled, config_.trace.dir);
       tr.enabled && !joined.has_value()) {  // the timeline's rendezvous is the creators' only
@@ -130,7 +146,12 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
         return check->Check(op, fingerprint);
       });
     }
-    executor_->SetRecoveryHandler(coordinator_);
+    if (metrics_ != nullptr) {
+      executor_->SetRecoveryHandler(
+          std::make_shared<CountingRecoveryHandler>(coordinator_, metrics_));
+    } else {
+      executor_->SetRecoveryHandler(coordinator_);
+    }
   }
   online_tuner_ =
       StartOnlineTuner(options_, config_, elastic_.elastic, rendezvous_.store, executor_);
@@ -150,6 +171,27 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   heartbeat_id_ = HeartbeatMonitor::Instance().Register(std::move(watch));
   executor_->SetHeartbeat([id = heartbeat_id_] { HeartbeatMonitor::Instance().Beat(id); });
   executor_->Start();
+  if (config_.status.enabled && rendezvous_.root_store != nullptr) {
+    std::weak_ptr<OpExecutor> executor = executor_;
+    StatusSources sources;
+    sources.comm = options_.name;
+    sources.recorder = recorder_;
+    sources.metrics = metrics_;
+    sources.rank = [executor, rank = options_.rank] {
+      auto e = executor.lock();
+      return e != nullptr ? e->membership().rank : rank;
+    };
+    sources.world_size = [executor, world = options_.world_size] {
+      auto e = executor.lock();
+      return e != nullptr ? e->membership().world_size : world;
+    };
+    sources.health = [executor] {
+      auto e = executor.lock();
+      return e != nullptr ? e->health() : absl::CancelledError("communicator destroyed");
+    };
+    status_ = std::make_unique<StatusPublisher>(rendezvous_.root_store, std::move(sources),
+                                                config_.status.interval);
+  }
   if (coordinator_ != nullptr) {
     std::weak_ptr<OpExecutor> executor = executor_;
     coordinator_->Start(
@@ -170,6 +212,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
 CommunicatorImpl::~CommunicatorImpl() {
   DropOpenGroup();
   HeartbeatMonitor::Instance().Unregister(heartbeat_id_);
+  status_.reset();  // its last record says the rank left, while the store is still there
   // The store parts of teardown end within the abort bound whatever the store does (a flooded
   // store or a cut link must not keep the process alive after main returns, issue #11).
   const absl::Time deadline = absl::Now() + config_.timeouts.abort;
@@ -249,6 +292,7 @@ Work CommunicatorImpl::Submit(OpDesc&& desc) {
 }
 
 void CommunicatorImpl::ApplyMembership(const MembershipChange& change) {
+  if (metrics_ != nullptr) metrics_->AddMembershipChange();
   absl::MutexLock lock(&membership_mu_);
   std::vector<int> initial(change.new_world, -1);
   for (int r = 0; r < change.old_world; ++r) {
@@ -400,6 +444,7 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
     ApplyMembership(change);
     coordinator_->SetMembers(decision.ids);
     recorder_->SetGeneration(decision.generation, (*backend)->name());
+    if (metrics_ != nullptr) metrics_->SetBackend((*backend)->name(), change.new_world);
     RecoveryPlan plan;
     plan.generation = decision.generation;
     plan.backend = *std::move(backend);

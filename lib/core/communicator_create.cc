@@ -197,7 +197,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::RebuildBackend(int ge
     world = membership_.world_size;
     lost.swap(shrink_lost_);
   }
-  return BuildBackendFor(generation, rank, world, degrade, std::move(lost));
+  if (metrics_ != nullptr && degrade) metrics_->AddFallback();
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      BuildBackendFor(generation, rank, world, degrade, std::move(lost));
+  if (backend.ok() && metrics_ != nullptr) metrics_->SetBackend((*backend)->name(), world);
+  return backend;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::BuildBackendFor(
@@ -360,6 +364,13 @@ Work SubmitOp(Communicator& comm, OpDesc desc) {
 
 absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorCudaApi(const Communicator& comm) {
   return CommunicatorAccess::Impl(comm).cuda_api();
+}
+
+bool SetSlownessScore(Communicator& comm, double score) {
+  trace::CommMetrics* metrics = CommunicatorAccess::Impl(comm).metrics();
+  if (metrics == nullptr) return false;
+  metrics->SetSlownessScore(score);
+  return true;
 }
 
 std::vector<OnlineDecision> OnlineTuningDecisions(const Communicator& comm) {

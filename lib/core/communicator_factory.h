@@ -51,6 +51,10 @@ Work SubmitOp(Communicator& comm, OpDesc desc);
 [[nodiscard]] absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorCudaApi(
     const Communicator& comm);
 
+// The hook of a straggler detector: sets the adaptcomm_slowness_score gauge of `comm`'s rank (0:
+// not slow) and its state record's slowness. Returns false when the profile turned metrics off.
+bool SetSlownessScore(Communicator& comm, double score);
+
 }  // namespace adaptcomm::internal
 
 #endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_FACTORY_H_

@@ -19,6 +19,7 @@
 #include "lib/core/elastic_grow.h"
 #include "lib/core/failure_coordinator.h"
 #include "lib/core/membership.h"
+#include "lib/core/observability.h"
 #include "lib/core/online_tuner.h"
 #include "lib/core/op_executor.h"
 #include "lib/core/rendezvous.h"
@@ -60,6 +61,8 @@ class CommunicatorImpl {
   const OpExecutor& executor() const { return *executor_; }
   const std::string& selection_reason() const { return selection_reason_; }
   trace::FlightRecorder& recorder() { return *recorder_; }
+  // Null when the profile turns metrics off (metrics.enabled).
+  trace::CommMetrics* metrics() const { return metrics_.get(); }
   const EffectiveConfig& config() const { return config_; }
   // Null when the profile does not ask for online tuning (tuning.online.enabled).
   const OnlineTuner* online_tuner() const { return online_tuner_.get(); }
@@ -144,6 +147,10 @@ class CommunicatorImpl {
   std::shared_ptr<FailureCoordinator> coordinator_;  // null without a store
   std::shared_ptr<OpExecutor> executor_;
   std::shared_ptr<OnlineTuner> online_tuner_;  // also an observer of executor_
+  // Also an observer of executor_; null when metrics.enabled is false.
+  std::shared_ptr<trace::CommMetrics> metrics_;
+  std::unique_ptr<trace::MetricsExportHandle> metrics_export_;
+  std::unique_ptr<StatusPublisher> status_;  // null without a store or status.enabled
   const std::string selection_reason_;
 };
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -117,6 +118,31 @@ void FlightRecorder::OnEnd(const OpDesc& op, const absl::Status& status, absl::T
     if (!status.ok()) e->error = std::move(error);
   }
   if (status.ok()) last_completed_ = std::max(last_completed_, op.seq);
+}
+
+FlightRecorder::Progress FlightRecorder::progress() const {
+  Progress p;
+  SpinLockHold hold(&mu_);
+  p.last_enqueued = last_enqueued_;
+  p.last_started = last_started_;
+  p.last_completed = last_completed_;
+  // Ops end in order but for failures: the oldest still queued or running is near the last one
+  // completed. Bounded by the ring.
+  const uint64_t first = last_completed_ + 1;
+  for (uint64_t seq = first; seq <= last_enqueued_ && seq - first < ring_.size(); ++seq) {
+    const Entry& e = ring_[seq % ring_.size()];
+    if (e.seq != seq ||
+        (std::string_view(e.state) != "queued" && std::string_view(e.state) != "running")) {
+      continue;
+    }
+    p.current = seq;
+    p.kind = e.kind;
+    p.bytes = e.count * DTypeSize(e.dtype);
+    p.entered = e.enqueue;
+    p.started = e.start;
+    break;
+  }
+  return p;
 }
 
 std::string FlightRecorder::DumpJson(const std::string& reason) const {

@@ -53,6 +53,21 @@ class FlightRecorder final : public OpObserver {
   absl::StatusOr<std::string> Dump(const std::string& reason) const;
   const std::string& dump_dir() const { return options_.dump_dir; }
 
+  // Where this rank is, for its state record: the last op it entered, started and completed,
+  // and the oldest op it entered that has not ended (0: none) with its kind, bytes and the times
+  // it was entered and started (UnixEpoch: not yet).
+  struct Progress {
+    uint64_t last_enqueued = 0;
+    uint64_t last_started = 0;
+    uint64_t last_completed = 0;
+    uint64_t current = 0;
+    OpKind kind = OpKind::kBarrier;
+    uint64_t bytes = 0;
+    absl::Time entered = absl::UnixEpoch();
+    absl::Time started = absl::UnixEpoch();
+  };
+  Progress progress() const;
+
  private:
   struct Entry {
     uint64_t seq = 0;
