@@ -1,18 +1,22 @@
 // External stores: the Store contract against real redis-server and etcd processes
 // (tests/external_servers.h), their URLs, credentials and job namespaces, and communicators
 // that rendezvous through them (threads and processes, an elastic shrink, a wrong password).
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "adaptcomm/adaptcomm.h"
 #include "adaptcomm/store.h"
 #include "gmock/gmock.h"
@@ -137,6 +141,49 @@ TEST(ExternalStoreTest, NobodyListeningIsUnavailableWithinTheConnectBound) {
     EXPECT_TRUE(absl::IsUnavailable(c.status())) << c.status();
     EXPECT_THAT(std::string(c.status().message()), HasSubstr(absl::StrCat("127.0.0.1:", port)));
     EXPECT_LT(elapsed, absl::Seconds(4)) << scheme;
+  }
+}
+
+// The inodes of this process's network namespace's TCP sockets (/proc/net/tcp, tcp6).
+std::set<std::string> TcpSocketInodes() {
+  std::set<std::string> inodes;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (fields.size() > 9) inodes.insert(fields[9]);
+    }
+  }
+  return inodes;
+}
+
+// Processes the trainer starts (a checkpoint uploader, a restarted rank) must not inherit the
+// job's store connections.
+TEST(ExternalStoreTest, ConnectionsAreClosedOnExec) {
+  for (ServerProcess::Kind kind : {ServerProcess::Kind::kRedis, ServerProcess::Kind::kEtcd}) {
+    ServerProcess server(kind);
+    if (!server.SkipReason().empty()) continue;
+    ASSERT_EQ(server.error(), "");
+    auto c = Connect(server.Url());
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Set("k", "v").ok());
+    const std::set<std::string> tcp = TcpSocketInodes();
+    int sockets = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+      // "socket:[inode]"; libcurl's own wake-up socket pairs are not connections to the store.
+      if (ec || target.rfind("socket:[", 0) != 0 ||
+          tcp.count(target.substr(8, target.size() - 9)) == 0) {
+        continue;
+      }
+      const int fd = std::stoi(entry.path().filename().string());
+      ++sockets;
+      EXPECT_NE(::fcntl(fd, F_GETFD) & FD_CLOEXEC, 0) << server.Url() << ": fd " << fd;
+    }
+    EXPECT_GE(sockets, 1) << server.Url();
   }
 }
 

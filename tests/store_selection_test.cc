@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "adaptcomm/adaptcomm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -186,6 +188,48 @@ TEST(CommunicatorOverRedis, WrongPasswordIsRefusedAtCreationNamingIt) {
   unsetenv("ADAPTCOMM_STORE");
   ASSERT_TRUE(comm.ok()) << comm.status();
   EXPECT_THAT((*comm)->Explain(), HasSubstr("env ADAPTCOMM_STORE"));
+}
+
+// The output and exit code of a shell command.
+std::pair<int, std::string> Capture(const std::string& command) {
+  std::string text;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
+  const int rc = pclose(p);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, text};
+}
+
+// `adaptcomm status` finds a job whose store is on Redis, under the job's token, and only there.
+TEST(CommunicatorOverRedis, StatusReadsTheJobsRecords) {
+  ServerProcess redis(ServerProcess::Kind::kRedis);
+  if (!redis.SkipReason().empty()) GTEST_SKIP() << redis.SkipReason();
+  ASSERT_EQ(redis.error(), "");
+  const std::string cli = testing::BuildDir() + "/tools/adaptcomm";
+  if (::access(cli.c_str(), X_OK) != 0) GTEST_SKIP() << "the adaptcomm command is not built";
+  const std::string status = absl::StrCat(cli, " status --store ", redis.Url(), " --comm test");
+  std::pair<int, std::string> ours, stranger;
+  absl::Notification read;
+  testing::RunRanks(testing::RankMode::kThreads, 2, [&](const RankEnv& env) {
+    auto comm = Communicator::Create(ThroughUrl(env, redis.Url()));
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    std::vector<float> buf(16, 1.0f);
+    ASSERT_TRUE((*comm)->Allreduce(HostView(buf.data(), buf.size())).Wait().ok());
+    if (env.rank == 0) {
+      absl::SleepFor(absl::Milliseconds(1500));  // the ranks publish once a second
+      ours = Capture(status + " --token job-a");
+      stranger = Capture(status + " --token job-b");
+      read.Notify();
+    } else {
+      read.WaitForNotificationWithTimeout(absl::Seconds(60));
+    }
+  });
+  EXPECT_EQ(ours.first, 0) << ours.second;
+  EXPECT_THAT(ours.second,
+              HasSubstr(absl::StrCat("communicator 'test', 2 ranks (store ", redis.Url(), ")")));
+  EXPECT_EQ(stranger.first, 1) << stranger.second;
+  EXPECT_THAT(stranger.second, HasSubstr("no state records of communicator 'test'"));
 }
 
 // Rank 0 is killed mid-run; with the store on a Redis or etcd server nobody's loss ends the job:

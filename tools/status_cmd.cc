@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "adaptcomm/store.h"
 #include "lib/core/observability.h"
+#include "lib/core/rendezvous.h"
 #include "nlohmann/json.hpp"
 #include "tools/subcommands.h"
 
@@ -111,24 +112,51 @@ std::string Line(const RankState& r, int64_t now_ms) {
   return line;
 }
 
-int Run(const Args& a) {
-  const std::string where = a.store.empty() ? DefaultStore() : a.store;
+// The job's store at `where`: a Redis or etcd URL (the job's keys under its token), or the TCP
+// store at HOST:PORT. `*shown` is `where` as it may be printed (no password).
+absl::StatusOr<std::shared_ptr<Store>> ConnectJobStore(const Args& a, const std::string& where,
+                                                       std::string* shown) {
+  const std::string token = a.token.empty() ? Env("ADAPTCOMM_STORE_TOKEN") : a.token;
+  *shown = where;
+  if (where.find("://") != std::string::npos) {
+    absl::StatusOr<StoreUrl> url = ParseStoreUrl(where);
+    if (!url.ok()) return url.status();
+    *shown = RedactedStoreUrl(*url);
+    ExternalStoreOptions e;
+    e.url = where;
+    e.prefix = internal::ExternalStorePrefix(token);
+    e.connect_timeout = absl::Seconds(a.timeout_s);
+    e.io_timeout = absl::Seconds(a.timeout_s);
+    return ConnectExternalStore(e);
+  }
   const size_t colon = where.rfind(':');
   int port = 0;
   if (where.empty() || colon == std::string::npos ||
       !absl::SimpleAtoi(where.substr(colon + 1), &port) || port <= 0 || port > 65535) {
-    std::fprintf(stderr,
-                 "status: no store address: give --store HOST:PORT (or set MASTER_ADDR and "
-                 "MASTER_PORT)\n");
-    return kExitUsage;
+    return absl::InvalidArgumentError(
+        "no store address: give --store HOST:PORT or a redis:// or etcd:// URL (or set "
+        "ADAPTCOMM_STORE, or MASTER_ADDR and MASTER_PORT)");
   }
   TcpStoreOptions o;
   o.host = where.substr(0, colon);
   o.port = port;
-  o.token = a.token.empty() ? Env("ADAPTCOMM_STORE_TOKEN") : a.token;
+  o.token = token;
   o.connect_timeout = absl::Seconds(a.timeout_s);
   o.io_timeout = absl::Seconds(a.timeout_s);
-  absl::StatusOr<std::shared_ptr<Store>> store = ConnectTcpStore(o);
+  return ConnectTcpStore(o);
+}
+
+int Run(const Args& a) {
+  std::string where = a.store;
+  if (where.empty()) where = Env("ADAPTCOMM_STORE");
+  if (where.empty()) where = DefaultStore();
+  std::string shown;
+  absl::StatusOr<std::shared_ptr<Store>> store = ConnectJobStore(a, where, &shown);
+  where = shown;
+  if (absl::IsInvalidArgument(store.status())) {
+    std::fprintf(stderr, "status: %s\n", std::string(store.status().message()).c_str());
+    return kExitUsage;
+  }
   absl::StatusOr<std::string> world_text =
       store.ok() ? (*store)->Get(internal::StatusKey(a.comm, "world"), absl::ZeroDuration())
                  : absl::StatusOr<std::string>(store.status());
@@ -210,8 +238,8 @@ int Run(const Args& a) {
 std::function<int()> SetupStatus(CLI::App& sub) {
   auto a = std::make_shared<Args>();
   sub.add_option("--store", a->store,
-                 "The job's store, HOST:PORT (default: MASTER_ADDR:MASTER_PORT, or the "
-                 "ADAPTCOMM_ variants)");
+                 "The job's store, HOST:PORT or a redis:// or etcd:// URL (default: "
+                 "$ADAPTCOMM_STORE, else MASTER_ADDR:MASTER_PORT, or the ADAPTCOMM_ variants)");
   sub.add_option("--token", a->token, "The job's store token (default: $ADAPTCOMM_STORE_TOKEN)");
   sub.add_option("--comm", a->comm, "Communicator name (default: default)");
   sub.add_option("--timeout", a->timeout_s, "Bound of the store connection and each read")

@@ -107,6 +107,10 @@ absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::T
 
 }  // namespace
 
+std::string ExternalStorePrefix(const std::string& token) {
+  return absl::StrCat("adaptcomm/job/", token.empty() ? "default" : token);
+}
+
 absl::StatusOr<StoreServer> ResolveStoreServer(const CommunicatorOptions& o) {
   if (o.store != nullptr) return StoreServer::kCaller;
   if (!o.store_url.empty()) return StoreServer::kUrl;
@@ -157,7 +161,7 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
     // A server that other jobs may share: this job's keys live under its token.
     ExternalStoreOptions external;
     external.url = o.store_url;
-    external.prefix = absl::StrCat("adaptcomm/job/", token.empty() ? "default" : token);
+    external.prefix = ExternalStorePrefix(token);
     external.connect_timeout =
         std::max(std::min(store_connect, deadline - absl::Now()), absl::Milliseconds(1));
     external.io_timeout = std::max(store_connect, absl::Seconds(1));

@@ -28,6 +28,11 @@ enum class StoreServer { kRankZero, kExternal, kCaller, kUrl };
 // "rank 0", "the process that started the ranks (ADAPTCOMM_STORE_EXTERNAL=1)", "the caller".
 std::string StoreServerName(StoreServer server);
 
+// Where a job's keys live on a Redis or etcd server (CommunicatorOptions::store_url): under its
+// token, "adaptcomm/job/<token>" ("default" without one), so that jobs sharing a server never
+// see each other's keys. For tools that read a running job's store (`adaptcomm status`).
+std::string ExternalStorePrefix(const std::string& token);
+
 struct Rendezvous {
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only, when adaptcomm serves the store
   StoreServer store_server = StoreServer::kCaller;

@@ -9,6 +9,7 @@
 // /v3/auth/authenticate and sends it with each request, fetching a new one when the server
 // says it expired.
 #include <curl/curl.h>
+#include <fcntl.h>
 
 #include <algorithm>
 #include <memory>
@@ -29,6 +30,7 @@ namespace adaptcomm::external_store {
 namespace {
 
 using Json = nlohmann::json;
+// Handles (each with its open connection) kept for reuse, as the Redis store keeps connections.
 constexpr size_t kMaxIdleHandles = 8;
 
 struct CurlDeleter {
@@ -39,6 +41,12 @@ using Handle = std::unique_ptr<CURL, CurlDeleter>;
 size_t Append(char* data, size_t size, size_t n, void* out) {
   static_cast<std::string*>(out)->append(data, size * n);
   return size * n;
+}
+
+// A process the trainer starts must not inherit (and keep open) the job's store connections.
+int CloseOnExec(void*, curl_socket_t fd, curlsocktype) {
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  return CURL_SOCKOPT_OK;
 }
 
 std::string B64(const std::string& s) { return absl::Base64Escape(s); }
@@ -256,6 +264,7 @@ class EtcdStore final : public Store {
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &Append);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &response);
+    curl_easy_setopt(c, CURLOPT_SOCKOPTFUNCTION, &CloseOnExec);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // timeouts without SIGALRM: many threads call
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
                      static_cast<long>(absl::ToInt64Milliseconds(options_.io_timeout)));

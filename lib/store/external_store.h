@@ -55,10 +55,10 @@ inline absl::Status WaitMissing(const std::vector<std::string>& missing, absl::D
 
 // REQUIRES: url.scheme is "redis" (resp. "etcd"). Connects (retrying until connect_timeout),
 // authenticates and makes one round trip.
-absl::StatusOr<std::shared_ptr<Store>> ConnectRedis(const StoreUrl& url,
-                                                    const ExternalStoreOptions& options);
-absl::StatusOr<std::shared_ptr<Store>> ConnectEtcd(const StoreUrl& url,
-                                                   const ExternalStoreOptions& options);
+[[nodiscard]] absl::StatusOr<std::shared_ptr<Store>> ConnectRedis(
+    const StoreUrl& url, const ExternalStoreOptions& options);
+[[nodiscard]] absl::StatusOr<std::shared_ptr<Store>> ConnectEtcd(
+    const StoreUrl& url, const ExternalStoreOptions& options);
 
 }  // namespace adaptcomm::external_store
 

@@ -4,6 +4,7 @@
 // not thread-safe), so that a thread polling for a key never stalls another thread's Set. A
 // connection that failed mid-request is dropped; the next request opens another. Add is INCRBY,
 // atomic on the server; Get and Wait poll (PollBackoff) until their deadline.
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 
@@ -21,6 +22,8 @@
 namespace adaptcomm::external_store {
 namespace {
 
+// Connections kept for reuse: enough for a rank's threads that use the store at once (the worker,
+// the heartbeat, a waiting Get); more concurrent requests open and close their own.
 constexpr size_t kMaxIdleConnections = 8;
 
 timeval Timeval(absl::Duration d) {
@@ -139,6 +142,9 @@ class RedisStore final : public Store {
       return absl::UnavailableError(
           absl::StrCat("redis store ", where_, ": cannot connect: ", c->errstr));
     }
+    // hiredis opens its socket without close-on-exec: a process the trainer starts must not
+    // inherit (and keep open) the job's store connections.
+    ::fcntl(c->fd, F_SETFD, FD_CLOEXEC);
     if (redisSetTimeout(c.get(), Timeval(options_.io_timeout)) != REDIS_OK) {
       return absl::UnavailableError(
           absl::StrCat("redis store ", where_, ": cannot set the I/O timeout: ", c->errstr));
