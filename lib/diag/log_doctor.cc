@@ -143,7 +143,16 @@ void LogDoctor::CountUnclassified(DoctorReport& totals, const std::string& examp
 }
 
 void LogDoctor::NoteResemblance(const std::string& line, const std::string& location) {
-  std::optional<Resemblance> r = kb_.similarity().Resembles(line);
+  std::vector<std::string> words = SignatureWords(line);
+  if (words.size() > kMaxComparedWords) words.resize(kMaxComparedWords);
+  const std::string key = absl::StrJoin(words, " ");
+  std::optional<Resemblance> r;
+  if (auto it = resemblance_cache_.find(key); it != resemblance_cache_.end()) {
+    r = it->second;
+  } else {
+    r = kb_.similarity().Resembles(line);
+    if (resemblance_cache_.size() < kMaxResemblanceCache) resemblance_cache_.emplace(key, r);
+  }
   if (!r.has_value()) return;
   const std::string family = r->entry->family.empty() ? r->entry->id : r->entry->family;
   ResemblanceSummary& s = resemblances_[family];

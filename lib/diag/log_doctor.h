@@ -8,10 +8,13 @@
 #include <istream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "lib/diag/kb_similarity.h"
 #include "lib/diag/knowledge_base.h"
 
 namespace adaptcomm::diag {
@@ -25,6 +28,7 @@ inline constexpr size_t kMaxOriginsPerCause = 1024;
 inline constexpr size_t kMaxPeersPerCause = 32;
 inline constexpr size_t kMaxUnclassified = 5;
 inline constexpr size_t kMaxExampleBytes = 400;
+inline constexpr size_t kMaxResemblanceCache = 4096;
 
 struct CauseSummary {
   const KbEntry* entry = nullptr;
@@ -131,6 +135,9 @@ class LogDoctor {
 
   std::map<const KbEntry*, CauseSummary> causes_;
   std::map<std::string, ResemblanceSummary> resemblances_;  // by family
+  // Words compared -> result: a log repeats one unknown error with other numbers and hosts
+  // thousands of times, and only the first kMaxResemblanceCache shapes are remembered.
+  std::unordered_map<std::string, std::optional<Resemblance>> resemblance_cache_;
   DoctorReport totals_;
   // "file:line: Traceback (most recent call last):" until the traceback's exception line shows
   // whether it is explained (classified) or itself an error line; a traceback ending in neither
