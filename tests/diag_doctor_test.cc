@@ -506,6 +506,7 @@ INSTANTIATE_TEST_SUITE_P(
         FamilyCase{"gpu_fell_off_bus", "gpu-hardware", "Drain the node", ""},
         FamilyCase{"p2p_failure", "p2p", "NCCL_P2P_LEVEL", ""},
         FamilyCase{"collective_mismatch", "usage", "same order", ""},
+        FamilyCase{"nccl_duplicate_gpu", "usage", "CUDA_VISIBLE_DEVICES", "rank 2"},
         FamilyCase{"nccl_unhandled_system_error", "nccl-result", "NCCL_DEBUG=INFO", ""},
         FamilyCase{"elastic_child_killed", "process", "killed process", ""}),
     [](const auto& info) {
