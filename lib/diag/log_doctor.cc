@@ -330,13 +330,17 @@ std::string RenderDoctorText(const DoctorReport& report, size_t max_causes) {
   }
   absl::StrAppend(&out, ".\n");
   if (report.causes.empty()) {
-    absl::StrAppend(&out, report.unclassified_errors == 0 ? "No known failure signature found.\n"
-                          : !report.resemblances.empty()
-                              ? "No known failure signature found, but error lines resemble a "
-                                "known family (below): a likely cause, to confirm by reading "
-                                "them.\n"
-                              : "No known failure signature found, but the log reports errors "
-                                "(below): an unknown failure.\n");
+    if (!report.resemblances.empty()) {
+      absl::StrAppend(&out,
+                      "No known failure signature found, but error lines resemble a known family "
+                      "(below): a likely cause, to confirm by reading them.\n");
+    } else if (report.unclassified_errors > 0) {
+      absl::StrAppend(&out,
+                      "No known failure signature found, but the log reports errors (below): an "
+                      "unknown failure.\n");
+    } else {
+      absl::StrAppend(&out, "No known failure signature found.\n");
+    }
   }
   size_t n = 0;
   for (const CauseSummary& c : report.causes) {
