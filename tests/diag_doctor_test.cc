@@ -387,7 +387,7 @@ TEST(KnowledgeBaseTest, EveryEntryBelongsToADeclaredFamily) {
     EXPECT_FALSE(f.title.empty()) << f.id;
     EXPECT_FALSE(f.summary.empty()) << f.id;
   }
-  EXPECT_GE(Kb().entries().size(), 67u);
+  EXPECT_GE(Kb().entries().size(), 69u);
 }
 
 TEST(KnowledgeBaseTest, IncludesFamiliesAndCulpritGroupsAreChecked) {
@@ -507,6 +507,8 @@ INSTANTIATE_TEST_SUITE_P(
         FamilyCase{"p2p_failure", "p2p", "NCCL_P2P_LEVEL", ""},
         FamilyCase{"collective_mismatch", "usage", "same order", ""},
         FamilyCase{"nccl_duplicate_gpu", "usage", "CUDA_VISIBLE_DEVICES", "rank 2"},
+        FamilyCase{"nccl_argument_check", "usage", "communicator's GPU", ""},
+        FamilyCase{"nccl_net_count_mismatch", "config", "NCCL_IB_HCA", ""},
         FamilyCase{"nccl_unhandled_system_error", "nccl-result", "NCCL_DEBUG=INFO", ""},
         FamilyCase{"elastic_child_killed", "process", "killed process", ""}),
     [](const auto& info) {
