@@ -554,6 +554,12 @@ TEST(LogDoctorTest, FormerlyMissedReportsAreNamed) {
       EXPECT_EQ(top.peers.count(k.peer), 1u) << text;
     }
     EXPECT_NE(text.find(std::string("] ") + k.id + " (" + k.family), std::string::npos) << text;
+    auto j = nlohmann::json::parse(RenderDoctorJson(r));
+    EXPECT_EQ(j["causes"][0]["id"], k.id);
+    EXPECT_EQ(j["causes"][0]["family"], k.family);
+    if (*k.culprit != '\0') {
+      EXPECT_EQ(j["causes"][0]["culprits"].count(k.culprit), 1u) << j.dump(2);
+    }
   }
 }
 

@@ -25,7 +25,8 @@ struct KbEntry;
 
 // A line is said to resemble a family when its best example scores at least this and shares at
 // least kMinSharedWords words with it. Chosen on the shipped knowledge base: rewordings of known
-// messages score 0.45 and up, lines of other failures (Python errors, vLLM's loader) below 0.25.
+// messages score 0.43 and up, lines of other failures (Python errors, vLLM's loader, a torchrun
+// summary) below 0.3.
 inline constexpr double kResemblanceThreshold = 0.4;
 inline constexpr size_t kMinSharedWords = 3;
 // Only the first words of a line and of an example are compared (see SimilarityIndex).

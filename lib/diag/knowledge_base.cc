@@ -108,7 +108,8 @@ absl::Status ParseEntries(const std::string& yaml_text, const std::string& name,
           return absl::InvalidArgumentError(
               absl::StrCat(where, ": includes nest deeper than ", kMaxIncludeDepth));
         }
-        const std::string path = DirectoryOf(name) + entries[i]["include"].as<std::string>();
+        const std::string file = entries[i]["include"].as<std::string>();
+        const std::string path = file.rfind('/', 0) == 0 ? file : DirectoryOf(name) + file;
         absl::StatusOr<std::string> text = config::ReadConfigFile(path);
         if (!text.ok()) {
           return absl::Status(text.status().code(),
