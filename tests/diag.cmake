@@ -12,6 +12,11 @@ if(TARGET adaptcomm_cli)
   add_test(NAME diag_cli_doctor_unknown
            COMMAND sh -c "out=$(\"$0\" doctor \"$1\"); rc=$?; echo \"$out\"; [ $rc -eq 3 ] && echo \"$out\" | grep -q '2 error line(s) matched no known signature (1 of them NCCL WARN); first: .*socketFinalizeAccept' && \"$0\" doctor \"$2\""
                    ${_cli} ${_logs}/unknown_failure.log ${_logs}/clean_run.log)
+  # doctor: a reworded IB event matches no signature but resembles the IB family: exit 4, and the
+  # JSON names the family and its closest entry.
+  add_test(NAME diag_cli_doctor_resembles
+           COMMAND sh -c "out=$(\"$0\" doctor --json \"$1\"); rc=$?; echo \"$out\"; [ $rc -eq 4 ] && echo \"$out\" | grep -q '\"verdict\": \"resembles_known_family\"' && echo \"$out\" | grep -q '\"closest\": \"ib_async_event\"'"
+                   ${_cli} ${_logs}/ib_event_reworded.log)
   # diagnose on this machine with a clean environment: no failure.
   add_test(NAME diag_cli_diagnose_clean
            COMMAND env -i PATH=/usr/bin:/bin ADAPTCOMM_CONFIG_DIR=${PROJECT_SOURCE_DIR}/configs
@@ -24,7 +29,8 @@ if(TARGET adaptcomm_cli)
   add_test(NAME diag_cli_diagnose_ranks_stalled
            COMMAND sh -c "out=$(\"$0\" launch -n 4 -- \"$0\" diagnose --ranks --inject-delay 2:60 --multi-host no 2>&1); rc=$?; echo \"$out\"; [ $rc -ne 0 ] && echo \"$out\" | grep -q 'ranks.slow_rank  *FAIL   rank 2 arrives'"
                    ${_cli})
-  set_tests_properties(diag_cli_doctor diag_cli_doctor_unknown diag_cli_diagnose_clean diag_cli_diagnose_planted
+  set_tests_properties(diag_cli_doctor diag_cli_doctor_unknown diag_cli_doctor_resembles
+                       diag_cli_diagnose_clean diag_cli_diagnose_planted
                        diag_cli_diagnose_ranks_stalled PROPERTIES TIMEOUT 120 LABELS diag
                        ENVIRONMENT "ADAPTCOMM_CONFIG_DIR=${PROJECT_SOURCE_DIR}/configs")
 endif()

@@ -7,12 +7,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "lib/diag/kb_similarity.h"
 #include "lib/diag/knowledge_base.h"
 #include "lib/diag/log_doctor.h"
 #include "nlohmann/json.hpp"
@@ -67,7 +71,9 @@ const std::set<std::string>& EntriesWithoutPublicLines() {
 }
 
 // tests/fixtures/doctor/<id>.log holds real log lines from the public threads named in its
-// comments (and in the entry's `source`); every line must be classified as <id>.
+// comments (and in the entry's `source`) or, for signatures taken from the NCCL, PyTorch and Gloo
+// sources, lines in the exact format the source file named prints; every line must be
+// classified as <id>.
 TEST(KnowledgeBaseTest, EveryRealLogLineClassifiesToItsEntry) {
   const std::filesystem::path dir = SourceDir() + "/tests/fixtures/doctor";
   std::set<std::string> covered;
@@ -362,6 +368,285 @@ TEST(LogDoctorTest, HealthyLinesDoNotLookLikeErrors) {
                            "ERROR:root:failed", "Segmentation fault (core dumped)"}) {
     EXPECT_TRUE(LooksLikeError(line)) << line;
   }
+}
+
+// Every entry belongs to a declared family, every family has entries, and the signatures taken
+// from the sources say which file prints them.
+TEST(KnowledgeBaseTest, EveryEntryBelongsToADeclaredFamily) {
+  ASSERT_GE(Kb().families().size(), 15u);
+  std::map<std::string, size_t> per_family;
+  for (const KbEntry& e : Kb().entries()) {
+    EXPECT_NE(Kb().Family(e.family), nullptr) << e.id << " has family '" << e.family << "'";
+    ++per_family[e.family];
+    if (e.culprit_group > 0) {
+      EXPECT_FALSE(e.emitted_by.empty()) << e.id;
+    }
+  }
+  for (const KbFamily& f : Kb().families()) {
+    EXPECT_GT(per_family[f.id], 0u) << "family " << f.id << " has no entry";
+    EXPECT_FALSE(f.title.empty()) << f.id;
+    EXPECT_FALSE(f.summary.empty()) << f.id;
+  }
+  EXPECT_GE(Kb().entries().size(), 69u);
+}
+
+TEST(KnowledgeBaseTest, IncludesFamiliesAndCulpritGroupsAreChecked) {
+  const std::string dir = ::testing::TempDir() + "/kb_include";
+  std::filesystem::create_directories(dir + "/more");
+  {
+    std::ofstream(dir + "/more/part.yaml")
+        << "family: b\nentries:\n  - {id: y, pattern: 'Rank (\\d+) lost', culprit_group: 1,"
+           " cause: c, fix: f}\n";
+  }
+  const std::string main =
+      "families:\n  - {id: a, title: A, summary: s}\n  - {id: b, title: B, summary: s}\n"
+      "entries:\n  - {id: x, family: a, pattern: lost, cause: c, fix: f}\n"
+      "  - include: more/part.yaml\n";
+  auto kb = KnowledgeBase::Parse(main, dir + "/kb.yaml");
+  ASSERT_TRUE(kb.ok()) << kb.status();
+  ASSERT_EQ(kb->entries().size(), 2u);
+  EXPECT_EQ(kb->entries()[1].family, "b");          // the included file's default
+  EXPECT_EQ(kb->Classify("Rank 4 lost")->id, "x");  // first match wins: the include's place
+  EXPECT_EQ(ExtractCulprits(kb->entries()[1], "Rank 4 lost"), std::vector<std::string>{"rank 4"});
+
+  auto undeclared = KnowledgeBase::Parse(
+      "families:\n  - {id: a, title: A, summary: s}\n"
+      "entries:\n  - {id: x, family: typo, pattern: p, cause: c, fix: f}\n",
+      dir + "/kb.yaml");
+  ASSERT_FALSE(undeclared.ok());
+  EXPECT_NE(undeclared.status().message().find("undeclared family 'typo'"), std::string::npos);
+  auto bad_group = KnowledgeBase::Parse(
+      "entries:\n  - {id: x, pattern: 'p(\\d)', culprit_group: 2, cause: c, fix: f}\n", "kb.yaml");
+  ASSERT_FALSE(bad_group.ok());
+  EXPECT_NE(bad_group.status().message().find("culprit_group 2"), std::string::npos);
+  auto missing = KnowledgeBase::Parse("entries:\n  - include: nowhere.yaml\n", dir + "/kb.yaml");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(LogDoctorTest, ExtractsTheRanksAtFault) {
+  const KbEntry* e =
+      Kb().Classify("[Rank 0]: Ranks 2, 5, 11 failed to pass monitoredBarrier in 30 ms");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(
+      ExtractCulprits(*e, "[Rank 0]: Ranks 2, 5, 11 failed to pass monitoredBarrier in 30 ms"),
+      (std::vector<std::string>{"rank 2", "rank 5", "rank 11"}));
+  const std::string self =
+      "[PG ID 0 PG GUID 0 Rank 3] Received a dump signal due to a collective timeout from this "
+      "local rank and we will try our best to dump the debug info.";
+  e = Kb().Classify(self);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->id, "watchdog_dump_signal");
+  EXPECT_TRUE(ExtractCulprits(*e, self).empty());  // no other rank named
+}
+
+// One source-derived line per family: the family, the advice and the rank at fault.
+struct FamilyCase {
+  const char* fixture;  // tests/fixtures/doctor/<fixture>.log, also the expected entry
+  const char* family;
+  const char* advice;   // must occur in the fix
+  const char* culprit;  // must be among the ranks at fault ("" = none named)
+};
+
+class DoctorFamilyTest : public ::testing::TestWithParam<FamilyCase> {};
+
+TEST_P(DoctorFamilyTest, NamesFamilyAdviceAndRankAtFault) {
+  const FamilyCase& f = GetParam();
+  LogDoctor doctor(Kb());
+  std::ifstream in(SourceDir() + "/tests/fixtures/doctor/" + f.fixture + ".log");
+  ASSERT_TRUE(in.good()) << f.fixture;
+  std::string line;
+  for (uint64_t number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.rfind("# ", 0) != 0) doctor.FeedLine(line, f.fixture, number);
+  }
+  DoctorReport r = doctor.Report();
+  ASSERT_EQ(r.causes.size(), 1u) << RenderDoctorText(r);
+  const CauseSummary& c = r.causes[0];
+  EXPECT_EQ(c.entry->id, f.fixture);
+  EXPECT_EQ(c.entry->family, f.family);
+  EXPECT_NE(c.entry->fix.find(f.advice), std::string::npos) << c.entry->fix;
+  if (*f.culprit != '\0') {
+    EXPECT_EQ(c.culprits.count(f.culprit), 1u) << RenderDoctorText(r);
+    const std::string text = RenderDoctorText(r);
+    const size_t at = text.find("   culprit: ");
+    ASSERT_NE(at, std::string::npos) << text;
+    EXPECT_NE(text.substr(at, text.find('\n', at) - at).find(std::string(f.culprit) + " ("),
+              std::string::npos)
+        << text;
+  } else {
+    EXPECT_TRUE(c.culprits.empty()) << RenderDoctorText(r);
+  }
+  EXPECT_EQ(r.unclassified_errors, 0u);
+  auto j = nlohmann::json::parse(RenderDoctorJson(r));
+  EXPECT_EQ(j["causes"][0]["family"], f.family);
+  EXPECT_EQ(j["causes"][0]["culprits"].size(), c.culprits.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, DoctorFamilyTest,
+    ::testing::Values(
+        FamilyCase{"monitored_barrier_rank_failed", "monitored-barrier", "at fault", "rank 3"},
+        FamilyCase{"monitored_barrier_peer_side", "monitored-barrier", "rank 0's log", ""},
+        FamilyCase{"nccl_socket_truncated", "socket", "NCCL_PROTO", ""},
+        FamilyCase{"nccl_socket_connect_exhausted", "socket", "NCCL_SOCKET_IFNAME", ""},
+        FamilyCase{"gloo_pair_io_error", "socket", "GLOO_SOCKET_IFNAME", ""},
+        FamilyCase{"nccl_proxy_service_failed", "proxy", "WARN just before", "rank 11"},
+        FamilyCase{"nccl_proxy_call_failed", "proxy", "WARN lines logged just before", "rank 1"},
+        FamilyCase{"ib_async_event", "ib", "ibstat", ""},
+        FamilyCase{"nccl_bootstrap_root_mismatch", "bootstrap", "leftover processes", ""},
+        FamilyCase{"nccl_ring_no_loopback", "config", "identical on all ranks", ""},
+        FamilyCase{"ib_incompatible_devices", "config", "NCCL_IB_HCA", ""},
+        FamilyCase{"nccl_library_too_old", "version", "LD_LIBRARY_PATH", ""},
+        FamilyCase{"nccl_proxy_cuda_context", "cuda", "Xid", ""},
+        FamilyCase{"watchdog_dump_signal", "timeout", "lowest", "rank 7"},
+        FamilyCase{"nccl_comm_aborted", "timeout", "first failure", ""},
+        FamilyCase{"gloo_store_wait_timeout", "store", "init_method", ""},
+        FamilyCase{"c10d_store_barrier_timeout", "store", "num_workers_joined", ""},
+        FamilyCase{"remote_process_exited", "peer", "dmesg", ""},
+        FamilyCase{"nccl_cuda_oom", "memory", "headroom", ""},
+        FamilyCase{"gpu_fell_off_bus", "gpu-hardware", "Drain the node", ""},
+        FamilyCase{"p2p_failure", "p2p", "NCCL_P2P_LEVEL", ""},
+        FamilyCase{"collective_mismatch", "usage", "same order", ""},
+        FamilyCase{"nccl_duplicate_gpu", "usage", "CUDA_VISIBLE_DEVICES", "rank 2"},
+        FamilyCase{"nccl_argument_check", "usage", "communicator's GPU", ""},
+        FamilyCase{"nccl_net_count_mismatch", "config", "NCCL_IB_HCA", ""},
+        FamilyCase{"nccl_unhandled_system_error", "nccl-result", "NCCL_DEBUG=INFO", ""},
+        FamilyCase{"elastic_child_killed", "process", "killed process", ""}),
+    [](const auto& info) {
+      std::string name = info.param.fixture;
+      for (char& c : name) {
+        if (c == '_') c = 'X';
+      }
+      return name;
+    });
+
+// The three reports the doctor used to meet with silence (exit 3): a socket-transport size
+// mismatch, a proxy-thread connect failure and Gloo's monitored barrier naming a faulty rank.
+TEST(LogDoctorTest, FormerlyMissedReportsAreNamed) {
+  struct Case {
+    const char* file;
+    const char* id;
+    const char* family;
+    const char* origin;
+    const char* culprit;
+    const char* peer;
+  };
+  for (const Case& k : {Case{"socket_truncated.log", "nccl_socket_truncated", "socket",
+                             "node1 gpu0", "", "10.0.0.2:43215"},
+                        Case{"proxy_connect.log", "nccl_proxy_service_failed", "proxy",
+                             "gpu-a3 gpu3", "rank 3", ""},
+                        Case{"gloo_monitored_barrier.log", "monitored_barrier_rank_failed",
+                             "monitored-barrier", "rank 0", "rank 3", ""}}) {
+    LogDoctor doctor(Kb());
+    ASSERT_TRUE(doctor.FeedFile(SourceDir() + "/tests/fixtures/logs/" + k.file).ok());
+    DoctorReport r = doctor.Report();
+    const std::string text = RenderDoctorText(r);
+    ASSERT_FALSE(r.causes.empty()) << k.file;
+    EXPECT_EQ(DoctorExitCode(r), 1) << text;
+    EXPECT_EQ(r.unclassified_errors, 0u) << text;
+    const CauseSummary& top = r.causes[0];
+    EXPECT_EQ(top.entry->id, k.id) << text;
+    EXPECT_EQ(top.entry->family, k.family);
+    EXPECT_EQ(top.origins.count(k.origin), 1u) << text;
+    if (*k.culprit != '\0') {
+      EXPECT_EQ(top.culprits.count(k.culprit), 1u) << text;
+    }
+    if (*k.peer != '\0') {
+      EXPECT_EQ(top.peers.count(k.peer), 1u) << text;
+    }
+    EXPECT_NE(text.find(std::string("] ") + k.id + " (" + k.family), std::string::npos) << text;
+    auto j = nlohmann::json::parse(RenderDoctorJson(r));
+    EXPECT_EQ(j["causes"][0]["id"], k.id);
+    EXPECT_EQ(j["causes"][0]["family"], k.family);
+    if (*k.culprit != '\0') {
+      EXPECT_EQ(j["causes"][0]["culprits"].count(k.culprit), 1u) << j.dump(2);
+    }
+  }
+}
+
+// A reworded message of a known family (NCCL changing its wording between releases) matches no
+// pattern, but the report names the family it resembles, with its cause and fix, and exits 4.
+TEST(LogDoctorTest, AVariantOfAKnownFamilyIsSaidToResembleIt) {
+  const std::string variant =
+      "node5:2201:2290 [4] NCCL WARN NET/IB : mlx5_4:1 Got fatal async event : local "
+      "catastrophic error";
+  ASSERT_EQ(Kb().Classify(variant), nullptr);
+  LogDoctor doctor(Kb());
+  std::istringstream in("node5:2201:2201 [4] NCCL INFO Channel 00/02 : 0 1\n" + variant + "\n");
+  doctor.FeedStream(in, "mem");
+  DoctorReport r = doctor.Report();
+  EXPECT_TRUE(r.causes.empty());
+  EXPECT_EQ(r.unclassified_errors, 1u);
+  ASSERT_EQ(r.resemblances.size(), 1u) << RenderDoctorText(r);
+  const ResemblanceSummary& s = r.resemblances[0];
+  EXPECT_EQ(s.family, "ib");
+  EXPECT_EQ(s.closest->id, "ib_async_event");
+  EXPECT_GE(s.score, kResemblanceThreshold);
+  EXPECT_EQ(s.first_location, "mem:2");
+  EXPECT_NE(std::find(s.shared.begin(), s.shared.end(), "catastrophic"), s.shared.end());
+  EXPECT_EQ(Verdict(r), DoctorVerdict::kResemblesKnownFamily);
+  EXPECT_EQ(DoctorExitCode(r), 4);
+  const std::string text = RenderDoctorText(r);
+  EXPECT_NE(text.find("  - ib (InfiniBand / RoCE / SHARP): 1 line(s), first at mem:2; closest "
+                      "ib_async_event (similarity "),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("    fix:     On the node and device named"), std::string::npos) << text;
+  auto j = nlohmann::json::parse(RenderDoctorJson(r));
+  EXPECT_EQ(j["verdict"], "resembles_known_family");
+  EXPECT_EQ(j["exit_code"], 4);
+  ASSERT_EQ(j["resembles"].size(), 1u);
+  EXPECT_EQ(j["resembles"][0]["family"], "ib");
+  EXPECT_EQ(j["resembles"][0]["closest"], "ib_async_event");
+
+  // Further rewordings, one per family: each is closest to its own family.
+  for (const auto& [line, family] : std::vector<std::pair<std::string, std::string>>{
+           {"[Rank 0]: Rank 4 did not pass the monitoredBarrier within 30000 ms",
+            "monitored-barrier"},
+           {"gpu-a3:918:1204 [3] NCCL WARN [Proxy Service 3] Could not execute operation Connect "
+            "for rank 5, error 3",
+            "proxy"},
+           {"node1:2351:2410 [0] NCCL WARN NET/Socket : peer 10.0.0.2<43215> message size "
+            "mismatch : receiving 1048576 bytes instead of 524288",
+            "socket"}}) {
+    ASSERT_EQ(Kb().Classify(line), nullptr) << line;
+    std::optional<Resemblance> got = Kb().similarity().Resembles(line);
+    const Resemblance closest = Kb().similarity().Closest(line);
+    ASSERT_TRUE(got.has_value()) << line << ": closest " << closest.entry->id << " at "
+                                 << closest.score;
+    EXPECT_EQ(got->entry->family, family) << line;
+  }
+}
+
+// A line of no family at all stays an unknown failure: exit 3, nothing said to resemble it.
+TEST(LogDoctorTest, ALineOfNoFamilyStillExitsThreeWithoutAFalseMatch) {
+  const std::vector<std::string> lines = {
+      "ValueError: invalid literal for int() with base 10: 'abc'",
+      "RuntimeError: something this knowledge base has never seen", "FATAL: worker 3 exited",
+      "KeyError: 'model.layers.12.mlp.gate_proj.weight' not found in checkpoint shard",
+      "misc/socket.cc:441 NCCL WARN socketFinalizeAccept: wrong type 4 != 3"};
+  for (const std::string& line : lines) {
+    EXPECT_FALSE(Kb().similarity().Resembles(line).has_value())
+        << line << " resembles " << Kb().similarity().Closest(line).entry->id;
+  }
+  LogDoctor doctor(Kb());
+  ASSERT_TRUE(doctor.FeedFile(SourceDir() + "/tests/fixtures/logs/unknown_failure.log").ok());
+  for (size_t i = 0; i < lines.size(); ++i) doctor.FeedLine(lines[i], "mem", i + 1);
+  DoctorReport r = doctor.Report();
+  EXPECT_TRUE(r.causes.empty());
+  EXPECT_TRUE(r.resemblances.empty()) << RenderDoctorText(r);
+  EXPECT_EQ(r.unclassified_errors, 2u + lines.size());
+  EXPECT_EQ(DoctorExitCode(r), 3);
+  auto j = nlohmann::json::parse(RenderDoctorJson(r));
+  EXPECT_EQ(j["verdict"], "unrecognized_errors");
+  EXPECT_TRUE(j["resembles"].empty());
+}
+
+TEST(KnowledgeBaseTest, SignatureWordsDropNumbersHostsAndFramingWords) {
+  EXPECT_EQ(SignatureWords("node3:21457:21530 [5] NCCL WARN Ranks 1, 3 failed in 30000 ms"),
+            (std::vector<std::string>{"rank", "failed"}));
+  EXPECT_EQ(SignatureWords("Proxy Call to rank 0 failed (Connect)"),
+            (std::vector<std::string>{"proxy", "call", "rank", "failed", "connect"}));
+  EXPECT_TRUE(SignatureWords("12 0x7f 10.0.0.1:29500").empty());
 }
 
 long PeakRssKiB() {

@@ -1,14 +1,17 @@
 // `adaptcomm doctor LOG...`: names the causes of a failed run from its logs, with fixes.
 // Exit code: 0 clean (no known failure signature and no error line), 1 known failure(s) found,
-// 2 unreadable log or knowledge base, 3 error lines that no known signature explains (an unknown
-// failure: the report lists them).
+// 2 unreadable log or knowledge base, 3 error lines that no known signature explains and that
+// resemble no family (an unknown failure: the report lists them), 4 no known signature, but error
+// lines resemble a known family (a likely cause: the report names the family and its fix).
 #include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "lib/diag/config_file.h"
+#include "lib/diag/kb_similarity.h"
 #include "lib/diag/knowledge_base.h"
 #include "lib/diag/log_doctor.h"
 #include "tools/subcommands.h"
@@ -57,9 +60,15 @@ std::function<int()> SetupDoctor(CLI::App& sub) {
   sub.add_flag("--json", args->json, "Machine-readable report");
   sub.add_option("--top", args->top, "Causes to print in the text report")
       ->check(CLI::PositiveNumber);
-  sub.footer(
+  sub.footer(absl::StrFormat(
       "Exit code: 0 clean, 1 known failure(s) found, 2 unreadable input, 3 error lines that no "
-      "known signature explains.");
+      "known signature explains and that resemble no known family, 4 no known signature but error "
+      "lines that resemble a known family.\n"
+      "Resembles: an error line no signature matches is compared, word by word (rare words weigh "
+      "more), with every example of the knowledge base; at a similarity of %.2f or more (%d "
+      "shared words at least) the report names the closest family, its cause and fix as a likely "
+      "cause (--json: \"resembles\"). Families and signatures: docs/failures.md#the-log-doctor.",
+      diag::kResemblanceThreshold, static_cast<int>(diag::kMinSharedWords)));
   return [args] { return RunDoctor(*args); };
 }
 

@@ -5,12 +5,15 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "lib/diag/kb_similarity.h"
 #include "nlohmann/json.hpp"
 
 namespace adaptcomm::diag {
@@ -67,6 +70,22 @@ std::vector<std::string> ExtractPeers(const std::string& line) {
   return out;
 }
 
+std::vector<std::string> ExtractCulprits(const KbEntry& entry, const std::string& line) {
+  std::vector<std::string> out;
+  if (entry.culprit_group <= 0) return out;
+  std::smatch m;
+  if (!std::regex_search(line, m, entry.regex) || !m[entry.culprit_group].matched) return out;
+  // The group holds one rank or a list ("1, 3"): every number in it is one.
+  const std::string ranks = m[entry.culprit_group].str();
+  static const auto* number = new std::regex(R"(\d+)");
+  for (auto it = std::sregex_iterator(ranks.begin(), ranks.end(), *number);
+       it != std::sregex_iterator(); ++it) {
+    std::string rank = absl::StrCat("rank ", it->str());
+    if (std::find(out.begin(), out.end(), rank) == out.end()) out.push_back(std::move(rank));
+  }
+  return out;
+}
+
 void LogDoctor::Count(std::map<std::string, uint64_t>& map, uint64_t& dropped, size_t cap,
                       const std::string& key) {
   auto it = map.find(key);
@@ -94,6 +113,7 @@ bool LooksLikeError(const std::string& line) {
 
 DoctorVerdict Verdict(const DoctorReport& report) {
   if (!report.causes.empty()) return DoctorVerdict::kKnownFailure;
+  if (!report.resemblances.empty()) return DoctorVerdict::kResemblesKnownFamily;
   if (report.unclassified_errors > 0) return DoctorVerdict::kUnrecognizedErrors;
   return DoctorVerdict::kClean;
 }
@@ -108,6 +128,8 @@ std::string VerdictName(DoctorVerdict verdict) {
       return "known_failure";
     case DoctorVerdict::kUnrecognizedErrors:
       return "unrecognized_errors";
+    case DoctorVerdict::kResemblesKnownFamily:
+      return "resembles_known_family";
   }
   return "unknown";
 }
@@ -117,6 +139,34 @@ void LogDoctor::CountUnclassified(DoctorReport& totals, const std::string& examp
   if (warning) ++totals.unclassified_warnings;
   if (totals.unclassified_examples.size() < kMaxUnclassified) {
     totals.unclassified_examples.push_back(example);
+  }
+}
+
+void LogDoctor::NoteResemblance(const std::string& line, const std::string& location) {
+  std::vector<std::string> words = SignatureWords(line);
+  if (words.size() > kMaxComparedWords) words.resize(kMaxComparedWords);
+  const std::string key = absl::StrJoin(words, " ");
+  std::optional<Resemblance> r;
+  if (auto it = resemblance_cache_.find(key); it != resemblance_cache_.end()) {
+    r = it->second;
+  } else {
+    r = kb_.similarity().Resembles(line);
+    if (resemblance_cache_.size() < kMaxResemblanceCache) resemblance_cache_.emplace(key, r);
+  }
+  if (!r.has_value()) return;
+  const std::string family = r->entry->family.empty() ? r->entry->id : r->entry->family;
+  ResemblanceSummary& s = resemblances_[family];
+  if (s.lines++ == 0) {
+    s.family = family;
+    const KbFamily* f = kb_.Family(family);
+    s.family_title = f != nullptr ? f->title : "";
+    s.first_example = Truncate(line, kMaxExampleBytes);
+    s.first_location = location;
+  }
+  if (r->score > s.score) {
+    s.score = r->score;
+    s.closest = r->entry;
+    s.shared = std::move(r->shared);
   }
 }
 
@@ -144,6 +194,7 @@ void LogDoctor::FeedLine(const std::string& full_line, const std::string& file,
     } else {
       pending_traceback_.clear();  // this line is the traceback's (counted) error
       CountUnclassified(totals_, example, line.find("NCCL WARN") != std::string::npos);
+      NoteResemblance(line, absl::StrCat(file, ":", line_number));
     }
     return;
   }
@@ -161,6 +212,9 @@ void LogDoctor::FeedLine(const std::string& full_line, const std::string& file,
   Count(c.origins, c.origins_dropped, kMaxOriginsPerCause, origin);
   for (const std::string& peer : ExtractPeers(line)) {
     Count(c.peers, c.peers_dropped, kMaxPeersPerCause, peer);
+  }
+  for (const std::string& culprit : ExtractCulprits(*entry, line)) {
+    Count(c.culprits, c.culprits_dropped, kMaxOriginsPerCause, culprit);
   }
   if (entry->seq_group > 0 && origin != "unknown") {
     std::smatch m;
@@ -244,6 +298,9 @@ DoctorReport LogDoctor::Report() const {
     if (a.lines != b.lines) return a.lines > b.lines;
     return a.first_order < b.first_order;  // ties: the earliest cause first
   });
+  for (const auto& [family, summary] : resemblances_) r.resemblances.push_back(summary);
+  std::stable_sort(r.resemblances.begin(), r.resemblances.end(),
+                   [](const auto& a, const auto& b) { return a.lines > b.lines; });
   return r;
 }
 
@@ -273,10 +330,17 @@ std::string RenderDoctorText(const DoctorReport& report, size_t max_causes) {
   }
   absl::StrAppend(&out, ".\n");
   if (report.causes.empty()) {
-    absl::StrAppend(&out, report.unclassified_errors == 0
-                              ? "No known failure signature found.\n"
-                              : "No known failure signature found, but the log reports errors "
-                                "(below): an unknown failure.\n");
+    if (!report.resemblances.empty()) {
+      absl::StrAppend(&out,
+                      "No known failure signature found, but error lines resemble a known family "
+                      "(below): a likely cause, to confirm by reading them.\n");
+    } else if (report.unclassified_errors > 0) {
+      absl::StrAppend(&out,
+                      "No known failure signature found, but the log reports errors (below): an "
+                      "unknown failure.\n");
+    } else {
+      absl::StrAppend(&out, "No known failure signature found.\n");
+    }
   }
   size_t n = 0;
   for (const CauseSummary& c : report.causes) {
@@ -284,12 +348,18 @@ std::string RenderDoctorText(const DoctorReport& report, size_t max_causes) {
       absl::StrAppend(&out, "\n(", report.causes.size() - max_causes, " more cause(s) omitted)\n");
       break;
     }
-    absl::StrAppend(
-        &out, "\n", n, ". [", c.entry->root_cause ? "root cause" : "symptom", "] ", c.entry->id,
-        c.entry->failure_class.empty() ? "" : absl::StrCat(" (", c.entry->failure_class, ")"), ": ",
-        c.lines, " line(s), first at ", c.first_location, "\n");
+    std::string tags = c.entry->family;
+    if (!c.entry->failure_class.empty()) {
+      absl::StrAppend(&tags, tags.empty() ? "" : ", ", c.entry->failure_class);
+    }
+    absl::StrAppend(&out, "\n", n, ". [", c.entry->root_cause ? "root cause" : "symptom", "] ",
+                    c.entry->id, tags.empty() ? "" : absl::StrCat(" (", tags, ")"), ": ", c.lines,
+                    " line(s), first at ", c.first_location, "\n");
     absl::StrAppend(&out, "   cause:   ", c.entry->cause, "\n");
     absl::StrAppend(&out, "   from:    ", JoinCounts(c.origins, c.origins_dropped, 8), "\n");
+    if (!c.culprits.empty()) {
+      absl::StrAppend(&out, "   culprit: ", JoinCounts(c.culprits, c.culprits_dropped, 8), "\n");
+    }
     if (!c.peers.empty()) {
       absl::StrAppend(&out, "   peers:   ", JoinCounts(c.peers, c.peers_dropped, 8), "\n");
     }
@@ -301,6 +371,24 @@ std::string RenderDoctorText(const DoctorReport& report, size_t max_causes) {
     absl::StrAppend(&out, "   fix:     ", c.entry->fix, "\n");
     if (!c.entry->doc.empty()) absl::StrAppend(&out, "   doc:     ", c.entry->doc, "\n");
     if (!c.entry->source.empty()) absl::StrAppend(&out, "   source:  ", c.entry->source, "\n");
+    if (!c.entry->emitted_by.empty()) {
+      absl::StrAppend(&out, "   emitted: ", c.entry->emitted_by, "\n");
+    }
+  }
+  if (!report.resemblances.empty()) {
+    absl::StrAppend(&out,
+                    "\nResembles (no signature matched these error lines; the closest known "
+                    "family by shared words, a likely cause):\n");
+    for (const ResemblanceSummary& s : report.resemblances) {
+      absl::StrAppend(&out, "  - ", s.family,
+                      s.family_title.empty() ? "" : absl::StrCat(" (", s.family_title, ")"), ": ",
+                      s.lines, " line(s), first at ", s.first_location, "; closest ", s.closest->id,
+                      absl::StrFormat(" (similarity %.2f, shared: ", s.score),
+                      absl::StrJoin(s.shared, " "), ")\n");
+      absl::StrAppend(&out, "    line:    ", s.first_example, "\n");
+      absl::StrAppend(&out, "    cause:   ", s.closest->cause, "\n");
+      absl::StrAppend(&out, "    fix:     ", s.closest->fix, "\n");
+    }
   }
   if (report.unclassified_errors > 0) {
     absl::StrAppend(&out, "\n", report.unclassified_errors,
@@ -330,6 +418,8 @@ std::string RenderDoctorJson(const DoctorReport& report) {
     cj["id"] = c.entry->id;
     cj["kind"] = c.entry->root_cause ? "root" : "symptom";
     cj["class"] = c.entry->failure_class;
+    cj["family"] = c.entry->family;
+    cj["emitted_by"] = c.entry->emitted_by;
     cj["source"] = c.entry->source;
     cj["lines"] = c.lines;
     cj["cause"] = c.entry->cause;
@@ -339,6 +429,8 @@ std::string RenderDoctorJson(const DoctorReport& report) {
     cj["origins_dropped"] = c.origins_dropped;
     cj["peers"] = c.peers;
     cj["peers_dropped"] = c.peers_dropped;
+    cj["culprits"] = c.culprits;
+    cj["culprits_dropped"] = c.culprits_dropped;
     cj["first_location"] = c.first_location;
     cj["first_example"] = c.first_example;
     if (!c.behind_origin.empty()) {
@@ -349,6 +441,19 @@ std::string RenderDoctorJson(const DoctorReport& report) {
   j["unclassified_errors"] = report.unclassified_errors;
   j["unclassified_warnings"] = report.unclassified_warnings;
   j["unclassified_examples"] = report.unclassified_examples;
+  j["resembles"] = nlohmann::json::array();
+  for (const ResemblanceSummary& s : report.resemblances) {
+    j["resembles"].push_back({{"family", s.family},
+                              {"family_title", s.family_title},
+                              {"closest", s.closest->id},
+                              {"similarity", s.score},
+                              {"shared", s.shared},
+                              {"lines", s.lines},
+                              {"first_location", s.first_location},
+                              {"first_example", s.first_example},
+                              {"cause", s.closest->cause},
+                              {"fix", s.closest->fix}});
+  }
   // Logs are not guaranteed UTF-8: replace invalid bytes instead of throwing.
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
