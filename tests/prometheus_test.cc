@@ -1,6 +1,7 @@
 // A real Prometheus server (Debian's `prometheus`, installed by `scripts/install-deps.sh test`)
 // scrapes the 4-rank demo trainer under `adaptcomm launch`, and its HTTP API then reports every
-// allreduce the ranks ran. Skipped when the prometheus binary is missing.
+// allreduce the ranks ran (as counted in their final textfiles). Skipped when the prometheus binary
+// is missing.
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -140,14 +141,31 @@ TEST(Prometheus, ScrapesTheFourRankDemoAndCountsItsAllreduces) {
   }
   ASSERT_EQ(targets, 4u) << "prometheus did not take the targets; see " << dir << "/prometheus.log";
 
-  // 50 steps of two allreduces each on every rank; the ranks hold their endpoints 3 s after the
-  // last step, for several scrapes of the final counts.
-  const int rc = std::system(absl::StrCat("ADAPTCOMM_METRICS_PORT=", base, " ", bin,
-                                          "/tools/adaptcomm launch -n 4 --timeout 120 -- ", bin,
-                                          "/examples/adaptcomm_trainer --steps 50 --hold 3 > ", dir,
-                                          "/demo_out.txt 2>&1")
-                                 .c_str());
+  // 50 steps of two allreduces each on every rank (and whatever the steps' commits add); the ranks
+  // hold their endpoints 3 s after the last step, for several scrapes of the final counts, and
+  // write those counts to their textfiles when they end.
+  const int rc = std::system(
+      absl::StrCat("ADAPTCOMM_METRICS_PORT=", base, " ADAPTCOMM_METRICS_TEXTFILE=", dir,
+                   "/rank{rank}.prom ", bin, "/tools/adaptcomm launch -n 4 --timeout 120 -- ", bin,
+                   "/examples/adaptcomm_trainer --steps 50 --hold 3 > ", dir, "/demo_out.txt 2>&1")
+          .c_str());
   ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << "see " << dir << "/demo_out.txt";
+  // What the ranks counted, from their own final textfiles.
+  double counted = 0;
+  for (int r = 0; r < 4; ++r) {
+    std::ifstream in(absl::StrCat(dir, "/rank", r, ".prom"));
+    ASSERT_TRUE(in) << "rank " << r << " wrote no textfile";
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("adaptcomm_ops_total{", 0) != 0 ||
+          line.find("collective=\"allreduce\"") == std::string::npos) {
+        continue;
+      }
+      double v = 0;
+      ASSERT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) << line;
+      counted += v;
+    }
+  }
+  EXPECT_GE(counted, 4 * 50 * 2);
 
   // The ranks are gone (their series are stale now): the largest value each one reached.
   const std::string query =
@@ -155,11 +173,11 @@ TEST(Prometheus, ScrapesTheFourRankDemoAndCountsItsAllreduces) {
   double count = -1;
   std::string answer;
   for (const absl::Time until = absl::Now() + absl::Seconds(20);
-       count != 400 && absl::Now() < until;) {
+       count != counted && absl::Now() < until;) {
     count = Query(client, query, &answer);
-    if (count != 400) absl::SleepFor(absl::Milliseconds(250));
+    if (count != counted) absl::SleepFor(absl::Milliseconds(250));
   }
-  EXPECT_EQ(count, 400) << query << ": " << answer;
+  EXPECT_EQ(count, counted) << query << ": " << answer;
   // Every rank was scraped, with its rank label.
   EXPECT_EQ(
       Query(client,
