@@ -183,9 +183,10 @@ TEST_P(GroupsTest, MatchingSendsAndReceivesCompleteInAnyIssueOrder) {
       std::vector<std::vector<float>> out(kPairs), in(kPairs);
       std::vector<P2p> ops;
       for (int m = 0; m < kPairs; ++m) {
-        // Mostly small (shm batches them into one chunk), some larger than a chunk.
-        const size_t count =
+        // Mostly small (shm batches them into one chunk), some larger than a chunk, one empty.
+        size_t count =
             m % 16 == 15 ? 200000 + static_cast<size_t>(m) : 16 + static_cast<size_t>(m) * 37;
+        if (m == 7) count = 0;
         out[m].resize(count);
         for (size_t j = 0; j < count; ++j) out[m][j] = Payload(r, m, j);
         in[m].assign(count, -1.0f);

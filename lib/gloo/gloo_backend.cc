@@ -47,8 +47,8 @@ using Clock = std::chrono::steady_clock;
 // in the top byte (and Context::nextSlot counts up from 0), so a top byte of 0x50/0x51 cannot
 // collide with them.
 constexpr uint64_t kSendRecvSlotBase = uint64_t{0x50} << 56;
-// A group's small messages of one pair and direction, sent as one (GlooBackend::Group), up to this
-// many bytes; the low 32 bits of the slot are the group's sequence number.
+// A group's small messages of one pair and direction, sent as one (GlooBackend::Group) on this slot
+// plus the group's sequence number (below 2^56), up to this many bytes.
 constexpr uint64_t kCoalescedSlotBase = uint64_t{0x52} << 56;
 constexpr size_t kCoalesceMaxBytes = size_t{1} << 20;
 constexpr uint64_t kReduceScatterSlotBase = uint64_t{0x51} << 56;
@@ -411,8 +411,7 @@ void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadli
   for (const OpDesc& op : ops) {
     if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) Dispatch(op);
   }
-  // Per peer and direction, in (tag, issue) order: the order the peer's group has them in too.
-  std::map<std::pair<int, bool>, std::vector<const OpDesc*>> streams;
+  std::map<std::pair<int, bool>, std::vector<const OpDesc*>> streams;  // by peer and direction
   for (const OpDesc& op : ops) {
     if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
       streams[{op.peer, op.kind == OpKind::kSend}].push_back(&op);
@@ -432,6 +431,7 @@ void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadli
   };
   for (auto& [key, stream] : streams) {
     const auto [peer, send] = key;
+    // In (tag, issue) order: the order the peer's group has them in too.
     std::stable_sort(stream.begin(), stream.end(),
                      [](const OpDesc* a, const OpDesc* b) { return a->tag < b->tag; });
     size_t total = 0;
@@ -446,17 +446,17 @@ void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadli
     }
     // Small messages of one pair and direction go as one (both ranks decide alike from the same
     // messages): else Gloo's cost per message, not the bytes, sets the group's time.
-    if (total == 0) continue;  // nothing to move
+    if (total == 0) continue;
     Posted p{nullptr, send, std::vector<uint8_t>(total), {}};
     size_t off = 0;
     for (const OpDesc* op : stream) {
-      if (send) std::memcpy(p.staging.data() + off, op->input.data, op->input.bytes());
-      off += (send ? op->input : op->output).bytes();
+      const size_t n = (send ? op->input : op->output).bytes();
+      if (send && n > 0) std::memcpy(p.staging.data() + off, op->input.data, n);
+      off += n;
     }
     if (!send) p.coalesced = stream;
-    void* data = p.staging.data();
-    post(peer, send, data, total, kCoalescedSlotBase | (stream.front()->seq & 0xffffffffu),
-         std::move(p));
+    void* data = p.staging.data();  // before p is moved from (a moved vector keeps its bytes)
+    post(peer, send, data, total, kCoalescedSlotBase | stream.front()->seq, std::move(p));
   }
   for (Posted& p : posted) {
     WaitUntil(deadline, [&](std::chrono::milliseconds t) {
@@ -464,8 +464,9 @@ void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadli
     });
     size_t off = 0;
     for (const OpDesc* op : p.coalesced) {
-      std::memcpy(op->output.data, p.staging.data() + off, op->output.bytes());
-      off += op->output.bytes();
+      const size_t n = op->output.bytes();
+      if (n > 0) std::memcpy(op->output.data, p.staging.data() + off, n);
+      off += n;
     }
   }
 }

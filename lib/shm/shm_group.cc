@@ -187,7 +187,7 @@ bool ShmBackend::PumpSend(Stream& st) {
       for (size_t i = 0; i < n; ++i) {
         const OpDesc& op = *st.messages[st.next + i];
         entries[i] = BatchEntry{op.tag, 0, op.input.bytes()};
-        std::memcpy(dst + off, op.input.data, op.input.bytes());
+        if (op.input.bytes() > 0) std::memcpy(dst + off, op.input.data, op.input.bytes());
         off += Align8(op.input.bytes());
       }
       ch.desc[h] = ChunkDesc{0, kBatch, used};
@@ -197,7 +197,7 @@ bool ShmBackend::PumpSend(Stream& st) {
       const size_t bytes = op.input.bytes();
       const size_t m = std::min(half, bytes - st.offset);
       ch.desc[h] = ChunkDesc{op.tag, bytes, m};
-      std::memcpy(dst, static_cast<const unsigned char*>(op.input.data) + st.offset, m);
+      if (m > 0) std::memcpy(dst, static_cast<const unsigned char*>(op.input.data) + st.offset, m);
       st.offset += m;
       if (st.offset >= bytes) {
         ++st.next;
@@ -239,7 +239,7 @@ absl::Status ShmBackend::PumpRecv(const OpCtx& ctx, Stream& st, bool* progressed
         if (entries[i].tag != op.tag || entries[i].bytes != op.output.bytes()) {
           return mismatch(entries[i].tag, entries[i].bytes);
         }
-        std::memcpy(op.output.data, src + off, op.output.bytes());
+        if (op.output.bytes() > 0) std::memcpy(op.output.data, src + off, op.output.bytes());
         off += Align8(op.output.bytes());
         ++st.next;
       }
@@ -249,7 +249,9 @@ absl::Status ShmBackend::PumpRecv(const OpCtx& ctx, Stream& st, bool* progressed
       if (d.tag != op.tag || d.total_bytes != bytes || d.chunk_bytes > bytes - st.offset) {
         return mismatch(d.tag, d.total_bytes);
       }
-      std::memcpy(static_cast<unsigned char*>(op.output.data) + st.offset, src, d.chunk_bytes);
+      if (d.chunk_bytes > 0) {
+        std::memcpy(static_cast<unsigned char*>(op.output.data) + st.offset, src, d.chunk_bytes);
+      }
       st.offset += d.chunk_bytes;
       if (st.offset >= bytes) {
         ++st.next;
