@@ -140,8 +140,9 @@ TEST(Prometheus, ScrapesTheFourRankDemoAndCountsItsAllreduces) {
   }
   ASSERT_EQ(targets, 4u) << "prometheus did not take the targets; see " << dir << "/prometheus.log";
 
-  // 50 steps of two allreduces each on every rank; the ranks hold their endpoints 3 s after the
-  // last step, for several scrapes of the final counts.
+  // 50 steps of three allreduces each on every rank (the gradients' one bucket, the bucketer's
+  // error exchange, the loss); the ranks hold their endpoints 3 s after the last step, for
+  // several scrapes of the final counts.
   const int rc = std::system(absl::StrCat("ADAPTCOMM_METRICS_PORT=", base, " ", bin,
                                           "/tools/adaptcomm launch -n 4 --timeout 120 -- ", bin,
                                           "/examples/adaptcomm_trainer --steps 50 --hold 3 > ", dir,
@@ -155,11 +156,11 @@ TEST(Prometheus, ScrapesTheFourRankDemoAndCountsItsAllreduces) {
   double count = -1;
   std::string answer;
   for (const absl::Time until = absl::Now() + absl::Seconds(20);
-       count != 400 && absl::Now() < until;) {
+       count != 600 && absl::Now() < until;) {
     count = Query(client, query, &answer);
-    if (count != 400) absl::SleepFor(absl::Milliseconds(250));
+    if (count != 600) absl::SleepFor(absl::Milliseconds(250));
   }
-  EXPECT_EQ(count, 400) << query << ": " << answer;
+  EXPECT_EQ(count, 600) << query << ": " << answer;
   // Every rank was scraped, with its rank label.
   EXPECT_EQ(
       Query(client,
