@@ -311,8 +311,10 @@ int RunDistributed(const Flags& f) {
   const Reduce tensor_sum = [&](std::vector<float>& v) {
     return grid.tensor->Allreduce(adaptcomm::HostView(v.data(), v.size())).Wait().ok();
   };
-  // Stage 0 sends first in both directions' pairing: it sends activations and then receives their
-  // gradient; stage 1 receives, then sends. (Grouped send/recv will let both be issued at once.)
+  // Pairs ordered by hand: stage 0 sends its activations, then receives their gradient; stage 1
+  // receives, then sends. Each transfer goes one way, so the order is forced anyway; a schedule
+  // that sends and receives at once between stages (1F1B) would issue both in one
+  // Communicator::Group, as the weight gather below does.
   const int peer = 1 - pp;
   std::vector<float> x = Inputs(data, begin, n), a, y, dy, da;
   int launched_early = 0;
@@ -355,26 +357,47 @@ int RunDistributed(const Flags& f) {
     }
   }
   if (world.rank() == 0) {
+    // The slices in file order (stage, then tensor rank), received as one group: each completes
+    // whenever its peer sends, in any order.
+    std::vector<Stage> parts;
+    std::vector<std::vector<float>> bufs;
+    std::vector<adaptcomm::Work> recvs;
+    for (int s = 0; s < 2; ++s) {
+      for (int t = 0; t < grid.tensor_size; ++t) {
+        parts.push_back(MakeStage(s, t, grid.tensor_size));
+        size_t count = 0;
+        for (auto* p : parts.back().params()) count += p->size();
+        bufs.emplace_back(count);
+      }
+    }
+    absl::Status group = world.Group([&] {
+      for (size_t k = 0; k < parts.size(); ++k) {
+        const int s = static_cast<int>(k) / grid.tensor_size,
+                  t = static_cast<int>(k) % grid.tensor_size;
+        const int from = adaptcomm::GridRank(layout, world.size(), t, s, 0);
+        if (from == 0) {
+          bufs[k] = mine;
+        } else {
+          recvs.push_back(world.Recv(adaptcomm::HostView(bufs[k].data(), bufs[k].size()), from));
+        }
+      }
+    });
+    for (adaptcomm::Work& r : recvs) {
+      if (absl::Status s = group.ok() ? r.Wait() : group; !s.ok()) {
+        return Fail("receiving weights", s);
+      }
+    }
     std::vector<std::vector<float>> flat;
     for (int s = 0; s < 2; ++s) {
       std::vector<Stage> slices;
       for (int t = 0; t < grid.tensor_size; ++t) {
-        Stage part = MakeStage(s, t, grid.tensor_size);
-        const int from = adaptcomm::GridRank(layout, world.size(), t, s, 0);
-        size_t count = 0;
-        for (auto* p : part.params()) count += p->size();
-        std::vector<float> buf(count);
-        if (from == 0) {
-          buf = mine;
-        } else if (!world.Recv(adaptcomm::HostView(buf.data(), buf.size()), from).Wait().ok()) {
-          return Fail("receiving weights", absl::InternalError("recv failed"));
-        }
+        const size_t k = static_cast<size_t>(s * grid.tensor_size + t);
         size_t at = 0;
-        for (auto* p : part.params()) {
-          std::copy(buf.begin() + at, buf.begin() + at + p->size(), p->begin());
+        for (auto* p : parts[k].params()) {
+          std::copy(bufs[k].begin() + at, bufs[k].begin() + at + p->size(), p->begin());
           at += p->size();
         }
-        slices.push_back(std::move(part));
+        slices.push_back(std::move(parts[k]));
       }
       for (auto& t : Assemble(slices)) flat.push_back(t);
     }

@@ -77,7 +77,7 @@ TEST(NcclBucketer, CudaTensorsOnAStagingBackendAreBucketsOfTheirOwn) {
 }
 
 // Two fake-NCCL ranks, each with its own fake GPU, running `body` on an NCCL communicator.
-void OnNccl(const std::function<void(Communicator&, int rank)>& body) {
+void OnNccl(const std::function<void(Communicator&, int rank, FakeNcclApi& gpu)>& body) {
   auto world = testing::MakeFakeNcclWorld();
   std::vector<std::shared_ptr<FakeNcclApi>> fakes;
   for (int r = 0; r < 2; ++r) {
@@ -95,7 +95,7 @@ void OnNccl(const std::function<void(Communicator&, int rank)>& body) {
         auto comm = internal::CreateCommunicatorWith(o, deps);
         ASSERT_TRUE(comm.ok()) << comm.status();
         ASSERT_STREQ((*comm)->backend_name(), "nccl");
-        body(**comm, env.rank);
+        body(**comm, env.rank, *fakes[static_cast<size_t>(env.rank)]);
       },
       absl::Seconds(60));
 }
@@ -121,29 +121,52 @@ std::vector<GradientSpec> CudaSpecs() {
 }
 
 // NCCL takes device memory only: the registration digest and the error exchange go through
-// device scratch; each CUDA tensor is a bucket reduced in place.
-TEST(NcclBucketer, CudaTensorsOnNcclAreReducedInPlace) {
-  OnNccl([](Communicator& comm, int rank) {
-    const std::vector<GradientSpec> specs = CudaSpecs();
-    auto bucketer = GradientBucketer::Create(comm, specs, {});
+// device scratch, where CUDA tensors are fused too: each copied in on its own stream (two streams
+// here), the bucket reduced on the bucketer's stream once every copy is done, copied back, and
+// each gradient's stream made to wait for that. A tensor alone in its bucket is reduced in place.
+TEST(NcclBucketer, CudaTensorsOnNcclAreFusedInDeviceScratch) {
+  OnNccl([](Communicator& comm, int rank, FakeNcclApi& gpu) {
+    const std::vector<GradientSpec> specs = CudaSpecs();  // 100, 137, 174, 211, 248 floats
+    BucketerOptions bo;
+    bo.bucket_bytes = 1000;
+    auto bucketer = GradientBucketer::Create(comm, specs, bo);
     ASSERT_TRUE(bucketer.ok()) << bucketer.status();
-    EXPECT_EQ((*bucketer)->bucket_count(), 5);
+    ASSERT_EQ((*bucketer)->bucket_count(), 3);
+    EXPECT_EQ((*bucketer)->bucket(0).tensors, std::vector<int>({4, 3}));
+    EXPECT_EQ((*bucketer)->bucket(1).tensors, std::vector<int>({2, 1}));
+    EXPECT_EQ((*bucketer)->bucket(2).tensors, std::vector<int>({0}));
+    EXPECT_NE((*bucketer)->Storage(3).data, nullptr);  // a device slot
+    EXPECT_EQ((*bucketer)->Storage(0).data, nullptr);  // alone: the caller's view is reduced
+    cuda::CudaStream other = nullptr;
+    ASSERT_EQ(gpu.StreamCreateNonBlocking(&other), cuda::kCudaSuccess);
     for (int step = 0; step < 2; ++step) {
       std::vector<std::vector<float>> g;
       for (const GradientSpec& s : specs) g.emplace_back(s.count, 1.0f + 2.0f * rank + step);
-      for (int i : {2, 4, 0, 3, 1}) ASSERT_TRUE((*bucketer)->MarkReady(i, Cuda(g[i])).ok());
+      for (int i : {2, 4, 0, 3, 1}) {
+        TensorView v = Cuda(g[i]);
+        v.stream = i % 2 == 0 ? other : nullptr;
+        ASSERT_TRUE((*bucketer)->MarkReady(i, v).ok());
+      }
       auto stats = (*bucketer)->Wait();
       ASSERT_TRUE(stats.ok()) << stats.status();
-      DrainDevice(comm);
+      EXPECT_EQ(stats->buckets, 3);
+      // What work queued on each gradient's stream after Wait() reads: the reduced values.
       for (size_t i = 0; i < g.size(); ++i) {
-        for (float v : g[i]) ASSERT_EQ(v, 2.0f + step) << "rank " << rank << " tensor " << i;
+        cuda::CudaStream stream = i % 2 == 0 ? other : nullptr;
+        std::vector<float> seen(g[i].size(), -1.0f);
+        ASSERT_EQ(gpu.MemcpyAsync(seen.data(), g[i].data(), seen.size() * sizeof(float),
+                                  cuda::MemcpyKind::kDeviceToHost, stream),
+                  cuda::kCudaSuccess);
+        ASSERT_EQ(gpu.StreamSynchronize(stream), cuda::kCudaSuccess);
+        for (float v : seen) ASSERT_EQ(v, 2.0f + step) << "rank " << rank << " tensor " << i;
       }
     }
+    (void)gpu.StreamDestroy(other);
   });
 }
 
 TEST(NcclBucketer, MismatchAndUnmarkedTensorsAreNamedOnEveryRankThroughTheDevice) {
-  OnNccl([](Communicator& comm, int rank) {
+  OnNccl([](Communicator& comm, int rank, FakeNcclApi&) {
     std::vector<GradientSpec> specs = CudaSpecs();
     if (rank == 1) specs[2].count = 7;
     auto bad = GradientBucketer::Create(comm, specs, {});
@@ -177,7 +200,7 @@ TEST(NcclBucketer, MismatchAndUnmarkedTensorsAreNamedOnEveryRankThroughTheDevice
 }
 
 TEST(NcclBucketer, HostTensorsAndMixedWiresOnNcclAreRefused) {
-  OnNccl([](Communicator& comm, int) {
+  OnNccl([](Communicator& comm, int, FakeNcclApi&) {
     auto host = GradientBucketer::Create(comm, {{"w", 64}}, {});
     EXPECT_TRUE(absl::IsUnimplemented(host.status())) << host.status();
     EXPECT_THAT(std::string(host.status().message()),

@@ -141,9 +141,10 @@ TEST(Prometheus, ScrapesTheFourRankDemoAndCountsItsAllreduces) {
   }
   ASSERT_EQ(targets, 4u) << "prometheus did not take the targets; see " << dir << "/prometheus.log";
 
-  // 50 steps of two allreduces each on every rank (and whatever the steps' commits add); the ranks
-  // hold their endpoints 3 s after the last step, for several scrapes of the final counts, and
-  // write those counts to their textfiles when they end.
+  // 50 steps of at least two allreduces each on every rank (the gradients, the loss, and what the
+  // bucketer and the steps' commits add); the ranks hold their endpoints 3 s after the last step,
+  // for several scrapes of the final counts, and write those counts to their textfiles when they
+  // end.
   const int rc = std::system(
       absl::StrCat("ADAPTCOMM_METRICS_PORT=", base, " ADAPTCOMM_METRICS_TEXTFILE=", dir,
                    "/rank{rank}.prom ", bin, "/tools/adaptcomm launch -n 4 --timeout 120 -- ", bin,

@@ -27,13 +27,16 @@
 //
 // Memory: host tensors on a backend that takes host memory (Gloo, shared memory, hierarchical).
 // CUDA tensors where the backend takes device memory (NCCL; Gloo staging CUDA views), all of one
-// rank's on one device: each is a bucket of its own, reduced in place on its view's stream (no
-// fusion across device tensors yet: packing them needs device copies). On a backend that takes
-// device memory only (NCCL) every tensor must be a CUDA tensor and the wire f32; the bucketer's
-// own exchanges (registration digest, per-step errors) then go through device scratch on a stream
-// of its own, and Wait() waits (bounded) for the error exchange to come back to the host: the
-// buckets themselves are, as with Work::Wait, queued on their streams when Wait() returns. An
-// unmarked CUDA tensor is stood in for by zeros in device scratch (its result is dropped).
+// rank's on one device. Where the bucketer can reach the communicator's CUDA runtime they are
+// fused like host tensors, in device buckets it allocates: MarkReady queues the copy into the
+// bucket on the gradient's stream (after the work that produced it) and records an event; the
+// bucket's allreduce runs on the bucketer's own stream once every copy is done; Wait() queues the
+// copies back there and makes each gradient's stream wait for them, so work queued on those
+// streams after Wait() sees the result (as with Work::Wait on a stream-ordered backend, Wait()
+// does not wait for the device). Otherwise each CUDA tensor is a bucket of its own, reduced in
+// place. On a backend that takes device memory only (NCCL) every tensor must be a CUDA tensor and
+// the wire f32; the bucketer's own exchanges (registration digest, per-step errors) then go
+// through device scratch, and Wait() waits (bounded) for the error exchange to reach the host.
 //
 // Thread safety: MarkReady may be called from any thread, concurrently; Wait from one thread at a
 // time. Collectives: Create and Wait are collectives of the communicator, and the bucket
@@ -78,7 +81,7 @@ enum class UnusedPolicy : uint8_t {
   kError,
   // Its gradient counts as zero on this rank: the bucketer zeroes its slot (Storage(i)), where
   // the reduced result then is (a view of an earlier step may no longer be valid). A CUDA tensor
-  // has no slot: zeros in device scratch stand in, and its result is dropped.
+  // alone in its bucket has no slot: zeros in device scratch stand in, and its result is dropped.
   kZero,
 };
 
@@ -147,10 +150,12 @@ class ADAPTCOMM_EXPORT GradientBucketer {
   // As MarkReady(index, Storage(index)): the gradient was written in place.
   [[nodiscard]] absl::Status MarkReady(int index);
 
-  // Tensor `index`'s slot in its bucket's host buffer: write the gradient there and MarkReady(i)
-  // saves the copy in (DDP's gradient_as_bucket_view). Valid for the bucketer's lifetime; after
-  // Wait() it holds the reduced result when the step's gradient was given there (or zeroed by
-  // UnusedPolicy::kZero). A CUDA tensor has no slot (a view with data == nullptr).
+  // Tensor `index`'s slot in its bucket's buffer: write the gradient there and MarkReady(i) saves
+  // the copy in (DDP's gradient_as_bucket_view). Valid for the bucketer's lifetime; after Wait()
+  // it holds the reduced result when the step's gradient was given there (or zeroed by
+  // UnusedPolicy::kZero). The slot of a fused CUDA tensor is device memory, its stream the
+  // bucketer's (write it on another stream and pass that stream in MarkReady(i, view)). A tensor
+  // reduced alone in the caller's view (direct_bytes, unfused CUDA) has no slot: data == nullptr.
   TensorView Storage(int index) const;
 
   // Ends the step: launches what is left (see UnusedPolicy), waits for every bucket (each within

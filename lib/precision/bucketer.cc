@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "lib/cuda/cuda_api.h"
 #include "lib/precision/bucketer_device.h"
 
 namespace adaptcomm {
@@ -78,7 +79,12 @@ struct GradientBucketer::State {
   std::vector<int> bucket_of;
   std::vector<size_t> offset;                         // byte offset of each tensor in its bucket
   std::vector<std::unique_ptr<std::byte[]>> buffers;  // per host bucket (null for CUDA)
-  std::unique_ptr<MixedPrecisionContext> mixed;       // wire != f32
+  // Per fused CUDA bucket, in the scratch's device memory (null otherwise), and the event its
+  // copy-back was recorded with; per fused CUDA tensor, the event of its MarkReady.
+  std::vector<void*> device_buffers;
+  std::vector<cuda::CudaEvent> copied_back;
+  std::vector<cuda::CudaEvent> marked;
+  std::unique_ptr<MixedPrecisionContext> mixed;  // wire != f32
   // The bookkeeping exchanges on a device-only backend, and zeros for unmarked CUDA tensors; null
   // where there is no CUDA runtime (a host backend without CUDA tensors needs none).
   std::unique_ptr<bucketer::DeviceScratch> scratch;
@@ -88,6 +94,8 @@ struct GradientBucketer::State {
   absl::Mutex mu;
   // Per step.
   std::vector<uint8_t> claimed ABSL_GUARDED_BY(mu);     // MarkReady began for the tensor
+  std::vector<uint8_t> recorded ABSL_GUARDED_BY(mu);    // its `marked` event was recorded
+  absl::Status device_error ABSL_GUARDED_BY(mu);        // a failed CUDA call of this step
   std::vector<TensorView> dest ABSL_GUARDED_BY(mu);     // where Wait copies the result (or none)
   std::vector<int> missing ABSL_GUARDED_BY(mu);         // per bucket: tensors not ready yet
   std::vector<TensorView> reduced ABSL_GUARDED_BY(mu);  // per bucket: the view its allreduce ran on
@@ -110,22 +118,32 @@ struct GradientBucketer::State {
 
   bool mixed_wire() const { return options.wire != DType::kF32; }
   bool host_bucket(int b) const { return buffers[b] != nullptr; }
+  bool device_bucket(int b) const { return device_buffers[b] != nullptr; }
 
   TensorView Slot(int index) const {
     const int b = bucket_of[index];
-    if (buffers[b] == nullptr)
-      return TensorView{nullptr, 0, specs[index].dtype, specs[index].device, nullptr};
-    return TensorView{buffers[b].get() + offset[index], specs[index].count, specs[index].dtype,
-                      Device::Cpu(), nullptr};
+    const GradientSpec& s = specs[index];
+    if (device_bucket(b)) {
+      return TensorView{static_cast<std::byte*>(device_buffers[b]) + offset[index], s.count,
+                        s.dtype, s.device, scratch->stream()};
+    }
+    if (buffers[b] == nullptr) return TensorView{nullptr, 0, s.dtype, s.device, nullptr};
+    return TensorView{buffers[b].get() + offset[index], s.count, s.dtype, Device::Cpu(), nullptr};
   }
   TensorView BucketView(int b) const {
-    return TensorView{buffers[b].get(), buckets[b].bytes / DTypeSize(buckets[b].dtype),
-                      buckets[b].dtype, Device::Cpu(), nullptr};
+    const size_t count = buckets[b].bytes / DTypeSize(buckets[b].dtype);
+    if (device_bucket(b)) {
+      return TensorView{device_buffers[b], count, buckets[b].dtype, buckets[b].device,
+                        scratch->stream()};
+    }
+    return TensorView{buffers[b].get(), count, buckets[b].dtype, Device::Cpu(), nullptr};
   }
 
   void ResetStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const size_t n = specs.size(), nb = buckets.size();
     claimed.assign(n, 0);
+    recorded.assign(n, 0);
+    device_error = absl::OkStatus();
     dest.assign(n, TensorView{});
     missing.assign(nb, 0);
     for (size_t b = 0; b < nb; ++b) missing[b] = static_cast<int>(buckets[b].tensors.size());
@@ -150,13 +168,24 @@ struct GradientBucketer::State {
     while (next_launch < static_cast<int>(buckets.size()) && missing[next_launch] == 0) {
       const int b = next_launch++;
       const BucketInfo& info = buckets[b];
-      if (!host_bucket(b) || (info.tensors.size() == 1 && dest[info.tensors[0]].data != nullptr)) {
-        // Alone in its bucket (or on a device): reduced in place, no copy.
+      const bool fused = host_bucket(b) || device_bucket(b);
+      if (!fused || (info.tensors.size() == 1 && dest[info.tensors[0]].data != nullptr)) {
+        // Alone in its bucket (or an unfused CUDA tensor): reduced in place, no copy.
         reduced[b] = dest[info.tensors[0]];
         if (reduced[b].data == nullptr) reduced[b] = BucketView(b);
         dest[info.tensors[0]] = TensorView{};
       } else {
         reduced[b] = BucketView(b);
+      }
+      if (device_bucket(b) && reduced[b].data == device_buffers[b]) {
+        // The bucket's stream waits for every copy into it, each on its tensor's own stream.
+        for (int i : info.tensors) {
+          if (!recorded[i]) continue;
+          if (absl::Status s = scratch->Await(scratch->stream(), marked[i]);
+              !s.ok() && device_error.ok()) {
+            device_error = s;  // reported by Wait(); the allreduce still runs for the peers
+          }
+        }
       }
       if (from_mark) ++launched_before_wait;
       if (reduced[b].data == nullptr) {
@@ -170,6 +199,30 @@ struct GradientBucketer::State {
             std::make_shared<Work>(comm.Allreduce(reduced[b], {options.op, options.timeout}));
       }
     }
+  }
+
+  // Queued on the bucket's stream behind its allreduce; then each gradient's stream waits for
+  // the copies.
+  absl::Status CopyBackOnDevice(int b, const std::vector<TensorView>& to) {
+    for (int i : buckets[b].tensors) {
+      if (to[i].data == nullptr) continue;
+      const TensorView slot = Slot(i);
+      if (absl::Status s = scratch->Copy(to[i].data, slot.data, slot.bytes(), scratch->stream());
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = scratch->Record(copied_back[b], scratch->stream()); !s.ok()) return s;
+    std::vector<void*> waited;
+    for (int i : buckets[b].tensors) {
+      if (to[i].data == nullptr ||
+          std::find(waited.begin(), waited.end(), to[i].stream) != waited.end()) {
+        continue;
+      }
+      waited.push_back(to[i].stream);
+      if (absl::Status s = scratch->Await(to[i].stream, copied_back[b]); !s.ok()) return s;
+    }
+    return absl::OkStatus();
   }
 
   void RunMixed() {
@@ -270,13 +323,13 @@ using Gather = std::function<absl::Status(const int64_t* mine, size_t count, int
 // Every rank compares its registration with rank 0's: a digest first (16 bytes per rank), the
 // registrations themselves only when a digest differs, to name the first rank and tensor.
 absl::Status CheckSameOnEveryRank(Communicator& comm, const std::vector<GradientSpec>& specs,
-                                  const BucketerOptions& o, size_t bucket_bytes,
+                                  const BucketerOptions& o, size_t bucket_bytes, bool fuse_cuda,
                                   const Gather& gather) {
   const int world = comm.size();
   if (world == 1) return absl::OkStatus();
-  const int64_t header =
-      static_cast<int64_t>(static_cast<uint64_t>(o.op) | (static_cast<uint64_t>(o.wire) << 8) |
-                           (static_cast<uint64_t>(o.unused) << 16));
+  const int64_t header = static_cast<int64_t>(
+      static_cast<uint64_t>(o.op) | (static_cast<uint64_t>(o.wire) << 8) |
+      (static_cast<uint64_t>(o.unused) << 16) | (static_cast<uint64_t>(fuse_cuda) << 24));
   uint64_t digest = kFnvOffset;
   Mix(digest, static_cast<uint64_t>(header));
   Mix(digest, bucket_bytes);
@@ -387,12 +440,16 @@ absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
                    HostView(all, count * static_cast<size_t>(comm.size())), ao)
         .Wait();
   };
-  if (absl::Status s = CheckSameOnEveryRank(comm, st.specs, options, cap, gather); !s.ok()) {
+  // CUDA tensors are fused where the bucketer has device scratch; every rank must, or their
+  // buckets differ (the digest compares it).
+  const bool fuse_cuda = st.scratch != nullptr && !st.mixed_wire();
+  if (absl::Status s = CheckSameOnEveryRank(comm, st.specs, options, cap, fuse_cuda, gather);
+      !s.ok()) {
     return s;
   }
 
-  // Reverse registration order, one open bucket per (dtype, device); CUDA tensors and tensors of
-  // direct_bytes or more alone.
+  // Reverse registration order, one open bucket per (dtype, device); tensors of direct_bytes or
+  // more alone, and CUDA tensors too unless they can be fused in device scratch.
   const int n = static_cast<int>(st.specs.size());
   st.bucket_of.assign(n, -1);
   st.offset.assign(n, 0);
@@ -403,8 +460,8 @@ absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
         std::make_tuple(static_cast<int>(s.dtype), static_cast<int>(s.device.type), s.device.index);
     auto it = open.find(key);
     const size_t bytes = s.count * DTypeSize(s.dtype);
-    const bool alone =
-        s.device.is_cuda() || (options.direct_bytes != 0 && bytes >= options.direct_bytes);
+    const bool alone = (s.device.is_cuda() && !fuse_cuda) ||
+                       (options.direct_bytes != 0 && bytes >= options.direct_bytes);
     int b;
     if (it == open.end() || alone) {
       b = static_cast<int>(st.buckets.size());
@@ -421,10 +478,28 @@ absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
     if (!alone && info.bytes >= cap) open.erase(key);
   }
   st.buffers.resize(st.buckets.size());
+  st.device_buffers.assign(st.buckets.size(), nullptr);
+  st.copied_back.assign(st.buckets.size(), nullptr);
+  st.marked.assign(st.specs.size(), nullptr);
   for (size_t b = 0; b < st.buckets.size(); ++b) {
-    if (st.buckets[b].device.is_cuda()) continue;
-    // Zeroed: first-touched here rather than inside the first step's backward.
-    st.buffers[b].reset(new std::byte[st.buckets[b].bytes]());
+    const BucketInfo& info = st.buckets[b];
+    if (!info.device.is_cuda()) {
+      // Zeroed: first-touched here rather than inside the first step's backward.
+      st.buffers[b].reset(new std::byte[info.bytes]());
+      continue;
+    }
+    if (info.tensors.size() < 2) continue;  // reduced in place in the caller's view
+    absl::StatusOr<void*> buffer = st.scratch->Buffer(info.bytes);
+    if (!buffer.ok()) return buffer.status();
+    st.device_buffers[b] = *buffer;
+    absl::StatusOr<cuda::CudaEvent> event = st.scratch->NewEvent();
+    if (!event.ok()) return event.status();
+    st.copied_back[b] = *event;
+    for (int i : info.tensors) {
+      event = st.scratch->NewEvent();
+      if (!event.ok()) return event.status();
+      st.marked[i] = *event;
+    }
   }
   if (st.mixed_wire()) {
     st.mixed = std::make_unique<MixedPrecisionContext>(comm);
@@ -524,12 +599,22 @@ absl::Status GradientBucketer::MarkReady(int index, TensorView grad) {
   const int b = st.bucket_of[index];
   const bool alone = st.buckets[b].tensors.size() == 1;
   TensorView dest = grad;
-  if (slot.data != nullptr && grad.data != slot.data && !alone) {
+  absl::Status device = absl::OkStatus();
+  if (st.device_bucket(b)) {
+    // Queued on the gradient's own stream, after the work that produced it; the bucket's stream
+    // waits for the event before the allreduce.
+    if (grad.data != slot.data)
+      device = st.scratch->Copy(slot.data, grad.data, grad.bytes(), grad.stream);
+    if (device.ok()) device = st.scratch->Record(st.marked[index], grad.stream);
+    if (grad.data == slot.data) dest = TensorView{};
+  } else if (slot.data != nullptr && grad.data != slot.data && !alone) {
     std::memcpy(slot.data, grad.data, grad.bytes());
   } else if (grad.data == slot.data) {
     dest = TensorView{};  // in place in the bucket: nothing to copy back
   }
   absl::MutexLock lock(&st.mu);
+  if (!device.ok() && st.device_error.ok()) st.device_error = device;
+  st.recorded[index] = st.device_bucket(b) && device.ok();
   st.dest[index] = dest;
   --st.missing[b];
   st.LaunchReady(/*from_mark=*/true);
@@ -552,7 +637,15 @@ absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
       if (st.options.unused == UnusedPolicy::kError) st.RecordError(kNeverReady, i);
       ++stats.unused_tensors;
       TensorView slot = st.Slot(i);
-      if (slot.data != nullptr) std::memset(slot.data, 0, slot.bytes());
+      if (slot.data != nullptr && slot.device.is_cuda()) {
+        // On the bucket's own stream, ahead of its allreduce.
+        if (absl::Status z = st.scratch->Zero(slot.data, slot.bytes(), st.scratch->stream());
+            !z.ok() && st.device_error.ok()) {
+          st.device_error = z;
+        }
+      } else if (slot.data != nullptr) {
+        std::memset(slot.data, 0, slot.bytes());
+      }
       st.claimed[i] = 1;
       st.dest[i] = TensorView{};
       if (slot.data == nullptr) {
@@ -619,11 +712,22 @@ absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
     }
     const BucketInfo& info = st.buckets[b];
     stats.bytes += info.bytes;
+    if (st.device_bucket(b)) {
+      // Work the caller queues on a gradient's stream after Wait() sees the result, as with
+      // Work::Wait on a stream-ordered backend.
+      absl::Status c = st.CopyBackOnDevice(b, dest);
+      if (!c.ok() && first_failure.ok()) first_failure = c;
+      continue;
+    }
     for (int i : info.tensors) {
       if (dest[i].data != nullptr && st.Slot(i).data != nullptr) {
         std::memcpy(dest[i].data, st.Slot(i).data, dest[i].bytes());
       }
     }
+  }
+  {
+    absl::MutexLock lock(&st.mu);
+    if (!st.device_error.ok() && first_failure.ok()) first_failure = st.device_error;
   }
   // Every rank issues the exchange, failed buckets or not, so that the op sequences stay alike.
   const int world = st.comm.size();

@@ -34,6 +34,8 @@ DeviceScratch::~DeviceScratch() {
   if (dev_ != nullptr) (void)api_->Free(dev_);
   if (host_ != nullptr) (void)api_->FreeHost(host_);
   for (auto& [index, zeros] : zeros_) (void)api_->Free(zeros.first);
+  for (void* b : buffers_) (void)api_->Free(b);
+  for (cuda::CudaEvent e : events_) (void)api_->EventDestroy(e);
   if (done_ != nullptr) (void)api_->EventDestroy(done_);
   if (stream_ != nullptr) (void)api_->StreamDestroy(stream_);
 }
@@ -168,6 +170,51 @@ absl::StatusOr<TensorView> DeviceScratch::Zeros(int index, const TensorView& lik
     return s;
   }
   return TensorView{ptr, like.count, like.dtype, like.device, stream_};
+}
+
+absl::StatusOr<void*> DeviceScratch::Buffer(size_t bytes) {
+  cuda::ScopedCudaDevice on(*api_, device_);
+  if (absl::Status s = Cuda(on.error(), "cudaSetDevice"); !s.ok()) return s;
+  void* p = nullptr;
+  if (absl::Status s = Cuda(api_->Malloc(&p, bytes), "cudaMalloc of a bucket"); !s.ok()) return s;
+  buffers_.push_back(p);
+  return p;
+}
+
+absl::StatusOr<cuda::CudaEvent> DeviceScratch::NewEvent() {
+  cuda::ScopedCudaDevice on(*api_, device_);
+  if (absl::Status s = Cuda(on.error(), "cudaSetDevice"); !s.ok()) return s;
+  cuda::CudaEvent e = nullptr;
+  if (absl::Status s = Cuda(api_->EventCreateDisableTiming(&e), "cudaEventCreate"); !s.ok()) {
+    return s;
+  }
+  events_.push_back(e);
+  return e;
+}
+
+absl::Status DeviceScratch::Copy(void* dst, const void* src, size_t bytes, cuda::CudaStream on) {
+  cuda::ScopedCudaDevice d(*api_, device_);
+  if (absl::Status s = Cuda(d.error(), "cudaSetDevice"); !s.ok()) return s;
+  return Cuda(api_->MemcpyAsync(dst, src, bytes, cuda::MemcpyKind::kDeviceToDevice, on),
+              "cudaMemcpyAsync of a bucket slot");
+}
+
+absl::Status DeviceScratch::Zero(void* dst, size_t bytes, cuda::CudaStream on) {
+  cuda::ScopedCudaDevice d(*api_, device_);
+  if (absl::Status s = Cuda(d.error(), "cudaSetDevice"); !s.ok()) return s;
+  return Cuda(api_->MemsetAsync(dst, 0, bytes, on), "cudaMemsetAsync of a bucket slot");
+}
+
+absl::Status DeviceScratch::Record(cuda::CudaEvent event, cuda::CudaStream on) {
+  cuda::ScopedCudaDevice d(*api_, device_);
+  if (absl::Status s = Cuda(d.error(), "cudaSetDevice"); !s.ok()) return s;
+  return Cuda(api_->EventRecord(event, on), "cudaEventRecord");
+}
+
+absl::Status DeviceScratch::Await(cuda::CudaStream waiter, cuda::CudaEvent event) {
+  cuda::ScopedCudaDevice d(*api_, device_);
+  if (absl::Status s = Cuda(d.error(), "cudaSetDevice"); !s.ok()) return s;
+  return Cuda(api_->StreamWaitEvent(waiter, event), "cudaStreamWaitEvent");
 }
 
 }  // namespace adaptcomm::bucketer

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,6 +40,18 @@ class DeviceScratch {
   // that stream after it sees zeros). Kept for the next step that leaves the tensor unmarked.
   [[nodiscard]] absl::StatusOr<TensorView> Zeros(int index, const TensorView& like);
 
+  // Fused device buckets. Buffers and events live until the scratch is destroyed. The calls queue
+  // work and return; any thread may make them (each sets the device for its own call).
+  [[nodiscard]] absl::StatusOr<void*> Buffer(size_t bytes);
+  [[nodiscard]] absl::StatusOr<cuda::CudaEvent> NewEvent();
+  [[nodiscard]] absl::Status Copy(void* dst, const void* src, size_t bytes, cuda::CudaStream on);
+  [[nodiscard]] absl::Status Zero(void* dst, size_t bytes, cuda::CudaStream on);
+  [[nodiscard]] absl::Status Record(cuda::CudaEvent event, cuda::CudaStream on);
+  // Work queued on `waiter` after this waits for `event`.
+  [[nodiscard]] absl::Status Await(cuda::CudaStream waiter, cuda::CudaEvent event);
+  // The scratch's own stream: fused buckets are reduced and copied back on it.
+  cuda::CudaStream stream() const { return stream_; }
+
  private:
   DeviceScratch(Communicator& comm, std::shared_ptr<cuda::CudaApi> api, int device,
                 absl::Duration bound)
@@ -57,6 +70,8 @@ class DeviceScratch {
   int64_t* host_ = nullptr;                        // pinned
   size_t have_ = 0;                                // int64s in each
   std::map<int, std::pair<void*, size_t>> zeros_;  // per tensor: device buffer and its bytes
+  std::vector<void*> buffers_;
+  std::vector<cuda::CudaEvent> events_;
 };
 
 }  // namespace adaptcomm::bucketer
