@@ -378,6 +378,16 @@ class ADAPTCOMM_EXPORT Communicator {
   // its own backend, with this communicator's options (profile, timeouts, retry, elastic policy)
   // but its own op sequence, flight record and Explain(). Children of one Split are independent:
   // their ops may be issued in any order relative to each other and to this communicator's.
+  // Failures (docs/groups.md, "Failure semantics"): the communicators split from one root,
+  // recursively, form a family in each process. When one member breaks (health() turns non-OK: an
+  // abort, an op that failed for good, a coordinated retry that failed, a lost rank) every other
+  // member in this process is aborted with Aborted "communicator 'X' (child of 'Y') broke:
+  // <cause>", and tells its own ranks elsewhere, so the parent and every sibling fail on every
+  // rank within the failure-report window rather than at their op timeout. A retry that recovers
+  // breaks nothing, and neither does destroying a member (in any order). An elastic membership
+  // change (shrink, AdmitJoiners) of a member that has relatives fails the whole family, the
+  // changed member included: FailedPrecondition naming the change (Aborted naming it where a peer
+  // process told first); rebuild the groups with Split from a communicator of the new world.
   // REQUIRES: every rank calls Split in the same order relative to its other Splits; this
   // communicator outlives its children when one of its ranks serves the store.
   static constexpr int kNoColor = -1;

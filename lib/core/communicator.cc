@@ -155,6 +155,13 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   }
   online_tuner_ =
       StartOnlineTuner(options_, config_, elastic_.elastic, rendezvous_.store, executor_);
+  // A root of a family of its own until Split makes it a child of another communicator's.
+  family_member_ = std::make_shared<FamilyMember>(options_.name, executor_, coordinator_);
+  family_member_->JoinFamily(std::make_shared<CommunicatorFamily>(), "");
+  executor_->SetBreakHook(
+      [member = std::weak_ptr<FamilyMember>(family_member_)](const absl::Status& cause) {
+        if (std::shared_ptr<FamilyMember> m = member.lock()) m->Broke(cause);
+      });
   HeartbeatMonitor::Watch watch;
   watch.name = absl::StrCat("communicator '", options_.name, "' rank ", options_.rank);
   watch.timeout = config_.timeouts.heartbeat;
@@ -210,6 +217,8 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
+  // Before anything is aborted: a communicator going away is not one that broke.
+  family_member_->LeaveFamily();
   DropOpenGroup();
   HeartbeatMonitor::Instance().Unregister(heartbeat_id_);
   status_.reset();  // its last record says the rank left, while the store is still there
@@ -317,6 +326,7 @@ void CommunicatorImpl::ApplyMembership(const MembershipChange& change) {
 void CommunicatorImpl::MembershipInstalled(const MembershipChange& change) {
   ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' goes on as rank ", change.new_rank,
                 " of ", change.new_world, " (", change.reason, ")");
+  family_member_->Changed(change.reason);
   if (options_.elastic.on_change) options_.elastic.on_change(membership());
 }
 

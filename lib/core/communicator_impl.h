@@ -16,6 +16,7 @@
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
 #include "lib/core/communicator_factory.h"
+#include "lib/core/communicator_family.h"
 #include "lib/core/elastic_grow.h"
 #include "lib/core/failure_coordinator.h"
 #include "lib/core/membership.h"
@@ -96,6 +97,8 @@ class CommunicatorImpl {
   const std::shared_ptr<Store>& scoped_store() const { return rendezvous_.store; }
   // The seams this communicator was built with (a child of Split is built with them too).
   const CommunicatorDeps& deps() const { return deps_; }
+  // Its place among the communicators split from one root (lib/core/communicator_family.h).
+  FamilyMember& family_member() { return *family_member_; }
   // Communicator::Split calls so far (numbers each split's keys and default child names).
   int NextSplit() { return splits_.fetch_add(1) + 1; }
   // Which ops are protected, how and up to what size (a line of Communicator::Explain()).
@@ -146,6 +149,7 @@ class CommunicatorImpl {
   std::shared_ptr<trace::TimelineWriter> timeline_;  // null unless tracing is on
   std::shared_ptr<FailureCoordinator> coordinator_;  // null without a store
   std::shared_ptr<OpExecutor> executor_;
+  std::shared_ptr<FamilyMember> family_member_;
   std::shared_ptr<OnlineTuner> online_tuner_;  // also an observer of executor_
   // Also an observer of executor_; null when metrics.enabled is false.
   std::shared_ptr<trace::CommMetrics> metrics_;

@@ -89,7 +89,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
   child.elastic.join = false;
   // With the parent's seams: an injected CUDA runtime and NCCL (the fake in tests) serve the
   // child too.
-  return internal::CreateCommunicatorWith(child, impl.deps());
+  absl::StatusOr<std::unique_ptr<Communicator>> made =
+      internal::CreateCommunicatorWith(child, impl.deps());
+  // One family from the root down: a break of any member fails the others (communicator_family.h).
+  if (made.ok()) {
+    (*made)->impl_->family_member().JoinFamily(impl.family_member().family(), parent.name);
+  }
+  return made;
 }
 
 }  // namespace adaptcomm

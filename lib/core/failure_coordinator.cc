@@ -547,6 +547,18 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   return plan;
 }
 
+void FailureCoordinator::Announce(const absl::Status& cause) {
+  if (cancelled_.load() || store_unreachable_.load() || reported_.exchange(true)) return;
+  if (recorder_ != nullptr) (void)recorder_->Dump(std::string(cause.message()));
+  // One attempt per key: the family's abort must not wait on a store that is gone.
+  absl::Status told = Publish(*store_, FailureKey(options_.rank), std::string(cause.message()));
+  for (int id : Members()) {
+    if (!told.ok()) break;
+    if (id != options_.rank) told = Wake(*store_, id, absl::StrCat(kFailPrefix, options_.rank));
+  }
+  if (!told.ok() && StoreUnreachable(told)) store_unreachable_.store(true);
+}
+
 absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status status) {
   // Later ops fail fast on the broken backend; the group already knows.
   if (reported_.exchange(true)) return status;

@@ -95,6 +95,11 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   // communicator is aborted or destroyed: waiting out the vote window would hold its teardown).
   void Cancel() { cancelled_.store(true); }
 
+  // Tells every other rank that this rank's communicator fails with `cause` (it publishes its
+  // failure and wakes them, as OnOpFailure does) without waiting for their answers: the
+  // communicator is aborted because another of its Split family broke here. Once per
+  // communicator (with OnOpFailure); nothing after Cancel() or once the store proved unreachable.
+  void Announce(const absl::Status& cause);
   absl::Status OnOpFailure(const OpDesc& op, absl::Status status) override;
   absl::StatusOr<RecoveryPlan> Recover(int generation, uint64_t position, uint64_t issued_through,
                                        const std::string& fingerprint, int attempt,

@@ -304,6 +304,7 @@ void OpExecutor::RunHeadLocked() {
       OpDesc reported = desc;
       reported.seq = work->first_seq();
       status = failure_handler_->OnOpFailure(reported, std::move(status));
+      if (break_hook_) break_hook_(status);
     }
   }
   mu_.Lock();
@@ -682,6 +683,11 @@ void OpExecutor::WatchdogLoop() {
         for (auto& queued : queue_) queued->Finish(hung);
         queue_.clear();
         for (InFlight& f : in_flight_) f.work->Finish(hung);
+        if (break_hook_) {
+          UnlockAndWake();
+          break_hook_(hung);
+          mu_.Lock();
+        }
         return;  // the worker is stuck inside the backend; Shutdown() will not wait for it
       }
       next = std::min(next, abort_sent != absl::InfiniteFuture() ? abort_sent + options_.abort_bound
@@ -700,9 +706,11 @@ void OpExecutor::WatchdogLoop() {
 
 void OpExecutor::Abort(const absl::Status& reason) {
   std::deque<std::shared_ptr<WorkImpl>> dropped;
+  absl::Status aborted_status;
   {
     ExecutorLock lock(this);
     if (aborted_.ok()) aborted_ = reason.ok() ? absl::AbortedError("aborted") : reason;
+    aborted_status = aborted_;
     dropped.swap(queue_);
     deferred_seq_ = 0;
     // The op being executed may be in a coordinated retry's vote or a failure report (store
@@ -719,6 +727,7 @@ void OpExecutor::Abort(const absl::Status& reason) {
                                         " cancelled: communicator aborted: ", reason.message())));
   }
   backend().Abort(reason);
+  if (break_hook_) break_hook_(aborted_status);
 }
 
 void OpExecutor::Shutdown() {

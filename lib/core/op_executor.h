@@ -151,6 +151,13 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   void SetFailureHandler(std::shared_ptr<FailureHandler> handler) {
     failure_handler_ = std::move(handler);
   }
+  // Called without mu_ each time the communicator fails for good: an abort, an op failure that the
+  // failure handler reported to every rank, a coordinated retry that failed (not one that
+  // recovered). May be called more than once; it must not wait for this executor's ops.
+  // REQUIRES: before Start().
+  void SetBreakHook(std::function<void(const absl::Status&)> hook) {
+    break_hook_ = std::move(hook);
+  }
   // Called by the watchdog at least once a second while it is alive (see HeartbeatMonitor).
   void SetHeartbeat(std::function<void()> beat) { heartbeat_ = std::move(beat); }
   void SetRecoveryHandler(std::shared_ptr<RecoveryHandler> handler) {
@@ -513,7 +520,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   std::shared_ptr<RecoveryHandler> recovery_handler_;          // fixed after Start()
   // recovery_handler_ allows more than one attempt: asked once, when it is set, not per op.
   bool retries_ = false;
-  std::function<void()> heartbeat_;  // fixed after Start()
+  std::function<void()> heartbeat_;                      // fixed after Start()
+  std::function<void(const absl::Status&)> break_hook_;  // fixed after Start()
   std::thread worker_;
   std::thread watchdog_;
 };

@@ -254,6 +254,7 @@ void OpExecutor::RecoverIdleLocked() {
   UnlockAndWake();
   const absl::Status cause = absl::AbortedError("requested by another rank");
   absl::Status status = steps ? RecoverStep(nullptr, cause) : RecoverFrom(position, "", 1, cause);
+  if (!status.ok() && break_hook_) break_hook_(status);
   mu_.Lock();
   busy_ = false;
   if (!status.ok()) {
@@ -340,6 +341,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
   if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status) &&
       !IsMembershipChanged(status)) {
     status = failure_handler_->OnOpFailure(head->desc(), std::move(status));
+    if (break_hook_) break_hook_(status);
   }
   ExecutorLock lock(this);
   CompleteLocked(head, status);
