@@ -472,6 +472,8 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
     if (!absl::IsFailedPrecondition(grown)) Abort(s);
     return s;
   }
+  // The change failed its Split family, this communicator included (communicator_family.h).
+  if (executor_->Aborted()) return executor_->health();
   return absl::AbortedError(absl::StrCat(kMembershipChangedPrefix, change.reason,
                                          "; send the joiners the state they need (e.g. a "
                                          "broadcast from rank 0), then go on"));

@@ -548,8 +548,9 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
 }
 
 void FailureCoordinator::Announce(const absl::Status& cause) {
+  // No flight record dump: the communicator may be going away meanwhile (the recorder is its),
+  // and the member that broke dumped its own.
   if (cancelled_.load() || store_unreachable_.load() || reported_.exchange(true)) return;
-  if (recorder_ != nullptr) (void)recorder_->Dump(std::string(cause.message()));
   // One attempt per key: the family's abort must not wait on a store that is gone.
   absl::Status told = Publish(*store_, FailureKey(options_.rank), std::string(cause.message()));
   for (int id : Members()) {
