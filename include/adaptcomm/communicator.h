@@ -385,9 +385,9 @@ class ADAPTCOMM_EXPORT Communicator {
   // <cause>", and tells its own ranks elsewhere, so the parent and every sibling fail on every
   // rank within the failure-report window rather than at their op timeout. A retry that recovers
   // breaks nothing, and neither does destroying a member (in any order). An elastic membership
-  // change (shrink, AdmitJoiners) of a member that has relatives fails the whole family, the
-  // changed member included: FailedPrecondition naming the change (Aborted naming it where a peer
-  // process told first); rebuild the groups with Split from a communicator of the new world.
+  // change (shrink, AdmitJoiners) of a member that has relatives fails the whole family in each
+  // process that holds that member, the changed member included: FailedPrecondition naming the
+  // change; rebuild the groups with Split from a communicator of the new world.
   // REQUIRES: every rank calls Split in the same order relative to its other Splits; this
   // communicator outlives its children when one of its ranks serves the store.
   static constexpr int kNoColor = -1;

@@ -117,8 +117,11 @@ void CommunicatorFamily::Break(const FamilyMember* from, const absl::Status& sta
   if (abort.empty()) return;
   ADAPTCOMM_LOG(kError, status.message(), "; aborting ", abort.size(),
                 " communicator(s) of its Split family in this process");
-  // A member that changed membership is not announced: its peers went through the same change.
-  for (const std::shared_ptr<FamilyMember>& m : abort) m->AbortForFamily(status, m.get() != from);
+  // A membership change is not announced: it was agreed by a vote of the changed member's ranks,
+  // so every process that holds it fails its own family the same way, and any relative elsewhere
+  // is a descendant of a root those processes hold too. Announcing it would abort peers still
+  // building the new world's backend, which leaves the others waiting in that rendezvous.
+  for (const std::shared_ptr<FamilyMember>& m : abort) m->AbortForFamily(status, !self_too);
 }
 
 }  // namespace adaptcomm::internal

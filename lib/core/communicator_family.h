@@ -6,7 +6,8 @@
 // the failure crosses to every process the family spans within one store round trip per member,
 // instead of leaving a sibling group to wait out its op timeout. A retry that recovers is no break.
 // An elastic membership change of a member that has relatives fails the whole family
-// (FailedPrecondition): its groups no longer describe the job.
+// (FailedPrecondition), without announcing it: its groups no longer describe the job, and every
+// process that holds the changed member went through the same agreed change.
 //
 // Lifetimes: the family holds its members weakly; each member holds the family. A communicator
 // leaves its family first thing in its destructor, so its teardown (which aborts what is still

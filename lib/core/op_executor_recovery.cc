@@ -275,6 +275,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
     // A step's ops are never re-run: the communicator recovers, and they all fail for the step to
     // be redone (any that a Wait let the caller's stream past included: the redo rewrites them).
     status = RecoverStep(&oldest, status);
+    if (!IsStepRedo(status) && break_hook_) break_hook_(status);
     ExecutorLock lock(this);
     const bool redo = IsStepRedo(status);
     for (const std::shared_ptr<WorkImpl>& work : failed) {
