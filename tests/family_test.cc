@@ -268,6 +268,23 @@ TEST(Family, MembersDestroyedInAnyOrderAndAbortWhileIssuing) {
       absl::Seconds(90));
 }
 
+// A child split from a parent whose family already broke is aborted as it is created, naming the
+// break, rather than handed out as a healthy communicator of a dead family.
+TEST(Family, ChildSplitFromABrokenFamilyIsBornAborted) {
+  testing::RunRanks(RankMode::kThreads, 2, [&](const RankEnv& env) {
+    CommunicatorOptions o = env.options;
+    o.name = "fam";
+    auto parent = Communicator::Create(o);
+    ASSERT_TRUE(parent.ok()) << parent.status();
+    (*parent)->Abort(absl::CancelledError("trainer stopped"));
+    auto child = (*parent)->Split(0, env.rank);
+    ASSERT_TRUE(child.ok()) << child.status();
+    EXPECT_THAT(std::string((*child)->health().message()),
+                HasSubstr("communicator 'fam' broke: trainer stopped"));
+    ExpectNextOpFailsNaming(**child, "trainer stopped", env.rank);
+  });
+}
+
 // The grid: rank 5 aborts its world communicator; every other rank's tensor, pipeline and data
 // groups fail within the report window.
 TEST(Family, GridGroupsAllFailWhenOneRankAborts) {
