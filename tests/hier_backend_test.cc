@@ -551,7 +551,7 @@ TEST(HierBackendTest, InnerFailureNamesTheLevelAndEveryRankReturnsPromptly) {
     op.seq = 8;
     absl::Status again = b->Run(op);
     EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
-    EXPECT_TRUE(absl::StrContains(again.message(), "allreduce #8 not run")) << again;
+    EXPECT_TRUE(absl::StrContains(again.message(), "allreduce seq 8 not run")) << again;
     EXPECT_FALSE(b->health().ok());
   });
   const absl::Status& s2 = outcomes[2].status;

@@ -45,4 +45,11 @@ absl::Status CheckHostOp(const OpDesc& op, const char* backend, int rank, int si
   return absl::OkStatus();
 }
 
+absl::Status BrokenBackendRefusal(absl::string_view backend, const OpDesc& op,
+                                  const absl::Status& broken) {
+  return absl::FailedPreconditionError(absl::StrCat(backend, " backend is broken; ",
+                                                    OpKindName(op.kind), " seq ", op.seq,
+                                                    " not run: ", broken.ToString()));
+}
+
 }  // namespace adaptcomm

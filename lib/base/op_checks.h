@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "adaptcomm/backend.h"
 
 namespace adaptcomm {
@@ -16,6 +17,11 @@ namespace adaptcomm {
 // elements, or a send/recv peer that is not another rank in [0, size).
 absl::Status CheckHostOp(const OpDesc& op, const char* backend, int rank, int size,
                          size_t max_elements = SIZE_MAX);
+
+// The FailedPrecondition every backend returns for an op (or a group, from its first op) that it
+// refuses because `broken` broke it: "<backend> backend is broken; <op> seq <n> not run: ...".
+absl::Status BrokenBackendRefusal(absl::string_view backend, const OpDesc& op,
+                                  const absl::Status& broken);
 
 }  // namespace adaptcomm
 

@@ -118,8 +118,7 @@ absl::Status ReplayLog::Record(const OpDesc& op, std::shared_ptr<DeviceMemory> m
 absl::Status ReplayLog::CopyInput(Entry& e, const void* src, StreamOrdered* ordered) {
   const size_t bytes = e.op.input.bytes();
   if (e.memory != nullptr) {
-    arena_.Release(e.record);
-    e.record = {};
+    // Record() released the range of the op this entry held before (a borrowed entry has none).
     absl::StatusOr<DeviceRecordArena::Range> range =
         arena_.Take(PrimaryView(e.op).device, bytes, e.memory);
     if (!range.ok()) return range.status();

@@ -352,9 +352,7 @@ void GlooBackend::Abort(const absl::Status& reason) {
 absl::Status GlooBackend::Refused(const OpDesc& op) const {
   absl::MutexLock lock(&mu_);
   if (broken_.ok()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat("gloo backend is broken; ", OpKindName(op.kind),
-                                                    " seq ", op.seq,
-                                                    " not run: ", broken_.ToString()));
+  return BrokenBackendRefusal("gloo", op, broken_);
 }
 
 template <typename What, typename Body>

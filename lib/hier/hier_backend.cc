@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "lib/base/elementwise.h"
+#include "lib/base/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/hier/hier_backend_class.h"
 
@@ -134,9 +135,7 @@ absl::Status HierBackend::Run(const OpDesc& op) {
   {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("hierarchical backend is broken; ",
-                                                        OpKindName(op.kind), " #", op.seq,
-                                                        " not run: ", broken_.ToString()));
+      return BrokenBackendRefusal("hierarchical", op, broken_);
     }
   }
   HIER_RETURN_IF_ERROR(Supports(op));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/op_checks.h"
 #include "lib/hier/hier_backend_class.h"
 
 namespace adaptcomm::hier {
@@ -123,9 +124,7 @@ absl::Status HierBackend::RunGroup(const std::vector<OpDesc>& ops) {
   {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("hierarchical backend is broken; group #",
-                                                        ops.front().seq,
-                                                        " not run: ", broken_.ToString()));
+      return BrokenBackendRefusal("hierarchical", ops.front(), broken_);
     }
   }
   OpDesc bound = ops.front();

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "lib/base/block_recycler.h"
 #include "lib/base/log.h"
+#include "lib/base/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
 #include "lib/nccl/nccl_backend_class.h"  // IWYU pragma: associated
@@ -213,9 +214,7 @@ absl::Status NcclBackend::BeginCall(const OpDesc& op) {
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);  // after Abort() or Break() set broken_ (they hold mu_ meanwhile)
-    refused = absl::FailedPreconditionError(absl::StrCat("nccl backend is broken; ",
-                                                         OpKindName(op.kind), " seq ", op.seq,
-                                                         " not run: ", broken_.ToString()));
+    refused = BrokenBackendRefusal("nccl", op, broken_);
   }
   (void)FinishCall(refused);  // an Abort() that saw this call running left ncclCommAbort to it
   return refused;

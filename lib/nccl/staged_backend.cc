@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/base/log.h"
+#include "lib/base/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
 #include "lib/nccl/stream_order.h"
@@ -269,9 +270,7 @@ absl::Status StagedBackend::Run(const OpDesc& op) {
   const bool out_dev = UsesOutput(op.kind) && op.output.device.is_cuda();
   if (!in_dev && !out_dev) return inner_->Run(op);
   if (absl::Status s = health(); !s.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(name_, " backend is broken; ",
-                                                      OpKindName(op.kind), " seq ", op.seq,
-                                                      " not run: ", s.ToString()));
+    return BrokenBackendRefusal(name_, op, s);
   }
   if (absl::Status s = Supports(op); !s.ok()) return s;
   // Copies and events run on the view's device; the caller's current device is restored after.

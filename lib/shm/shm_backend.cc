@@ -50,9 +50,7 @@ absl::Status ShmBackend::Supports(const OpDesc& op) const {
 absl::Status ShmBackend::Refused(const OpDesc& op) const {
   absl::MutexLock lock(&mu_);
   if (broken_.ok()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat("shm backend is broken; ", OpKindName(op.kind),
-                                                    " seq ", op.seq,
-                                                    " not run: ", broken_.ToString()));
+  return BrokenBackendRefusal("shm", op, broken_);
 }
 
 absl::Status ShmBackend::Run(const OpDesc& op) {
