@@ -16,6 +16,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,29 +53,40 @@ inline bool Listening(int port) {
   return ok;
 }
 
-// POSTs `body` to http://127.0.0.1:port`path` and returns the whole reply (status line, headers,
-// body), or "" when the connection failed. Bounded by a 10 s receive timeout.
-inline std::string HttpPost(int port, const std::string& path, const std::string& body) {
+// Sends `request` to 127.0.0.1:port and returns what came back until the server closed the
+// connection or `complete(reply)` said the reply is whole; "" when the connection failed. Each
+// receive is bounded by `receive_seconds`.
+inline std::string LoopbackExchange(int port, const std::string& request, int receive_seconds,
+                                    const std::function<bool(const std::string&)>& complete) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{10, 0};
+  timeval tv{receive_seconds, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string reply;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    const std::string request = absl::StrCat(
-        "POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n",
-        "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-        static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) reply.append(buf, n);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    while (!complete(reply)) {
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      reply.append(buf, n);
     }
   }
   ::close(fd);
   return reply;
+}
+
+// POSTs `body` to http://127.0.0.1:port`path` and returns the whole reply (status line, headers,
+// body), or "" when the connection failed. Bounded by a 10 s receive timeout.
+inline std::string HttpPost(int port, const std::string& path, const std::string& body) {
+  const std::string request = absl::StrCat(
+      "POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n",
+      "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
+  return LoopbackExchange(port, request, 10, [](const std::string&) { return false; });
 }
 
 class ServerProcess {

@@ -238,29 +238,13 @@ TEST(RedisStoreTest, ServerDeathFailsRequestsWithinTheirBound) {
 
 // How many times the server at `port` ran `command` (INFO commandstats, over a raw connection).
 int64_t RedisCalls(int port, const std::string& command) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string reply;
-  const std::string request = "INFO commandstats\r\n";
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(request.size())) {
-    char buf[4096];
-    // A bulk reply: "$<length>\r\n<text>\r\n".
-    while (reply.find("\r\n") == std::string::npos ||
-           reply.size() <
-               reply.find("\r\n") + 2 + std::strtoul(reply.c_str() + 1, nullptr, 10) + 2) {
-      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-      if (n <= 0) break;
-      reply.append(buf, n);
-    }
-  }
-  ::close(fd);
+  // A bulk reply: "$<length>\r\n<text>\r\n".
+  const std::string reply =
+      testing::LoopbackExchange(port, "INFO commandstats\r\n", 5, [](const std::string& r) {
+        const size_t eol = r.find("\r\n");
+        return eol != std::string::npos &&
+               r.size() >= eol + 2 + std::strtoul(r.c_str() + 1, nullptr, 10) + 2;
+      });
   const std::string key = absl::StrCat("cmdstat_", command, ":calls=");
   const size_t at = reply.find(key);
   return at == std::string::npos ? -1 : std::strtoll(reply.c_str() + at + key.size(), nullptr, 10);
