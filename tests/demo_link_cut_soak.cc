@@ -21,11 +21,6 @@
 namespace adaptcomm {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 constexpr int kWorld = 2;
 constexpr int kSteps = 300;
 
@@ -37,7 +32,9 @@ class DemoOnTwoHosts {
     std::ofstream(profile_) << "schema: 1\n"
                             << "defaults:\n"
                             << "  timeouts:\n"
-                            << "    store_connect: 5s\n"
+                            // Below the op timeout, as the profile requires; a fresh
+                            // bridge has once dropped rank 1's first connects for 5 s.
+                            << "    store_connect: 7s\n"
                             << "    collective: 8s\n"
                             << "    heartbeat: 300s\n"
                             << "  retry:\n"
@@ -76,7 +73,7 @@ class DemoOnTwoHosts {
   // Whether rank 0 logged `text` within `bound`.
   bool AwaitLog(const std::string& text, absl::Duration bound) {
     for (const absl::Time until = absl::Now() + bound; absl::Now() < until;) {
-      if (ReadFile(log_[0]).find(text) != std::string::npos) return true;
+      if (testing::ReadTextFile(log_[0]).find(text) != std::string::npos) return true;
       absl::SleepFor(absl::Milliseconds(20));
     }
     return false;
@@ -96,14 +93,14 @@ class DemoOnTwoHosts {
         waitpid(pid_[r], &st, 0);
       }
       if (done == 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        ADD_FAILURE() << name_ << " rank " << r << " failed:\n" << ReadFile(log_[r]);
+        ADD_FAILURE() << name_ << " rank " << r << " failed:\n" << testing::ReadTextFile(log_[r]);
         ok = false;
       }
     }
     return ok;
   }
-  std::string weights() const { return ReadFile(weights_); }
-  std::string log(int r) const { return ReadFile(log_[r]); }
+  std::string weights() const { return testing::ReadTextFile(weights_); }
+  std::string log(int r) const { return testing::ReadTextFile(log_[r]); }
 
  private:
   testing::Netns& net_;

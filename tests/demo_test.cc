@@ -13,34 +13,23 @@
 
 namespace {
 
-std::vector<double> ReadWeights(const std::string& path) {
-  std::vector<double> w;
-  std::ifstream in(path);
-  double v;
-  while (in >> v) w.push_back(v);
-  return w;
-}
-
-int RunCommand(const std::string& command) {
-  int rc = std::system(command.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 TEST(Demo, FourRankTrainingMatchesSingleProcess) {
   const std::string bin = adaptcomm::testing::BuildDir();
   const std::string dir = ::testing::TempDir();
   const std::string dist = dir + "/demo_weights_4ranks.txt";
   const std::string ref = dir + "/demo_weights_reference.txt";
   std::remove(dist.c_str());
-  ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch -n 4 --timeout 120 -- ", bin,
-                                    "/examples/adaptcomm_trainer --steps 100 --out ", dist, " > ",
-                                    dir, "/demo_out.txt 2>&1")),
+  ASSERT_EQ(adaptcomm::testing::RunShell(
+                absl::StrCat(bin, "/tools/adaptcomm launch -n 4 --timeout 120 -- ", bin,
+                             "/examples/adaptcomm_trainer --steps 100 --out ", dist, " > ", dir,
+                             "/demo_out.txt 2>&1")),
             0);
-  ASSERT_EQ(
-      RunCommand(absl::StrCat(bin, "/examples/adaptcomm_trainer --reference --shards 4 --steps 100",
-                              " --out ", ref, " > /dev/null")),
-      0);
-  std::vector<double> a = ReadWeights(dist), b = ReadWeights(ref);
+  ASSERT_EQ(adaptcomm::testing::RunShell(
+                absl::StrCat(bin, "/examples/adaptcomm_trainer --reference --shards 4 --steps 100",
+                             " --out ", ref, " > /dev/null")),
+            0);
+  std::vector<double> a = adaptcomm::testing::ReadNumbers(dist),
+                      b = adaptcomm::testing::ReadNumbers(ref);
   ASSERT_EQ(a.size(), b.size());
   ASSERT_GT(a.size(), 1000u);
   // Float tolerance: the allreduce sums the 4 shard gradients in ring order, the reference in
@@ -48,11 +37,11 @@ TEST(Demo, FourRankTrainingMatchesSingleProcess) {
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4) << "weight " << i;
   // Training happened: the weights moved from their initial values (the 0-step run).
   const std::string init = dir + "/demo_weights_init.txt";
-  ASSERT_EQ(RunCommand(
+  ASSERT_EQ(adaptcomm::testing::RunShell(
                 absl::StrCat(bin, "/examples/adaptcomm_trainer --reference --steps 1 --lr 0 --out ",
                              init, " > /dev/null")),
             0);
-  std::vector<double> c = ReadWeights(init);
+  std::vector<double> c = adaptcomm::testing::ReadNumbers(init);
   double moved = 0;
   for (size_t i = 0; i < a.size(); ++i) moved = std::max(moved, std::abs(a[i] - c[i]));
   EXPECT_GT(moved, 1e-2);
@@ -85,10 +74,11 @@ TEST(Demo, RankStoppedForFifteenSecondsRedoesTheStepWithIdenticalWeights) {
   auto run = [&](const std::string& name, const std::string& flags) {
     const std::string out = absl::StrCat(dir, "/demo_", name, ".txt");
     std::remove(out.c_str());
-    EXPECT_EQ(RunCommand(absl::StrCat("ADAPTCOMM_PROFILE=", profile, " ", bin,
-                                      "/tools/adaptcomm launch -n 2 --timeout 120 -- ", bin,
-                                      "/examples/adaptcomm_trainer --steps 100 --out ", out, " ",
-                                      flags, " > ", dir, "/demo_", name, ".log 2>&1")),
+    EXPECT_EQ(adaptcomm::testing::RunShell(
+                  absl::StrCat("ADAPTCOMM_PROFILE=", profile, " ", bin,
+                               "/tools/adaptcomm launch -n 2 --timeout 120 -- ", bin,
+                               "/examples/adaptcomm_trainer --steps 100 --out ", out, " ", flags,
+                               " > ", dir, "/demo_", name, ".log 2>&1")),
               0)
         << name;
     std::ifstream in(out, std::ios::binary);
@@ -102,11 +92,6 @@ TEST(Demo, RankStoppedForFifteenSecondsRedoesTheStepWithIdenticalWeights) {
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("1 step(s) redone"), std::string::npos) << text;
   EXPECT_NE(text.find("step 50: redone"), std::string::npos) << text;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 double FinalLoss(const std::string& text) {
@@ -130,15 +115,17 @@ void ElasticKillOneOfFourFinishesOnThree(int victim) {
   std::remove(elastic.c_str());
   std::remove(three.c_str());
   const std::string trainer = bin + "/examples/adaptcomm_trainer --elastic --steps 100";
-  ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch --elastic -n 4 --timeout 120 -- ",
-                                    trainer, " --kill-rank ", victim, " --kill-step 30 --out ",
-                                    elastic, " > ", elastic_out, " 2>&1")),
-            0)
-      << ReadText(elastic_out);
-  ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch -n 3 --timeout 120 -- ", trainer,
-                                    " --out ", three, " > ", three_out, " 2>&1")),
+  ASSERT_EQ(
+      adaptcomm::testing::RunShell(absl::StrCat(
+          bin, "/tools/adaptcomm launch --elastic -n 4 --timeout 120 -- ", trainer, " --kill-rank ",
+          victim, " --kill-step 30 --out ", elastic, " > ", elastic_out, " 2>&1")),
+      0)
+      << adaptcomm::testing::ReadTextFile(elastic_out);
+  ASSERT_EQ(adaptcomm::testing::RunShell(
+                absl::StrCat(bin, "/tools/adaptcomm launch -n 3 --timeout 120 -- ", trainer,
+                             " --out ", three, " > ", three_out, " 2>&1")),
             0);
-  const std::string text = ReadText(elastic_out);
+  const std::string text = adaptcomm::testing::ReadTextFile(elastic_out);
   EXPECT_NE(text.find("finished on 3 ranks (1 membership change(s), 1 step(s) redone)"),
             std::string::npos)
       << text;
@@ -149,12 +136,13 @@ void ElasticKillOneOfFourFinishesOnThree(int victim) {
                 " (pid ")),
             0u)
       << text;
-  const std::string text3 = ReadText(three_out);
+  const std::string text3 = adaptcomm::testing::ReadTextFile(three_out);
   const double a = FinalLoss(text), b = FinalLoss(text3);
   ASSERT_GT(a, 0) << text;
   ASSERT_GT(b, 0) << text3;
   EXPECT_NEAR(a, b, 1e-4 * b);
-  std::vector<double> wa = ReadWeights(elastic), wb = ReadWeights(three);
+  std::vector<double> wa = adaptcomm::testing::ReadNumbers(elastic),
+                      wb = adaptcomm::testing::ReadNumbers(three);
   ASSERT_EQ(wa.size(), wb.size());
   ASSERT_GT(wa.size(), 1000u);
   for (size_t i = 0; i < wa.size(); ++i) ASSERT_NEAR(wa[i], wb[i], 1e-4) << "weight " << i;
@@ -184,16 +172,17 @@ void ElasticReplacementJoinsAndFinishesOnFour(int victim) {
   std::remove(restarted.c_str());
   std::remove(four.c_str());
   const std::string trainer = bin + "/examples/adaptcomm_trainer --elastic --steps 100";
-  ASSERT_EQ(RunCommand(absl::StrCat(
+  ASSERT_EQ(adaptcomm::testing::RunShell(absl::StrCat(
                 bin, "/tools/adaptcomm launch --elastic --max-restarts 1 -n 4 --timeout 120 -- ",
                 trainer, " --kill-rank ", victim, " --kill-step 30 --out ", restarted, " > ",
                 restarted_out, " 2>&1")),
             0)
-      << ReadText(restarted_out);
-  ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch -n 4 --timeout 120 -- ", trainer,
-                                    " --out ", four, " > ", four_out, " 2>&1")),
+      << adaptcomm::testing::ReadTextFile(restarted_out);
+  ASSERT_EQ(adaptcomm::testing::RunShell(
+                absl::StrCat(bin, "/tools/adaptcomm launch -n 4 --timeout 120 -- ", trainer,
+                             " --out ", four, " > ", four_out, " 2>&1")),
             0);
-  const std::string text = ReadText(restarted_out);
+  const std::string text = adaptcomm::testing::ReadTextFile(restarted_out);
   EXPECT_NE(text.find(absl::StrCat("[rank ", victim,
                                    "] replacement: joined as rank 3 of 4, going on at step ")),
             std::string::npos)
@@ -208,12 +197,13 @@ void ElasticReplacementJoinsAndFinishesOnFour(int victim) {
                                                 victim, " ")),
             0u)
       << text;
-  const std::string text4 = ReadText(four_out);
+  const std::string text4 = adaptcomm::testing::ReadTextFile(four_out);
   const double a = FinalLoss(text), b = FinalLoss(text4);
   ASSERT_GT(a, 0) << text;
   ASSERT_GT(b, 0) << text4;
   EXPECT_NEAR(a, b, 1e-4 * b);
-  std::vector<double> wa = ReadWeights(restarted), wb = ReadWeights(four);
+  std::vector<double> wa = adaptcomm::testing::ReadNumbers(restarted),
+                      wb = adaptcomm::testing::ReadNumbers(four);
   ASSERT_EQ(wa.size(), wb.size());
   ASSERT_GT(wa.size(), 1000u);
   for (size_t i = 0; i < wa.size(); ++i) ASSERT_NEAR(wa[i], wb[i], 1e-4) << "weight " << i;

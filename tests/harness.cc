@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -140,6 +142,23 @@ void RunRanks(RankMode mode, int world_size, const std::function<void(const Rank
   } else {
     RunAsProcesses(world_size, body, bound);
   }
+}
+
+std::string ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::vector<double> ReadNumbers(const std::string& path) {
+  std::vector<double> numbers;
+  std::ifstream in(path);
+  for (double v; in >> v;) numbers.push_back(v);
+  return numbers;
+}
+
+int RunShell(const std::string& command) {
+  const int rc = std::system(command.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 }  // namespace adaptcomm::testing

@@ -46,6 +46,13 @@ std::string BuildDir();
 // A loopback TCP port that was free a moment ago.
 int PickFreePort();
 
+// The whole file, byte for byte ("" if it cannot be read).
+std::string ReadTextFile(const std::string& path);
+// The numbers of a whitespace-separated text file (weights a trainer wrote), in order.
+std::vector<double> ReadNumbers(const std::string& path);
+// Runs `command` through /bin/sh; its exit code, or -1 if it did not exit normally.
+int RunShell(const std::string& command);
+
 }  // namespace adaptcomm::testing
 
 #endif  // ADAPTCOMM_TESTS_HARNESS_H_

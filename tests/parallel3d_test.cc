@@ -14,24 +14,6 @@
 
 namespace {
 
-std::vector<double> ReadWeights(const std::string& path) {
-  std::vector<double> w;
-  std::ifstream in(path);
-  double v;
-  while (in >> v) w.push_back(v);
-  return w;
-}
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-int RunCommand(const std::string& command) {
-  int rc = std::system(command.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 TEST(Parallel3d, EightRanksTensorPipelineDataMatchSingleProcessTraining) {
   const std::string bin = adaptcomm::testing::BuildDir();
   const std::string dir = ::testing::TempDir();
@@ -41,16 +23,20 @@ TEST(Parallel3d, EightRanksTensorPipelineDataMatchSingleProcessTraining) {
   const std::string log = dir + "/parallel3d_out.txt";
   std::remove(dist.c_str());
   const std::string example = bin + "/examples/adaptcomm_parallel3d";
-  ASSERT_EQ(RunCommand(absl::StrCat(bin, "/tools/adaptcomm launch -n 8 --timeout 120 -- ", example,
-                                    " --steps 60 --out ", dist, " > ", log, " 2>&1")),
+  ASSERT_EQ(adaptcomm::testing::RunShell(
+                absl::StrCat(bin, "/tools/adaptcomm launch -n 8 --timeout 120 -- ", example,
+                             " --steps 60 --out ", dist, " > ", log, " 2>&1")),
             0)
-      << ReadText(log);
-  ASSERT_EQ(RunCommand(absl::StrCat(example, " --reference --shards 2 --steps 60 --out ", ref,
-                                    " > /dev/null")),
+      << adaptcomm::testing::ReadTextFile(log);
+  ASSERT_EQ(adaptcomm::testing::RunShell(absl::StrCat(
+                example, " --reference --shards 2 --steps 60 --out ", ref, " > /dev/null")),
             0);
-  ASSERT_EQ(
-      RunCommand(absl::StrCat(example, " --reference --steps 0 --out ", init, " > /dev/null")), 0);
-  const std::vector<double> a = ReadWeights(dist), b = ReadWeights(ref), c = ReadWeights(init);
+  ASSERT_EQ(adaptcomm::testing::RunShell(
+                absl::StrCat(example, " --reference --steps 0 --out ", init, " > /dev/null")),
+            0);
+  const std::vector<double> a = adaptcomm::testing::ReadNumbers(dist),
+                            b = adaptcomm::testing::ReadNumbers(ref),
+                            c = adaptcomm::testing::ReadNumbers(init);
   ASSERT_EQ(a.size(), b.size());
   ASSERT_EQ(a.size(), c.size());
   ASSERT_GT(a.size(), 800u);
@@ -61,7 +47,7 @@ TEST(Parallel3d, EightRanksTensorPipelineDataMatchSingleProcessTraining) {
   double moved = 0;
   for (size_t i = 0; i < a.size(); ++i) moved = std::max(moved, std::abs(a[i] - c[i]));
   EXPECT_GT(moved, 1e-2);  // training happened
-  const std::string text = ReadText(log);
+  const std::string text = adaptcomm::testing::ReadTextFile(log);
   EXPECT_NE(text.find("tensor 2 x pipeline 2 x data 2"), std::string::npos) << text;
   EXPECT_NE(text.find("step 60 loss"), std::string::npos) << text;
 }
