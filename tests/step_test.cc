@@ -1,6 +1,8 @@
 // Step-level recovery (Communicator::BeginStep / CommitStep): a failure anywhere in a step makes
 // every rank's CommitStep ask for a redo, the communicator keeps working, and the redone step's
 // results are exact; steps take no replay record; misuse is named.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -259,6 +261,43 @@ TEST(Steps, StepBegunOnOneRankOnlyFailsOnBothWithinBound) {
         EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "rank " << env.rank;
       },
       absl::Seconds(60));
+}
+
+// A rank stopped in a step past the vote's bound: the retry cannot agree, and the other rank's
+// CommitStep says so (the recovery's verdict, naming the rank that did not vote), not the op's
+// own timeout.
+TEST(Steps, AFailedRecoveryIsWhatCommitStepReports) {
+  std::vector<int> status = testing::RunRankProcesses(
+      2,
+      [](const RankEnv& env) {
+        CommunicatorOptions o = env.options;
+        o.timeout = absl::Seconds(1);
+        o.failure_report_window = absl::Seconds(1);  // the vote waits 2 s
+        auto comm = Communicator::Create(o);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        ASSERT_TRUE((*comm)->BeginStep().ok());
+        if (env.rank == 1) {
+          const pid_t self = getpid();
+          if (fork() == 0) {
+            usleep(5000 * 1000);
+            kill(self, SIGCONT);
+            _exit(0);
+          }
+          raise(SIGSTOP);
+          return;  // stopped past the vote: the other rank's verdict is what is checked
+        }
+        float x = 1;
+        (void)(*comm)->Allreduce(HostView(&x, 1)).Wait();
+        absl::Status commit = (*comm)->CommitStep();
+        EXPECT_TRUE(absl::IsUnavailable(commit)) << commit;
+        EXPECT_FALSE(IsStepRedo(commit)) << commit;
+        EXPECT_THAT(std::string(commit.message()), HasSubstr("rank(s) 1 did not vote")) << commit;
+        EXPECT_THAT(std::string(commit.message()), HasSubstr("first error here")) << commit;
+      },
+      absl::Seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  }
 }
 
 }  // namespace

@@ -115,7 +115,15 @@ absl::StatusOr<OpExecutor::StepOutcome> OpExecutor::EndStep(absl::Duration bound
                       .failure = step_.failure,
                       .recovered = step_.recovered,
                       .max_position = step_.max_position};
-  if (!drained.ok() && outcome.failure.ok()) outcome.failure = drained;
+  if (!drained.ok()) {
+    // The recovery did not end within the bound: that, not the op's own error, is the verdict.
+    outcome.failure =
+        outcome.failure.ok()
+            ? drained
+            : absl::Status(drained.code(),
+                           absl::StrCat(drained.message(),
+                                        "; the step had failed: ", outcome.failure.message()));
+  }
   if (step_.realign_seq > next_seq_) next_seq_ = step_.realign_seq;
   if (step_.recovered) last_completed_seq_ = next_seq_ - 1;
   const uint64_t begun = step_.begun;
@@ -175,6 +183,8 @@ absl::Status OpExecutor::RecoverStep(const OpDesc* op, const absl::Status& cause
     // No agreement (a rank is gone): the communicator is finished, as after a failed retry.
     requested_generation_ = generation_;
     if (aborted_.ok()) aborted_ = plan.status();
+    // CommitStep reports the recovery's verdict (it names the first error), not the op's error.
+    if (step_.open != 0) step_.failure = plan.status();
     return plan.status();
   }
   ADAPTCOMM_LOG(kWarning, "step ", step_.open, ": the communicator recovered at generation ",
