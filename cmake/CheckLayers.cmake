@@ -7,8 +7,11 @@
 #   base                      (CPU kernels, non-temporal copies, logging, names)
 #   cuda                      base                         (the CUDA runtime seam)
 #   store, config             base
-#   gloo, hier, shm           base store config            (siblings: never each other)
-#   nccl                      base store config cuda       (a sibling too; the NCCL seam and backend)
+#   backend                   base                         (what every backend inherits: BackendBase,
+#                                                           OpDispatch, the Supports() checks)
+#   gloo, hier, shm           base backend store config    (siblings: never each other)
+#   nccl                      base backend store config cuda (a sibling too; the NCCL seam and
+#                                                           backend)
 #   trace                     base store config
 #   core (runtime)            base cuda store config trace, and gloo/nccl/hier/shm only in the
 #                             composition root (lib/core/backend_selection.*), the one code that
@@ -26,10 +29,11 @@ set(allowed_base "base")
 set(allowed_cuda "base;cuda")
 set(allowed_store "base;store")
 set(allowed_config "base;config")
-set(allowed_gloo "base;store;config;gloo")
-set(allowed_nccl "base;cuda;store;config;nccl")
-set(allowed_shm "base;store;config;shm")
-set(allowed_hier "base;store;config;hier")
+set(allowed_backend "base;backend")
+set(allowed_gloo "base;backend;store;config;gloo")
+set(allowed_nccl "base;backend;cuda;store;config;nccl")
+set(allowed_shm "base;backend;store;config;shm")
+set(allowed_hier "base;backend;store;config;hier")
 set(allowed_trace "base;store;config;trace")
 set(allowed_core "base;cuda;store;config;trace;core")
 set(allowed_precision "base;cuda;store;config;trace;core;precision")

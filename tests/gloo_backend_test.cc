@@ -1,9 +1,6 @@
-// The Gloo backend, driven directly (no Communicator): ranks are threads sharing a HashStore.
-//
-// Values are small integers so that every sum and product is exact in every dtype (|sum| <= 20
-// and |product| <= 16 with at most 4 ranks: exact in bf16's 8-bit mantissa and in i8), whatever
-// order the ring reduces in. avg is checked exactly too: the backend computes the exact sum and
-// divides once in the element type, which the reference does the same way.
+// The Gloo backend, driven directly (no Communicator): ranks are threads sharing a HashStore. The
+// values of every op come from the conformance suite (tests/backend_conformance.h); here what is
+// Gloo's own: its knobs, half conversions, refusals, creation, timeouts and aborts.
 #include "lib/gloo/gloo_backend.h"
 
 #include <gtest/gtest.h>
@@ -24,7 +21,7 @@
 #include "absl/time/clock.h"
 #include "adaptcomm/store.h"
 #include "lib/gloo/gloo_reduce.h"
-#include "tests/dtype_values.h"
+#include "tests/backend_conformance.h"
 
 namespace adaptcomm {
 namespace {
@@ -66,289 +63,30 @@ Backends Connect(int n, const std::string& prefix) {
   return backends;
 }
 
-// ---- values ----
+// ---- conformance: every op x dtype x reduce op, bad input, refusal once aborted ----
 
-double Decode(DType t, const void* p, size_t i) {
-  switch (t) {
-    case DType::kF32:
-      return static_cast<const float*>(p)[i];
-    case DType::kF64:
-      return static_cast<const double*>(p)[i];
-    case DType::kF16:
-      return gb::HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16:
-      return gb::Bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kI8:
-      return static_cast<const int8_t*>(p)[i];
-    case DType::kU8:
-      return static_cast<const uint8_t*>(p)[i];
-    case DType::kI32:
-      return static_cast<const int32_t*>(p)[i];
-    case DType::kI64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-  }
-  return NAN;
+using testing::BackendConformanceTest;
+using testing::ConformanceTarget;
+using testing::RankMode;
+
+testing::RankBackendFactory GlooRanks() {
+  return [](int rank, int world, std::shared_ptr<Store> store) -> std::unique_ptr<Backend> {
+    absl::StatusOr<std::unique_ptr<Backend>> b = CreateGlooBackend(Options(rank, world, store));
+    EXPECT_TRUE(b.ok()) << b.status();
+    return b.ok() ? *std::move(b) : nullptr;
+  };
 }
 
-void Encode(DType t, void* p, size_t i, double v) {
-  switch (t) {
-    case DType::kF32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      return;
-    case DType::kF64:
-      static_cast<double*>(p)[i] = v;
-      return;
-    case DType::kF16:
-      static_cast<uint16_t*>(p)[i] = gb::FloatToHalf(static_cast<float>(v));
-      return;
-    case DType::kBF16:
-      static_cast<uint16_t*>(p)[i] = gb::FloatToBf16(static_cast<float>(v));
-      return;
-    case DType::kI8:
-      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
-      return;
-    case DType::kU8:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      return;
-    case DType::kI32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      return;
-    case DType::kI64:
-      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
-      return;
-  }
-}
-
-// Rank r's value at element i.
-double Value(DType t, ReduceOp op, int r, size_t i) {
-  const bool is_unsigned = t == DType::kU8;
-  if (op == ReduceOp::kProd) {
-    const auto v = static_cast<double>((static_cast<size_t>(r) + i) % 5);
-    return is_unsigned ? std::fmod(v, 3.0) : v - 2.0;  // {0..2} or {-2..2}: |product| <= 16
-  }
-  const auto v = static_cast<double>((static_cast<size_t>(r) * 7 + i * 3) % 11);
-  return is_unsigned ? v : v - 5.0;  // {0..10} or {-5..5}: |sum| <= 40
-}
-
-double Reduced(DType t, ReduceOp op, int n, size_t i) {
-  double acc = Value(t, op, 0, i);
-  for (int r = 1; r < n; ++r) acc = adaptcomm::testing::Combine(op, acc, Value(t, op, r, i));
-  if (op != ReduceOp::kAvg) return acc;
-  // The backend divides the exact sum once, in the element type.
-  const auto fn = static_cast<float>(n);
-  switch (t) {
-    case DType::kF32:
-      return static_cast<float>(acc) / fn;
-    case DType::kF64:
-      return acc / n;
-    case DType::kF16:
-      return gb::HalfToFloat(gb::FloatToHalf(static_cast<float>(acc) / fn));
-    case DType::kBF16:
-      return gb::Bf16ToFloat(gb::FloatToBf16(static_cast<float>(acc) / fn));
-    default:
-      return NAN;
-  }
-}
-
-std::vector<uint8_t> Buffer(DType t, size_t count) {
-  return std::vector<uint8_t>(count * DTypeSize(t) + 1);  // +1: never empty
-}
-
-TensorView View(std::vector<uint8_t>& buf, DType t, size_t count) {
-  return TensorView{buf.data(), count, t, Device::Cpu(), nullptr};
-}
-
-// ---- cases ----
-
-struct Case {
-  OpKind kind;
-  DType dtype;
-  ReduceOp op = ReduceOp::kSum;
-  size_t count = 0;  // per-rank block (allgather input, reduce_scatter output, alltoall block)
-  bool in_place = false;
-};
-
-std::string Name(const Case& c, int n) {
-  return absl::StrCat(OpKindName(c.kind), " ", DTypeName(c.dtype), " ", ReduceOpName(c.op),
-                      " count ", c.count, c.in_place ? " in place" : "", " world ", n);
-}
-
-// Compares `count` elements of `got` (starting at element 0) with want(i); reports the first
-// mismatch only.
-void Check(const std::string& what, DType t, const void* got, size_t count,
-           const std::function<double(size_t)>& want) {
-  for (size_t i = 0; i < count; ++i) {
-    const double g = Decode(t, got, i);
-    const double w = want(i);
-    if (g != w) {
-      ADD_FAILURE() << what << ": element " << i << " is " << g << ", expected " << w;
-      return;
-    }
-  }
-}
-
-void RunCase(Backend& b, int n, const Case& c, uint64_t seq) {
-  const int r = b.rank();
-  const DType t = c.dtype;
-  const std::string what = absl::StrCat(Name(c, n), " rank ", r);
-  OpDesc op;
-  op.kind = c.kind;
-  op.reduce = c.op;
-  op.seq = seq;
-  op.timeout = kOpTimeout;
-  op.root = static_cast<int>(seq % static_cast<uint64_t>(n));
-  const auto un = static_cast<size_t>(n);
-  auto value = [&](int rank, size_t i) { return Value(t, c.op, rank, i); };
-
-  switch (c.kind) {
-    case OpKind::kAllreduce:
-    case OpKind::kBroadcast:
-    case OpKind::kReduce: {
-      auto buf = Buffer(t, c.count);
-      for (size_t i = 0; i < c.count; ++i) Encode(t, buf.data(), i, value(r, i));
-      op.input = op.output = View(buf, t, c.count);
-      ASSERT_TRUE(b.Run(op).ok()) << what;
-      if (c.kind == OpKind::kBroadcast) {
-        Check(what, t, buf.data(), c.count, [&](size_t i) { return value(op.root, i); });
-      } else if (c.kind == OpKind::kReduce && r != op.root) {
-        Check(what + " (non-root keeps its input)", t, buf.data(), c.count,
-              [&](size_t i) { return value(r, i); });
-      } else {
-        Check(what, t, buf.data(), c.count, [&](size_t i) { return Reduced(t, c.op, n, i); });
-      }
-      return;
-    }
-    case OpKind::kAllgather: {
-      auto out = Buffer(t, c.count * un);
-      auto in = Buffer(t, c.count);
-      void* in_data = c.in_place ? out.data() + r * c.count * DTypeSize(t) : in.data();
-      for (size_t i = 0; i < c.count; ++i) Encode(t, in_data, i, value(r, i));
-      op.input = TensorView{in_data, c.count, t, Device::Cpu(), nullptr};
-      op.output = View(out, t, c.count * un);
-      ASSERT_TRUE(b.Run(op).ok()) << what;
-      Check(what, t, out.data(), c.count * un,
-            [&](size_t i) { return value(static_cast<int>(i / c.count), i % c.count); });
-      return;
-    }
-    case OpKind::kReduceScatter: {
-      auto in = Buffer(t, c.count * un);
-      auto out = Buffer(t, c.count);
-      for (size_t i = 0; i < c.count * un; ++i) Encode(t, in.data(), i, value(r, i));
-      op.input = View(in, t, c.count * un);
-      void* out_data = c.in_place ? in.data() + r * c.count * DTypeSize(t) : out.data();
-      op.output = TensorView{out_data, c.count, t, Device::Cpu(), nullptr};
-      ASSERT_TRUE(b.Run(op).ok()) << what;
-      Check(what, t, out_data, c.count,
-            [&](size_t i) { return Reduced(t, c.op, n, r * c.count + i); });
-      return;
-    }
-    case OpKind::kAlltoall: {
-      // Block j of rank r's input holds Value(r, j*count + i) and goes to rank j.
-      auto in = Buffer(t, c.count * un);
-      auto out = Buffer(t, c.count * un);
-      for (size_t i = 0; i < c.count * un; ++i) Encode(t, in.data(), i, value(r, i));
-      op.input = View(in, t, c.count * un);
-      op.output = c.in_place ? op.input : View(out, t, c.count * un);
-      ASSERT_TRUE(b.Run(op).ok()) << what;
-      Check(what, t, op.output.data, c.count * un, [&](size_t i) {
-        const size_t j = i / c.count;
-        return value(static_cast<int>(j), r * c.count + i % c.count);
-      });
-      return;
-    }
-    case OpKind::kSend:
-    case OpKind::kRecv: {
-      // A ring: rank r sends its values to r+1 and receives r-1's. Even ranks send first, odd
-      // ranks receive first, so the blocking sends cannot form a cycle.
-      auto in = Buffer(t, c.count);
-      auto out = Buffer(t, c.count);
-      for (size_t i = 0; i < c.count; ++i) Encode(t, in.data(), i, value(r, i));
-      OpDesc send = op, recv = op;
-      send.kind = OpKind::kSend;
-      send.peer = (r + 1) % n;
-      send.input = View(in, t, c.count);
-      send.tag = static_cast<uint32_t>(seq);
-      recv.kind = OpKind::kRecv;
-      recv.peer = (r + n - 1) % n;
-      recv.output = View(out, t, c.count);
-      recv.tag = static_cast<uint32_t>(seq);
-      if (r % 2 == 0) {
-        ASSERT_TRUE(b.Run(send).ok()) << what;
-        ASSERT_TRUE(b.Run(recv).ok()) << what;
-      } else {
-        ASSERT_TRUE(b.Run(recv).ok()) << what;
-        ASSERT_TRUE(b.Run(send).ok()) << what;
-      }
-      Check(what, t, out.data(), c.count, [&](size_t i) { return value((r + n - 1) % n, i); });
-      return;
-    }
-    case OpKind::kBarrier:
-      ASSERT_TRUE(b.Run(op).ok()) << what;
-      return;
-  }
-}
-
-std::vector<Case> AllCases() {
-  std::vector<Case> cases;
-  const OpKind reductions[] = {OpKind::kAllreduce, OpKind::kReduce, OpKind::kReduceScatter};
-  const OpKind movers[] = {OpKind::kBroadcast, OpKind::kAllgather, OpKind::kAlltoall,
-                           OpKind::kSend};
-  for (DType t : kAllDTypes) {
-    std::vector<size_t> counts = {1, 7, 1000, (size_t{1} << 20) / DTypeSize(t)};  // last: 1 MiB
-    for (OpKind k : reductions) {
-      for (ReduceOp op : kAllReduceOps) {
-        if (op == ReduceOp::kAvg && !IsFloatingPoint(t)) continue;
-        for (size_t count : counts) {
-          // The 1 MiB case once per op x dtype (sum) keeps the suite fast.
-          if (count > 1000 && op != ReduceOp::kSum) continue;
-          cases.push_back({k, t, op, count});
-        }
-      }
-    }
-    for (OpKind k : movers) {
-      for (size_t count : counts) cases.push_back({k, t, ReduceOp::kSum, count});
-    }
-  }
-  for (size_t count : {size_t{7}, size_t{1000}}) {
-    cases.push_back({OpKind::kAllgather, DType::kF32, ReduceOp::kSum, count, true});
-    cases.push_back({OpKind::kReduceScatter, DType::kF32, ReduceOp::kSum, count, true});
-    cases.push_back({OpKind::kReduceScatter, DType::kBF16, ReduceOp::kAvg, count, true});
-    cases.push_back({OpKind::kAlltoall, DType::kI32, ReduceOp::kSum, count, true});
-  }
-  cases.push_back({OpKind::kBarrier, DType::kF32});
-  return cases;
-}
-
-class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(GlooCollectivesTest, EveryOpDtypeAndReduceOpMatchesReference) {
-  const int n = GetParam();
-  Backends backends = Connect(n, absl::StrCat("collectives-", n));
-  ASSERT_EQ(backends.size(), static_cast<size_t>(n));
-  for (const auto& b : backends) ASSERT_NE(b, nullptr);
-  const std::vector<Case> cases = AllCases();
-  OnRanks(n, [&](int r) {
-    uint64_t seq = 0;
-    for (const Case& c : cases) {
-      RunCase(*backends[r], n, c, ++seq);
-      if (::testing::Test::HasFatalFailure()) return;
-    }
-  });
-  for (const auto& b : backends) EXPECT_TRUE(b->health().ok()) << b->health();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest, ::testing::Values(2, 3, 4),
-                         [](const auto& info) { return absl::StrCat("world", info.param); });
-
-TEST(GlooBackendTest, SingleRankWorldIsLocal) {
-  Backends backends = Connect(1, "single");
-  ASSERT_NE(backends[0], nullptr);
-  uint64_t seq = 0;
-  for (const Case& c : AllCases()) {
-    if (c.kind == OpKind::kSend) continue;  // no peer in a world of one
-    RunCase(*backends[0], 1, c, ++seq);
-  }
-}
+INSTANTIATE_TEST_SUITE_P(
+    Gloo, BackendConformanceTest,
+    ::testing::Values(ConformanceTarget{.name = "threads1", .world = 1, .prepare = GlooRanks},
+                      ConformanceTarget{.name = "threads2", .world = 2, .prepare = GlooRanks},
+                      ConformanceTarget{.name = "threads4", .world = 4, .prepare = GlooRanks},
+                      ConformanceTarget{.name = "processes3",
+                                        .world = 3,
+                                        .mode = RankMode::kProcesses,
+                                        .prepare = GlooRanks}),
+    testing::ConformanceTargetName);
 
 // What online tuning compares its candidates with (Backend::StaticKnobs): the profile's algorithm
 // and segment cap, or a tuned band's where one holds the size.

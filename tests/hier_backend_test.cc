@@ -1,14 +1,13 @@
 // The hierarchical backend driven directly, ranks as threads: hosts are faked by giving each rank
 // its host index, with Gloo inside every "host" and Gloo between the leaders (each group over the
-// harness store under its own prefix).
-//
-// Values are small integers, so every sum and product is exact in every dtype whatever order the
-// levels reduce in (|sum| <= 40, |product| <= 16 over 4 ranks: exact in bf16's 8-bit mantissa), and
-// avg is the exact sum divided once in the element type - the reference does the same.
+// harness store under its own prefix). The conformance suite (tests/backend_conformance.h) runs
+// on every topology; here also what is the hierarchical backend's own: refusals, an inconsistent
+// topology, inner failures, absent ranks and aborts.
 #include "lib/hier/hier_backend.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <functional>
@@ -25,7 +24,7 @@
 #include "absl/time/clock.h"
 #include "adaptcomm/store.h"
 #include "lib/gloo/gloo_backend.h"
-#include "tests/dtype_values.h"
+#include "tests/backend_conformance.h"
 #include "tests/harness.h"
 #if __has_include("lib/shm/shm_backend.h")
 #include "lib/shm/shm_backend.h"
@@ -35,13 +34,10 @@
 namespace adaptcomm {
 namespace {
 
-using ::adaptcomm::testing::Combine;
-using ::adaptcomm::testing::LoadAs;
+using ::adaptcomm::testing::BackendConformanceTest;
 using ::adaptcomm::testing::RankEnv;
 using ::adaptcomm::testing::RankMode;
-using ::adaptcomm::testing::RoundTo;
 using ::adaptcomm::testing::RunRanks;
-using ::adaptcomm::testing::StoreAs;
 
 constexpr absl::Duration kOpTimeout = absl::Seconds(30);
 
@@ -171,224 +167,7 @@ std::unique_ptr<Backend> ConnectHier(const RankEnv& env, const std::vector<int>&
   return b.ok() ? *std::move(b) : nullptr;
 }
 
-// ---- values and reference ----
-
-double Value(DType t, ReduceOp op, int r, size_t i) {
-  const bool is_unsigned = t == DType::kU8;
-  if (op == ReduceOp::kProd) {
-    const auto v = static_cast<double>((static_cast<size_t>(r) + i) % 5);
-    return is_unsigned ? std::fmod(v, 3.0) : v - 2.0;
-  }
-  const auto v = static_cast<double>((static_cast<size_t>(r) * 7 + i * 3) % 11);
-  return is_unsigned ? v : v - 5.0;
-}
-
-double Reduced(DType t, ReduceOp op, int n, size_t i) {
-  double acc = Value(t, op, 0, i);
-  for (int r = 1; r < n; ++r) acc = Combine(op, acc, Value(t, op, r, i));
-  if (op != ReduceOp::kAvg) return acc;
-  if (t == DType::kF64) return acc / n;
-  return RoundTo(t, static_cast<double>(static_cast<float>(acc) / static_cast<float>(n)));
-}
-
-struct Buf {
-  Buf(DType t, size_t count) : dtype(t), bytes(count * DTypeSize(t) + 1) {}
-  TensorView View(size_t count, size_t offset = 0) {
-    return TensorView{bytes.data() + offset * DTypeSize(dtype), count, dtype, Device::Cpu(),
-                      nullptr};
-  }
-  void Set(size_t i, double v) { StoreAs(dtype, v, bytes.data() + i * DTypeSize(dtype)); }
-  double Get(size_t i) const { return LoadAs(dtype, bytes.data() + i * DTypeSize(dtype)); }
-  DType dtype;
-  std::vector<uint8_t> bytes;
-};
-
-// Compares `count` elements from `first` with want(i); reports the first mismatch only.
-void Check(const std::string& what, const Buf& got, size_t first, size_t count,
-           const std::function<double(size_t)>& want) {
-  for (size_t i = 0; i < count; ++i) {
-    const double g = got.Get(first + i);
-    const double w = want(i);
-    if (g != w) {
-      ADD_FAILURE() << what << ": element " << i << " is " << g << ", expected " << w;
-      return;
-    }
-  }
-}
-
-// ---- cases ----
-
-struct Case {
-  OpKind kind;
-  DType dtype;
-  ReduceOp op = ReduceOp::kSum;
-  size_t count = 0;  // per-rank block (allgather input, reduce_scatter output, alltoall block)
-  bool in_place = false;
-};
-
-// Ranks exchange within their host (a ring over the local ranks) and the leaders among
-// themselves (a ring over the hosts): the pairs the hierarchical backend carries.
-void RunSendRecv(Backend& b, const std::vector<int>& host_of, const Case& c, uint64_t seq,
-                 const std::string& what) {
-  const int r = b.rank();
-  const Place p = PlaceOf(host_of, r);
-  const DType t = c.dtype;
-  auto ranks_of_host = [&](int h) {
-    std::vector<int> out;
-    for (size_t g = 0; g < host_of.size(); ++g) {
-      if (host_of[g] == h) out.push_back(static_cast<int>(g));
-    }
-    return out;
-  };
-  auto ring = [&](const std::vector<int>& members, int index, const char* name) {
-    const int m = static_cast<int>(members.size());
-    if (m < 2) return;
-    Buf in(t, c.count), out(t, c.count);
-    for (size_t i = 0; i < c.count; ++i) in.Set(i, Value(t, c.op, r, i));
-    OpDesc send, recv;
-    send.kind = OpKind::kSend;
-    send.peer = members[static_cast<size_t>((index + 1) % m)];
-    send.input = in.View(c.count);
-    recv.kind = OpKind::kRecv;
-    recv.peer = members[static_cast<size_t>((index + m - 1) % m)];
-    recv.output = out.View(c.count);
-    for (OpDesc* d : {&send, &recv}) {
-      d->seq = seq;
-      d->tag = static_cast<uint32_t>(seq);
-      d->timeout = kOpTimeout;
-    }
-    if (index % 2 == 0) {
-      ASSERT_TRUE(b.Run(send).ok()) << what << " " << name;
-      ASSERT_TRUE(b.Run(recv).ok()) << what << " " << name;
-    } else {
-      ASSERT_TRUE(b.Run(recv).ok()) << what << " " << name;
-      ASSERT_TRUE(b.Run(send).ok()) << what << " " << name;
-    }
-    Check(absl::StrCat(what, " ", name), out, 0, c.count,
-          [&](size_t i) { return Value(t, c.op, recv.peer, i); });
-  };
-  ring(ranks_of_host(p.host), p.local, "within the host");
-  if (p.local == 0) {
-    std::vector<int> leaders;
-    for (int h = 0; h < p.hosts; ++h) leaders.push_back(ranks_of_host(h)[0]);
-    ring(leaders, p.host, "between leaders");
-  }
-}
-
-void RunCase(Backend& b, const std::vector<int>& host_of, const Case& c, uint64_t seq) {
-  const int n = b.size();
-  const int r = b.rank();
-  const DType t = c.dtype;
-  const auto un = static_cast<size_t>(n);
-  const std::string what =
-      absl::StrCat(OpKindName(c.kind), " ", DTypeName(t), " ", ReduceOpName(c.op), " count ",
-                   c.count, c.in_place ? " in place" : "", " on rank ", r, " of hosts {",
-                   absl::StrJoin(host_of, ","), "}");
-  OpDesc op;
-  op.kind = c.kind;
-  op.reduce = c.op;
-  op.seq = seq;
-  op.timeout = kOpTimeout;
-  op.root = static_cast<int>(seq % un);
-  auto value = [&](int rank, size_t i) { return Value(t, c.op, rank, i); };
-  switch (c.kind) {
-    case OpKind::kAllreduce:
-    case OpKind::kBroadcast:
-    case OpKind::kReduce: {
-      Buf buf(t, c.count);
-      for (size_t i = 0; i < c.count; ++i) buf.Set(i, value(r, i));
-      op.input = op.output = buf.View(c.count);
-      ASSERT_TRUE(b.Run(op).ok()) << what << ": " << b.health();
-      if (c.kind == OpKind::kBroadcast) {
-        Check(what, buf, 0, c.count, [&](size_t i) { return value(op.root, i); });
-      } else if (c.kind == OpKind::kReduce && r != op.root) {
-        Check(what + " (non-root keeps its input)", buf, 0, c.count,
-              [&](size_t i) { return value(r, i); });
-      } else {
-        Check(what, buf, 0, c.count, [&](size_t i) { return Reduced(t, c.op, n, i); });
-      }
-      return;
-    }
-    case OpKind::kAllgather: {
-      Buf out(t, c.count * un), in(t, c.count);
-      Buf& src = c.in_place ? out : in;
-      const size_t at = c.in_place ? static_cast<size_t>(r) * c.count : 0;
-      for (size_t i = 0; i < c.count; ++i) src.Set(at + i, value(r, i));
-      op.input = src.View(c.count, at);
-      op.output = out.View(c.count * un);
-      ASSERT_TRUE(b.Run(op).ok()) << what << ": " << b.health();
-      Check(what, out, 0, c.count * un,
-            [&](size_t i) { return value(static_cast<int>(i / c.count), i % c.count); });
-      return;
-    }
-    case OpKind::kReduceScatter: {
-      Buf in(t, c.count * un), out(t, c.count);
-      for (size_t i = 0; i < c.count * un; ++i) in.Set(i, value(r, i));
-      op.input = in.View(c.count * un);
-      Buf& dst = c.in_place ? in : out;
-      const size_t at = c.in_place ? static_cast<size_t>(r) * c.count : 0;
-      op.output = dst.View(c.count, at);
-      ASSERT_TRUE(b.Run(op).ok()) << what << ": " << b.health();
-      Check(what, dst, at, c.count,
-            [&](size_t i) { return Reduced(t, c.op, n, static_cast<size_t>(r) * c.count + i); });
-      return;
-    }
-    case OpKind::kAlltoall: {
-      // Block j of rank r's input holds Value(r, j*count + i) and goes to rank j.
-      Buf in(t, c.count * un), out(t, c.count * un);
-      for (size_t i = 0; i < c.count * un; ++i) in.Set(i, value(r, i));
-      op.input = in.View(c.count * un);
-      Buf& dst = c.in_place ? in : out;
-      op.output = dst.View(c.count * un);
-      ASSERT_TRUE(b.Run(op).ok()) << what << ": " << b.health();
-      Check(what, dst, 0, c.count * un, [&](size_t i) {
-        return value(static_cast<int>(i / c.count), static_cast<size_t>(r) * c.count + i % c.count);
-      });
-      return;
-    }
-    case OpKind::kSend:
-    case OpKind::kRecv:
-      return RunSendRecv(b, host_of, c, seq, what);
-    case OpKind::kBarrier:
-      ASSERT_TRUE(b.Run(op).ok()) << what << ": " << b.health();
-      return;
-  }
-}
-
-std::vector<Case> AllCases(bool full_dtypes) {
-  std::vector<Case> cases;
-  const std::vector<DType> dtypes =
-      full_dtypes ? std::vector<DType>(std::begin(kAllDTypes), std::end(kAllDTypes))
-                  : std::vector<DType>{DType::kF32, DType::kBF16, DType::kI32};
-  for (DType t : dtypes) {
-    for (OpKind k : {OpKind::kAllreduce, OpKind::kReduce, OpKind::kReduceScatter}) {
-      for (ReduceOp op : kAllReduceOps) {
-        if (op == ReduceOp::kAvg && !IsFloatingPoint(t)) continue;
-        for (size_t count : {size_t{1}, size_t{7}, size_t{1000}})
-          cases.push_back({k, t, op, count});
-      }
-    }
-    for (OpKind k : {OpKind::kBroadcast, OpKind::kAllgather, OpKind::kAlltoall, OpKind::kSend}) {
-      for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
-        cases.push_back({k, t, ReduceOp::kSum, count});
-      }
-    }
-  }
-  // 256 KiB per rank block once per op kind; in-place variants.
-  for (OpKind k : {OpKind::kAllreduce, OpKind::kBroadcast, OpKind::kReduce, OpKind::kAllgather,
-                   OpKind::kReduceScatter, OpKind::kAlltoall}) {
-    cases.push_back({k, DType::kF32, ReduceOp::kSum, size_t{64} << 10});
-  }
-  cases.push_back({OpKind::kAllreduce, DType::kBF16, ReduceOp::kAvg, size_t{128} << 10});
-  for (size_t count : {size_t{7}, size_t{1000}}) {
-    cases.push_back({OpKind::kAllgather, DType::kF32, ReduceOp::kSum, count, true});
-    cases.push_back({OpKind::kReduceScatter, DType::kF32, ReduceOp::kSum, count, true});
-    cases.push_back({OpKind::kReduceScatter, DType::kBF16, ReduceOp::kAvg, count, true});
-    cases.push_back({OpKind::kAlltoall, DType::kI32, ReduceOp::kSum, count, true});
-  }
-  cases.push_back({OpKind::kBarrier, DType::kF32});
-  return cases;
-}
+// ---- conformance: every op x dtype x reduce op, bad input, refusal once aborted ----
 
 struct Topology {
   std::string name;
@@ -398,52 +177,60 @@ struct Topology {
   bool intra_shm = false;
 };
 
-// Names the parameter in test output (and keeps ctest's names free of raw bytes).
-void PrintTo(const Topology& t, std::ostream* os) {
-  *os << t.name << " {" << absl::StrJoin(t.host_of, ",") << "}";
-}
-
-class HierCollectivesTest : public ::testing::TestWithParam<Topology> {};
-
-TEST_P(HierCollectivesTest, EveryOpDtypeAndReduceOpMatchesReference) {
-  const Topology& topo = GetParam();
-  const int n = static_cast<int>(topo.host_of.size());
-  Wrappers wrap;
-  if (topo.intra_without_send_recv) {
-    wrap.intra = [](std::unique_ptr<Backend> b, int) {
-      return std::unique_ptr<Backend>(new NoSendRecv(std::move(b)));
-    };
-  }
-#ifndef ADAPTCOMM_TEST_HAVE_SHM
-  if (topo.intra_shm) GTEST_SKIP() << "this build has no shared-memory backend";
-#endif
-  const std::vector<Case> cases = AllCases(topo.full_dtypes);
-  RunRanks(RankMode::kThreads, n, [&](const RankEnv& env) {
-    std::unique_ptr<Backend> b = ConnectHier(env, topo.host_of, topo.name, wrap, topo.intra_shm);
-    ASSERT_NE(b, nullptr);
-    EXPECT_STREQ(b->name(), "hier");
-    EXPECT_FALSE(b->capabilities().device_memory);
-    uint64_t seq = 0;
-    for (const Case& c : cases) {
-      RunCase(*b, topo.host_of, c, ++seq);
-      if (::testing::Test::HasFatalFailure()) return;
+// The conformance suite (tests/backend_conformance.h) on `topo`. Send/recv runs in rings within
+// each host and among the leaders: the pairs a hierarchical backend without pair links carries.
+testing::ConformanceTarget HierTarget(const Topology& topo) {
+  testing::ConformanceTarget t;
+  t.name = topo.name;
+  t.world = static_cast<int>(topo.host_of.size());
+  t.prepare = [topo]() -> testing::RankBackendFactory {
+    Wrappers wrap;
+    if (topo.intra_without_send_recv) {
+      wrap.intra = [](std::unique_ptr<Backend> b, int) {
+        return std::unique_ptr<Backend>(new NoSendRecv(std::move(b)));
+      };
     }
-    EXPECT_TRUE(b->health().ok()) << b->health();
-  });
+    return [topo, wrap](int rank, int world, std::shared_ptr<Store> store) {
+      RankEnv env{rank, world, {}};
+      env.options.store = std::move(store);
+      return ConnectHier(env, topo.host_of, topo.name, wrap, topo.intra_shm);
+    };
+  };
+  if (!topo.full_dtypes) t.dtypes = {DType::kF32, DType::kBF16, DType::kI32};
+  t.large_bytes = size_t{256} << 10;
+  t.large_dtypes = {DType::kF32};
+  std::vector<int> leaders;
+  for (int h = 0; h <= *std::max_element(topo.host_of.begin(), topo.host_of.end()); ++h) {
+    std::vector<int> ring;
+    for (size_t g = 0; g < topo.host_of.size(); ++g) {
+      if (topo.host_of[g] == h) ring.push_back(static_cast<int>(g));
+    }
+    leaders.push_back(ring.front());
+    t.rings.push_back(std::move(ring));
+  }
+  t.rings.push_back(std::move(leaders));
+  return t;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Topologies, HierCollectivesTest,
-    ::testing::Values(Topology{"two_by_two", {0, 0, 1, 1}, false, true},
-                      Topology{"interleaved", {0, 1, 0, 1}},
-                      Topology{"uneven_three_plus_one", {0, 0, 0, 1}},
-                      Topology{"uneven_interleaved", {0, 0, 1, 0}},
-                      Topology{"one_rank_per_host_permuted", {2, 0, 1}},
-                      Topology{"single_host", {0, 0, 0}},
-                      Topology{"no_intra_send_recv", {0, 1, 1, 0}, true},
-                      Topology{"shm_within_hosts", {0, 0, 1, 1}, false, true, true},
-                      Topology{"shm_within_uneven_interleaved", {0, 1, 0, 0}, false, false, true}),
-    [](const auto& info) { return info.param.name; });
+std::vector<testing::ConformanceTarget> HierTargets() {
+  std::vector<Topology> topologies = {Topology{"two_by_two", {0, 0, 1, 1}, false, true},
+                                      Topology{"interleaved", {0, 1, 0, 1}},
+                                      Topology{"uneven_three_plus_one", {0, 0, 0, 1}},
+                                      Topology{"uneven_interleaved", {0, 0, 1, 0}},
+                                      Topology{"one_rank_per_host_permuted", {2, 0, 1}},
+                                      Topology{"single_host", {0, 0, 0}},
+                                      Topology{"no_intra_send_recv", {0, 1, 1, 0}, true}};
+#ifdef ADAPTCOMM_TEST_HAVE_SHM
+  topologies.push_back(Topology{"shm_within_hosts", {0, 0, 1, 1}, false, true, true});
+  topologies.push_back(Topology{"shm_within_uneven_interleaved", {0, 1, 0, 0}, false, false, true});
+#endif
+  std::vector<testing::ConformanceTarget> targets;
+  for (const Topology& topo : topologies) targets.push_back(HierTarget(topo));
+  return targets;
+}
+
+INSTANTIATE_TEST_SUITE_P(Hier, BackendConformanceTest, ::testing::ValuesIn(HierTargets()),
+                         testing::ConformanceTargetName);
 
 // ---- refusals ----
 

@@ -1,7 +1,7 @@
-// The shm backend on its own (no communicator): every op x dtype x reduce op at sizes that cross
-// the flat/chunked threshold and the slot size, on threads and processes; a killed, a stopped and
-// an aborted rank; segments that leak nothing; layout skew and size limits refused at creation.
-// The same matrix through the Communicator runs in collectives_test (backend shm).
+// The shm backend on its own (no communicator): the conformance suite at sizes that cross the
+// flat/chunked threshold and the slot size, on threads and processes; wire casts; a killed, a
+// stopped and an aborted rank; segments that leak nothing; layout skew and size limits refused at
+// creation.
 #include "lib/shm/shm_backend.h"
 
 #include <dirent.h>
@@ -27,12 +27,14 @@
 #include "lib/base/cast_kernels.h"
 #include "lib/config/tuned_table.h"
 #include "lib/trace/culprit.h"
-#include "tests/dtype_values.h"
+#include "tests/backend_conformance.h"
 #include "tests/harness.h"
 
 namespace adaptcomm {
 namespace {
 
+using testing::BackendConformanceTest;
+using testing::ConformanceTarget;
 using ::testing::HasSubstr;
 using testing::RankMode;
 
@@ -85,38 +87,6 @@ std::shared_ptr<Store> FileStore(const std::string& dir) {
   return s.ok() ? *s : CreateHashStore();
 }
 
-double InputValue(ReduceOp op, int rank, size_t i) {
-  if (op == ReduceOp::kProd) return 1 + static_cast<double>((rank + i) % 2);
-  return static_cast<double>((rank + 1) * 3 + static_cast<int>(i % 5));
-}
-double Tagged(int rank, size_t i) { return static_cast<double>((rank * 7 + i) % 100); }
-
-struct Buf {
-  Buf(DType t, size_t n) : dtype(t), count(n), bytes(std::max<size_t>(1, n * DTypeSize(t))) {}
-  TensorView view() { return TensorView{bytes.data(), count, dtype}; }
-  void Set(size_t i, double v) { testing::StoreAs(dtype, v, bytes.data() + i * DTypeSize(dtype)); }
-  double Get(size_t i) const { return testing::LoadAs(dtype, bytes.data() + i * DTypeSize(dtype)); }
-  DType dtype;
-  size_t count;
-  std::vector<unsigned char> bytes;
-};
-
-double Reduced(ReduceOp op, DType t, size_t i, int world) {
-  double acc = InputValue(op, 0, i);
-  for (int r = 1; r < world; ++r) acc = testing::Combine(op, acc, InputValue(op, r, i));
-  if (op == ReduceOp::kAvg) acc /= world;
-  return testing::RoundTo(t, acc);
-}
-
-void Expect(double got, double want, DType t, ReduceOp op, const std::string& where) {
-  if (op == ReduceOp::kAvg) {
-    const double tol = t == DType::kF16 || t == DType::kBF16 ? 1e-2 : 1e-6;
-    ASSERT_NEAR(got, want, tol * std::abs(want)) << where;
-  } else {
-    ASSERT_EQ(got, want) << where;
-  }
-}
-
 // OpDesc grows fields (the engine adds some): build it by member, not by aggregate.
 OpDesc Op(OpKind kind, TensorView in = {}, TensorView out = {}, ReduceOp op = ReduceOp::kSum) {
   OpDesc d;
@@ -127,143 +97,29 @@ OpDesc Op(OpKind kind, TensorView in = {}, TensorView out = {}, ReduceOp op = Re
   return d;
 }
 
-class Runner {
- public:
-  Runner(Backend& b, int rank, int world) : b_(b), rank_(rank), world_(world) {}
-  absl::Status Run(OpDesc op) {
-    op.seq = ++seq_;
-    op.timeout = absl::Seconds(30);
-    return b_.Run(op);
-  }
-
-  void Reductions(DType t, ReduceOp op, size_t n) {
-    const std::string what = absl::StrCat(DTypeName(t), " ", ReduceOpName(op), " n=", n,
-                                          " world=", world_, " rank=", rank_);
-    Buf data(t, n);
-    for (size_t i = 0; i < n; ++i) data.Set(i, InputValue(op, rank_, i));
-    OpDesc d = Op(OpKind::kAllreduce, data.view(), data.view(), op);
-    ASSERT_TRUE(Run(d).ok()) << "allreduce " << what;
-    for (size_t i = 0; i < n; ++i)
-      Expect(data.Get(i), Reduced(op, t, i, world_), t, op, absl::StrCat("allreduce ", what, i));
-    const int root = world_ - 1;
-    for (size_t i = 0; i < n; ++i) data.Set(i, InputValue(op, rank_, i));
-    d.kind = OpKind::kReduce;
-    d.root = root;
-    ASSERT_TRUE(Run(d).ok()) << "reduce " << what;
-    if (rank_ == root) {
-      for (size_t i = 0; i < n; ++i)
-        Expect(data.Get(i), Reduced(op, t, i, world_), t, op, absl::StrCat("reduce ", what, i));
-    }
-    Buf in(t, n * world_), out(t, n);
-    for (size_t i = 0; i < n * world_; ++i) in.Set(i, InputValue(op, rank_, i));
-    ASSERT_TRUE(Run(Op(OpKind::kReduceScatter, in.view(), out.view(), op)).ok())
-        << "reduce_scatter " << what;
-    for (size_t j = 0; j < n; ++j)
-      Expect(out.Get(j), Reduced(op, t, rank_ * n + j, world_), t, op,
-             absl::StrCat("reduce_scatter ", what, j));
-  }
-
-  void DataMovement(DType t, size_t n) {
-    const std::string what = absl::StrCat(DTypeName(t), " n=", n, " rank=", rank_);
-    const int root = 1 % world_;
-    Buf b(t, n);
-    for (size_t i = 0; i < n; ++i) b.Set(i, Tagged(rank_, i));
-    OpDesc bc = Op(OpKind::kBroadcast, b.view(), b.view());
-    bc.root = root;
-    ASSERT_TRUE(Run(bc).ok()) << "broadcast " << what;
-    for (size_t i = 0; i < n; ++i)
-      ASSERT_EQ(b.Get(i), testing::RoundTo(t, Tagged(root, i))) << "broadcast " << what;
-    Buf mine(t, n), all(t, n * world_);
-    for (size_t i = 0; i < n; ++i) mine.Set(i, Tagged(rank_, i));
-    ASSERT_TRUE(Run(Op(OpKind::kAllgather, mine.view(), all.view())).ok());
-    for (int r = 0; r < world_; ++r)
-      for (size_t i = 0; i < n; ++i)
-        ASSERT_EQ(all.Get(r * n + i), testing::RoundTo(t, Tagged(r, i))) << "allgather " << what;
-    Buf send(t, n * world_), recv(t, n * world_);
-    for (size_t i = 0; i < n * world_; ++i) send.Set(i, Tagged(rank_, i));
-    ASSERT_TRUE(Run(Op(OpKind::kAlltoall, send.view(), recv.view())).ok());
-    for (int r = 0; r < world_; ++r)
-      for (size_t i = 0; i < n; ++i)
-        ASSERT_EQ(recv.Get(r * n + i), testing::RoundTo(t, Tagged(r, rank_ * n + i)))
-            << "alltoall " << what;
-    // A ring of send/recv, even ranks sending first; two messages per pair, tags in order.
-    const int next = (rank_ + 1) % world_, prev = (rank_ + world_ - 1) % world_;
-    Buf out(t, n), in(t, n), in2(t, n);
-    for (size_t i = 0; i < n; ++i) out.Set(i, Tagged(rank_, i));
-    OpDesc s = Op(OpKind::kSend, out.view(), {});
-    s.peer = next;
-    OpDesc r = Op(OpKind::kRecv, {}, in.view());
-    r.peer = prev;
-    auto do_send = [&] {
-      s.tag = 5;
-      ASSERT_TRUE(Run(s).ok()) << "send " << what;
-      s.tag = 6;
-      ASSERT_TRUE(Run(s).ok()) << "send " << what;
-    };
-    auto do_recv = [&] {
-      r.tag = 5;
-      r.output = in.view();
-      ASSERT_TRUE(Run(r).ok()) << "recv " << what;
-      r.tag = 6;
-      r.output = in2.view();
-      ASSERT_TRUE(Run(r).ok()) << "recv " << what;
-    };
-    if (rank_ % 2 == 0) {
-      do_send();
-      do_recv();
-    } else {
-      do_recv();
-      do_send();
-    }
-    for (size_t i = 0; i < n; ++i) {
-      ASSERT_EQ(in.Get(i), testing::RoundTo(t, Tagged(prev, i))) << "recv " << what;
-      ASSERT_EQ(in2.Get(i), testing::RoundTo(t, Tagged(prev, i))) << "recv " << what;
-    }
-    ASSERT_TRUE(Run(Op(OpKind::kBarrier)).ok());
-  }
-
- private:
-  Backend& b_;
-  int rank_, world_;
-  uint64_t seq_ = 0;
-};
-
-// 0 and 1 element, odd sizes, and sizes past the 32 KiB step of the small slot (chunked,
-// pipelined through both halves, uneven slices).
-constexpr size_t kCounts[] = {0, 1, 7, 1031, 40013};
-
-void Matrix(int rank, int world, const std::string& dir) {
-  std::unique_ptr<Backend> b = Create(SmallOptions(rank, world, FileStore(dir)));
-  ASSERT_NE(b, nullptr);
-  Runner run(*b, rank, world);
-  for (DType t : kAllDTypes) {
-    for (size_t n : kCounts) {
-      for (ReduceOp op : kAllReduceOps) {
-        if (op != ReduceOp::kAvg || IsFloatingPoint(t)) run.Reductions(t, op, n);
-      }
-      run.DataMovement(t, n);
-    }
-  }
-  EXPECT_TRUE(b->health().ok());
+// The conformance suite (tests/backend_conformance.h) with the small slot: 0 and 1 element, odd
+// sizes, and sizes past the 32 KiB step (chunked, pipelined through both halves, uneven slices).
+testing::RankBackendFactory ShmRanks() {
+  return [](int rank, int world, std::shared_ptr<Store> store) {
+    return Create(SmallOptions(rank, world, std::move(store)));
+  };
 }
 
-struct Param {
-  RankMode mode;
-  int world;
-};
-class ShmMatrixTest : public ::testing::TestWithParam<Param> {};
-
-TEST_P(ShmMatrixTest, EveryOpDTypeReduceOpAndSizeMatchesReference) {
-  RunShm(GetParam().mode, GetParam().world, Matrix);
+ConformanceTarget ShmTarget(std::string name, RankMode mode, int world) {
+  return ConformanceTarget{.name = std::move(name),
+                           .world = world,
+                           .mode = mode,
+                           .prepare = ShmRanks,
+                           .counts = {0, 1, 7, 1031, 40013},
+                           .large_bytes = 0};
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ranks, ShmMatrixTest,
-    ::testing::Values(Param{RankMode::kThreads, 2}, Param{RankMode::kThreads, 3},
-                      Param{RankMode::kProcesses, 2}, Param{RankMode::kProcesses, 4}),
-    [](const ::testing::TestParamInfo<Param>& info) {
-      return absl::StrCat(testing::RankModeName(info.param.mode), info.param.world);
-    });
+INSTANTIATE_TEST_SUITE_P(Shm, BackendConformanceTest,
+                         ::testing::Values(ShmTarget("threads2", RankMode::kThreads, 2),
+                                           ShmTarget("threads3", RankMode::kThreads, 3),
+                                           ShmTarget("processes2", RankMode::kProcesses, 2),
+                                           ShmTarget("processes4", RankMode::kProcesses, 4)),
+                         testing::ConformanceTargetName);
 
 // OpDesc::wire: f32 data sent as bf16/f16 through the slots. Every element must carry the bits of
 // precision.h's accumulate_fp32 semantics, computed here with the scalar reference casts.
@@ -349,20 +205,6 @@ TEST(ShmBackend, WireCastOfAnythingButAnF32SumAllreduceIsRefused) {
       EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
       EXPECT_THAT(std::string(s.message()), HasSubstr("wire-cast op must be an f32 sum allreduce"));
     }
-    EXPECT_TRUE(b->health().ok());
-  });
-}
-
-TEST(ShmBackend, IntegerAvgIsRefusedAtTheCall) {
-  RunShm(RankMode::kThreads, 2, [](int rank, int world, const std::string& dir) {
-    std::unique_ptr<Backend> b = Create(SmallOptions(rank, world, FileStore(dir)));
-    ASSERT_NE(b, nullptr);
-    std::vector<int32_t> x(4);
-    OpDesc d = Op(OpKind::kAllreduce, HostView(x.data(), 4), HostView(x.data(), 4), ReduceOp::kAvg);
-    const absl::Status s = b->Supports(d);
-    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("i32"));
-    EXPECT_TRUE(absl::IsInvalidArgument(b->Run(d)));
     EXPECT_TRUE(b->health().ok());
   });
 }

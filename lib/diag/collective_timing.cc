@@ -5,21 +5,6 @@
 
 namespace adaptcomm::diag {
 
-double BusBandwidthFactor(OpKind op, int world_size) {
-  if (world_size < 1) return 0;
-  const double n = world_size;
-  switch (op) {
-    case OpKind::kAllreduce:
-      return 2.0 * (n - 1) / n;
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAlltoall:
-      return (n - 1) / n;
-    default:
-      return 1.0;
-  }
-}
-
 double BandwidthGBps(double bytes, double seconds) {
   return seconds > 0 ? bytes / seconds / 1e9 : 0;
 }

@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "adaptcomm/backend.h"
+#include "lib/base/op_views.h"
 
 namespace adaptcomm::diag {
 
 // nccl-tests' busbw / algbw: what each rank's link must carry relative to the buffer, so that
-// numbers compare across world sizes. allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall
-// (n-1)/n; broadcast, reduce 1. One rank moves nothing over a link: factor 0 for the first group.
-double BusBandwidthFactor(OpKind op, int world_size);
+// numbers compare across world sizes (lib/base/op_views.h).
+using ::adaptcomm::BusBandwidthFactor;
 
 // GB/s (10^9 bytes per second) of `bytes` moved in `seconds`; 0 when seconds <= 0.
 double BandwidthGBps(double bytes, double seconds);

@@ -12,10 +12,8 @@
 #include <map>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoall.h"
@@ -28,9 +26,11 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "lib/backend/backend_base.h"
+#include "lib/backend/op_checks.h"
+#include "lib/backend/op_dispatch.h"
 #include "lib/base/elementwise.h"
 #include "lib/base/log.h"
-#include "lib/base/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/config/gloo_segment.h"
 #include "lib/gloo/gloo_reduce.h"
@@ -162,13 +162,16 @@ void WaitUntil(Clock::time_point deadline, WaitFn&& wait) {
 
 Clock::time_point DeadlineOf(const OpDesc& op) { return Clock::now() + ToMs(op.timeout); }
 
-class GlooBackend final : public Backend, public GroupRunner {
+class GlooBackend final : public BackendBase, public GroupRunner {
  public:
   GlooBackend(std::shared_ptr<AbortableContext> context, const GlooBackendOptions& o)
-      : context_(std::move(context)),
+      : BackendBase({.name = "gloo",
+                     .rank = context->rank,
+                     .size = context->size,
+                     // algorithm, max_segment_bytes of allreduce
+                     .capabilities = {.per_op_knobs = kKnobSpace}}),
+        context_(std::move(context)),
         gloo_context_(context_),
-        rank_(context_->rank),
-        size_(context_->size),
         bcube_(o.algorithm == "bcube"),
         max_segment_bytes_(o.max_segment_bytes),
         tuned_algorithm_(o.tuned_algorithm),
@@ -176,31 +179,10 @@ class GlooBackend final : public Backend, public GroupRunner {
 
   ~GlooBackend() override = default;
 
-  const char* name() const override { return "gloo"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-
-  Capabilities capabilities() const override {
-    Capabilities caps;
-    caps.host_memory = true;
-    caps.device_memory = false;
-    caps.native_bf16 = false;
-    caps.native_avg = false;
-    caps.send_recv = true;
-    caps.abortable = true;
-    caps.per_op_knobs = kKnobSpace;  // algorithm, max_segment_bytes of allreduce
-    return caps;
-  }
-
   absl::Status Supports(const OpDesc& op) const override;
   absl::Status Run(const OpDesc& op) override;
   GroupRunner* groups() override { return this; }
   absl::Status RunGroup(const std::vector<OpDesc>& ops) override;
-  void Abort(const absl::Status& reason) override;
-  absl::Status health() const override {
-    absl::MutexLock lock(&mu_);
-    return broken_;
-  }
   std::vector<std::pair<std::string, int64_t>> StaticKnobs(OpKind kind,
                                                            uint64_t bytes) const override {
     if (kind != OpKind::kAllreduce) return {};
@@ -210,20 +192,20 @@ class GlooBackend final : public Backend, public GroupRunner {
   }
 
  private:
+  friend struct ::adaptcomm::OpDispatch;
+
+  void Interrupt(const absl::Status& reason) override;
   // An allreduce's algorithm (0 ring, 1 bcube) and segment cap (0: Gloo's default) for `bytes`:
   // the op's own value (OpDesc::knobs, online tuning), else a tuned band's, else the profile's.
   // Both change the order in which a float element's sum is formed once there are more than two
   // ranks (lib/config/online_tuning.h says which candidates are tried therefore).
   int64_t AlgorithmFor(const OpDesc& op, uint64_t bytes) const;
   uint64_t MaxSegmentFor(const OpDesc& op, uint64_t bytes) const;
-  // FailedPrecondition naming `op` once the backend is broken.
-  absl::Status Refused(const OpDesc& op) const;
-  // Runs body(), translating what Gloo throws into the status Run() returns (what(): the op's
-  // name for the message; op.timeout: its bound).
+  // Runs body(), translating what Gloo throws into a status (what(): the op's name for the
+  // message; op.timeout: its bound); the frame (RunFramed) decides what breaks the backend.
   template <typename What, typename Body>
   absl::Status Guarded(const OpDesc& op, What&& what, Body&& body);
-  // Each of these throws what Gloo throws; Run() translates at the edge.
-  void Dispatch(const OpDesc& op);
+  // Each of these throws what Gloo throws; Run() translates at the edge. OpDispatch picks one.
   void Group(const std::vector<OpDesc>& ops, Clock::time_point deadline);
   void Allreduce(const OpDesc& op);
   void Broadcast(const OpDesc& op);
@@ -232,27 +214,21 @@ class GlooBackend final : public Backend, public GroupRunner {
   void ReduceScatter(const OpDesc& op);
   void Alltoall(const OpDesc& op);
   void Barrier(const OpDesc& op);
-  void SendRecv(const OpDesc& op);
+  void Send(const OpDesc& op);
+  void Recv(const OpDesc& op);
 
-  absl::Status Break(absl::Status status);
   // At least `bytes` of reusable scratch. Grown, never shrunk: fresh pages cost ~11 us per 4 KiB
   // on first touch here, so re-allocating per op would dominate large ops.
   uint8_t* Scratch(size_t bytes);
 
   const std::shared_ptr<AbortableContext> context_;
   const std::shared_ptr<::gloo::Context>
-      gloo_context_;  // the same object, as Gloo's options take it
-  const int rank_;
-  const int size_;
+      gloo_context_;                // the same object, as Gloo's options take it
   const bool bcube_;                // profile gloo.algorithm: bcube instead of ring
   const size_t max_segment_bytes_;  // profile gloo.max_segment_bytes (0: Gloo default)
   // Tuned per size band (GlooBackendOptions); empty: the two above for every size.
   const config::SizeBands tuned_algorithm_;
   const config::SizeBands tuned_max_segment_bytes_;
-
-  mutable absl::Mutex mu_;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
 
   // Used by the Run() thread only.
   std::unique_ptr<uint8_t[]> scratch_;
@@ -272,7 +248,7 @@ uint8_t* GlooBackend::Scratch(size_t bytes) {
 absl::Status GlooBackend::Supports(const OpDesc& op) const {
   const char* kind = OpKindName(op.kind);
   // Gloo's math and segment loops index with int.
-  if (absl::Status s = CheckHostOp(op, "gloo", rank_, size_, kMaxElements); !s.ok()) return s;
+  if (absl::Status s = CheckHostOp(op, "gloo", rank(), size(), kMaxElements); !s.ok()) return s;
   if (IsReduction(op.kind)) {
     const DType dtype = op.output.dtype;
     if (GetReduceFn(dtype, op.reduce) == nullptr) {
@@ -287,22 +263,22 @@ absl::Status GlooBackend::Supports(const OpDesc& op) const {
     }
   }
   if ((op.kind == OpKind::kBroadcast || op.kind == OpKind::kReduce) &&
-      (op.root < 0 || op.root >= size_)) {
+      (op.root < 0 || op.root >= size())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("gloo backend: ", kind, " root ", op.root, " is not in [0, ", size_, ")"));
+        absl::StrCat("gloo backend: ", kind, " root ", op.root, " is not in [0, ", size(), ")"));
   }
-  const auto n = static_cast<size_t>(size_);
+  const auto n = static_cast<size_t>(size());
   if (op.kind == OpKind::kAllgather && op.output.count != op.input.count * n) {
     return absl::InvalidArgumentError(absl::StrCat("gloo backend: allgather output holds ",
                                                    op.output.count, " elements, expected ",
-                                                   op.input.count, " x ", size_));
+                                                   op.input.count, " x ", size()));
   }
   if (op.kind == OpKind::kReduceScatter && op.input.count != op.output.count * n) {
     return absl::InvalidArgumentError(absl::StrCat("gloo backend: reduce_scatter input holds ",
                                                    op.input.count, " elements, expected ",
-                                                   op.output.count, " x ", size_));
+                                                   op.output.count, " x ", size()));
   }
-  if (op.kind == OpKind::kReduceScatter && size_ > kMaxRingSize) {
+  if (op.kind == OpKind::kReduceScatter && size() > kMaxRingSize) {
     return absl::InvalidArgumentError(
         absl::StrCat("gloo backend: reduce_scatter supports at most ", kMaxRingSize, " ranks"));
   }
@@ -310,7 +286,7 @@ absl::Status GlooBackend::Supports(const OpDesc& op) const {
       (op.input.count != op.output.count || op.input.count % n != 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("gloo backend: alltoall needs input and output of equal size, a multiple of ",
-                     size_, " elements; got ", op.input.count, " and ", op.output.count));
+                     size(), " elements; got ", op.input.count, " and ", op.output.count));
   }
   if ((op.kind == OpKind::kAllgather || op.kind == OpKind::kReduceScatter ||
        op.kind == OpKind::kAlltoall) &&
@@ -322,37 +298,13 @@ absl::Status GlooBackend::Supports(const OpDesc& op) const {
   return absl::OkStatus();
 }
 
-absl::Status GlooBackend::Break(absl::Status status) {
-  absl::MutexLock lock(&mu_);
-  // An op that failed because of Abort() reports the abort, not the IO error it caused.
-  if (aborted_) return broken_;
-  if (broken_.ok()) broken_ = status;
-  return status;
-}
-
-void GlooBackend::Abort(const absl::Status& reason) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (aborted_) return;
-    aborted_ = true;
-    const std::string why = reason.ok() ? std::string("no reason given") : reason.ToString();
-    // A backend already broken keeps the error that broke it (a communicator typically aborts
-    // after a timeout; health() must still say DeadlineExceeded).
-    if (broken_.ok()) broken_ = absl::AbortedError(absl::StrCat("gloo backend aborted: ", why));
-  }
-  ADAPTCOMM_LOG(kInfo, "gloo backend rank ", rank_, " aborting: ", reason.ToString());
+void GlooBackend::Interrupt(const absl::Status& reason) {
   try {
     context_->SignalAll(absl::StrCat("adaptcomm abort: ", reason.message()));
   } catch (const std::exception& e) {
     // Signalling is best effort; the backend is broken either way.
     ADAPTCOMM_LOG(kWarning, "gloo backend abort: signalling the pairs failed: ", e.what());
   }
-}
-
-absl::Status GlooBackend::Refused(const OpDesc& op) const {
-  absl::MutexLock lock(&mu_);
-  if (broken_.ok()) return absl::OkStatus();
-  return BrokenBackendRefusal("gloo", op, broken_);
 }
 
 template <typename What, typename Body>
@@ -364,42 +316,33 @@ absl::Status GlooBackend::Guarded(const OpDesc& op, What&& what, Body&& body) {
   } catch (const ::gloo::IoException& e) {
     const std::string text = e.what();
     if (absl::StrContains(text, "Timed out")) {
-      return Break(absl::DeadlineExceededError(
-          absl::StrCat(what(), " timed out after ", absl::FormatDuration(op.timeout), ": ", text)));
+      return absl::DeadlineExceededError(
+          absl::StrCat(what(), " timed out after ", absl::FormatDuration(op.timeout), ": ", text));
     }
-    return Break(absl::UnavailableError(absl::StrCat(what(), " failed: ", text)));
+    return absl::UnavailableError(absl::StrCat(what(), " failed: ", text));
   } catch (const ::gloo::EnforceNotMet& e) {
     // Gloo checks its arguments before any traffic: the context is still usable.
-    absl::Status s =
-        absl::InvalidArgumentError(absl::StrCat(what(), " rejected by Gloo: ", e.what()));
-    absl::MutexLock lock(&mu_);
-    return aborted_ ? broken_ : s;
+    return absl::InvalidArgumentError(absl::StrCat(what(), " rejected by Gloo: ", e.what()));
   } catch (const std::exception& e) {
-    return Break(absl::InternalError(absl::StrCat(what(), " failed inside Gloo: ", e.what())));
+    return absl::InternalError(absl::StrCat(what(), " failed inside Gloo: ", e.what()));
   } catch (...) {
-    return Break(
-        absl::InternalError(absl::StrCat(what(), " failed inside Gloo (unknown exception)")));
+    return absl::InternalError(absl::StrCat(what(), " failed inside Gloo (unknown exception)"));
   }
 }
 
 absl::Status GlooBackend::Run(const OpDesc& op) {
-  if (absl::Status s = Refused(op); !s.ok()) return s;
-  if (absl::Status s = Supports(op); !s.ok()) return s;
-  // Built only on failure: the success path of a small allreduce must not allocate.
-  auto what = [&op] { return absl::StrCat("gloo ", OpKindName(op.kind), " seq ", op.seq); };
-  return Guarded(op, what, [&] { Dispatch(op); });
+  return RunFramed(op, [&] {
+    // Built only on failure: the success path of a small allreduce must not allocate.
+    auto what = [&op] { return absl::StrCat("gloo ", OpKindName(op.kind), " seq ", op.seq); };
+    return Guarded(op, what, [&] { OpDispatch::Run(op.kind, *this, op); });
+  });
 }
 
 absl::Status GlooBackend::RunGroup(const std::vector<OpDesc>& ops) {
-  if (ops.empty()) return absl::OkStatus();
-  if (absl::Status s = Refused(ops.front()); !s.ok()) return s;
-  OpDesc bound = ops.front();
-  for (const OpDesc& op : ops) {
-    if (absl::Status s = Supports(op); !s.ok()) return s;
-    bound.timeout = std::max(bound.timeout, op.timeout);
-  }
-  auto what = [&ops] { return absl::StrCat("gloo group of ", ops.size(), " op(s)"); };
-  return Guarded(bound, what, [&] { Group(ops, DeadlineOf(bound)); });
+  return RunGroupFramed(ops, [&](const OpDesc& bound) {
+    auto what = [&ops] { return absl::StrCat("gloo group of ", ops.size(), " op(s)"); };
+    return Guarded(bound, what, [&] { Group(ops, DeadlineOf(bound)); });
+  });
 }
 
 void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadline) {
@@ -407,7 +350,7 @@ void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadli
   // and receive is posted before any is waited for: Gloo's device thread moves them all at once,
   // whatever order the peers posted theirs in.
   for (const OpDesc& op : ops) {
-    if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) Dispatch(op);
+    if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) OpDispatch::Run(op.kind, *this, op);
   }
   std::map<std::pair<int, bool>, std::vector<const OpDesc*>> streams;  // by peer and direction
   for (const OpDesc& op : ops) {
@@ -469,28 +412,6 @@ void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadli
   }
 }
 
-void GlooBackend::Dispatch(const OpDesc& op) {
-  switch (op.kind) {
-    case OpKind::kAllreduce:
-      return Allreduce(op);
-    case OpKind::kBroadcast:
-      return Broadcast(op);
-    case OpKind::kReduce:
-      return Reduce(op);
-    case OpKind::kAllgather:
-      return Allgather(op);
-    case OpKind::kReduceScatter:
-      return ReduceScatter(op);
-    case OpKind::kAlltoall:
-      return Alltoall(op);
-    case OpKind::kBarrier:
-      return Barrier(op);
-    case OpKind::kSend:
-    case OpKind::kRecv:
-      return SendRecv(op);
-  }
-}
-
 // Gloo's options only need the element size (our reduce functions know the real type), so
 // buffers are typed by an unsigned integer of the same width.
 template <typename F>
@@ -509,7 +430,7 @@ void WithElementType(DType dtype, F&& f) {
 
 void GlooBackend::Allreduce(const OpDesc& op) {
   const TensorView& v = op.output;
-  if (v.count == 0 || size_ == 1) return;  // avg over one rank is the identity
+  if (v.count == 0 || size() == 1) return;  // avg over one rank is the identity
   const ReduceFn fn = GetReduceFn(v.dtype, op.reduce);
   WithElementType(v.dtype, [&](auto t) {
     using T = decltype(t);
@@ -527,7 +448,7 @@ void GlooBackend::Allreduce(const OpDesc& op) {
     }
     ::gloo::allreduce(opts);
   });
-  if (op.reduce == ReduceOp::kAvg) elementwise::DivideInPlace(v.dtype, v.data, v.count, size_);
+  if (op.reduce == ReduceOp::kAvg) elementwise::DivideInPlace(v.dtype, v.data, v.count, size());
 }
 
 int64_t GlooBackend::AlgorithmFor(const OpDesc& op, uint64_t bytes) const {
@@ -547,7 +468,7 @@ uint64_t GlooBackend::MaxSegmentFor(const OpDesc& op, uint64_t bytes) const {
 
 void GlooBackend::Broadcast(const OpDesc& op) {
   const TensorView& v = op.output;
-  if (v.count == 0 || size_ == 1) return;
+  if (v.count == 0 || size() == 1) return;
   WithElementType(v.dtype, [&](auto t) {
     using T = decltype(t);
     ::gloo::BroadcastOptions opts(gloo_context_);
@@ -561,9 +482,9 @@ void GlooBackend::Broadcast(const OpDesc& op) {
 
 void GlooBackend::Reduce(const OpDesc& op) {
   const TensorView& v = op.output;
-  if (v.count == 0 || size_ == 1) return;
+  if (v.count == 0 || size() == 1) return;
   const ReduceFn fn = GetReduceFn(v.dtype, op.reduce);
-  const bool root = rank_ == op.root;
+  const bool root = rank() == op.root;
   // Gloo's reduce is a ring reduce-scatter that writes partial sums into every rank's output;
   // non-roots get scratch as output so their buffer stays as the caller left it (as with NCCL).
   void* out = root ? v.data : Scratch(v.bytes());
@@ -579,7 +500,7 @@ void GlooBackend::Reduce(const OpDesc& op) {
     ::gloo::reduce(opts);
   });
   if (root && op.reduce == ReduceOp::kAvg) {
-    elementwise::DivideInPlace(v.dtype, v.data, v.count, size_);
+    elementwise::DivideInPlace(v.dtype, v.data, v.count, size());
   }
 }
 
@@ -588,8 +509,8 @@ void GlooBackend::Allgather(const OpDesc& op) {
   if (block == 0) return;
   auto* out = static_cast<uint8_t*>(op.output.data);
   const void* in = op.input.data;
-  uint8_t* own = out + static_cast<size_t>(rank_) * block;
-  if (size_ == 1) {
+  uint8_t* own = out + static_cast<size_t>(rank()) * block;
+  if (size() == 1) {
     std::memmove(out, in, block);
     return;
   }
@@ -616,7 +537,7 @@ void GlooBackend::Alltoall(const OpDesc& op) {
   if (bytes == 0) return;
   const void* in = op.input.data;
   void* out = op.output.data;
-  if (size_ == 1) {
+  if (size() == 1) {
     std::memmove(out, in, bytes);
     return;
   }
@@ -639,25 +560,25 @@ void GlooBackend::Alltoall(const OpDesc& op) {
 }
 
 void GlooBackend::Barrier(const OpDesc& op) {
-  if (size_ == 1) return;
+  if (size() == 1) return;
   ::gloo::BarrierOptions opts(gloo_context_);
   opts.setTag(static_cast<uint32_t>(op.seq));
   opts.setTimeout(ToMs(op.timeout));
   ::gloo::barrier(opts);
 }
 
-void GlooBackend::SendRecv(const OpDesc& op) {
+void GlooBackend::Send(const OpDesc& op) {
   const Clock::time_point deadline = DeadlineOf(op);
-  const uint64_t slot = kSendRecvSlotBase | op.tag;
-  if (op.kind == OpKind::kSend) {
-    auto buf = context_->createUnboundBuffer(op.input.data, op.input.bytes());
-    buf->send(op.peer, slot, 0, op.input.bytes());
-    WaitUntil(deadline, [&](std::chrono::milliseconds t) { return buf->waitSend(t); });
-  } else {
-    auto buf = context_->createUnboundBuffer(op.output.data, op.output.bytes());
-    buf->recv(op.peer, slot, 0, op.output.bytes());
-    WaitUntil(deadline, [&](std::chrono::milliseconds t) { return buf->waitRecv(t); });
-  }
+  auto buf = context_->createUnboundBuffer(op.input.data, op.input.bytes());
+  buf->send(op.peer, kSendRecvSlotBase | op.tag, 0, op.input.bytes());
+  WaitUntil(deadline, [&](std::chrono::milliseconds t) { return buf->waitSend(t); });
+}
+
+void GlooBackend::Recv(const OpDesc& op) {
+  const Clock::time_point deadline = DeadlineOf(op);
+  auto buf = context_->createUnboundBuffer(op.output.data, op.output.bytes());
+  buf->recv(op.peer, kSendRecvSlotBase | op.tag, 0, op.output.bytes());
+  WaitUntil(deadline, [&](std::chrono::milliseconds t) { return buf->waitRecv(t); });
 }
 
 // Ring reduce-scatter over unbound buffers: n-1 steps, each sending one block to the right
@@ -665,8 +586,8 @@ void GlooBackend::SendRecv(const OpDesc& op) {
 // every rank moves (n-1)/n of the input. At step s rank r sends the partial sum of block
 // (r-1-s) mod n and receives that of block (r-2-s) mod n; the last step yields block r.
 void GlooBackend::ReduceScatter(const OpDesc& op) {
-  const size_t n = static_cast<size_t>(size_);
-  const size_t r = static_cast<size_t>(rank_);
+  const size_t n = static_cast<size_t>(size());
+  const size_t r = static_cast<size_t>(rank());
   const size_t count = op.output.count;
   const size_t block = op.output.bytes();
   if (block == 0) return;
@@ -707,7 +628,7 @@ void GlooBackend::ReduceScatter(const OpDesc& op) {
     send_ptr = dst;
   }
   if (op.reduce == ReduceOp::kAvg) {
-    elementwise::DivideInPlace(op.output.dtype, out, count, size_);
+    elementwise::DivideInPlace(op.output.dtype, out, count, size());
   }
 }
 

@@ -1,6 +1,6 @@
 // HierBackend, the hierarchical Backend: its class and the helpers its files share
-// (hier_backend.cc runs the collectives, hier_p2p.cc sends, receives and groups of ops). Internal
-// to lib/hier.
+// (hier_backend.cc: create, Supports, Run, the steps on inner backends; hier_collectives.cc: the
+// collectives; hier_group.cc: sends, receives and groups of ops). Internal to lib/hier.
 #ifndef ADAPTCOMM_LIB_HIER_HIER_BACKEND_CLASS_H_
 #define ADAPTCOMM_LIB_HIER_HIER_BACKEND_CLASS_H_
 
@@ -17,6 +17,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "lib/backend/backend_base.h"
+#include "lib/backend/op_dispatch.h"
 #include "lib/base/elementwise.h"
 #include "lib/hier/hier_backend.h"
 
@@ -83,11 +85,17 @@ inline OpDesc Inner(OpKind kind, TensorView input, TensorView output,
   return d;
 }
 
-class HierBackend final : public Backend, public GroupRunner {
+class HierBackend final : public BackendBase, public GroupRunner {
  public:
   HierBackend(HierTopology topo, Layout layout, std::unique_ptr<Backend> intra,
               std::unique_ptr<Backend> inter, PairTransport pair_transport)
-      : topo_(std::move(topo)),
+      : BackendBase(
+            {.name = "hier",
+             .rank = topo.rank,
+             .size = topo.world_size,
+             .capabilities = CapabilitiesOf(layout, *intra, inter.get(), pair_transport != nullptr),
+             .label = "hierarchical"}),
+        topo_(std::move(topo)),
         layout_(std::move(layout)),
         host_(topo_.host_of[static_cast<size_t>(topo_.rank)]),
         local_(topo_.local_rank),
@@ -96,18 +104,23 @@ class HierBackend final : public Backend, public GroupRunner {
         inter_(std::move(inter)),
         pair_transport_(std::move(pair_transport)) {}
 
-  const char* name() const override { return "hier"; }
-  int rank() const override { return topo_.rank; }
-  int size() const override { return topo_.world_size; }
-  Capabilities capabilities() const override;
   absl::Status Supports(const OpDesc& op) const override;
   absl::Status Run(const OpDesc& op) override;
   GroupRunner* groups() override { return this; }
-  absl::Status RunGroup(const std::vector<OpDesc>& ops) override;  // hier_p2p.cc
-  void Abort(const absl::Status& reason) override;
+  absl::Status RunGroup(const std::vector<OpDesc>& ops) override;  // hier_group.cc
+  // This backend's failure, else the first inner backend's, naming its level.
   absl::Status health() const override;
 
  private:
+  friend struct ::adaptcomm::OpDispatch;
+
+  // What the levels can carry between them.
+  static Capabilities CapabilitiesOf(const Layout& layout, const Backend& intra,
+                                     const Backend* inter, bool pair_links);
+  // Aborts the inner backends and links: ends their ops, and the peers' waits on this rank.
+  void Interrupt(const absl::Status& reason) override;
+  void OnBroken(const absl::Status& failure) override;
+
   // kPair: a two-rank link between this rank and a rank of another host (pair_transport_).
   enum class Level { kIntra, kInter, kPair };
   // The outer op in flight.
@@ -127,7 +140,6 @@ class HierBackend final : public Backend, public GroupRunner {
   std::string Where(Level level, int peer = -1) const;
   absl::Status Reword(const Outer& o, Level level, absl::string_view step,
                       const absl::Status& s) const;
-  absl::Status Break(absl::Status s);
   uint8_t* Scratch(size_t bytes);
 
   // Runs one inner op with what is left of the outer op's time. `seq` numbers the inner op on its
@@ -160,8 +172,10 @@ class HierBackend final : public Backend, public GroupRunner {
   absl::Status ReduceScatter(const Outer& o);
   absl::Status Alltoall(const Outer& o);
   absl::Status Barrier(const Outer& o);
+  absl::Status Send(const Outer& o) { return SendRecv(o); }
+  absl::Status Recv(const Outer& o) { return SendRecv(o); }
   absl::Status SendRecv(const Outer& o);
-  // Point-to-point routing (hier_p2p.cc): which level carries a send/recv with global rank
+  // Point-to-point routing (hier_group.cc): which level carries a send/recv with global rank
   // `peer`, and the peer's rank there.
   struct Route {
     Level level;
@@ -196,10 +210,6 @@ class HierBackend final : public Backend, public GroupRunner {
   uint64_t intra_seq_ = 0;
   uint64_t inter_seq_ = 0;
   std::vector<uint8_t> scratch_;
-
-  mutable absl::Mutex mu_;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace adaptcomm::hier

@@ -9,7 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "lib/base/block_recycler.h"
 #include "lib/base/log.h"
-#include "lib/base/op_checks.h"
+#include "lib/backend/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
 #include "lib/nccl/nccl_backend_class.h"  // IWYU pragma: associated

@@ -6,11 +6,10 @@
 #include <string>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "lib/backend/backend_base.h"
+#include "lib/backend/op_checks.h"
 #include "lib/base/log.h"
-#include "lib/base/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
 #include "lib/nccl/stream_order.h"
@@ -27,42 +26,27 @@ using cuda::MemcpyKind;
 using cuda::PointerInfo;
 using cuda::ScopedCudaDevice;
 
-// In-place ops read `output` as their input.
-bool ReadsOutput(const OpDesc& op, int rank) {
-  switch (op.kind) {
-    case OpKind::kAllreduce:
-    case OpKind::kReduce:
-      return true;
-    case OpKind::kBroadcast:
-      return op.root == rank;
-    default:
-      return false;
-  }
-}
-bool WritesOutput(const OpDesc& op, int rank) {
-  switch (op.kind) {
-    case OpKind::kSend:
-    case OpKind::kBarrier:
-      return false;
-    case OpKind::kReduce:
-      return op.root == rank;  // other ranks' data is unspecified afterwards: skip the copy
-    default:
-      return true;
-  }
-}
-
 struct PinnedBuffer {
   void* data = nullptr;
   size_t bytes = 0;
 };
 
-class StagedBackend final : public Backend {
+// The inner backend's capabilities, on device memory as well.
+Capabilities WithDeviceMemory(Capabilities c) {
+  c.device_memory = true;
+  return c;
+}
+
+class StagedBackend final : public BackendBase {
  public:
   StagedBackend(std::unique_ptr<Backend> inner, std::shared_ptr<CudaApi> cuda, int device_count)
-      : inner_(std::move(inner)),
+      : BackendBase({.name = absl::StrCat(inner->name(), "+staged"),
+                     .rank = inner->rank(),
+                     .size = inner->size(),
+                     .capabilities = WithDeviceMemory(inner->capabilities())}),
+        inner_(std::move(inner)),
         cuda_(std::move(cuda)),
         device_count_(device_count),
-        name_(absl::StrCat(inner_->name(), "+staged")),
         device_memory_(cuda::MakeCudaDeviceMemory(cuda_)) {}
   ~StagedBackend() override;
 
@@ -72,68 +56,39 @@ class StagedBackend final : public Backend {
     return Reserve(out_, initial_bytes);
   }
 
-  const char* name() const override { return name_.c_str(); }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  Capabilities capabilities() const override {
-    Capabilities c = inner_->capabilities();
-    c.device_memory = true;
-    return c;
-  }
   absl::Status Supports(const OpDesc& op) const override;
   absl::Status Run(const OpDesc& op) override;
-  void Abort(const absl::Status& reason) override {
-    {
-      absl::MutexLock lock(&mu_);
-      aborted_ = true;
-      if (broken_.ok()) {
-        broken_ = absl::AbortedError(absl::StrCat(name_, " backend aborted: ", reason.ToString()));
-      }
-    }
-    inner_->Abort(reason);
-  }
+  // This backend's failure (a copy's), else the inner backend's.
   absl::Status health() const override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!broken_.ok()) return broken_;
-    }
+    if (absl::Status s = BackendBase::health(); !s.ok()) return s;
     return inner_->health();
   }
   std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
 
  private:
+  void Interrupt(const absl::Status& reason) override { inner_->Abort(reason); }
   absl::Status CheckDeviceView(const OpDesc& op, const TensorView& v, const char* which) const;
   absl::Status Reserve(PinnedBuffer& buffer, size_t bytes);
   // Waits until the work queued so far on `stream` of `device` is done.
   absl::Status Sync(int device, CudaStream stream, absl::Time deadline, const std::string& what);
   absl::Status Copy(void* dst, const void* src, size_t bytes, MemcpyKind kind,
                     const TensorView& view, const std::string& what);
-  absl::Status Break(absl::Status s) {
-    absl::MutexLock lock(&mu_);
-    if (aborted_) return broken_;
-    if (broken_.ok()) broken_ = s;
-    return s;
-  }
 
   const std::unique_ptr<Backend> inner_;
   const std::shared_ptr<CudaApi> cuda_;
   const int device_count_;
-  const std::string name_;
   const std::shared_ptr<DeviceMemory> device_memory_;
   // Used by Run() only, which the communicator calls from one thread at a time.
   PinnedBuffer in_;
   PinnedBuffer out_;
   std::map<int, CudaEvent> events_;  // one per device: an event records on its own device only
 
-  mutable absl::Mutex mu_;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
-  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   bool copies_abandoned_ = false;  // a copy timed out: the DMA may still target the buffers
 };
 
 StagedBackend::~StagedBackend() {
   if (copies_abandoned_) {
-    ADAPTCOMM_LOG(kWarning, name_,
+    ADAPTCOMM_LOG(kWarning, name(),
                   ": a device copy timed out; its pinned staging memory is "
                   "leaked rather than freed under a possibly running copy");
     return;
@@ -151,14 +106,14 @@ absl::Status StagedBackend::CheckDeviceView(const OpDesc& op, const TensorView& 
   const char* kind = OpKindName(op.kind);
   if (v.device.index < 0 || v.device.index >= device_count_) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name_, " backend: view ", which, " of ", kind, " is on cuda:", v.device.index,
+        absl::StrCat(name(), " backend: view ", which, " of ", kind, " is on cuda:", v.device.index,
                      ", which does not exist (", device_count_, " CUDA device(s) visible)"));
   }
   if (v.data != nullptr && v.count > 0) {
     PointerInfo info;
     const int e = cuda_->PointerGetAttributes(v.data, &info);
     if (e != kCudaSuccess || !info.is_device) {
-      return absl::InvalidArgumentError(absl::StrCat(name_, " backend: view ", which, " of ", kind,
+      return absl::InvalidArgumentError(absl::StrCat(name(), " backend: view ", which, " of ", kind,
                                                      " is tagged cuda:", v.device.index,
                                                      " but its pointer is host memory"));
     }
@@ -182,7 +137,7 @@ absl::Status StagedBackend::Supports(const OpDesc& op) const {
   // captured. Asked here, on the issuing thread (the communicator calls Supports before it queues
   // the op): the refusal is then the op's alone, before anything touched the stream.
   auto what = [&] {
-    return absl::StrCat(name_, " ", OpKindName(op.kind),
+    return absl::StrCat(name(), " ", OpKindName(op.kind),
                         op.seq != 0 ? absl::StrCat(" seq ", op.seq) : std::string(), " (rank ",
                         inner_->rank(), ")");
   };
@@ -207,7 +162,7 @@ absl::Status StagedBackend::Reserve(PinnedBuffer& buffer, size_t bytes) {
   void* p = nullptr;
   if (int e = cuda_->HostAlloc(&p, grown); e != kCudaSuccess || p == nullptr) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(name_, ": cannot allocate ", grown,
+        absl::StrCat(name(), ": cannot allocate ", grown,
                      " bytes of pinned staging memory: ", cuda_->ErrorString(e)));
   }
   buffer = PinnedBuffer{p, grown};
@@ -226,25 +181,20 @@ absl::Status StagedBackend::Sync(int device, CudaStream stream, absl::Time deadl
     it = events_.emplace(device, ev).first;
   }
   if (int e = cuda_->EventRecord(it->second, stream); e != kCudaSuccess) {
-    return Break(
+    return Fail(
         absl::UnavailableError(absl::StrCat(what, ": cudaEventRecord: ", cuda_->ErrorString(e))));
   }
   for (int i = 0;; ++i) {
     const int q = cuda_->EventQuery(it->second);
     if (q == kCudaSuccess) return absl::OkStatus();
     if (q != kCudaErrorNotReady) {
-      return Break(
+      return Fail(
           absl::UnavailableError(absl::StrCat(what, ": cudaEventQuery: ", cuda_->ErrorString(q))));
     }
-    bool aborted = false;
-    {
-      absl::MutexLock lock(&mu_);
-      aborted = aborted_;
-    }
-    if (aborted || absl::Now() > deadline) {
+    if (aborted() || absl::Now() > deadline) {
       copies_abandoned_ = true;
-      if (aborted) return health();
-      return Break(absl::DeadlineExceededError(
+      if (aborted()) return health();
+      return Fail(absl::DeadlineExceededError(
           absl::StrCat(what, ": the device copy did not finish in time")));
     }
     cuda::PollPause(i);
@@ -255,11 +205,11 @@ absl::Status StagedBackend::Copy(void* dst, const void* src, size_t bytes, Memcp
                                  const TensorView& view, const std::string& what) {
   if (bytes == 0) return absl::OkStatus();
   if (int e = cuda_->SetDevice(view.device.index); e != kCudaSuccess) {
-    return Break(
+    return Fail(
         absl::UnavailableError(absl::StrCat(what, ": cudaSetDevice: ", cuda_->ErrorString(e))));
   }
   if (int e = cuda_->MemcpyAsync(dst, src, bytes, kind, view.stream); e != kCudaSuccess) {
-    return Break(
+    return Fail(
         absl::UnavailableError(absl::StrCat(what, ": cudaMemcpyAsync: ", cuda_->ErrorString(e))));
   }
   return absl::OkStatus();
@@ -270,13 +220,13 @@ absl::Status StagedBackend::Run(const OpDesc& op) {
   const bool out_dev = UsesOutput(op.kind) && op.output.device.is_cuda();
   if (!in_dev && !out_dev) return inner_->Run(op);
   if (absl::Status s = health(); !s.ok()) {
-    return BrokenBackendRefusal(name_, op, s);
+    return BrokenBackendRefusal(name(), op, s);
   }
   if (absl::Status s = Supports(op); !s.ok()) return s;
   // Copies and events run on the view's device; the caller's current device is restored after.
   ScopedCudaDevice device(*cuda_, (in_dev ? op.input : op.output).device.index);
   const absl::Time deadline = absl::Now() + op.timeout;
-  const std::string what = absl::StrCat(name_, " ", OpKindName(op.kind), " seq ", op.seq);
+  const std::string what = absl::StrCat(name(), " ", OpKindName(op.kind), " seq ", op.seq);
   const int rank = inner_->rank();
 
   OpDesc host = op;
@@ -296,7 +246,7 @@ absl::Status StagedBackend::Run(const OpDesc& op) {
     host.output.data = out_.data;
     host.output.device = Device::Cpu();
     host.output.stream = nullptr;
-    if (ReadsOutput(op, rank)) {
+    if (ReadsOutputOn(op, rank)) {
       if (absl::Status s = Copy(out_.data, op.output.data, op.output.bytes(),
                                 MemcpyKind::kDeviceToHost, op.output, what);
           !s.ok()) {
@@ -309,7 +259,7 @@ absl::Status StagedBackend::Run(const OpDesc& op) {
       return s;
     }
   }
-  if (out_dev && ReadsOutput(op, rank) &&
+  if (out_dev && ReadsOutputOn(op, rank) &&
       (!in_dev || op.output.stream != op.input.stream ||
        op.output.device.index != op.input.device.index)) {
     if (absl::Status s = Sync(op.output.device.index, op.output.stream, deadline, what); !s.ok()) {
@@ -318,7 +268,7 @@ absl::Status StagedBackend::Run(const OpDesc& op) {
   }
   host.timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
   if (absl::Status s = inner_->Run(host); !s.ok()) return s;
-  if (out_dev && WritesOutput(op, rank)) {
+  if (out_dev && WritesOutputOn(op, rank)) {
     if (absl::Status s = Copy(op.output.data, out_.data, op.output.bytes(),
                               MemcpyKind::kHostToDevice, op.output, what);
         !s.ok()) {

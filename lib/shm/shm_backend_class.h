@@ -1,5 +1,6 @@
-// ShmBackend, the shm Backend: its class and the helpers its files share (shm_backend.cc runs the
-// collectives and send/recv, shm_group.cc the groups of ops). Internal to lib/shm.
+// ShmBackend, the shm Backend: its class and the helpers its files share (shm_backend.cc: create,
+// Supports, Run, waits and the broken record; shm_collectives.cc: the collectives and send/recv;
+// shm_group.cc: the groups of ops). Internal to lib/shm.
 #ifndef ADAPTCOMM_LIB_SHM_SHM_BACKEND_CLASS_H_
 #define ADAPTCOMM_LIB_SHM_SHM_BACKEND_CLASS_H_
 
@@ -16,6 +17,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "lib/backend/backend_base.h"
+#include "lib/backend/op_dispatch.h"
 #include "lib/shm/shm_backend.h"
 #include "lib/shm/shm_segment.h"
 
@@ -54,12 +57,20 @@ struct OpCtx {
   absl::Time deadline;
 };
 
-class ShmBackend final : public Backend, public GroupRunner {
+class ShmBackend final : public BackendBase, public GroupRunner {
  public:
   ShmBackend(std::unique_ptr<Segment> segment, const ShmBackendOptions& o)
-      : seg_(std::move(segment)),
-        rank_(o.rank),
-        size_(o.size),
+      : BackendBase({.name = "shm",
+                     .rank = o.rank,
+                     .size = o.size,
+                     .capabilities = {.native_bf16 = true,  // reduced in fp32 by shm_reduce
+                                      .native_avg = true,
+                                      // memory, futexes and the pids of peers: no thread state
+                                      .runs_on_any_thread = true,
+                                      .wire_cast = true,
+                                      // flat_max_bytes, chunk_bytes of allreduce and reduce
+                                      .per_op_knobs = kKnobSpace}}),
+        seg_(std::move(segment)),
         flat_max_(o.flat_max_bytes),
         chunk_(o.chunk_bytes == 0 ? seg_->slot_half_bytes()
                                   : std::min(o.chunk_bytes, seg_->slot_half_bytes())),
@@ -73,32 +84,10 @@ class ShmBackend final : public Backend, public GroupRunner {
 
   ~ShmBackend() override = default;
 
-  const char* name() const override { return "shm"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  Capabilities capabilities() const override {
-    Capabilities caps;
-    caps.host_memory = true;
-    caps.device_memory = false;
-    caps.native_bf16 = true;  // reduced in fp32 by shm_reduce
-    caps.native_avg = true;
-    caps.send_recv = true;
-    caps.abortable = true;
-    caps.runs_on_any_thread = true;  // memory, futexes and the pids of peers: no thread state
-    caps.wire_cast = true;
-    caps.per_op_knobs = kKnobSpace;  // flat_max_bytes, chunk_bytes of allreduce and reduce
-    return caps;
-  }
-
   absl::Status Supports(const OpDesc& op) const override;
   absl::Status Run(const OpDesc& op) override;
   GroupRunner* groups() override { return this; }
   absl::Status RunGroup(const std::vector<OpDesc>& ops) override;  // shm_group.cc
-  void Abort(const absl::Status& reason) override;
-  absl::Status health() const override {
-    absl::MutexLock lock(&mu_);
-    return broken_;
-  }
   std::vector<std::pair<std::string, int64_t>> StaticKnobs(OpKind kind,
                                                            uint64_t bytes) const override {
     if (kind != OpKind::kAllreduce && kind != OpKind::kReduce) return {};
@@ -109,7 +98,23 @@ class ShmBackend final : public Backend, public GroupRunner {
   }
 
  private:
-  absl::Status Dispatch(const OpCtx& ctx);
+  friend struct ::adaptcomm::OpDispatch;
+
+  void Interrupt(const absl::Status& reason) override;
+  // Tells every peer through the segment.
+  void OnBroken(const absl::Status& failure) override { MarkGroupBroken(failure); }
+
+  // The ops, as OpDispatch calls them.
+  absl::Status Allreduce(const OpCtx& ctx) {
+    if (ctx.op.wire.has_value()) return ReduceWire(ctx);
+    return Reduction(ctx, static_cast<unsigned char*>(ctx.op.output.data), ctx.op.output.count, -1);
+  }
+  absl::Status Reduce(const OpCtx& ctx) {
+    return Reduction(ctx, static_cast<unsigned char*>(ctx.op.output.data), ctx.op.output.count,
+                     ctx.op.root);
+  }
+  absl::Status ReduceScatter(const OpCtx& ctx) { return BlockExchange(ctx, /*reduce=*/true); }
+  absl::Status Alltoall(const OpCtx& ctx) { return BlockExchange(ctx, /*reduce=*/false); }
   absl::Status Reduction(const OpCtx& ctx, unsigned char* data, size_t count, int root);
   absl::Status ReduceFlat(const OpCtx& ctx, unsigned char* data, size_t count, int root);
   absl::Status ReduceChunk(const OpCtx& ctx, unsigned char* data, size_t count, int root);
@@ -135,13 +140,10 @@ class ShmBackend final : public Backend, public GroupRunner {
   absl::Status Exchange(const OpCtx& ctx, const std::vector<OpDesc>& ops);
   bool PumpSend(Stream& st);
   absl::Status PumpRecv(const OpCtx& ctx, Stream& st, bool* progressed);
-  // FailedPrecondition naming `op` once the backend is broken.
-  absl::Status Refused(const OpDesc& op) const;
-
   // Starts a collective step; when this rank will write its slot half, first waits until every
   // rank is done with the step that last used that half.
   absl::Status BeginStep(const OpCtx& ctx, bool writes);
-  void EndStep() { Publish(seg_->done(rank_), step_); }
+  void EndStep() { Publish(seg_->done(rank()), step_); }
   unsigned char* Half(int r) const { return seg_->slot(r, static_cast<int>(step_ & 1)); }
   absl::Status WaitAllPosted(const OpCtx& ctx, uint32_t target);
 
@@ -150,19 +152,17 @@ class ShmBackend final : public Backend, public GroupRunner {
   // Non-OK when this backend was aborted or a peer broke the group.
   absl::Status Interrupted(const OpCtx& ctx);
   std::string What(const OpCtx& ctx) const {
-    return absl::StrCat(OpKindName(ctx.op.kind), " #", ctx.op.seq, " on rank ", rank_, ": shm: ");
+    return absl::StrCat(OpKindName(ctx.op.kind), " #", ctx.op.seq, " on rank ", rank(), ": shm: ");
   }
   std::string Waited(const OpCtx& ctx) const {
     return absl::StrCat("waited ", absl::FormatDuration(absl::Now() - ctx.start), " of ",
                         absl::FormatDuration(ctx.op.timeout));
   }
-  // Records `status` as what broke this backend and tells every peer through the segment.
-  absl::Status Break(absl::Status status);
+  // Records `status` in this rank's record of the segment (the first rank's only) and wakes every
+  // waiter, so that the peers fail too.
   void MarkGroupBroken(const absl::Status& status);
 
   const std::unique_ptr<Segment> seg_;
-  const int rank_;
-  const int size_;
   const size_t flat_max_;
   const size_t chunk_;
   const ShmBackendOptions::TunedBands tuned_allreduce_;
@@ -176,10 +176,7 @@ class ShmBackend final : public Backend, public GroupRunner {
   std::vector<uint32_t> received_;  // chunks received from each peer
   std::vector<const void*> srcs_;   // reduction sources, rank order
 
-  std::atomic<bool> aborted_{false};
   absl::Mutex group_mu_;  // serializes writes of this rank's broken record in the segment
-  mutable absl::Mutex mu_;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace adaptcomm::shm

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "lib/backend/op_dispatch.h"
 #include "lib/shm/shm_backend_class.h"
 
 namespace adaptcomm::shm {
@@ -33,29 +34,20 @@ struct ShmBackend::Stream {
 };
 
 absl::Status ShmBackend::RunGroup(const std::vector<OpDesc>& ops) {
-  if (ops.empty()) return absl::OkStatus();
-  if (absl::Status s = Refused(ops.front()); !s.ok()) return s;
-  OpDesc bound = ops.front();  // the group's bound and name in messages
-  for (const OpDesc& op : ops) {
-    if (absl::Status s = Supports(op); !s.ok()) return s;
-    bound.timeout = std::max(bound.timeout, op.timeout);
-  }
-  const absl::Time start = absl::Now();
-  const OpCtx ctx{bound, start, start + bound.timeout};
-  if (absl::Status s = Interrupted(ctx); !s.ok()) return Break(std::move(s));
-  // Collectives first, in issue order, on every rank alike: none of them waits on a send or a
-  // receive, so running them before the exchange cannot make a peer wait on this rank.
-  for (const OpDesc& op : ops) {
-    if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) continue;
-    const absl::Time now = absl::Now();
-    const OpCtx one{op, now, std::min(now + op.timeout, ctx.deadline)};
-    absl::Status s = Dispatch(one);
-    if (absl::IsInvalidArgument(s)) return s;
-    if (!s.ok()) return Break(std::move(s));
-  }
-  absl::Status s = Exchange(ctx, ops);
-  if (s.ok() || absl::IsInvalidArgument(s)) return s;
-  return Break(std::move(s));
+  return RunGroupFramed(ops, [&](const OpDesc& bound) -> absl::Status {
+    const absl::Time start = absl::Now();
+    const OpCtx ctx{bound, start, start + bound.timeout};
+    if (absl::Status s = Interrupted(ctx); !s.ok()) return s;
+    // Collectives first, in issue order, on every rank alike: none of them waits on a send or a
+    // receive, so running them before the exchange cannot make a peer wait on this rank.
+    for (const OpDesc& op : ops) {
+      if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) continue;
+      const absl::Time now = absl::Now();
+      const OpCtx one{op, now, std::min(now + op.timeout, ctx.deadline)};
+      if (absl::Status s = OpDispatch::Run(op.kind, *this, one); !s.ok()) return s;
+    }
+    return Exchange(ctx, ops);
+  });
 }
 
 absl::Status ShmBackend::Exchange(const OpCtx& ctx, const std::vector<OpDesc>& ops) {
@@ -133,7 +125,8 @@ absl::Status ShmBackend::Exchange(const OpCtx& ctx, const std::vector<OpDesc>& o
           What(ctx), "group: timed out ", receiving ? "receiving from" : "sending to",
           " peer rank ", peer, " (pid ", pid, stopped ? ", stopped" : "", "); ", Waited(ctx)));
     }
-    Counter& c = receiving ? seg_->channel(peer, rank_).sent : seg_->channel(rank_, peer).consumed;
+    Counter& c =
+        receiving ? seg_->channel(peer, rank()).sent : seg_->channel(rank(), peer).consumed;
     c.waiters.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = c.value.load(std::memory_order_seq_cst);
     FutexWait(&c.value, seen, std::min({nap, next_probe - now, ctx.deadline - now}));
@@ -160,13 +153,13 @@ constexpr size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
 
 bool ShmBackend::PumpSend(Stream& st) {
   bool progressed = false;
-  Channel& ch = seg_->channel(rank_, st.peer);
+  Channel& ch = seg_->channel(rank(), st.peer);
   const size_t half = seg_->p2p_half_bytes();
   while (!st.done()) {
     const uint32_t k = sent_[st.peer] + 1;
     if (!Reached(ch.consumed.value.load(std::memory_order_acquire), k - 2)) break;
     const int h = static_cast<int>(k & 1);
-    unsigned char* dst = seg_->p2p(rank_, st.peer, h);
+    unsigned char* dst = seg_->p2p(rank(), st.peer, h);
     // How many whole messages from here fit in one chunk as a batch.
     size_t n = 0, used = 0;
     if (st.offset == 0) {
@@ -212,7 +205,7 @@ bool ShmBackend::PumpSend(Stream& st) {
 }
 
 absl::Status ShmBackend::PumpRecv(const OpCtx& ctx, Stream& st, bool* progressed) {
-  Channel& ch = seg_->channel(st.peer, rank_);
+  Channel& ch = seg_->channel(st.peer, rank());
   auto mismatch = [&](uint32_t tag, uint64_t bytes) {
     // The channel is out of step now: this backend cannot continue.
     const OpDesc& op = *st.messages[st.next];
@@ -227,7 +220,7 @@ absl::Status ShmBackend::PumpRecv(const OpCtx& ctx, Stream& st, bool* progressed
     if (!Reached(ch.sent.value.load(std::memory_order_acquire), k)) break;
     const int h = static_cast<int>(k & 1);
     const ChunkDesc d = ch.desc[h];
-    const unsigned char* src = seg_->p2p(st.peer, rank_, h);
+    const unsigned char* src = seg_->p2p(st.peer, rank(), h);
     if (d.total_bytes == kBatch) {
       uint32_t count = 0;
       std::memcpy(&count, src, sizeof(count));

@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "lib/base/op_views.h"
 
 namespace adaptcomm::trace {
 
@@ -126,21 +127,7 @@ int SizeBandOf(uint64_t bytes) {
   return band;
 }
 
-double BusFactor(OpKind kind, int nranks) {
-  const double n = std::max(nranks, 1);
-  switch (kind) {
-    case OpKind::kAllreduce:
-      return 2 * (n - 1) / n;
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
-    case OpKind::kAlltoall:
-      return (n - 1) / n;
-    case OpKind::kBarrier:
-      return 0;
-    default:
-      return 1;
-  }
-}
+double BusFactor(OpKind kind, int nranks) { return BusBandwidthFactor(kind, nranks); }
 
 CommMetrics::CommMetrics(CommMetricsOptions options) : options_(std::move(options)) {
   backends_.push_back(options_.backend);

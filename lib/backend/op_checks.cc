@@ -1,4 +1,4 @@
-#include "lib/base/op_checks.h"
+#include "lib/backend/op_checks.h"
 
 #include "absl/strings/str_cat.h"
 #include "lib/base/op_views.h"

@@ -1,7 +1,7 @@
 // The argument checks every host-memory backend makes in Backend::Supports(), in one place so
 // that gloo and shm refuse the same ops with the same words.
-#ifndef ADAPTCOMM_LIB_BASE_OP_CHECKS_H_
-#define ADAPTCOMM_LIB_BASE_OP_CHECKS_H_
+#ifndef ADAPTCOMM_LIB_BACKEND_OP_CHECKS_H_
+#define ADAPTCOMM_LIB_BACKEND_OP_CHECKS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -25,4 +25,4 @@ absl::Status BrokenBackendRefusal(absl::string_view backend, const OpDesc& op,
 
 }  // namespace adaptcomm
 
-#endif  // ADAPTCOMM_LIB_BASE_OP_CHECKS_H_
+#endif  // ADAPTCOMM_LIB_BACKEND_OP_CHECKS_H_

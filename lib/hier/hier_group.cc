@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "lib/base/op_checks.h"
 #include "lib/hier/hier_backend_class.h"
 
 namespace adaptcomm::hier {
@@ -64,13 +63,9 @@ absl::StatusOr<Backend*> HierBackend::PairTo(const Outer& o, int peer) {
                                      link.status().message()));
   }
   absl::MutexLock lock(&pairs_mu_);
-  bool aborted;
-  {
-    absl::MutexLock state(&mu_);
-    aborted = aborted_;
-  }
   Backend* raw = link->get();
-  if (aborted) (*link)->Abort(absl::AbortedError("hierarchical backend aborted"));
+  // Read under pairs_mu_: an Abort() that came after aborts the link with the others.
+  if (aborted()) (*link)->Abort(absl::AbortedError("hierarchical backend aborted"));
   pairs_[peer] = *std::move(link);
   return raw;
 }
@@ -120,21 +115,9 @@ absl::Status HierBackend::InnerGroup(const Outer& o, Level level, Backend& b,
 }
 
 absl::Status HierBackend::RunGroup(const std::vector<OpDesc>& ops) {
-  if (ops.empty()) return absl::OkStatus();
-  {
-    absl::MutexLock lock(&mu_);
-    if (!broken_.ok()) {
-      return BrokenBackendRefusal("hierarchical", ops.front(), broken_);
-    }
-  }
-  OpDesc bound = ops.front();
-  for (const OpDesc& op : ops) {
-    if (absl::Status s = Supports(op); !s.ok()) return s;
-    bound.timeout = std::max(bound.timeout, op.timeout);
-  }
-  const absl::Time start = absl::Now();
-  const Outer group{bound, start, start + bound.timeout};
-  auto run = [&]() -> absl::Status {
+  return RunGroupFramed(ops, [&](const OpDesc& bound) -> absl::Status {
+    const absl::Time start = absl::Now();
+    const Outer group{bound, start, start + bound.timeout};
     // Collectives first, in issue order, on every rank alike (none waits on a send or receive).
     for (const OpDesc& op : ops) {
       if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) continue;
@@ -181,10 +164,7 @@ absl::Status HierBackend::RunGroup(const std::vector<OpDesc>& ops) {
       }
     }
     return absl::OkStatus();
-  };
-  absl::Status s = run();
-  if (s.ok() || absl::IsInvalidArgument(s)) return s;
-  return Break(std::move(s));
+  });
 }
 
 }  // namespace adaptcomm::hier
