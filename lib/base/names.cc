@@ -1,6 +1,5 @@
 // Names of the public enums, and the retry classification of status codes.
 #include "absl/strings/match.h"
-#include "adaptcomm/backend.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/status.h"
 #include "adaptcomm/types.h"

@@ -3,7 +3,7 @@
 #ifndef ADAPTCOMM_LIB_BASE_OP_VIEWS_H_
 #define ADAPTCOMM_LIB_BASE_OP_VIEWS_H_
 
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 
 namespace adaptcomm {
 

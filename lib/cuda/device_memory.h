@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/cuda/cuda_api.h"
 
 namespace adaptcomm::cuda {

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/base/spin_lock.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
