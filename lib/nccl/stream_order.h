@@ -1,4 +1,4 @@
-// The parts of the NCCL backend's stream-ordered path (adaptcomm/backend.h, StreamOrdered) that
+// The parts of the NCCL backend's stream-ordered path (adaptcomm/ext/backend.h, StreamOrdered) that
 // outlive the backend that made them: CUDA events recycled through a pool, the point of the
 // caller's stream an op was issued at, and the completion a Work polls, possibly after a retry
 // replaced the backend that launched it.
