@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "adaptcomm/adaptcomm.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/trace/timeline_writer.h"
 
 namespace {

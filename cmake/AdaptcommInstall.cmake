@@ -1,5 +1,6 @@
-# `cmake --install`: public headers, libadaptcomm.so, the `adaptcomm` tool, a CMake package
-# (adaptcomm::adaptcomm) and a pkg-config file, so a trainer needs only
+# `cmake --install`: public headers, libadaptcomm.so and libadaptcomm_diag.so, the `adaptcomm`
+# tool, a CMake package (adaptcomm::adaptcomm, adaptcomm::diag) and a pkg-config file, so a
+# trainer needs only
 #   find_package(adaptcomm CONFIG REQUIRED)
 #   target_link_libraries(app PRIVATE adaptcomm::adaptcomm)
 # The package is relocatable: `cmake --install build --prefix DIR` works for any DIR.
@@ -14,7 +15,9 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/adaptcomm
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")
 
-install(TARGETS adaptcomm EXPORT adaptcommTargets
+# adaptcomm::diag (libadaptcomm_diag.so, adaptcomm/diagnose.h) is installed beside it: a trainer
+# that runs the pre-flight checks itself links both.
+install(TARGETS adaptcomm adaptcomm_diag_shared EXPORT adaptcommTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

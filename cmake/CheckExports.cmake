@@ -1,5 +1,6 @@
 # The export check (README "Architecture"): libadaptcomm.so exports the public API of
-# include/adaptcomm and nothing else. Run by ctest (tests/exports.cmake) as
+# include/adaptcomm (ext/ included) and nothing else; so does libadaptcomm_diag.so, for its own
+# objects. Run by ctest (tests/exports.cmake) as
 #   cmake -DNM=<nm> -DLIBRARY=<libadaptcomm.so> -DARCHIVE=<libadaptcomm_internal.a>
 #         -DHEADERS=<include/adaptcomm> -P cmake/CheckExports.cmake
 # (or with -DEXPORTED=<file> -DDEFINED=<file> holding `nm -C` output instead of the two binaries,
@@ -61,7 +62,7 @@ foreach(line ${exported_lines})
 endforeach()
 
 # Names that the public headers declare as classes, structs or functions.
-file(GLOB headers ${HEADERS}/*.h)
+file(GLOB_RECURSE headers ${HEADERS}/*.h)
 set(public_names "")
 foreach(header ${headers})
   file(READ ${header} text)

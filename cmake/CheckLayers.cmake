@@ -18,8 +18,9 @@
 #                             knows the concrete backends
 #   precision                 base cuda store config trace core
 #   diag                      base cuda store config nccl trace core precision
-# Public headers (include/adaptcomm) include no lib/ header and no CUDA, NCCL, Gloo or yaml-cpp
-# header.
+# Public headers (include/adaptcomm, and the extension interface include/adaptcomm/ext) include no
+# lib/ header and no CUDA, NCCL, Gloo or yaml-cpp header. What a trainer includes
+# (include/adaptcomm/*.h) includes no ext/ header: a trainer never compiles the backend interface.
 cmake_minimum_required(VERSION 3.22)
 if(NOT SOURCE_DIR)
   message(FATAL_ERROR "usage: cmake -DSOURCE_DIR=<repository root> -P CheckLayers.cmake")
@@ -68,13 +69,19 @@ foreach(file ${sources})
   endforeach()
 endforeach()
 
-file(GLOB public RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/include/adaptcomm/*.h)
+file(GLOB_RECURSE public RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/include/adaptcomm/*.h)
 foreach(file ${public})
   file(STRINGS ${SOURCE_DIR}/${file} lines
        REGEX "^#include [<\"](lib/|cuda|nccl|gloo/|yaml-cpp/)")
   foreach(line ${lines})
     list(APPEND violations "${file}: a public header includes ${line}")
   endforeach()
+  if(NOT file MATCHES "^include/adaptcomm/ext/")
+    file(STRINGS ${SOURCE_DIR}/${file} lines REGEX "^#include [<\"]adaptcomm/ext/")
+    foreach(line ${lines})
+      list(APPEND violations "${file}: a trainer's header includes the extension interface ${line}")
+    endforeach()
+  endif()
 endforeach()
 
 if(violations)

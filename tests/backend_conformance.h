@@ -31,7 +31,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "adaptcomm/store.h"
 #include "gtest/gtest.h"
 #include "tests/dtype_values.h"

@@ -11,10 +11,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/adaptcomm.h"
 #include "gmock/gmock.h"
@@ -301,6 +303,7 @@ TEST(Elastic, WorldShapedOpFailsWithMembershipChangedAndRedoWorks) {
                 ->Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size()))
                 .Wait();
         ASSERT_TRUE(IsMembershipChanged(s)) << "rank " << env.rank << ": " << s;
+        EXPECT_EQ(MembershipChangedWorldSize(s), 3) << s;
         EXPECT_THAT(std::string(s.message()), HasSubstr("depends on the world size"));
         EXPECT_THAT(std::string(s.message()), HasSubstr("rank(s) 2 of 4 lost"));
         EXPECT_TRUE((*comm)->health().ok()) << (*comm)->health();
@@ -409,6 +412,7 @@ void KillThenReplaceAllreduce(BackendChoice backend) {
             absl::Status admitted = (*comm)->AdmitJoiners();
             if (!admitted.ok()) {
               ASSERT_TRUE(IsMembershipChanged(admitted)) << "rank " << env.rank << ": " << admitted;
+              EXPECT_EQ(MembershipChangedWorldSize(admitted), kWorld) << admitted;
               EXPECT_THAT(std::string(admitted.message()), HasSubstr("rank(s) 3 (id 4) joined"));
               EXPECT_EQ((*comm)->size(), kWorld);
               state[0] = step;
@@ -759,6 +763,7 @@ TEST(ElasticTranslate, RootsAndPeersAreRenumberedAndWorldShapedOpsRefused) {
   bcast.root = 2;
   t = internal::TranslateOp(bcast, {&c});
   EXPECT_TRUE(IsMembershipChanged(t.status())) << t.status();
+  EXPECT_EQ(MembershipChangedWorldSize(t.status()), 3) << t.status();
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("root (rank 2) was lost"));
   OpDesc send;
   send.kind = OpKind::kSend;
@@ -775,6 +780,27 @@ TEST(ElasticTranslate, RootsAndPeersAreRenumberedAndWorldShapedOpsRefused) {
   allreduce.kind = OpKind::kAllreduce;
   EXPECT_TRUE(internal::TranslateOp(allreduce, {&c}).ok());
   EXPECT_FALSE(IsMembershipChanged(absl::AbortedError("aborted")));
+}
+
+// The status is recognised by its typed payload (status.h), not by the text of its message.
+TEST(ElasticStatus, MembershipChangeIsItsPayloadNotItsMessage) {
+  absl::Status s = MembershipChangedError(3, "rank(s) 2 of 4 lost");
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(s.message(), "membership changed: rank(s) 2 of 4 lost");
+  EXPECT_TRUE(IsMembershipChanged(s));
+  EXPECT_EQ(MembershipChangedWorldSize(s), 3);
+  EXPECT_FALSE(IsStepRedo(s));
+  // The same words without the payload are just an abort.
+  absl::Status text_only = absl::AbortedError("membership changed: rank(s) 2 of 4 lost");
+  EXPECT_FALSE(IsMembershipChanged(text_only));
+  EXPECT_EQ(MembershipChangedWorldSize(text_only), std::nullopt);
+  // The payload on another code, or a payload that is not a world size, marks nothing.
+  absl::Status other_code(absl::StatusCode::kUnavailable, "peer gone");
+  other_code.SetPayload(kMembershipChangedPayload, absl::Cord("3"));
+  EXPECT_FALSE(IsMembershipChanged(other_code));
+  absl::Status garbled = absl::AbortedError("x");
+  garbled.SetPayload(kMembershipChangedPayload, absl::Cord("three"));
+  EXPECT_FALSE(IsMembershipChanged(garbled));
 }
 
 TEST(ElasticPolicy, OptionsWinOverTheProfileAndWaitAddsTheReplacementTimeout) {

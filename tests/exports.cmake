@@ -7,6 +7,17 @@ add_test(NAME export_check
                  -DARCHIVE=$<TARGET_FILE:adaptcomm_internal>
                  -DHEADERS=${PROJECT_SOURCE_DIR}/include/adaptcomm
                  -P ${PROJECT_SOURCE_DIR}/cmake/CheckExports.cmake)
+# The diagnostics library (lib/CMakeLists.txt): the same rules over its own objects.
+add_test(NAME export_check_diag
+         COMMAND ${CMAKE_COMMAND} -DNM=${ADAPTCOMM_NM} -DLIBRARY=$<TARGET_FILE:adaptcomm_diag_shared>
+                 -DARCHIVE=$<TARGET_FILE:adaptcomm_diag_internal>
+                 -DHEADERS=${PROJECT_SOURCE_DIR}/include/adaptcomm
+                 -P ${PROJECT_SOURCE_DIR}/cmake/CheckExports.cmake)
+# libadaptcomm.so holds no diagnostics: a trainer that links it alone gets none of their code.
+add_test(NAME export_check_no_diag
+         COMMAND ${CMAKE_COMMAND} -DNM=${ADAPTCOMM_NM} -DLIBRARY=$<TARGET_FILE:adaptcomm>
+                 -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR} -P ${PROJECT_SOURCE_DIR}/cmake/CheckNoDiag.cmake)
+set_tests_properties(export_check_diag export_check_no_diag PROPERTIES LABELS exports TIMEOUT 120)
 set(_fixtures ${CMAKE_CURRENT_LIST_DIR}/fixtures/exports)
 add_test(NAME export_check_refuses_leaks
          COMMAND ${CMAKE_COMMAND} -DEXPORTED=${_fixtures}/exported.txt

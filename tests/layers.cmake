@@ -9,3 +9,11 @@ add_test(NAME layer_check_refuses_upward_includes
 set_tests_properties(layer_check_refuses_upward_includes PROPERTIES
   PASS_REGULAR_EXPRESSION
   "lib/cuda/upward.cc:2: lib/cuda may not include lib/nccl.*lib/store/upward.cc:2: lib/store may not include lib/core.*include/adaptcomm/leaky.h: a public header includes")
+# The public-header rules cover the extension interface (include/adaptcomm/ext), and keep it out
+# of what a trainer includes.
+add_test(NAME layer_check_refuses_public_leaks
+         COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${CMAKE_CURRENT_SOURCE_DIR}/fixtures/layers_bad
+                 -P ${PROJECT_SOURCE_DIR}/cmake/CheckLayers.cmake)
+set_tests_properties(layer_check_refuses_public_leaks PROPERTIES
+  PASS_REGULAR_EXPRESSION
+  "include/adaptcomm/ext/leaky_ext.h: a public header includes #include \"lib/core/op_executor.h\".*include/adaptcomm/peeks.h: a trainer's header includes the extension interface #include \"adaptcomm/ext/backend.h\"")

@@ -307,7 +307,7 @@ TEST(NcclBackend, InitFailureAndInitTimeoutAbortTheCommunicator) {
 }
 
 TEST(NcclBackend, ConfigTranslationReachesCommInitRankConfig) {
-  NcclConfigValues values;
+  config::NcclConfigValues values;
   values.blocking = 1;  // must be overridden: aborts need a nonblocking communicator
   values.min_ctas = 4;
   values.max_ctas = 8;

@@ -1,4 +1,4 @@
-// Stream-ordered device collectives (adaptcomm/backend.h, StreamOrdered), end to end through
+// Stream-ordered device collectives (adaptcomm/ext/backend.h, StreamOrdered), end to end through
 // Communicator::Create's internal factory (internal::CreateCommunicatorWith) with each rank's fake
 // CUDA runtime and NCCL. HoldStreams(true) models a GPU that has not run
 // anything yet: a collective issued and waited for must come back to the caller anyway (Wait only

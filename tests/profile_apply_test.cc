@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "adaptcomm/profile.h"
 #include "gtest/gtest.h"
+#include "lib/config/nccl_plan.h"
 #include "lib/config/profile_loader.h"
 #include "lib/config/resolve_internal.h"
 #include "tests/profile_test_util.h"
@@ -12,6 +13,11 @@
 namespace adaptcomm {
 namespace {
 
+using ::adaptcomm::config::ApplyNcclEnvironment;
+using ::adaptcomm::config::NcclEnvReport;
+using ::adaptcomm::config::NcclEnvVar;
+using ::adaptcomm::config::NcclPlan;
+using ::adaptcomm::config::PlanNccl;
 using ::adaptcomm::testing::ClearProfileEnvironment;
 using ::adaptcomm::testing::Registry;
 

@@ -7,6 +7,7 @@
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/profile.h"
 #include "gtest/gtest.h"
+#include "lib/config/nccl_plan.h"
 #include "lib/config/profile_loader.h"
 #include "tests/profile_test_util.h"
 
@@ -69,13 +70,14 @@ TEST_F(ProfileResolve, TiersByModelSize) {
   auto large = Resolve("235B", 8);
   ASSERT_TRUE(large.ok());
   std::map<std::string, std::string> nccl;
-  for (const NcclSetting& s : large->nccl) nccl[s.name] = s.value;
+  for (const config::NcclSetting& s : config::NcclSettingsOf(*large)) nccl[s.name] = s.value;
   EXPECT_EQ(nccl["NCCL_MIN_CTAS"], "4");
   EXPECT_EQ(nccl["NCCL_MAX_CTAS"], "8");
   EXPECT_EQ(nccl["NCCL_BUFFSIZE"], "2097152");
   auto small = Resolve("7B", 8);
   ASSERT_TRUE(small.ok());
-  for (const NcclSetting& s : small->nccl) EXPECT_NE(s.name, "NCCL_BUFFSIZE");  // NCCL's default
+  for (const config::NcclSetting& s : config::NcclSettingsOf(*small))
+    EXPECT_NE(s.name, "NCCL_BUFFSIZE");  // NCCL's default
   EXPECT_TRUE(small->warnings.empty()) << AllWarnings(*small);
 }
 

@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/capabilities.h"
 #include "adaptcomm/export.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
@@ -34,6 +34,8 @@
 namespace adaptcomm {
 
 // BackendChoice and Fallback are in profile.h (a profile chooses them too).
+
+class Backend;  // the extension interface, adaptcomm/ext/backend.h
 
 // Where rank, world size and the master address came from.
 struct LaunchInfo {
@@ -237,8 +239,8 @@ class ADAPTCOMM_EXPORT Communicator {
   // never joins makes the others fail with DeadlineExceeded naming it.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Communicator>> Create(
       const CommunicatorOptions& options);
-  // Wraps an already-built backend (tests, composite backends). options.rank/world_size must
-  // match the backend's.
+  // Wraps an already-built backend (tests, composite backends; the backend's author includes
+  // adaptcomm/ext/backend.h). options.rank/world_size must match the backend's.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Communicator>> CreateWithBackend(
       std::unique_ptr<Backend> backend, const CommunicatorOptions& options);
 

@@ -40,7 +40,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "adaptcomm/backend.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/export.h"
 #include "adaptcomm/types.h"

@@ -26,8 +26,8 @@
 // Timeouts must be ordered store_connect < collective < heartbeat (checked after scaling), and
 // init >= store_connect; a profile that inverts them is refused with both values named.
 //
-// Compiles as C++17: trainers include it. No NCCL header is needed: NCCL settings are returned as
-// a plain struct and a list of environment variables.
+// Compiles as C++17: trainers include it. No NCCL header is needed: the NCCL settings are listed
+// in EffectiveConfig::settings and applied by the library itself.
 #ifndef ADAPTCOMM_PROFILE_H_
 #define ADAPTCOMM_PROFILE_H_
 
@@ -47,8 +47,9 @@ namespace adaptcomm {
 
 class Store;
 namespace config {
-struct TunedTable;  // lib/config/tuned_table.h: internal, reached only through TuningSettings
-}
+struct TunedTable;   // internal, reached only through TuningSettings
+struct NcclSetting;  // internal, reached only through EffectiveConfig::nccl
+}  // namespace config
 
 // kShm: the shared-memory backend, for ranks that all run on one host (auto picks it there when
 // NCCL is not usable).
@@ -147,20 +148,6 @@ struct BackendPolicy {
   bool hierarchical = true;
 };
 
-// One NCCL setting after precedence. Where it goes is decided by PlanNccl() once the loaded NCCL
-// version is known.
-struct NcclSetting {
-  std::string name;            // canonical NCCL_* name (deprecated aliases already translated)
-  std::string value;           // as NCCL parses it (sizes in bytes)
-  std::string source;          // "profiles.yaml:42", "env NCCL_IB_HCA", "API", "default"
-  bool force = false;          // overwrite a value the user exported
-  bool user_exported = false;  // the value IS the user's exported one: nothing to set
-  bool per_process = true;     // NCCL reads it once per process and caches it
-  std::string config_field;    // ncclConfig_t field, empty if none
-  int config_since = 0;        // NCCL_VERSION_CODE that added config_field (2.17 -> 21700)
-  bool env_overrides_config = false;  // NCCL lets the env win over the ncclConfig_t field
-};
-
 struct GlooSettings {
   std::string algorithm = "ring";  // "ring" or "bcube"
   absl::Duration timeout;          // per-operation (defaults to the collective timeout)
@@ -221,7 +208,7 @@ struct ElasticSettings {
 // range...) is refused here with file:line and the reason, and the static profile applies. Its
 // values apply only on the topology it was measured on: checked at communicator creation, when
 // hosts and ranks per host are known (a table for another topology is refused by field).
-// Online tuning (lib/core/online_tuner.h): `tuning.online` of the profile,
+// Online tuning: `tuning.online` of the profile,
 // `enabled` also from ADAPTCOMM_ONLINE_TUNING (wins). During the first trials_per_candidate x
 // candidates ops of each op x size band the communicator runs each candidate value of its
 // backend's knobs in turn, times them, agrees on the winner with every rank through the store and
@@ -275,7 +262,10 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
   TimeoutConfig timeouts;
   RetryPolicy retry;
   BackendPolicy backend;
-  std::vector<NcclSetting> nccl;
+  // The NCCL_* settings after precedence, as the library applies them when it initialises NCCL
+  // (ncclConfig_t fields where the loaded NCCL has them, else the process environment). Opaque
+  // to a trainer, who reads them as the "nccl.*" rows of `settings`; null when none resolved.
+  std::shared_ptr<const std::vector<config::NcclSetting>> nccl;
   GlooSettings gloo;
   FlightRecorderSettings flight_recorder;
   TraceSettings trace;
@@ -307,51 +297,6 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
 
 // The configuration directory (see ProfileRequest::file); empty if none exists.
 ADAPTCOMM_EXPORT std::string DefaultConfigDir();
-
-// ---- NCCL application ----
-
-// Mirrors ncclConfig_t; an unset field keeps NCCL's default.
-struct NcclConfigValues {
-  std::optional<int> blocking;
-  std::optional<int> cga_cluster_size;
-  std::optional<int> min_ctas;
-  std::optional<int> max_ctas;
-  std::optional<std::string> net_name;
-  std::optional<int> split_share;
-  std::optional<int> traffic_class;
-  std::optional<std::string> comm_name;
-  std::optional<int> cta_policy;
-  std::optional<int> nvls_ctas;
-};
-
-struct NcclEnvVar {
-  std::string name;
-  std::string value;
-  bool force = false;
-};
-
-struct NcclPlan {
-  NcclConfigValues config;         // for ncclCommInitRankConfig
-  std::vector<NcclEnvVar> env;     // to set before the first NCCL init
-  std::vector<std::string> notes;  // e.g. "trafficClass needs NCCL 2.26; NCCL_IB_TC set instead"
-};
-
-// Pure: splits cfg.nccl for the loaded NCCL (version code as NCCL_VERSION_CODE: 2.27.3 -> 22703).
-// Fields the version lacks go to the env instead, with a note.
-ADAPTCOMM_EXPORT NcclPlan PlanNccl(const EffectiveConfig& cfg, int nccl_version_code);
-
-struct NcclEnvReport {
-  std::vector<std::string> set;        // NAME=value set now
-  std::vector<std::string> kept_user;  // NAME: user's exported value kept
-  std::vector<std::string> conflicts;  // read-once variables a later call wanted different
-};
-
-// Sets the process environment for PlanNccl(cfg, version).env by precedence: a variable the user
-// exported is kept unless the setting is forced or came from the API. Read-once variables already
-// set by an earlier call are not changed; a different wanted value is logged as a warning and
-// listed in conflicts. Thread-safe.
-ADAPTCOMM_EXPORT NcclEnvReport ApplyNcclEnvironment(const EffectiveConfig& cfg,
-                                                    int nccl_version_code);
 
 // ---- consistency across ranks ----
 

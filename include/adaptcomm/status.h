@@ -10,11 +10,13 @@
 //                      Never retry: every attempt fails the same way.
 //   FailedPrecondition the communicator is not in a state for the call (already broken, name
 //                      already taken on the store, mismatched configuration). Not retryable as is.
-//   Aborted "membership changed: ..."  (IsMembershipChanged) a rank was lost for good and the
-//                      communicator shrank (elastic.on_loss: shrink): this op's meaning depends
-//                      on the old world (allgather, reduce_scatter, alltoall, a lost root or
-//                      peer) so it was not re-run. The communicator works on the new membership;
-//                      redo the step. Never retried by the library.
+//   Aborted with the kMembershipChangedPayload payload (IsMembershipChanged): the membership
+//                      changed. A rank was lost for good and the communicator shrank
+//                      (elastic.on_loss: shrink), and this op's meaning depends on the old world
+//                      (allgather, reduce_scatter, alltoall, a lost root or peer) so it was not
+//                      re-run; or AdmitJoiners grew the world. The communicator works on the new
+//                      membership (MembershipChangedWorldSize); redo the step. Never retried by
+//                      the library.
 //   Aborted with the kStepRedoPayload payload (IsStepRedo): returned by Communicator::CommitStep
 //                      when some op of the step failed on some rank, and by an op outside a step
 //                      that failed on every rank and could not be re-run (retry.replay auto). The
@@ -28,7 +30,10 @@
 #ifndef ADAPTCOMM_STATUS_H_
 #define ADAPTCOMM_STATUS_H_
 
+#include <optional>
+
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "adaptcomm/export.h"
 
 namespace adaptcomm {
@@ -36,11 +41,18 @@ namespace adaptcomm {
 // True for Unavailable, Aborted and DeadlineExceeded: the codes a coordinated retry may fix.
 ADAPTCOMM_EXPORT bool IsRetryable(const absl::Status& status);
 
-// The start of the message of a membership-changed status.
-inline constexpr char kMembershipChangedPrefix[] = "membership changed: ";
-// True for Aborted whose message starts with kMembershipChangedPrefix: the op was not run on the
-// communicator's new membership; the communicator itself is healthy.
+// The payload type URL that marks a membership-changed status. Its value is the world size after
+// the change, in decimal ("3").
+inline constexpr char kMembershipChangedPayload[] = "type.adaptcomm/membership-changed";
+// True for an Aborted status with the kMembershipChangedPayload payload: the op was not run on the
+// communicator's new membership; the communicator itself is healthy. The message says what
+// changed, for people; only the payload identifies the status.
 ADAPTCOMM_EXPORT bool IsMembershipChanged(const absl::Status& status);
+// The world size after the change, when IsMembershipChanged(status); else nullopt.
+ADAPTCOMM_EXPORT std::optional<int> MembershipChangedWorldSize(const absl::Status& status);
+// The membership-changed status: Aborted "membership changed: <what>", the payload holding
+// `world_size` (for a trainer's own tests of its handling, as the library builds it).
+ADAPTCOMM_EXPORT absl::Status MembershipChangedError(int world_size, absl::string_view what);
 
 // The payload type URL that marks a step-redo status.
 inline constexpr char kStepRedoPayload[] = "type.adaptcomm/step-redo";

@@ -1,4 +1,5 @@
-// Element types, reduction operators and the non-owning TensorView that every collective takes.
+// Element types, reduction operators, the kinds of operation and the non-owning TensorView that
+// every collective takes.
 //
 // Compiles as C++17: trainers include it. No CUDA header is needed: a CUDA stream travels as an
 // opaque pointer (cudaStream_t is itself a pointer type).
@@ -46,6 +47,20 @@ enum class ReduceOp : uint8_t { kSum, kProd, kMin, kMax, kAvg };
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin,
                                              ReduceOp::kMax, ReduceOp::kAvg};
 ADAPTCOMM_EXPORT const char* ReduceOpName(ReduceOp op);  // "sum", "avg", ...
+
+// The operations a communicator runs (a hook's HookInfo::op, a backend's OpDesc::kind).
+enum class OpKind : uint8_t {
+  kAllreduce,
+  kBroadcast,
+  kReduce,
+  kAllgather,
+  kReduceScatter,
+  kAlltoall,
+  kBarrier,
+  kSend,
+  kRecv,
+};
+ADAPTCOMM_EXPORT const char* OpKindName(OpKind kind);  // "allreduce", "reduce_scatter", ...
 
 enum class DeviceType : uint8_t { kCpu, kCuda };
 

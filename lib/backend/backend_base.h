@@ -22,7 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 
 namespace adaptcomm {
 

@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 
 namespace adaptcomm {
 

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 
 namespace adaptcomm {
 

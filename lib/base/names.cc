@@ -1,6 +1,11 @@
 // Names of the public enums, and the retry classification of status codes.
-#include "absl/strings/match.h"
-#include "adaptcomm/backend.h"
+#include <optional>
+#include <string>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/status.h"
 #include "adaptcomm/types.h"
@@ -117,7 +122,23 @@ bool IsStepRedo(const absl::Status& status) {
 }
 
 bool IsMembershipChanged(const absl::Status& status) {
-  return absl::IsAborted(status) && absl::StartsWith(status.message(), kMembershipChangedPrefix);
+  return MembershipChangedWorldSize(status).has_value();
+}
+
+std::optional<int> MembershipChangedWorldSize(const absl::Status& status) {
+  if (!absl::IsAborted(status)) return std::nullopt;
+  const auto payload = status.GetPayload(kMembershipChangedPayload);
+  int world_size = 0;
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &world_size)) {
+    return std::nullopt;
+  }
+  return world_size;
+}
+
+absl::Status MembershipChangedError(int world_size, absl::string_view what) {
+  absl::Status status = absl::AbortedError(absl::StrCat("membership changed: ", what));
+  status.SetPayload(kMembershipChangedPayload, absl::Cord(absl::StrCat(world_size)));
+  return status;
 }
 
 bool IsRetryable(const absl::Status& status) {

@@ -1,9 +1,9 @@
-// Which views of an OpDesc an op reads and writes (adaptcomm/backend.h states the contract):
+// Which views of an OpDesc an op reads and writes (adaptcomm/ext/backend.h states the contract):
 // every backend validates and moves exactly these.
 #ifndef ADAPTCOMM_LIB_BASE_OP_VIEWS_H_
 #define ADAPTCOMM_LIB_BASE_OP_VIEWS_H_
 
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 
 namespace adaptcomm {
 

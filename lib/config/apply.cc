@@ -8,12 +8,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "adaptcomm/profile.h"
+#include "lib/base/log.h"
+#include "lib/config/nccl_plan.h"
 #include "lib/config/nccl_registry.h"
 #include "lib/config/resolve_internal.h"
-#include "lib/base/log.h"
 
-namespace adaptcomm {
+namespace adaptcomm::config {
 namespace {
 
 struct AppliedEnv {
@@ -56,8 +56,6 @@ bool SetField(NcclConfigValues* c, const std::string& field, const std::string& 
 
 }  // namespace
 
-namespace config {
-
 bool SetByAdaptcomm(const std::string& name, const std::string& value) {
   AppliedEnv& a = Applied();
   absl::MutexLock lock(&a.mu);
@@ -71,14 +69,17 @@ void ResetAppliedEnvForTest() {
   a.values.clear();
 }
 
-}  // namespace config
+const std::vector<NcclSetting>& NcclSettingsOf(const EffectiveConfig& cfg) {
+  static const auto* const kNone = new std::vector<NcclSetting>();
+  return cfg.nccl != nullptr ? *cfg.nccl : *kNone;
+}
 
 NcclPlan PlanNccl(const EffectiveConfig& cfg, int nccl_version_code) {
   NcclPlan plan;
   const std::string version =
       nccl_version_code > 0 ? absl::StrCat("NCCL ", config::NcclVersionText(nccl_version_code))
                             : std::string("an NCCL of unknown version");
-  for (const NcclSetting& s : cfg.nccl) {
+  for (const NcclSetting& s : NcclSettingsOf(cfg)) {
     if (s.user_exported) continue;  // already in the environment, where NCCL reads it
     if (!s.config_field.empty()) {
       if (nccl_version_code >= s.config_since && SetField(&plan.config, s.config_field, s.value)) {
@@ -104,7 +105,7 @@ NcclEnvReport ApplyNcclEnvironment(const EffectiveConfig& cfg, int nccl_version_
   absl::MutexLock lock(&a.mu);
   for (const NcclEnvVar& var : plan.env) {
     bool per_process = true;
-    for (const NcclSetting& s : cfg.nccl) {
+    for (const NcclSetting& s : NcclSettingsOf(cfg)) {
       if (s.name == var.name) per_process = s.per_process;
     }
     auto prev = a.values.find(var.name);
@@ -136,4 +137,4 @@ NcclEnvReport ApplyNcclEnvironment(const EffectiveConfig& cfg, int nccl_version_
   return report;
 }
 
-}  // namespace adaptcomm
+}  // namespace adaptcomm::config

@@ -14,6 +14,7 @@
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
 #include "lib/base/log.h"
+#include "lib/config/nccl_plan.h"
 #include "lib/config/profile_schema.h"
 #include "lib/config/resolve_internal.h"
 #include "lib/config/units.h"
@@ -405,6 +406,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   }
   std::sort(nccl.begin(), nccl.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<NcclSetting> nccl_settings;
   for (const auto& [name, l] : nccl) {
     NcclSetting s;
     s.name = name;
@@ -420,8 +422,9 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
     }
     cfg.settings.push_back({absl::StrCat(absl::StartsWith(name, "NCCL_") ? "nccl." : "env.", name),
                             s.value, s.source, AppliedAs(s)});
-    cfg.nccl.push_back(std::move(s));
+    nccl_settings.push_back(std::move(s));
   }
+  cfg.nccl = std::make_shared<const std::vector<NcclSetting>>(std::move(nccl_settings));
   auto ctas = [&](const char* name) -> std::pair<int64_t, std::string> {
     auto it = find(name);
     int64_t n = 0;

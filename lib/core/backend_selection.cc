@@ -505,7 +505,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     int version = 0;
     (void)apis.nccl->GetVersion(&version);
     std::vector<std::string> notes;
-    const NcclConfigValues wanted =
+    const config::NcclConfigValues wanted =
         deps.configure_nccl ? deps.configure_nccl(version) : deps.nccl_config;
     no.config = nccl::TranslateNcclConfig(wanted, version, &notes);
     for (const std::string& note : notes) ADAPTCOMM_LOG(kInfo, "nccl config: ", note);

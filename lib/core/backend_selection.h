@@ -29,9 +29,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "adaptcomm/backend.h"
 #include "adaptcomm/communicator.h"
+#include "adaptcomm/ext/backend.h"
 #include "adaptcomm/profile.h"
+#include "lib/config/nccl_plan.h"
 #include "lib/config/tuned_table.h"
 #include "lib/core/rendezvous.h"
 #include "lib/cuda/cuda_api.h"
@@ -58,11 +59,11 @@ struct SelectionDeps {
   // Oldest acceptable NCCL (version code). A profile may raise it.
   int min_nccl_version = nccl::kMinNcclVersion;
   // The profile's ncclConfig_t values (translated for the loaded version at init).
-  NcclConfigValues nccl_config;
+  config::NcclConfigValues nccl_config;
   // If set, called with the loaded NCCL's version right before the first init: applies the
   // profile's process environment for that version and returns its ncclConfig_t values (which
   // then replace nccl_config).
-  std::function<NcclConfigValues(int nccl_version)> configure_nccl;
+  std::function<config::NcclConfigValues(int nccl_version)> configure_nccl;
   // The profile's Gloo allreduce algorithm ("ring", "bcube") and segment size (0: default).
   // The profile's backend.intra_host (shm: true) and backend.hierarchical (auto: true); auto
   // selection only (backend=shm insists on shm).

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "adaptcomm/store.h"
 
 namespace adaptcomm::internal {

@@ -474,9 +474,10 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
   }
   // The change failed its Split family, this communicator included (communicator_family.h).
   if (executor_->Aborted()) return executor_->health();
-  return absl::AbortedError(absl::StrCat(kMembershipChangedPrefix, change.reason,
-                                         "; send the joiners the state they need (e.g. a "
-                                         "broadcast from rank 0), then go on"));
+  return adaptcomm::MembershipChangedError(
+      change.new_world, absl::StrCat(change.reason,
+                                     "; send the joiners the state they need (e.g. a "
+                                     "broadcast from rank 0), then go on"));
 }
 
 void CommunicatorImpl::Abort(const absl::Status& reason) {

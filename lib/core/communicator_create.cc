@@ -13,6 +13,7 @@
 #include "adaptcomm/status.h"
 #include "lib/base/build_info.h"
 #include "lib/base/log.h"
+#include "lib/config/nccl_plan.h"
 #include "lib/core/backend_selection.h"
 #include "lib/core/communicator_factory.h"
 #include "lib/core/communicator_impl.h"
@@ -129,9 +130,9 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
   deps.lost_ranks = std::move(shrink_lost);
   deps.configure_nccl = [&config](int version) {
     // Read-once variables must be in the environment before the first NCCL init.
-    NcclEnvReport env = ApplyNcclEnvironment(config, version);
+    config::NcclEnvReport env = config::ApplyNcclEnvironment(config, version);
     for (const std::string& c : env.conflicts) ADAPTCOMM_LOG(kWarning, "nccl env: ", c);
-    return PlanNccl(config, version).config;
+    return config::PlanNccl(config, version).config;
   };
   absl::StatusOr<selection::SelectedBackend> selected =
       selection::SelectBackendWith(o, rv, deadline, deps);

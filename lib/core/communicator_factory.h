@@ -9,8 +9,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "adaptcomm/backend.h"
 #include "adaptcomm/communicator.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/cuda/cuda_api.h"
 
 namespace adaptcomm::nccl {

@@ -88,8 +88,9 @@ std::string ElasticLimits(const ElasticPolicy& policy) {
 }
 
 absl::Status MembershipChangedError(const MembershipChange& change, const std::string& what) {
-  return absl::AbortedError(absl::StrCat(kMembershipChangedPrefix, change.reason, "; ", what,
-                                         ": not run on the new membership, redo the step"));
+  return adaptcomm::MembershipChangedError(
+      change.new_world,
+      absl::StrCat(change.reason, "; ", what, ": not run on the new membership, redo the step"));
 }
 
 absl::StatusOr<OpDesc> TranslateOp(const OpDesc& op,

@@ -12,8 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "adaptcomm/backend.h"
 #include "adaptcomm/communicator.h"
+#include "adaptcomm/ext/backend.h"
 #include "adaptcomm/profile.h"
 
 namespace adaptcomm::internal {

@@ -40,7 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/core/membership.h"
 #include "lib/core/replay_log.h"
 #include "lib/core/work_impl.h"

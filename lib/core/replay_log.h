@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/core/device_record_arena.h"
 
 namespace adaptcomm::internal {

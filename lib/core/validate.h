@@ -5,7 +5,7 @@
 #define ADAPTCOMM_LIB_CORE_VALIDATE_H_
 
 #include "absl/status/status.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 
 namespace adaptcomm::internal {
 

@@ -1,11 +1,11 @@
-// DeviceMemory (include/adaptcomm/backend.h) over the CUDA seam: what the NCCL and staging backends
-// hand to the coordinated retry for copies of device inputs.
+// DeviceMemory (include/adaptcomm/ext/backend.h) over the CUDA seam: what the NCCL and staging
+// backends hand to the coordinated retry for copies of device inputs.
 #ifndef ADAPTCOMM_LIB_CUDA_DEVICE_MEMORY_H_
 #define ADAPTCOMM_LIB_CUDA_DEVICE_MEMORY_H_
 
 #include <memory>
 
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/cuda/cuda_api.h"
 
 namespace adaptcomm::cuda {

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/base/op_views.h"
 
 namespace adaptcomm::diag {

@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "adaptcomm/store.h"
 #include "lib/config/size_bands.h"
 

@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 
 namespace adaptcomm {
 

@@ -18,9 +18,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
+#include "lib/config/nccl_plan.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 
@@ -78,7 +79,7 @@ void ReleaseNcclComm(Backend& backend);
 // The profile's ncclConfig_t values for NCCL `version` (a version code). A field the version lacks
 // is left unset with a note ("trafficClass needs NCCL 2.26, loaded 2.21.5: not applied"); blocking
 // is forced to 0 (noted if the profile asked otherwise).
-NcclCommConfig TranslateNcclConfig(const NcclConfigValues& values, int version,
+NcclCommConfig TranslateNcclConfig(const config::NcclConfigValues& values, int version,
                                    std::vector<std::string>* notes);
 
 // The status for an NCCL result (see the file comment). `what` names the call.

@@ -69,7 +69,7 @@ absl::Status MapNcclResult(NcclResult result, const std::string& what, const std
   return absl::UnknownError(text);
 }
 
-NcclCommConfig TranslateNcclConfig(const NcclConfigValues& v, int version,
+NcclCommConfig TranslateNcclConfig(const config::NcclConfigValues& v, int version,
                                    std::vector<std::string>* notes) {
   NcclCommConfig c;
   const int loaded = NormalizeNcclVersion(version);

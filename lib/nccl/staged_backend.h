@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/cuda/cuda_api.h"
 
 namespace adaptcomm::nccl {

@@ -1,4 +1,4 @@
-// The parts of the NCCL backend's stream-ordered path (adaptcomm/backend.h, StreamOrdered) that
+// The parts of the NCCL backend's stream-ordered path (adaptcomm/ext/backend.h, StreamOrdered) that
 // outlive the backend that made them: CUDA events recycled through a pool, the point of the
 // caller's stream an op was issued at, and the completion a Work polls, possibly after a retry
 // replaced the backend that launched it.
@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 #include "lib/base/spin_lock.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"

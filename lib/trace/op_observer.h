@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "adaptcomm/backend.h"
+#include "adaptcomm/ext/backend.h"
 
 namespace adaptcomm::trace {
 

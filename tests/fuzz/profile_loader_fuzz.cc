@@ -6,6 +6,7 @@
 #include <string>
 
 #include "adaptcomm/profile.h"
+#include "lib/config/nccl_plan.h"
 #include "lib/config/nccl_registry.h"
 #include "lib/config/profile_loader.h"
 
@@ -44,8 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)cfg->Explain();
       (void)cfg->ExplainJson();
       (void)cfg->Hash();
-      (void)adaptcomm::PlanNccl(*cfg, 22809);
-      (void)adaptcomm::PlanNccl(*cfg, 21600);
+      (void)adaptcomm::config::PlanNccl(*cfg, 22809);
+      (void)adaptcomm::config::PlanNccl(*cfg, 21600);
     } else if (cfg.status().message().empty()) {
       std::abort();  // every refusal must say why
     }

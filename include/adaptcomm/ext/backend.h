@@ -1,13 +1,15 @@
-// Backend: the small interface a transport implements (Gloo, NCCL, and later composites such as
-// an intra-host shared-memory path combined with Gloo across hosts).
+// Backend: the interface a transport implements (Gloo, NCCL, shared memory, the hierarchical
+// composite). Part of the extension interface (include/adaptcomm/ext/): what a backend author
+// includes. A trainer that only runs collectives includes adaptcomm/adaptcomm.h and never this;
+// it reaches a backend of its own through Communicator::CreateWithBackend.
 //
 // Ownership: a Communicator owns exactly one Backend and is the only caller of Run() (and of
 // RunGroup() on its GroupRunner).
 // Thread safety: Run() is called by one thread at a time, in sequence order. Abort(), health()
 // and capabilities() may be called from any thread at any time.
 // Optional features are capability queries (Supports, capabilities), never methods that throw.
-#ifndef ADAPTCOMM_BACKEND_H_
-#define ADAPTCOMM_BACKEND_H_
+#ifndef ADAPTCOMM_EXT_BACKEND_H_
+#define ADAPTCOMM_EXT_BACKEND_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -21,23 +23,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "adaptcomm/capabilities.h"
 #include "adaptcomm/export.h"
 #include "adaptcomm/types.h"
 
 namespace adaptcomm {
-
-enum class OpKind : uint8_t {
-  kAllreduce,
-  kBroadcast,
-  kReduce,
-  kAllgather,
-  kReduceScatter,
-  kAlltoall,
-  kBarrier,
-  kSend,
-  kRecv,
-};
-ADAPTCOMM_EXPORT const char* OpKindName(OpKind kind);
 
 class StreamPosition;  // below
 
@@ -102,28 +92,6 @@ struct OpDesc {
   WireStats* wire_stats = nullptr;  // written when Run returns OK, when non-null
   // This op's knob values (OpKnobs); null: the backend's own (profile or tuned table).
   std::shared_ptr<const OpKnobs> knobs;
-};
-
-struct Capabilities {
-  bool host_memory = true;     // accepts CPU buffers
-  bool device_memory = false;  // accepts CUDA buffers without staging
-  bool native_bf16 = false;    // bf16 reduced by the transport itself (else emulated)
-  bool native_avg = false;     // avg reduced by the transport itself (else sum + scale)
-  bool send_recv = true;
-  bool abortable = true;  // Abort() interrupts an op in flight
-  // Device ops are queued on the device in issue order and complete later (stream_ordered()).
-  bool stream_ordered = false;
-  // Run() on host views may execute on any thread, a trainer's included: it leaves no state on the
-  // thread (signal mask, CUDA device, thread-locals) and Abort() from another thread ends it. The
-  // executor then lets a caller that waits without a bound run its own op (see Work::Wait()).
-  bool runs_on_any_thread = false;
-  // Runs OpDesc::wire allreduces (the casts are the transport's copies).
-  bool wire_cast = false;
-  // The knob space whose OpDesc::knobs Run() applies ("shm", "gloo": TunedKnobs() names them),
-  // null when it applies none. Online tuning tries their values on live traffic; a value that
-  // may change a float result (another reduction order) is tried only where the profile allows it
-  // (tuning.online.allow_reorder; lib/config/online_tuning.h).
-  const char* per_op_knobs = nullptr;
 };
 
 // A point in a caller's CUDA stream (an event recorded there when the op was issued), opaque to
@@ -255,4 +223,4 @@ class ADAPTCOMM_EXPORT Backend {
 
 }  // namespace adaptcomm
 
-#endif  // ADAPTCOMM_BACKEND_H_
+#endif  // ADAPTCOMM_EXT_BACKEND_H_
