@@ -4,6 +4,7 @@
 // (monitor.interval 200ms, window 2s) keep each test to a few seconds; the 20-run sweeps with the
 // default window are in failslow_soak.cc. The scorer's arithmetic is tested on its own below.
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -100,12 +101,39 @@ TEST(FailSlow, CleanRunNamesNobody) {
   EXPECT_TRUE(result.values_ok);
   EXPECT_GE(result.ran, absl::Seconds(10));
   for (size_t r = 0; r < result.events.size(); ++r) {
+    std::printf("clean run: rank %zu scores %.3f\n", r, result.status_slowness[r]);
     EXPECT_TRUE(result.events[r].empty())
         << "rank " << r << " told of rank " << result.events[r][0].event.rank << ": "
         << result.events[r][0].event.evidence;
     EXPECT_GE(result.status_slowness[r], 0.0) << "rank " << r << " has no state record";
     EXPECT_LT(result.status_slowness[r], kThreshold) << "rank " << r;
   }
+}
+
+// Out-of-range monitor settings are refused when the profile loads, naming the file and line.
+TEST(FailSlowProfile, OutOfRangeRefusedAtLoadWithFileAndLine) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/failslow_range.yaml");
+  auto load = [&path](const std::string& monitor) {
+    std::ofstream(path) << "schema: 1\ndefaults:\n  monitor:\n"
+                        << monitor << "tiers:\n  - name: only\n";
+    ProfileRequest req;
+    req.file = path;
+    return ResolveProfile(req);
+  };
+  absl::StatusOr<EffectiveConfig> cfg = load("    enabled: true\n    slow_threshold: 20\n");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr(path + ":5"));
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("monitor.slow_threshold"));
+  cfg = load("    interval: 1s\n    window: 2s\n");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("monitor.window 2s (" + path + ":5"));
+  cfg = load("    interval: 50ms\n");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("monitor.interval"));
+  cfg = load("    interval: 500ms\n    window: 30s\n    slow_threshold: 0.05\n");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->monitor.window, absl::Seconds(30));
+  EXPECT_EQ(cfg->monitor.slow_threshold, 0.05);
 }
 
 // ---- the parts ----
