@@ -5,8 +5,10 @@
 // second to rank 0's endpoint.
 //
 //   metrics_bench [--ranks 2] [--bytes 4096] [--ops 2000] [--rounds 15] [--flood-rate 1000]
-//                 [--port BASE] [--control 0|1] [--bind-to auto|core|none]
+//                 [--port BASE] [--control 0|1] [--monitor 0|1] [--bind-to auto|core|none]
 //
+// --monitor 1 creates both communicators through the store (Communicator::Create, shm forced) so
+// that the metrics one also runs fail-slow detection (monitor.enabled, at its default interval).
 // --control 1 turns metrics off in the second communicator too: the A/A difference that its
 // position alone makes. METRICS_BENCH_OBSERVER_ONLY=1 times the observer's callbacks alone.
 //
@@ -51,6 +53,8 @@ struct Config {
   int port = 0;  // 0: picked from the pid
   // A/A control: the second communicator has metrics off too (what its position alone costs).
   bool control = false;
+  // Both communicators rendezvous through the store: the metrics one runs the fail-slow monitor.
+  bool monitor = false;
   adaptcomm::CpuBindMode bind = adaptcomm::CpuBindMode::kAuto;
 };
 
@@ -80,19 +84,29 @@ std::string Profile(const std::string& dir, const char* name, int rank,
 std::unique_ptr<adaptcomm::Communicator> Make(const Config& cfg, int rank,
                                               const std::shared_ptr<adaptcomm::Store>& store,
                                               const char* name, const std::string& profile) {
-  adaptcomm::ShmBackendOptions so;
-  so.rank = rank;
-  so.size = cfg.ranks;
-  so.store = adaptcomm::CreatePrefixStore(name, store);
-  auto shm = adaptcomm::CreateShmBackend(so);
-  if (!shm.ok()) {
-    std::fprintf(stderr, "rank %d: %s\n", rank, shm.status().ToString().c_str());
-    std::_Exit(1);
-  }
   adaptcomm::CommunicatorOptions o;
   o.name = name;
   o.profile_file = profile;
-  auto comm = adaptcomm::Communicator::CreateWithBackend(*std::move(shm), o);
+  absl::StatusOr<std::unique_ptr<adaptcomm::Communicator>> comm;
+  if (cfg.monitor) {
+    o.rank = rank;
+    o.world_size = cfg.ranks;
+    o.store = store;
+    o.backend = adaptcomm::BackendChoice::kShm;
+    o.fallback = adaptcomm::Fallback::kDeny;
+    comm = adaptcomm::Communicator::Create(o);
+  } else {
+    adaptcomm::ShmBackendOptions so;
+    so.rank = rank;
+    so.size = cfg.ranks;
+    so.store = adaptcomm::CreatePrefixStore(name, store);
+    auto shm = adaptcomm::CreateShmBackend(so);
+    if (!shm.ok()) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, shm.status().ToString().c_str());
+      std::_Exit(1);
+    }
+    comm = adaptcomm::Communicator::CreateWithBackend(*std::move(shm), o);
+  }
   if (!comm.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().ToString().c_str());
     std::_Exit(1);
@@ -185,9 +199,10 @@ void Flood(const Config& cfg, Shared* shared) {
   }
 }
 
-// The observer's own cost per op: the three callbacks with the clock reads the executor takes.
-void ObserverOnly(const Config& cfg) {
-  adaptcomm::trace::CommMetrics m({"micro", 0, cfg.ranks, "shm"});
+// The observer's own cost per op: the three callbacks with the clock reads the executor takes;
+// `samples`: with the fail-slow samples kept too (monitor.enabled).
+void ObserverOnlyWith(const Config& cfg, bool samples) {
+  adaptcomm::trace::CommMetrics m({"micro", 0, cfg.ranks, "shm", samples});
   std::vector<float> data(cfg.bytes / sizeof(float));
   adaptcomm::OpDesc op;
   op.kind = adaptcomm::OpKind::kAllreduce;
@@ -213,8 +228,15 @@ void ObserverOnly(const Config& cfg) {
     const double ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count() / n;
     (callbacks ? with : without).push_back(ns);
   }
-  std::printf("observer callbacks: %.1f ns per op (loop with a clock read: %.1f ns without them)\n",
-              Median(with) - Median(without), Median(without));
+  std::printf(
+      "observer callbacks%s: %.1f ns per op (loop with a clock read: %.1f ns without "
+      "them)\n",
+      samples ? " with fail-slow samples" : "", Median(with) - Median(without), Median(without));
+}
+
+void ObserverOnly(const Config& cfg) {
+  ObserverOnlyWith(cfg, false);
+  ObserverOnlyWith(cfg, true);
 }
 
 bool Parse(int argc, char** argv, Config& cfg) {
@@ -238,6 +260,10 @@ bool Parse(int argc, char** argv, Config& cfg) {
       int c = 0;
       ok = absl::SimpleAtoi(v, &c) && (c == 0 || c == 1);
       cfg.control = c == 1;
+    } else if (a == "--monitor") {
+      int m = 0;
+      ok = absl::SimpleAtoi(v, &m) && (m == 0 || m == 1);
+      cfg.monitor = m == 1;
     } else if (a == "--bind-to") {
       absl::StatusOr<adaptcomm::CpuBindMode> mode = adaptcomm::ParseCpuBindMode(v);
       ok = mode.ok();
@@ -257,7 +283,7 @@ int main(int argc, char** argv) {
   if (!Parse(argc, argv, cfg)) {
     std::fprintf(stderr,
                  "usage: metrics_bench [--ranks N] [--bytes B] [--ops N] [--rounds N] "
-                 "[--flood-rate N] [--port BASE] [--control 0|1] [--bind-to "
+                 "[--flood-rate N] [--port BASE] [--control 0|1] [--monitor 0|1] [--bind-to "
                  "auto|core|none]\n");
     return 2;
   }

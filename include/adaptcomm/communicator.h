@@ -113,6 +113,27 @@ struct ElasticOptions {
   bool join = false;
 };
 
+// Which part of a slow rank's score dominates (docs/monitoring.md, "Fail-slow detection").
+enum class SlowKind : uint8_t {
+  kCompute,  // it enters its collectives late: its work between them takes longer
+  kComm,     // it enters in time but starts moving data late
+};
+
+// The fail-slow detector naming a rank slow, or no longer slow (CommunicatorOptions::on_slow_rank).
+struct SlowRankEvent {
+  int rank = 0;  // current numbering (membership().rank on that rank)
+  std::string host;
+  bool slow = true;  // true: named slow; false: its score fell below half the threshold
+  // Median over the window of the fraction by which the others' op-to-op time grows while they
+  // wait for this rank (0.3: 30%), and its two parts.
+  double score = 0;
+  double compute = 0;
+  double comm = 0;
+  SlowKind kind = SlowKind::kCompute;
+  double threshold = 0;  // the profile's monitor.slow_threshold
+  std::string evidence;  // the measured times behind the score, in words
+};
+
 struct CommunicatorOptions {
   int rank = -1;        // -1: from the launcher's environment
   int world_size = -1;  // -1: from the launcher's environment
@@ -173,6 +194,13 @@ struct CommunicatorOptions {
   // Elastic membership (README, "Elastic membership"): what a permanently lost rank does to the
   // job. Anything but fail turns coordinated retry on (at least 2 attempts).
   ElasticOptions elastic;
+  // Fail-slow detection (profile monitor.*): called on every rank when the detector names a rank
+  // slow, and again when it no longer is, on the communicator's monitor thread, one call at a
+  // time, never on a thread that issues or runs ops. It may call the communicator's methods but
+  // should return quickly: the destructor waits at most about a second for a call in progress,
+  // and makes no new call once it began. Empty: none (the log line, the adaptcomm_slowness_score
+  // metric and the flight-record event happen either way).
+  std::function<void(const SlowRankEvent&)> on_slow_rank;
 
   // Network interface for the Gloo transport. Empty: GLOO_SOCKET_IFNAME; if unset too, the local
   // address that routes to master_addr (loopback when the master is local).

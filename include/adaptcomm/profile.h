@@ -182,6 +182,14 @@ struct StatusSettings {
   absl::Duration interval = absl::Seconds(1);
 };
 
+// Online fail-slow detection (docs/monitoring.md, "Fail-slow detection").
+struct MonitorSettings {
+  bool enabled = true;
+  absl::Duration interval = absl::Seconds(1);  // samples published and scored this often
+  absl::Duration window = absl::Seconds(10);   // the median of the scores over it names a rank
+  double slow_threshold = 0.15;                // the score that names a rank
+};
+
 struct PrecisionSettings {
   // The default OverflowPolicy of mixed-precision collectives (adaptcomm/precision.h) with an fp16
   // wire: "report", "fail", "resend_bf16" or "resend_f32".
@@ -271,6 +279,7 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
   TraceSettings trace;
   MetricsSettings metrics;
   StatusSettings status;
+  MonitorSettings monitor;
   PrecisionSettings precision;
   BucketSettings buckets;
   ElasticSettings elastic;

@@ -224,6 +224,36 @@ const std::vector<KeySpec>& Schema() {
        {},
        "1s",
        "how often the state record is refreshed (100ms to 10s); stale past 1.5 intervals"},
+      {"monitor.enabled",
+       Kind::kBool,
+       0,
+       0,
+       {},
+       "true",
+       "online fail-slow detection: per-op samples through the store, scored on the lowest rank"},
+      {"monitor.interval",
+       Kind::kDuration,
+       0,
+       0,
+       {},
+       "1s",
+       "how often each rank publishes its samples and the detector scores (100ms to 10s)"},
+      {"monitor.window",
+       Kind::kDuration,
+       0,
+       0,
+       {},
+       "10s",
+       "a rank is named once its median score over this window passes the threshold (3 "
+       "intervals to 10min)"},
+      {"monitor.slow_threshold",
+       Kind::kDouble,
+       0.01,
+       10,
+       {},
+       "0.15",
+       "slowness score that names a rank: the others' op-to-op time grows by this fraction "
+       "waiting for it"},
       {"precision.fp16_overflow",
        Kind::kEnum,
        0,
@@ -353,9 +383,9 @@ const KeySpec* FindKey(const std::string& key) {
 
 const std::vector<std::string>& SectionNames() {
   static const auto* names = new std::vector<std::string>{
-      "timeouts",        "world_scaling", "retry",    "backend",   "gloo",
-      "flight_recorder", "trace",         "diagnose", "precision", "buckets",
-      "elastic",         "tuning",        "store",    "metrics",   "status"};
+      "timeouts", "world_scaling", "retry",     "backend", "gloo",    "flight_recorder",
+      "trace",    "diagnose",      "precision", "buckets", "elastic", "tuning",
+      "store",    "metrics",       "status",    "monitor"};
   return *names;
 }
 

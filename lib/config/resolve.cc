@@ -316,6 +316,19 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
     return absl::InvalidArgumentError(absl::StrCat(
         Describe("status.interval", v.At("status.interval")), " is out of range (100ms to 10s)"));
   }
+  cfg.monitor.enabled = v.At("monitor.enabled").text == "true";
+  cfg.monitor.interval = v.Duration("monitor.interval");
+  cfg.monitor.window = v.Duration("monitor.window");
+  cfg.monitor.slow_threshold = v.Double("monitor.slow_threshold");
+  if (cfg.monitor.interval < absl::Milliseconds(100) || cfg.monitor.interval > absl::Seconds(10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe("monitor.interval", v.At("monitor.interval")), " is out of range (100ms to 10s)"));
+  }
+  if (cfg.monitor.window < 3 * cfg.monitor.interval || cfg.monitor.window > absl::Minutes(10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe("monitor.window", v.At("monitor.window")), " is out of range (3 x ",
+                     Describe("monitor.interval", v.At("monitor.interval")), " to 10min)"));
+  }
   cfg.precision.fp16_overflow = v.At("precision.fp16_overflow").text;
   cfg.buckets.bytes = v.Bytes("buckets.bytes");
   cfg.elastic.on_loss = v.At("elastic.on_loss").text;

@@ -87,6 +87,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     mo.rank = options_.rank;
     mo.nranks = options_.world_size;
     mo.backend = executor_->backend().name();
+    mo.slow_samples = config_.monitor.enabled && rendezvous_.store != nullptr;
     metrics_ = std::make_shared<trace::CommMetrics>(std::move(mo));
     executor_->AddObserver(metrics_);
     std::weak_ptr<OpExecutor> executor = executor_;
@@ -199,6 +200,19 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     status_ = std::make_unique<StatusPublisher>(rendezvous_.root_store, std::move(sources),
                                                 config_.status.interval);
   }
+  if (metrics_ != nullptr && metrics_->slow_sampler() != nullptr) {
+    SlownessMonitorOptions mo;
+    mo.comm = options_.name;
+    mo.settings = config_.monitor;
+    mo.metrics = metrics_;
+    mo.recorder = recorder_;
+    mo.membership = [executor = std::weak_ptr<OpExecutor>(executor_), rank = options_.rank] {
+      auto e = executor.lock();
+      return e != nullptr ? e->membership() : OpExecutor::MembershipSnapshot{0, rank, 1, 0};
+    };
+    mo.on_slow_rank = options_.on_slow_rank;
+    monitor_ = std::make_unique<SlownessMonitor>(rendezvous_.store, std::move(mo));
+  }
   if (coordinator_ != nullptr) {
     std::weak_ptr<OpExecutor> executor = executor_;
     coordinator_->Start(
@@ -221,7 +235,8 @@ CommunicatorImpl::~CommunicatorImpl() {
   family_member_->LeaveFamily();
   DropOpenGroup();
   HeartbeatMonitor::Instance().Unregister(heartbeat_id_);
-  status_.reset();  // its last record says the rank left, while the store is still there
+  monitor_.reset();  // no callback once the communicator goes
+  status_.reset();   // its last record says the rank left, while the store is still there
   // The store parts of teardown end within the abort bound whatever the store does (a flooded
   // store or a cut link must not keep the process alive after main returns, issue #11).
   const absl::Time deadline = absl::Now() + config_.timeouts.abort;

@@ -24,6 +24,7 @@
 #include "lib/core/online_tuner.h"
 #include "lib/core/op_executor.h"
 #include "lib/core/rendezvous.h"
+#include "lib/core/slowness_monitor.h"
 #include "lib/trace/flight_recorder.h"
 #include "lib/trace/timeline_writer.h"
 
@@ -155,6 +156,8 @@ class CommunicatorImpl {
   std::shared_ptr<trace::CommMetrics> metrics_;
   std::unique_ptr<trace::MetricsExportHandle> metrics_export_;
   std::unique_ptr<StatusPublisher> status_;  // null without a store or status.enabled
+  // Null without a store or metrics, or with monitor.enabled false.
+  std::unique_ptr<SlownessMonitor> monitor_;
   const std::string selection_reason_;
 };
 

@@ -41,15 +41,18 @@ std::string StatusKey(const std::string& comm, const std::string& leaf) {
   return absl::StrCat("adaptcomm/status/", comm, "/", leaf);
 }
 
+const std::string& ThisHost() {
+  static const std::string* const host = [] {
+    char name[256] = "unknown";
+    gethostname(name, sizeof(name) - 1);
+    return new std::string(name);
+  }();
+  return *host;
+}
+
 namespace {
 
 int64_t Millis(absl::Time t) { return t == absl::UnixEpoch() ? 0 : absl::ToUnixMillis(t); }
-
-std::string HostName() {
-  char host[256] = "unknown";
-  gethostname(host, sizeof(host) - 1);
-  return host;
-}
 
 // The record without its time: what decides whether it changed.
 nlohmann::json RecordBody(const StatusSources& s, absl::Duration interval,
@@ -59,8 +62,7 @@ nlohmann::json RecordBody(const StatusSources& s, absl::Duration interval,
   j["rank"] = s.rank();
   j["world"] = s.world_size();
   j["pid"] = static_cast<int64_t>(getpid());
-  static const std::string host = HostName();
-  j["host"] = host;
+  j["host"] = ThisHost();
   j["interval_ms"] = absl::ToInt64Milliseconds(interval);
   if (!health_override.empty()) {
     j["health"] = health_override;
@@ -94,56 +96,20 @@ std::string StatusRecordJson(const StatusSources& sources, absl::Duration interv
   return j.dump();
 }
 
-struct StatusPublisher::State {
+namespace {
+
+// The publisher thread's own: what it reads and what it last wrote.
+struct Publisher {
   std::shared_ptr<Store> store;
   StatusSources sources;
   absl::Duration interval;
-  absl::Mutex mu;
-  absl::CondVar cv;
-  bool stop ABSL_GUARDED_BY(mu) = false;
-  bool done ABSL_GUARDED_BY(mu) = false;
-};
-
-StatusPublisher::StatusPublisher(std::shared_ptr<Store> store, StatusSources sources,
-                                 absl::Duration interval)
-    : state_(std::make_shared<State>()) {
-  state_->store = std::move(store);
-  state_->sources = std::move(sources);
-  state_->interval = interval;
-  thread_ = std::thread(&StatusPublisher::Run, state_);
-}
-
-StatusPublisher::~StatusPublisher() {
-  bool done = false;
-  {
-    absl::MutexLock lock(&state_->mu);
-    state_->stop = true;
-    state_->cv.SignalAll();
-    const absl::Time until = absl::Now() + absl::Seconds(1);
-    while (!state_->done && absl::Now() < until) state_->cv.WaitWithDeadline(&state_->mu, until);
-    done = state_->done;
-  }
-  // A thread inside a store call that hangs keeps its State alive and ends on its own.
-  if (done) {
-    thread_.join();
-  } else {
-    thread_.detach();
-  }
-}
-
-void StatusPublisher::Run(std::shared_ptr<State> state) {
-  const StatusSources& s = state->sources;
   std::string last;
   int last_world = -1;
   bool warned = false;
-  for (bool stopping = false; !stopping;) {
-    {
-      absl::MutexLock lock(&state->mu);
-      const absl::Time until = absl::Now() + state->interval;
-      while (!state->stop && absl::Now() < until) state->cv.WaitWithDeadline(&state->mu, until);
-      stopping = state->stop;
-    }
-    nlohmann::json body = RecordBody(s, state->interval, stopping ? "left" : "");
+
+  void Look(bool leaving) {
+    const StatusSources& s = sources;
+    nlohmann::json body = RecordBody(s, interval, leaving ? "left" : "");
     const int rank = body["rank"].get<int>();
     const int world = body["world"].get<int>();
     const int64_t now = absl::ToUnixMillis(absl::Now());
@@ -151,23 +117,31 @@ void StatusPublisher::Run(std::shared_ptr<State> state) {
     absl::Status written;
     if (text != last) {
       body["t_ms"] = now;
-      written.Update(state->store->Set(StatusKey(s.comm, absl::StrCat("rank", rank)), body.dump()));
+      written.Update(store->Set(StatusKey(s.comm, absl::StrCat("rank", rank)), body.dump()));
       last = std::move(text);
     }
     if (rank == 0 && world != last_world) {
-      written.Update(state->store->Set(StatusKey(s.comm, "world"), absl::StrCat(world)));
+      written.Update(store->Set(StatusKey(s.comm, "world"), absl::StrCat(world)));
       last_world = world;
     }
-    written.Update(
-        state->store->Set(StatusKey(s.comm, absl::StrCat("alive", rank)), absl::StrCat(now)));
+    written.Update(store->Set(StatusKey(s.comm, absl::StrCat("alive", rank)), absl::StrCat(now)));
     if (!written.ok() && !warned) {
       warned = true;  // the store going away ends the job elsewhere; say it once here
       ADAPTCOMM_LOG(kDebug, "status record not published: ", written.ToString());
     }
   }
-  absl::MutexLock lock(&state->mu);
-  state->done = true;
-  state->cv.SignalAll();
+};
+
+}  // namespace
+
+StatusPublisher::StatusPublisher(std::shared_ptr<Store> store, StatusSources sources,
+                                 absl::Duration interval) {
+  auto p = std::make_shared<Publisher>();
+  p->store = std::move(store);
+  p->sources = std::move(sources);
+  p->interval = interval;
+  thread_ = std::make_unique<PeriodicThread>(
+      interval, [p](bool last) { p->Look(last); }, /*last_look=*/true);
 }
 
 }  // namespace adaptcomm::internal

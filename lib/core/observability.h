@@ -14,15 +14,13 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
 #include "lib/core/op_executor.h"
+#include "lib/core/periodic_thread.h"
 #include "lib/trace/flight_recorder.h"
 #include "lib/trace/metrics.h"
 #include "lib/trace/metrics_export.h"
@@ -33,6 +31,9 @@ namespace adaptcomm::internal {
 // the profile's base plus the launcher's local rank (else the rank).
 std::unique_ptr<trace::MetricsExportHandle> StartMetricsExportFor(const MetricsSettings& metrics,
                                                                   int rank, int world_size);
+
+// This host's name, as the state records and the fail-slow monitor show it.
+const std::string& ThisHost();
 
 // The store keys of the state records of communicator `comm`.
 std::string StatusKey(const std::string& comm, const std::string& leaf);
@@ -78,17 +79,11 @@ class StatusPublisher {
  public:
   // Starts the publisher thread. `store`: the job's root store.
   StatusPublisher(std::shared_ptr<Store> store, StatusSources sources, absl::Duration interval);
-  // Writes a last record ("left") and stops the thread; returns within about a second whatever
-  // the store does (a thread stuck in the store is left to finish on its own).
-  ~StatusPublisher();
-  StatusPublisher(const StatusPublisher&) = delete;
-  StatusPublisher& operator=(const StatusPublisher&) = delete;
+  // Destruction writes a last record ("left") and stops the thread; it returns within about a
+  // second whatever the store does (a thread stuck in the store is left to finish on its own).
 
  private:
-  struct State;
-  static void Run(std::shared_ptr<State> state);
-  std::shared_ptr<State> state_;
-  std::thread thread_;
+  std::unique_ptr<PeriodicThread> thread_;
 };
 
 }  // namespace adaptcomm::internal

@@ -196,7 +196,26 @@ std::string FlightRecorder::DumpJson(const std::string& reason) const {
                        {"error", e.error}});
   }
   doc["entries"] = std::move(entries);
+  nlohmann::json events = nlohmann::json::array();
+  {
+    absl::MutexLock lock(&events_mu_);
+    for (const Event& e : events_) events.push_back({{"t_us", Micros(e.at)}, {"text", e.text}});
+  }
+  doc["events"] = std::move(events);
   return doc.dump(1);
+}
+
+void FlightRecorder::AddEvent(const std::string& text) {
+  absl::MutexLock lock(&events_mu_);
+  if (events_.size() == kEvents) events_.erase(events_.begin());
+  events_.push_back({absl::Now(), text});
+}
+
+std::vector<std::string> FlightRecorder::events() const {
+  absl::MutexLock lock(&events_mu_);
+  std::vector<std::string> out;
+  for (const Event& e : events_) out.push_back(e.text);
+  return out;
 }
 
 absl::StatusOr<std::string> FlightRecorder::Dump(const std::string& reason) const {

@@ -44,14 +44,21 @@ class FlightRecorder final : public OpObserver {
   // The JSON document: {"rank","world_size","communicator","job","backend","generation","reason",
   // "dumped_at_us","last_enqueued_seq","last_started_seq","last_completed_seq",
   // "entries":[{"seq","op","dtype","count","root","peer","backend","generation","state",
-  // "enqueue_us","start_us","end_us","error"}...]} with entries in seq order; times are
-  // microseconds since the Unix epoch (0 = not yet).
+  // "enqueue_us","start_us","end_us","error"}...],"events":[{"t_us","text"}...]} with entries in
+  // seq order; times are microseconds since the Unix epoch (0 = not yet).
   std::string DumpJson(const std::string& reason) const;
   // Writes DumpJson(reason) to dump_dir/flight.rank<R>.json (atomically, via a temporary file);
   // returns the path. Dumps of one recorder are written one at a time (several threads dump on a
   // failure: the failure coordinator, the heartbeat watch, the caller).
   absl::StatusOr<std::string> Dump(const std::string& reason) const;
   const std::string& dump_dir() const { return options_.dump_dir; }
+
+  // An event that is not an op (a slow rank named or cleared by the fail-slow detector), kept
+  // with its time; the last kEvents are dumped. Not for the op path: it takes a mutex.
+  static constexpr size_t kEvents = 32;
+  void AddEvent(const std::string& text);
+  // The events kept, oldest first.
+  std::vector<std::string> events() const;
 
   // Where this rank is, for its state record: the last op it entered, started and completed,
   // and the oldest op it entered that has not ended (0: none) with its kind, bytes and the times
@@ -105,6 +112,12 @@ class FlightRecorder final : public OpObserver {
   uint64_t last_enqueued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_started_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Event {
+    absl::Time at;
+    std::string text;
+  };
+  mutable absl::Mutex events_mu_;
+  std::vector<Event> events_ ABSL_GUARDED_BY(events_mu_);  // oldest first
 };
 
 // The dump directory when neither options nor profile name one:

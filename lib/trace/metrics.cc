@@ -129,7 +129,9 @@ int SizeBandOf(uint64_t bytes) {
 
 double BusFactor(OpKind kind, int nranks) { return BusBandwidthFactor(kind, nranks); }
 
-CommMetrics::CommMetrics(CommMetricsOptions options) : options_(std::move(options)) {
+CommMetrics::CommMetrics(CommMetricsOptions options)
+    : options_(std::move(options)),
+      sampler_(options_.slow_samples ? std::make_unique<SlowSampler>() : nullptr) {
   backends_.push_back(options_.backend);
   backend_nranks_.fill(options_.nranks);
   for (size_t k = 0; k < kKinds; ++k) {
@@ -169,6 +171,11 @@ void CommMetrics::OnEnd(const OpDesc& op, const absl::Status& status, absl::Time
     enqueue = t.enqueue_ns.load(std::memory_order_relaxed);
     start = t.start_ns.load(std::memory_order_relaxed);
     if (start == 0) start = end;  // failed while queued (an abort): it never ran
+  }
+  if (sampler_ != nullptr) {
+    // Point-to-point ops are not matched across ranks: they count only for the next op's gap.
+    const bool collective = op.kind != OpKind::kSend && op.kind != OpKind::kRecv;
+    sampler_->End(op.seq, status.ok() && collective, enqueue, start, end);
   }
   const int64_t exec_ns = std::max<int64_t>(end - start, 0);
   const uint64_t bytes = MessageBytes(op);

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "lib/base/spin_lock.h"
 #include "lib/trace/op_observer.h"
+#include "lib/trace/slow_sampler.h"
 
 namespace adaptcomm::trace {
 
@@ -42,6 +43,8 @@ struct CommMetricsOptions {
   int rank = 0;
   int nranks = 1;
   std::string backend;  // the first generation's
+  // Keep the samples of a fail-slow detector (slow_sampler()) from the same per-op times.
+  bool slow_samples = false;
 };
 
 class CommMetrics final : public OpObserver {
@@ -73,6 +76,8 @@ class CommMetrics final : public OpObserver {
   uint64_t ops_ended() const;
 
   double slowness_score() const { return slowness_.load(std::memory_order_relaxed); }
+  // Null unless the options asked for slow_samples.
+  const SlowSampler* slow_sampler() const { return sampler_.get(); }
 
  private:
   static constexpr int kKinds = 9;
@@ -111,6 +116,7 @@ class CommMetrics final : public OpObserver {
   std::atomic<uint64_t> fallbacks_{0};
   std::atomic<uint64_t> membership_changes_{0};
   std::atomic<double> slowness_{0};
+  const std::unique_ptr<SlowSampler> sampler_;
   mutable absl::Mutex source_mu_;
   std::function<uint64_t()> unprotected_ ABSL_GUARDED_BY(source_mu_);
 };
