@@ -66,7 +66,7 @@ void Sync(void* stream) {
 }
 
 CommunicatorOptions Options(const std::string& name, BackendChoice b, int rank, int world, int port,
-                            std::shared_ptr<Store> store, int retry_attempts) {
+                            std::shared_ptr<Store> store, std::optional<int> retry_attempts) {
   CommunicatorOptions o;
   o.rank = rank;
   o.world_size = world;
@@ -78,7 +78,7 @@ CommunicatorOptions Options(const std::string& name, BackendChoice b, int rank, 
   o.store = std::move(store);
   o.master_addr = "127.0.0.1";
   o.master_port = port;
-  o.max_retry_attempts = retry_attempts;  // 0: the profile's
+  o.max_retry_attempts = retry_attempts;  // unset: the profile's
   return o;
 }
 
@@ -208,7 +208,7 @@ void Functional(Communicator& comm, int device, void* stream) {
 absl::StatusOr<std::unique_ptr<Communicator>> Make(const std::string& name, BackendChoice b,
                                                    int rank, int world, int port,
                                                    std::shared_ptr<Store> store,
-                                                   int retry_attempts = 0) {
+                                                   std::optional<int> retry_attempts = {}) {
   return Communicator::Create(
       Options(name, b, rank, world, port, std::move(store), retry_attempts));
 }

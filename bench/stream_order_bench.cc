@@ -35,6 +35,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -172,7 +173,8 @@ HostCost BareMicrosPerOp(int ops, bool timed) {
 // Allreduce on a CUDA view + Wait(), through a one-rank communicator on the fake (public API but
 // for the internal factory that injects the fake).
 // `profile`: a profile file (empty: the default one).
-std::unique_ptr<Communicator> FakeCommunicator(const Seams& seams, int retry_attempts,
+std::unique_ptr<Communicator> FakeCommunicator(const Seams& seams,
+                                               std::optional<int> retry_attempts,
                                                const std::string& profile = "") {
   CommunicatorOptions o;
   o.profile_file = profile;
@@ -194,7 +196,7 @@ std::unique_ptr<Communicator> FakeCommunicator(const Seams& seams, int retry_att
   return *std::move(comm);
 }
 
-HostCost ApiMicrosPerOp(int ops, bool timed, int retry_attempts) {
+HostCost ApiMicrosPerOp(int ops, bool timed, std::optional<int> retry_attempts) {
   const Seams seams = MakeSeams(timed);
   FakeNcclApi* const api = seams.fake.get();
   std::unique_ptr<Communicator> comm = FakeCommunicator(seams, retry_attempts);
@@ -407,7 +409,7 @@ int main(int argc, char** argv) {
     // same loop alternately: what protection costs a device op's issue + Wait when nothing fails.
     std::vector<double> on, off, paired;
     for (int r = 0; r < rounds; ++r) {
-      on.push_back(adaptcomm::ApiMicrosPerOp(ops, false, /*retry_attempts=*/0).us);
+      on.push_back(adaptcomm::ApiMicrosPerOp(ops, false, /*retry_attempts=*/std::nullopt).us);
       off.push_back(adaptcomm::ApiMicrosPerOp(ops, false, /*retry_attempts=*/1).us);
       paired.push_back(on.back() / off.back());
     }

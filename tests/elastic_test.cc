@@ -803,36 +803,30 @@ TEST(ElasticStatus, MembershipChangeIsItsPayloadNotItsMessage) {
   EXPECT_FALSE(IsMembershipChanged(garbled));
 }
 
-TEST(ElasticPolicy, OptionsWinOverTheProfileAndWaitAddsTheReplacementTimeout) {
-  ElasticSettings profile;
-  profile.on_loss = "shrink";
-  profile.loss_window = absl::Seconds(3);
-  ElasticOptions options;
-  absl::StatusOr<internal::ElasticPolicy> p = internal::ResolveElasticPolicy(options, profile);
-  ASSERT_TRUE(p.ok());
-  EXPECT_TRUE(p->elastic && p->shrink_on_loss);
-  EXPECT_EQ(p->loss_window, absl::Seconds(3));
-  options.on_loss = LossPolicy::kFail;
-  p = internal::ResolveElasticPolicy(options, profile);
-  EXPECT_FALSE(p->elastic);
-  options.on_loss = LossPolicy::kWaitForReplacement;
-  options.replacement_timeout = absl::Seconds(7);
-  options.after_timeout = LossPolicy::kFail;
-  p = internal::ResolveElasticPolicy(options, profile);
-  EXPECT_TRUE(p->elastic);
-  EXPECT_FALSE(p->shrink_on_loss);
-  EXPECT_EQ(p->loss_window, absl::Seconds(10));
+// The policy is read off the effective elastic.* settings (precedence: tests/settings_test.cc).
+TEST(ElasticPolicy, WaitAddsTheReplacementTimeoutAndNamesWhatFollows) {
+  ElasticSettings settings;
+  settings.on_loss = "shrink";
+  settings.loss_window = absl::Seconds(3);
+  internal::ElasticPolicy p = internal::ElasticPolicyOf(settings);
+  EXPECT_TRUE(p.elastic && p.shrink_on_loss);
+  EXPECT_EQ(p.loss_window, absl::Seconds(3));
+  settings.on_loss = "fail";
+  EXPECT_FALSE(internal::ElasticPolicyOf(settings).elastic);
+  settings.on_loss = "wait_for_replacement";
+  settings.replacement_timeout = absl::Seconds(7);
+  settings.after_timeout = "fail";
+  p = internal::ElasticPolicyOf(settings);
+  EXPECT_TRUE(p.elastic);
+  EXPECT_FALSE(p.shrink_on_loss);
+  EXPECT_EQ(p.loss_window, absl::Seconds(10));
   // A joiner is compared with the members on these words: the two waits must differ in them.
-  const std::string wait_then_fail = internal::ElasticLimits(*p);
+  const std::string wait_then_fail = internal::ElasticLimits(p);
   EXPECT_EQ(wait_then_fail,
             "elastic.on_loss=wait_for_replacement elastic.after_timeout=fail "
             "elastic.min_world_size=1 loss_window=10s");
-  options.after_timeout = LossPolicy::kShrink;
-  p = internal::ResolveElasticPolicy(options, profile);
-  ASSERT_TRUE(p.ok());
-  EXPECT_NE(internal::ElasticLimits(*p), wait_then_fail);
-  options.after_timeout = LossPolicy::kWaitForReplacement;
-  EXPECT_FALSE(internal::ResolveElasticPolicy(options, profile).ok());
+  settings.after_timeout = "shrink";
+  EXPECT_NE(internal::ElasticLimits(internal::ElasticPolicyOf(settings)), wait_then_fail);
 }
 
 }  // namespace

@@ -308,6 +308,25 @@ class FakeNcclWorld {
 
 std::shared_ptr<FakeNcclWorld> MakeFakeNcclWorld() { return std::make_shared<FakeNcclWorld>(); }
 
+std::vector<std::shared_ptr<FakeNcclApi>> FakesWithFailingRank(int world_size, int failing_rank,
+                                                               const FakeNcclFaults& failing) {
+  auto world = MakeFakeNcclWorld();
+  std::vector<std::shared_ptr<FakeNcclApi>> fakes;
+  for (int r = 0; r < world_size; ++r) {
+    fakes.push_back(
+        std::make_shared<FakeNcclApi>(world, r == failing_rank ? failing : FakeNcclFaults{}));
+  }
+  return fakes;
+}
+
+internal::CommunicatorDeps FakeSeams(const std::shared_ptr<FakeNcclApi>& fake) {
+  internal::CommunicatorDeps deps;
+  deps.use_given_apis = true;
+  deps.cuda = fake;
+  deps.nccl = fake;
+  return deps;
+}
+
 // Everything below is guarded by the world's mutex.
 struct FakeNcclApi::State {
   std::vector<std::unique_ptr<FakeComm>> comms;

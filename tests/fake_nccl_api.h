@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "lib/core/communicator_factory.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 
@@ -211,6 +212,13 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   std::atomic<int> pointer_queries_{0};
   std::atomic<int> event_queries_{0};
 };
+
+// One fake per rank of one fake world; rank `failing_rank`'s injects `failing`.
+std::vector<std::shared_ptr<FakeNcclApi>> FakesWithFailingRank(int world_size, int failing_rank,
+                                                               const FakeNcclFaults& failing);
+
+// `fake` as a rank's CUDA runtime and NCCL, for creation and every rebuild.
+internal::CommunicatorDeps FakeSeams(const std::shared_ptr<FakeNcclApi>& fake);
 
 }  // namespace adaptcomm::testing
 

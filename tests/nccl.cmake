@@ -12,7 +12,10 @@ foreach(src ${ADAPTCOMM_NCCL_TESTS})
     target_link_libraries(${name} PRIVATE adaptcomm_fake_nccl)
   endif()
 endforeach()
-# Groups of ops run on every backend, NCCL's through the fake.
-if(TARGET groups_test)
-  target_link_libraries(groups_test PRIVATE adaptcomm_fake_nccl)
-endif()
+# Groups of ops run on every backend, NCCL's through the fake; the settings test counts the
+# attempts made against the fake's failing communicators.
+foreach(name groups_test settings_test)
+  if(TARGET ${name})
+    target_link_libraries(${name} PRIVATE adaptcomm_fake_nccl)
+  endif()
+endforeach()

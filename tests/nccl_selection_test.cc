@@ -53,8 +53,8 @@ Outcome Select(int n, CommunicatorOptions base,
       o.rank = i;
       o.world_size = n;
       // Create() fills these from the profile before selection; here selection runs alone.
-      if (o.timeout == absl::ZeroDuration()) o.timeout = absl::Seconds(60);
-      if (o.init_timeout == absl::ZeroDuration()) o.init_timeout = absl::Seconds(30);
+      if (!o.timeout) o.timeout = absl::Seconds(60);
+      if (!o.init_timeout) o.init_timeout = absl::Seconds(30);
       internal::Rendezvous rv;
       rv.root_store = store;
       rv.store = CreatePrefixStore("comm", store);

@@ -118,7 +118,7 @@ TEST(OnlineTuningConfig, EnvironmentWinsAndStaysInTheCrossRankCheck) {
   unsetenv(config::kOnlineTuningEnv);
   ASSERT_TRUE(on.ok()) << on.status();
   EXPECT_TRUE(on->tuning.online.enabled);
-  EXPECT_EQ(on->tuning.online.source, "exported ADAPTCOMM_ONLINE_TUNING");
+  EXPECT_EQ(on->tuning.online.source, "env ADAPTCOMM_ONLINE_TUNING");
   const SettingRecord* row = Row(*on, "tuning.online.enabled");
   ASSERT_NE(row, nullptr);
   EXPECT_EQ(row->value, "true");
@@ -126,7 +126,8 @@ TEST(OnlineTuningConfig, EnvironmentWinsAndStaysInTheCrossRankCheck) {
   EXPECT_THAT(on->CanonicalListing(), HasSubstr("tuning.online.enabled=true"));
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(), HasSubstr("ADAPTCOMM_ONLINE_TUNING='sometimes'"));
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("env ADAPTCOMM_ONLINE_TUNING: tuning.online.enabled: 'sometimes'"));
 }
 
 std::vector<std::string> Names(const std::vector<config::OnlineCandidate>& cs) {

@@ -103,7 +103,7 @@ TEST(Steps, ExplainStatesTheProtectionInEffect) {
     o.name = copy ? "copy" : "auto";
     o.world_size = 1;
     o.rank = 0;
-    o.replay = copy ? ReplayMode::kCopy : ReplayMode::kProfile;
+    if (copy) o.replay = ReplayMode::kCopy;
     auto comm = Communicator::Create(o);
     ASSERT_TRUE(comm.ok()) << comm.status();
     const std::string text = (*comm)->Explain();

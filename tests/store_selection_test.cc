@@ -42,7 +42,7 @@ absl::StatusOr<EffectiveConfig> FromText(const std::string& text, const std::str
   config::ResolveInputs in;
   in.text = text;
   in.file = "job.yaml";
-  in.store_env = env;
+  in.env["ADAPTCOMM_STORE"] = env;
   in.overrides.store_url = api;
   return config::ResolveFromText(in, testing::Registry());
 }

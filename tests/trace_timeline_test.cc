@@ -411,26 +411,6 @@ TEST(TimelineWriterTest, RejectsBadOptionsAndIgnoresOpsAfterClose) {
   EXPECT_TRUE(OpEvents(t).empty());
 }
 
-TEST(TimelineWriterTest, ResolveTraceRequestEnvOverridesProfile) {
-  unsetenv("ADAPTCOMM_TRACE");
-  unsetenv("ADAPTCOMM_TRACE_DIR");
-  TraceRequest r = ResolveTraceRequest(false, "");
-  EXPECT_FALSE(r.enabled);
-  EXPECT_EQ(r.dir, ".");
-  r = ResolveTraceRequest(true, "/p");
-  EXPECT_TRUE(r.enabled);
-  EXPECT_EQ(r.dir, "/p");
-  setenv("ADAPTCOMM_TRACE", "1", 1);
-  setenv("ADAPTCOMM_TRACE_DIR", "/e", 1);
-  r = ResolveTraceRequest(false, "/p");
-  EXPECT_TRUE(r.enabled);
-  EXPECT_EQ(r.dir, "/e");
-  setenv("ADAPTCOMM_TRACE", "off", 1);
-  EXPECT_FALSE(ResolveTraceRequest(true, "/p").enabled);
-  unsetenv("ADAPTCOMM_TRACE");
-  unsetenv("ADAPTCOMM_TRACE_DIR");
-}
-
 // Guards the "tiny overhead" promise: the op thread only appends to memory.
 TEST(TimelineWriterTest, PerOpCostStaysInMicroseconds) {
   TimelineOptions o;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,17 +58,7 @@ struct LaunchInfo {
 // Allocate the tensors you pass to the communicator there.
 ADAPTCOMM_EXPORT int DefaultCudaDevice();
 
-// What a communicator does when a rank is lost for good: it did not vote in a coordinated retry
-// within the loss window (dead, stopped, or cut off from the store). See docs/elastic.md.
-enum class LossPolicy : uint8_t {
-  kProfile,  // the profile's elastic.on_loss (built-in default: fail)
-  kFail,     // every rank's op fails naming the lost ranks
-  kShrink,   // the survivors continue: renumbered densely in their old order, backend rebuilt
-  // Waits up to the replacement timeout for the lost ranks to vote after all (a stopped rank that
-  // resumes), then does `after_timeout` (shrink or fail). A new process that replaces a lost rank
-  // is admitted at a step boundary instead (ElasticOptions::join, Communicator::AdmitJoiners).
-  kWaitForReplacement,
-};
+// LossPolicy (what a lost rank does to the job) is in profile.h: a profile chooses it too.
 
 // The communicator's current members, as a trainer sees them (Communicator::membership()).
 struct Membership {
@@ -88,17 +79,17 @@ struct Membership {
   bool joined = false;
 };
 
+// Unset fields take ADAPTCOMM_ELASTIC / ADAPTCOMM_ELASTIC_MIN_WORLD, else the profile's elastic.*.
 struct ElasticOptions {
-  LossPolicy on_loss = LossPolicy::kProfile;
-  // Never shrink below this many ranks (the change then fails every rank); 0: the profile's.
-  int min_world_size = 0;
-  // A rank that has not voted this long after a coordinated retry began is lost; zero: the
-  // profile's elastic.loss_window.
-  absl::Duration loss_window = absl::ZeroDuration();
+  std::optional<LossPolicy> on_loss;
+  // Never shrink below this many ranks (the change then fails every rank).
+  std::optional<int> min_world_size;
+  // A rank that has not voted this long after a coordinated retry began is lost.
+  std::optional<absl::Duration> loss_window;
   // kWaitForReplacement: how long past the loss window to wait, then what to do (kShrink or
-  // kFail; kProfile: elastic.after_timeout).
-  absl::Duration replacement_timeout = absl::ZeroDuration();
-  LossPolicy after_timeout = LossPolicy::kProfile;
+  // kFail).
+  std::optional<absl::Duration> replacement_timeout;
+  std::optional<LossPolicy> after_timeout;
   // Called once per membership change, on the communicator's worker thread, after the new backend
   // is in place and before the interrupted op runs again. It may read membership() and queue ops
   // but must not wait for one (that op runs only after the callback returns).
@@ -139,21 +130,23 @@ struct CommunicatorOptions {
   int world_size = -1;  // -1: from the launcher's environment
   // Distinguishes communicators that share one store; two live communicators may not share a name.
   std::string name = "default";
-  BackendChoice backend = BackendChoice::kAuto;
-  Fallback fallback = Fallback::kAllow;
+  // Every setting below that is a std::optional, when set, wins over the environment and the
+  // profile (precedence: profile.h); unset, they take the profile's (Explain() says which won).
+  std::optional<BackendChoice> backend;  // backend.choice
+  std::optional<Fallback> fallback;      // backend.fallback
   // Profile (see profile.h): a model size ("7B", "235B", "1.5T", a parameter count) or a tier
-  // name, and the YAML file. Empty: ADAPTCOMM_MODEL_SIZE / ADAPTCOMM_PROFILE, else the smallest
-  // tier of the default profiles.yaml. Options set here win over the profile (zero = unset).
-  std::string model_size;
-  std::string profile_file;
+  // name, and the YAML file. Unset: ADAPTCOMM_MODEL_SIZE / ADAPTCOMM_PROFILE, else the smallest
+  // tier of the default profiles.yaml.
+  std::optional<std::string> model_size;
+  std::optional<std::string> profile_file;
   bool profile_strict =
       false;  // refuse dead or unknown NCCL_* names (also ADAPTCOMM_PROFILE_STRICT=1)
 
   // Default bound of each operation, counted from when it starts running (not when queued).
-  // Zero: the profile's collective timeout (scaled by world size).
-  absl::Duration timeout = absl::ZeroDuration();
-  // Bound of creation: store connection, rendezvous of every rank, backend init. Zero: profile.
-  absl::Duration init_timeout = absl::ZeroDuration();
+  // Unset: the profile's collective timeout (scaled by world size); set, it is used as given.
+  std::optional<absl::Duration> timeout;
+  // Bound of creation: store connection, rendezvous of every rank, backend init.
+  std::optional<absl::Duration> init_timeout;
 
   // Rendezvous. If `store` is set it is used as is; otherwise rank 0 serves a TCP store at
   // master_addr:master_port (unless ADAPTCOMM_STORE_EXTERNAL=1: another process serves it) and
@@ -171,26 +164,26 @@ struct CommunicatorOptions {
 
   // Flight recorder: the last `flight_recorder_entries` ops of this rank, dumped as JSON to
   // flight_recorder_dir/flight.rank<R>.json on a timeout or fatal error, or by DumpFlightRecord().
-  // Empty dir: $ADAPTCOMM_FLIGHT_RECORDER_DIR, else $TMPDIR/adaptcomm-flight.
-  std::string flight_recorder_dir;
-  size_t flight_recorder_entries = 0;  // zero: the profile's
+  // Unset dir: $ADAPTCOMM_FLIGHT_RECORDER_DIR, else the profile's, else $TMPDIR/adaptcomm-flight.
+  std::optional<std::string> flight_recorder_dir;
+  std::optional<int> flight_recorder_entries;
   // After a failure, how long a rank waits for every other rank to report before naming the
-  // silent ones as dead or stalled.
-  absl::Duration failure_report_window = absl::Seconds(5);
-  // Coordinated retry: attempts per op including the first (1 = off; 0 = the profile's). The
+  // silent ones as dead or stalled (retry.report_window, 5s by default).
+  std::optional<absl::Duration> failure_report_window;
+  // Coordinated retry: attempts per op including the first (1 = off). The
   // retry happens only when every rank agrees (docs/resilience.md). What it can re-run is
   // `replay`'s: with kAuto (the default profile's) no input is ever copied; a failed op of a step
   // (BeginStep/CommitStep) makes the step be redone, and outside a step only ops whose input
   // survives them (stable_input) are re-run. kCopy copies every op's input first (one memcpy, or
   // one device copy, per op) so that any op can be re-run alone, bit for bit.
-  int max_retry_attempts = 0;
-  ReplayMode replay = ReplayMode::kProfile;
+  std::optional<int> max_retry_attempts;
+  std::optional<ReplayMode> replay;
   // Debug mode: before each collective every rank checks through the store that all ranks call
   // the same op (op, dtype, count, reduce op, root); a mismatch fails that op on every rank with
   // InvalidArgument naming each rank's call, before any data moves. One store round trip per op.
-  // Also on when ADAPTCOMM_CHECK_COLLECTIVES=1. Off: a mismatch is still named, but only once it
-  // made an op fail or time out (the retry vote compares the ops).
-  bool check_collectives = false;
+  // Unset: ADAPTCOMM_CHECK_COLLECTIVES=1 turns it on. Off: a mismatch is still named, but only
+  // once it made an op fail or time out (the retry vote compares the ops).
+  std::optional<bool> check_collectives;
   // Elastic membership (README, "Elastic membership"): what a permanently lost rank does to the
   // job. Anything but fail turns coordinated retry on (at least 2 attempts).
   ElasticOptions elastic;
@@ -248,9 +241,10 @@ struct P2POptions {
 
 // Communicator::Split's choices for the child.
 struct SplitOptions {
-  // The child's backend; kAuto chooses for the child's own ranks (shared memory for a group on
-  // one host, NCCL for CUDA tensors, ...), whatever the parent runs.
-  BackendChoice backend = BackendChoice::kAuto;
+  // The child's backend; unset: the profile's backend.choice, where kAuto chooses for the
+  // child's own ranks (shared memory for a group on one host, NCCL for CUDA tensors, ...),
+  // whatever the parent runs.
+  std::optional<BackendChoice> backend;
   // The child's name on the store (flight records and logs name it); empty:
   // "<parent name>/split<n>/color<c>", n counting this communicator's splits.
   std::string name;

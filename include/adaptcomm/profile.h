@@ -8,9 +8,13 @@
 //   if (!cfg.ok()) return Fail(cfg.status());    // file:line:column for a broken profile
 //   std::puts(cfg->Explain().c_str());
 //
-// Precedence, highest first: an explicit API value (ProfileRequest::overrides) > a variable the
-// user already exported (NCCL_* only; never overwritten unless the profile marks it `force`) >
-// the selected tier > the profile's `defaults`/`infrastructure` blocks > built-in defaults.
+// Precedence, highest first: an explicit API value (ProfileRequest::overrides, the fields of
+// CommunicatorOptions) > a variable the user exported (ADAPTCOMM_* for adaptcomm's settings,
+// NCCL_* for NCCL's; an NCCL_* one is never overwritten unless the profile marks it `force`) >
+// the selected tier > the profile's `defaults`/`infrastructure` blocks > built-in defaults. Every
+// source is merged in one place into the EffectiveConfig, which the communicator runs on and
+// Explain() prints; a value that beat another source's names it (SettingRecord::overridden).
+// Unset, in every options struct, is an empty std::optional.
 //
 // Tier selection: tiers in the file are ordered by parameter count. A size inside a tier's range
 // selects it; a size between two tiers (the article leaves 7B-30B uncovered) selects the NEXT
@@ -66,9 +70,19 @@ enum class Fallback : uint8_t { kAllow, kDeny };
 //          no op is re-run: the step is redone. No copy of any input, on any path.
 //   kCopy: every op's input is copied before it runs (a memcpy on the host; a device-to-device
 //          copy on the GPU), so any op can be re-run alone, outside a step too.
-// kProfile (CommunicatorOptions only): the profile's value.
-enum class ReplayMode : uint8_t { kProfile, kAuto, kCopy };
+enum class ReplayMode : uint8_t { kAuto, kCopy };
 ADAPTCOMM_EXPORT const char* ReplayModeName(ReplayMode mode);
+// What a communicator does when a rank is lost for good (profile elastic.on_loss; docs/elastic.md):
+// it did not vote in a coordinated retry within the loss window (dead, stopped, or cut off).
+enum class LossPolicy : uint8_t {
+  kFail,    // every rank's op fails naming the lost ranks
+  kShrink,  // the survivors continue: renumbered densely in their old order, backend rebuilt
+  // Waits up to the replacement timeout for the lost ranks to vote after all (a stopped rank that
+  // resumes), then does `after_timeout` (shrink or fail). A new process that replaces a lost rank
+  // is admitted at a step boundary instead (ElasticOptions::join, Communicator::AdmitJoiners).
+  kWaitForReplacement,
+};
+ADAPTCOMM_EXPORT const char* LossPolicyName(LossPolicy policy);  // "fail", "shrink", ...
 
 // Values a trainer sets in code; each one set wins over the environment and the profile.
 struct ProfileOverrides {
@@ -81,8 +95,17 @@ struct ProfileOverrides {
   std::optional<BackendChoice> backend;
   std::optional<bool> allow_fallback;
   std::optional<int> max_retry_attempts;
-  std::optional<ReplayMode> replay;          // kProfile is the same as unset
-  std::optional<std::string> store_url;      // store.url (CommunicatorOptions::store_url)
+  std::optional<ReplayMode> replay;
+  std::optional<absl::Duration> failure_report_window;  // retry.report_window
+  std::optional<std::string> store_url;                 // store.url; "": rank 0's TCP store
+  std::optional<int> flight_recorder_entries;
+  std::optional<std::string> flight_recorder_dir;
+  std::optional<bool> check_collectives;  // debug.check_collectives
+  std::optional<LossPolicy> on_loss;      // elastic.*
+  std::optional<int> min_world_size;
+  std::optional<absl::Duration> loss_window;
+  std::optional<absl::Duration> replacement_timeout;
+  std::optional<LossPolicy> after_timeout;   // kShrink or kFail
   std::optional<uint64_t> nccl_buffer_size;  // bytes (NCCL_BUFFSIZE)
   std::optional<int> nccl_min_ctas;          // channels (ncclConfig_t.minCTAs / NCCL_MIN_CTAS)
   std::optional<int> nccl_max_ctas;
@@ -118,8 +141,14 @@ struct TimeoutConfig {
 };
 
 struct RetryPolicy {
-  int max_attempts = 3;                   // including the first
-  ReplayMode replay = ReplayMode::kAuto;  // never kProfile here
+  // Including the first. The effective value is what runs: 1 where no coordinated retry can
+  // happen (a communicator without a store), at least 2 under elastic membership (a membership
+  // change is agreed by the retry's vote).
+  int max_attempts = 3;
+  ReplayMode replay = ReplayMode::kAuto;
+  // After a failure, how long a rank waits for every other rank to report before naming the
+  // silent ones as dead or stalled.
+  absl::Duration report_window = absl::Seconds(5);
   // Stream-ordered device ops in flight at once while retries are on (more wait in the queue):
   // each keeps a copy of its input, as do as many completed ones before them, so the records take
   // 2 x in_flight x the largest device op's input of device memory.
@@ -155,8 +184,13 @@ struct GlooSettings {
 };
 
 struct FlightRecorderSettings {
-  int entries = 2000;  // last N collectives per rank kept for the timeout dump
-  std::string dump_dir;
+  int entries = 2000;    // last N collectives per rank kept for the timeout dump
+  std::string dump_dir;  // empty: $TMPDIR/adaptcomm-flight
+};
+
+// Debug mode (CommunicatorOptions::check_collectives, ADAPTCOMM_CHECK_COLLECTIVES).
+struct DebugSettings {
+  bool check_collectives = false;
 };
 
 struct TraceSettings {
@@ -257,6 +291,9 @@ struct SettingRecord {
   std::string value;       // canonical text ("4200s", "2097152")
   std::string source;      // "profiles.yaml:42", "env NCCL_IB_HCA", "API", "default"
   std::string applied_as;  // "ncclConfig_t.minCTAs (NCCL >= 2.17)", "process env", "Gloo option"
+  // The values of lower-precedence sources this one beat, "profiles.yaml:61 said 3"; empty when
+  // no other source gave the setting a different value.
+  std::string overridden;
 };
 
 struct ADAPTCOMM_EXPORT EffectiveConfig {
@@ -285,6 +322,7 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
   ElasticSettings elastic;
   TuningSettings tuning;
   StoreSettings store;
+  DebugSettings debug;
 
   std::vector<SettingRecord> settings;  // every setting, sorted by key
   std::vector<std::string> warnings;    // dead/deprecated variables, non-power-of-two buffers...
@@ -293,7 +331,9 @@ struct ADAPTCOMM_EXPORT EffectiveConfig {
   // Human-readable table: every setting, its value, source and how it is applied.
   std::string Explain() const;
   std::string ExplainJson() const;
-  // "key=value" lines sorted by key (no sources): what must match on every rank.
+  // "key=value" lines sorted by key (no sources): what must match on every rank. Every setting is
+  // in it except NCCL variables the user exported (interface names legitimately differ between
+  // hosts) and the tuned table's path (its digest is compared instead).
   std::string CanonicalListing() const;
   // FNV-1a 64 of CanonicalListing().
   uint64_t Hash() const;

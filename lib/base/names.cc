@@ -107,14 +107,24 @@ const char* BackendChoiceName(BackendChoice choice) {
 
 const char* ReplayModeName(ReplayMode mode) {
   switch (mode) {
-    case ReplayMode::kProfile:
-      return "profile";
     case ReplayMode::kAuto:
       return "auto";
     case ReplayMode::kCopy:
       return "copy";
   }
   return "unknown-replay";
+}
+
+const char* LossPolicyName(LossPolicy policy) {
+  switch (policy) {
+    case LossPolicy::kFail:
+      return "fail";
+    case LossPolicy::kShrink:
+      return "shrink";
+    case LossPolicy::kWaitForReplacement:
+      return "wait_for_replacement";
+  }
+  return "unknown-loss-policy";
 }
 
 bool IsStepRedo(const absl::Status& status) {

@@ -23,11 +23,14 @@ std::string ModelText(const EffectiveConfig& c) {
 }  // namespace
 
 std::string EffectiveConfig::CanonicalListing() const {
-  // Variables the user exported may legitimately differ between hosts (interface names), so
-  // only what the profile and the API decide must match.
+  // NCCL variables the user exported may legitimately differ between hosts (interface names);
+  // the tuned table's path may too, and its digest is compared instead. Every other setting,
+  // wherever it came from, must match.
   std::string out = absl::StrCat("profile.tier=", tier, "\n");
   for (const SettingRecord& s : settings) {
-    if (absl::StartsWith(s.source, "env ")) continue;
+    const bool nccl_row = absl::StartsWith(s.key, "nccl.") || absl::StartsWith(s.key, "env.");
+    if (nccl_row && absl::StartsWith(s.source, "env ")) continue;
+    if (s.key == "tuning.table") continue;
     absl::StrAppend(&out, s.key, "=", s.value, "\n");
   }
   return out;
@@ -54,11 +57,15 @@ std::string EffectiveConfig::Explain() const {
   absl::StrAppend(&out,
                   "  precedence:   API > exported environment > tier > defaults/"
                   "infrastructure > built-in default\n\n");
+  // A value that beat another source's names it: "API; profiles.yaml:35 said 3".
+  auto source = [](const SettingRecord& s) {
+    return s.overridden.empty() ? s.source : absl::StrCat(s.source, "; ", s.overridden);
+  };
   size_t wk = 7, wv = 5, ws = 6;
   for (const SettingRecord& s : settings) {
     wk = std::max(wk, s.key.size());
     wv = std::max(wv, s.value.size());
-    ws = std::max(ws, s.source.size());
+    ws = std::max(ws, source(s).size());
   }
   auto row = [&](const std::string& k, const std::string& v, const std::string& s,
                  const std::string& a) {
@@ -67,7 +74,7 @@ std::string EffectiveConfig::Explain() const {
   };
   row("SETTING", "VALUE", "SOURCE", "APPLIED AS");
   for (const SettingRecord& s : settings)
-    row(s.key, s.value.empty() ? "\"\"" : s.value, s.source, s.applied_as);
+    row(s.key, s.value.empty() ? "\"\"" : s.value, source(s), s.applied_as);
   absl::StrAppend(&out, "\nwarnings (", warnings.size(), ")", warnings.empty() ? "" : ":", "\n");
   for (const std::string& w : warnings) absl::StrAppend(&out, "  - ", w, "\n");
   return out;
@@ -87,8 +94,10 @@ std::string EffectiveConfig::ExplainJson() const {
   j["warnings"] = warnings;
   nlohmann::json rows = nlohmann::json::array();
   for (const SettingRecord& s : settings) {
-    rows.push_back(
-        {{"key", s.key}, {"value", s.value}, {"source", s.source}, {"applied_as", s.applied_as}});
+    nlohmann::json row = {
+        {"key", s.key}, {"value", s.value}, {"source", s.source}, {"applied_as", s.applied_as}};
+    if (!s.overridden.empty()) row["overridden"] = s.overridden;
+    rows.push_back(std::move(row));
   }
   j["settings"] = rows;
   // Invalid UTF-8 from a profile must not throw here.

@@ -133,23 +133,4 @@ std::vector<OnlineCandidate> OnlineCandidates(const std::string& backend, const 
   return out;
 }
 
-absl::Status ApplyOnlineTuningEnv(EffectiveConfig& cfg, const char* value) {
-  if (value == nullptr || *value == '\0') return absl::OkStatus();
-  absl::StatusOr<bool> on = ParseBool(value);
-  if (!on.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOnlineTuningEnv, "='", value, "': must be 1/true/on or 0/false/off"));
-  }
-  const std::string source = absl::StrCat("exported ", kOnlineTuningEnv);
-  cfg.tuning.online.enabled = *on;
-  cfg.tuning.online.source = source;
-  for (SettingRecord& s : cfg.settings) {
-    if (s.key == "tuning.online.enabled") {
-      s.value = *on ? "true" : "false";
-      s.source = source;
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace adaptcomm::config

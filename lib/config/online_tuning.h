@@ -66,12 +66,6 @@ struct OnlineSpaceInputs {
 std::vector<OnlineCandidate> OnlineCandidates(const std::string& backend, const std::string& op,
                                               int band, const OnlineSpaceInputs& in);
 
-// Applies ADAPTCOMM_ONLINE_TUNING (`value`; null or empty: not set) over tuning.online.enabled:
-// 1/true/on or 0/false/off. Its row's source is "exported ADAPTCOMM_ONLINE_TUNING", not
-// "env ...": unlike an exported variable it stays in the cross-rank check (CanonicalListing),
-// since every rank must tune alike from the first op. InvalidArgument for another value.
-absl::Status ApplyOnlineTuningEnv(EffectiveConfig& cfg, const char* value);
-
 }  // namespace adaptcomm::config
 
 #endif  // ADAPTCOMM_LIB_CONFIG_ONLINE_TUNING_H_

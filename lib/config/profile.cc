@@ -11,9 +11,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "lib/config/online_tuning.h"
 #include "lib/config/profile_loader.h"
 #include "lib/config/resolve_internal.h"
+#include "lib/config/settings.h"
+#include "lib/config/sources.h"
 #include "lib/config/tuning.h"
 #include "lib/config/units.h"
 #include "lib/config/yaml_util.h"
@@ -30,35 +31,6 @@ bool FileExists(const std::string& path) {
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? std::string() : std::string(v);
-}
-
-// ADAPTCOMM_METRICS_PORT and ADAPTCOMM_METRICS_TEXTFILE over metrics.port and metrics.textfile.
-// Their rows' source is "env ...": left out of the cross-rank check, since the ranks of a job may
-// export different ones.
-absl::Status ApplyMetricsEnv(EffectiveConfig& cfg) {
-  auto set_row = [&cfg](const char* key, const std::string& value, const std::string& source) {
-    for (SettingRecord& s : cfg.settings) {
-      if (s.key == key) {
-        s.value = value;
-        s.source = source;
-      }
-    }
-  };
-  if (const std::string port = Env("ADAPTCOMM_METRICS_PORT"); !port.empty()) {
-    int p = 0;
-    if (!absl::SimpleAtoi(port, &p) || p < -1 || p > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ADAPTCOMM_METRICS_PORT='", port, "': must be -1 (off), 0 (any free port) or 1..65535"));
-    }
-    cfg.metrics.port = p;
-    cfg.metrics.port_source = "env ADAPTCOMM_METRICS_PORT";
-    set_row("metrics.port", absl::StrCat(p), cfg.metrics.port_source);
-  }
-  if (const std::string file = Env("ADAPTCOMM_METRICS_TEXTFILE"); !file.empty()) {
-    cfg.metrics.textfile = file;
-    set_row("metrics.textfile", file, "env ADAPTCOMM_METRICS_TEXTFILE");
-  }
-  return absl::OkStatus();
 }
 
 std::string DirName(const std::string& path) {
@@ -133,6 +105,13 @@ std::string DefaultConfigDir() {
 }
 
 absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request) {
+  return config::ResolveSettings(request, config::RunContext{});
+}
+
+namespace config {
+
+absl::StatusOr<EffectiveConfig> ResolveSettings(const ProfileRequest& request,
+                                                const RunContext& run) {
   config::ResolveInputs in;
   std::string file_origin = "request";
   in.file = request.file;
@@ -190,7 +169,8 @@ absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request) {
     if (config::SetByAdaptcomm(name, value)) continue;
     in.user_env[name] = value;
   }
-  in.store_env = Env("ADAPTCOMM_STORE");
+  for (const EnvSetting& e : EnvSettings()) in.env[e.var] = Env(e.var);
+  in.run = run;
   auto cfg = config::ResolveFromText(in, **registry);
   if (!cfg.ok()) return cfg.status();
   if (!size_origin.empty()) {
@@ -199,25 +179,15 @@ absl::StatusOr<EffectiveConfig> ResolveProfile(const ProfileRequest& request) {
   if (file_origin == "ADAPTCOMM_PROFILE") {
     cfg->notes.insert(cfg->notes.begin(), absl::StrCat("profile file from ADAPTCOMM_PROFILE"));
   }
-  // The tuned table: the exported variable wins over the profile's tuning.table, whose relative
-  // path is taken from the profile's directory.
-  std::string table = Env(config::kTunedTableEnv);
-  std::string table_source = absl::StrCat("env ", config::kTunedTableEnv);
-  if (table.empty()) {
-    for (const SettingRecord& s : cfg->settings) {
-      if (s.key != "tuning.table" || s.value.empty()) continue;
-      table = s.value[0] == '/' ? s.value : DirName(in.file) + "/" + s.value;
-      table_source = s.source;
-    }
+  // The tuned table (its path merged like any setting): a relative path in a profile is taken
+  // from the profile's directory. A refusal is one of cfg->warnings: creation logs it once.
+  std::string table = cfg->tuning.table;
+  if (!table.empty() && table[0] != '/' && !absl::StartsWith(cfg->tuning.source, "env ")) {
+    table = DirName(in.file) + "/" + table;
   }
-  // A refusal is one of cfg->warnings: communicator creation logs it once.
-  config::AttachTunedTable(*cfg, table, table_source);
-  if (absl::Status s = config::ApplyOnlineTuningEnv(*cfg, std::getenv(config::kOnlineTuningEnv));
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = ApplyMetricsEnv(*cfg); !s.ok()) return s;
+  config::AttachTunedTable(*cfg, table, cfg->tuning.source);
   return cfg;
 }
 
+}  // namespace config
 }  // namespace adaptcomm

@@ -190,7 +190,7 @@ absl::Status ParseValue(const std::string& file, const KeySpec& spec, const YAML
   }
   auto canonical = CanonicalValue(spec, text);
   if (!canonical.ok()) return ErrorAt(file, node, std::string(canonical.status().message()));
-  layer->values[spec.key] = {*canonical, WhereLine(file, node), Where(file, node)};
+  layer->values[spec.key] = {*canonical, WhereLine(file, node), Where(file, node), ""};
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "adaptcomm/profile.h"
 #include "lib/config/nccl_registry.h"
+#include "lib/config/settings.h"
 
 namespace adaptcomm::config {
 
@@ -25,7 +26,9 @@ struct ResolveInputs {
   ProfileOverrides overrides;
   // NCCL_* variables the user exported (not ones adaptcomm set itself).
   std::map<std::string, std::string> user_env;
-  std::string store_env;  // ADAPTCOMM_STORE, if set
+  // The ADAPTCOMM_* variables of EnvSettings() (lib/config/sources.h) that are exported.
+  std::map<std::string, std::string> env;
+  RunContext run;
 };
 
 absl::StatusOr<EffectiveConfig> ResolveFromText(const ResolveInputs& in, const NcclRegistry& reg);

@@ -99,6 +99,13 @@ const std::vector<KeySpec>& Schema() {
        {},
        "unavailable,aborted",
        "retry: status codes classified transient"},
+      {"retry.report_window",
+       Kind::kDuration,
+       0,
+       0,
+       {},
+       "5s",
+       "after a failure, wait this long for every rank's report before naming the silent ones"},
       {"backend.choice",
        Kind::kEnum,
        0,
@@ -363,6 +370,14 @@ const std::vector<KeySpec>& Schema() {
        "",
        "the job's store: redis://[user:password@]host:port or etcd://...; empty: rank 0 serves a "
        "TCP store (ADAPTCOMM_STORE wins; docs/stores.md)"},
+      {"debug.check_collectives",
+       Kind::kBool,
+       0,
+       0,
+       {},
+       "false",
+       "every rank checks through the store that all ranks call the same op (a store round trip "
+       "per op)"},
       {"diagnose.min_busbw_gbps",
        Kind::kDouble,
        0,
@@ -385,7 +400,8 @@ const std::vector<std::string>& SectionNames() {
   static const auto* names = new std::vector<std::string>{
       "timeouts", "world_scaling", "retry",     "backend", "gloo",    "flight_recorder",
       "trace",    "diagnose",      "precision", "buckets", "elastic", "tuning",
-      "store",    "metrics",       "status",    "monitor"};
+      "store",    "metrics",       "status",    "monitor",
+      "debug"};
   return *names;
 }
 

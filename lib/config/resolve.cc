@@ -17,6 +17,7 @@
 #include "lib/config/nccl_plan.h"
 #include "lib/config/profile_schema.h"
 #include "lib/config/resolve_internal.h"
+#include "lib/config/sources.h"
 #include "lib/config/units.h"
 
 namespace adaptcomm::config {
@@ -57,9 +58,14 @@ class Values {
     (void)absl::SimpleAtod(At(key).text, &v);
     return v;
   }
+  // A new value or source; what it overrode stays named.
   void Set(const std::string& key, std::string text, std::string source) {
-    (*v_)[key] = {std::move(text), source, source};
+    Layered& l = (*v_)[key];
+    l.text = std::move(text);
+    l.where = source;
+    l.source = std::move(source);
   }
+  void Insert(const std::string& key, Layered l) { (*v_)[key] = std::move(l); }
 
  private:
   std::map<std::string, Layered>* v_;
@@ -87,87 +93,8 @@ std::string AppliedAs(const NcclSetting& s) {
                       " (NCCL >= ", NcclVersionText(s.config_since), "), else ", env);
 }
 
-}  // namespace
-
-absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegistry& reg,
-                                       const Selection& sel, MergeInputs merge) {
-  EffectiveConfig cfg;
-  cfg.file = in.file;
-  cfg.tier = sel.tier;
-  cfg.tier_range = sel.range;
-  cfg.model_params = in.model_params;
-  cfg.world_size = in.world_size;
-  cfg.strict = in.strict;
-  cfg.warnings = std::move(merge.warnings);
-  cfg.notes.push_back(sel.note);
-  if (sel.gap) {
-    ADAPTCOMM_LOG(kInfo, "profile: ", sel.note);
-  } else {
-    ADAPTCOMM_LOG(kDebug, "profile: ", sel.note);
-  }
-
-  // ---- adaptcomm's own settings ----
-  for (const KeySpec& spec : Schema()) {
-    if (merge.values.count(spec.key) == 0) {
-      merge.values[spec.key] = {spec.default_text, "default", "built-in default"};
-    }
-  }
-  Values v(&merge.values);
-  const ProfileOverrides& o = in.overrides;
-  auto api_duration = [&](const std::optional<absl::Duration>& d,
-                          const std::string& key) -> absl::Status {
-    if (!d.has_value()) return absl::OkStatus();
-    if (*d <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(absl::StrCat("API ", key, " must be positive"));
-    }
-    v.Set(key, DurationText(*d), "API");
-    return absl::OkStatus();
-  };
-  for (auto [d, key] : {std::pair{&o.store_connect_timeout, "timeouts.store_connect"},
-                        std::pair{&o.init_timeout, "timeouts.init"},
-                        std::pair{&o.collective_timeout, "timeouts.collective"},
-                        std::pair{&o.heartbeat_timeout, "timeouts.heartbeat"},
-                        std::pair{&o.abort_timeout, "timeouts.abort"},
-                        std::pair{&o.long_operation_timeout, "timeouts.long_operation"}}) {
-    if (absl::Status s = api_duration(*d, key); !s.ok()) return s;
-  }
-  if (o.backend.has_value()) v.Set("backend.choice", BackendChoiceName(*o.backend), "API");
-  if (o.allow_fallback.has_value()) {
-    v.Set("backend.fallback", *o.allow_fallback ? "allow" : "deny", "API");
-  }
-  if (o.max_retry_attempts.has_value()) {
-    auto c = CanonicalValue(*FindKey("retry.max_attempts"), absl::StrCat(*o.max_retry_attempts));
-    if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("API ", c.status().message()));
-    v.Set("retry.max_attempts", *c, "API");
-  }
-  if (o.replay.has_value() && *o.replay != ReplayMode::kProfile) {
-    v.Set("retry.replay", ReplayModeName(*o.replay), "API");
-  }
-
-  // The store: the API, else ADAPTCOMM_STORE, else the profile; each one checked where it came
-  // from.
-  std::optional<std::pair<std::string, std::string>> store_url;  // (url, source)
-  if (o.store_url.has_value() && !o.store_url->empty()) {
-    store_url = {*o.store_url, "API"};
-  } else if (!in.store_env.empty()) {
-    store_url = {in.store_env, "env ADAPTCOMM_STORE"};
-  }
-  if (store_url.has_value()) {
-    auto c = CanonicalValue(*FindKey("store.url"), store_url->first);
-    if (!c.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(store_url->second, ": ", c.status().message()));
-    }
-    v.Set("store.url", *c, store_url->second);
-  }
-  cfg.store.url = v.At("store.url").text;
-  cfg.store.source = v.At("store.url").source;
-  if (!cfg.store.url.empty()) {
-    // Explain() and the cross-rank check show the URL without its password.
-    absl::StatusOr<StoreUrl> url = ParseStoreUrl(cfg.store.url);
-    if (url.ok()) merge.values["store.url"].text = RedactedStoreUrl(*url);
-  }
-
+// World-size scaling and the ordering checks of timeouts.*; writes the scaled rows back.
+absl::Status ResolveTimeouts(const ResolveInputs& in, Values& v, EffectiveConfig& cfg) {
   TimeoutConfig& t = cfg.timeouts;
   t.store_connect = v.Duration("timeouts.store_connect");
   t.init = v.Duration("timeouts.init");
@@ -248,15 +175,22 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
         collective_from_api
             ? "API"
             : (factor == 1.0 ? coll.source : absl::StrCat(coll.source, " x world scaling")));
-  merge.values["timeouts.collective_base"] = {DurationText(t.collective_base), coll.source,
-                                              coll.where};
+  v.Insert("timeouts.collective_base",
+           {DurationText(t.collective_base), coll.source, coll.where, coll.overridden});
   v.Set("timeouts.heartbeat", DurationText(t.heartbeat),
         hb.source == "API" || factor == 1.0 ? hb.source
                                             : absl::StrCat(hb.source, " x world scaling"));
 
+  return absl::OkStatus();
+}
+
+// The typed fields of every section but timeouts and NCCL, from the merged values.
+absl::Status ReadSettings(Values& v, EffectiveConfig& cfg) {
+  const TimeoutConfig& t = cfg.timeouts;
   RetryPolicy& r = cfg.retry;
   r.max_attempts = static_cast<int>(v.Int("retry.max_attempts"));
   r.replay = v.At("retry.replay").text == "copy" ? ReplayMode::kCopy : ReplayMode::kAuto;
+  r.report_window = v.Duration("retry.report_window");
   r.in_flight = static_cast<int>(v.Int("retry.in_flight"));
   r.record_bytes = v.Bytes("retry.record_bytes");
   r.initial_backoff = v.Duration("retry.initial_backoff");
@@ -344,15 +278,27 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
   online.allow_reorder = v.At("tuning.online.allow_reorder").text == "true";
   online.threshold_pct = v.Double("tuning.online.threshold_pct");
   online.decision_timeout = v.Duration("tuning.online.decision_timeout");
+  cfg.tuning.table = v.At("tuning.table").text;
+  cfg.tuning.source = v.At("tuning.table").source;
+  cfg.debug.check_collectives = v.At("debug.check_collectives").text == "true";
+  return absl::OkStatus();
+}
 
-  for (const auto& [key, l] : merge.values) {
-    const KeySpec* spec = FindKey(key);
-    std::string applied = spec != nullptr ? spec->applied_as : "watchdog bound before scaling";
-    cfg.settings.push_back({key, l.text, l.source, applied});
+// `old` takes `l`, naming the value it beat.
+void Replace(NcclLayered& old, NcclLayered l) {
+  l.overridden = old.overridden;
+  if (old.value != l.value) {
+    absl::StrAppend(&l.overridden, l.overridden.empty() ? "" : "; ", old.source, " said ",
+                    old.value);
   }
+  old = std::move(l);
+}
 
-  // ---- NCCL: profile, then what the user exported, then the API ----
-  std::vector<std::pair<std::string, NcclLayered>> nccl = std::move(merge.nccl);
+// NCCL: profile, then what the user exported, then the API; appends the nccl.* rows.
+absl::Status ResolveNccl(const ResolveInputs& in, const NcclRegistry& reg,
+                         std::vector<std::pair<std::string, NcclLayered>> nccl,
+                         EffectiveConfig& cfg) {
+  const ProfileOverrides& o = in.overrides;
   auto find = [&](const std::string& name) {
     return std::find_if(nccl.begin(), nccl.end(), [&](const auto& e) { return e.first == name; });
   };
@@ -376,7 +322,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
       }
       continue;
     }
-    NcclLayered l{value, absl::StrCat("env ", name), absl::StrCat("env ", name), false};
+    NcclLayered l{value, absl::StrCat("env ", name), absl::StrCat("env ", name), false, ""};
     if (it == nccl.end()) {
       nccl.emplace_back(name, l);
     } else {
@@ -385,7 +331,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
                                          " wins over the profile's ", it->second.value, " (",
                                          it->second.source, "; mark it force: true to override)"));
       }
-      it->second = l;
+      Replace(it->second, std::move(l));
     }
     user_exported[name] = true;
   }
@@ -408,12 +354,12 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
           absl::StrCat("API ", name, " is a deprecated alias of ", c->name, ": using ", c->name));
     }
     // API beats an exported variable, so it must be written even over the user's value.
-    NcclLayered l{*normalized, "API", "API", /*force=*/true};
+    NcclLayered l{*normalized, "API", "API", /*force=*/true, ""};
     auto it = find(c->name);
     if (it == nccl.end()) {
       nccl.emplace_back(c->name, l);
     } else {
-      it->second = l;
+      Replace(it->second, std::move(l));
     }
     user_exported.erase(c->name);
   }
@@ -434,7 +380,7 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
       s.env_overrides_config = p->env_overrides_config;
     }
     cfg.settings.push_back({absl::StrCat(absl::StartsWith(name, "NCCL_") ? "nccl." : "env.", name),
-                            s.value, s.source, AppliedAs(s)});
+                            s.value, s.source, AppliedAs(s), l.overridden});
     nccl_settings.push_back(std::move(s));
   }
   cfg.nccl = std::make_shared<const std::vector<NcclSetting>>(std::move(nccl_settings));
@@ -451,6 +397,55 @@ absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegist
                                                    ") is greater than NCCL_MAX_CTAS=", max_ctas,
                                                    " (", max_where, ")"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<EffectiveConfig> Finish(const ResolveInputs& in, const NcclRegistry& reg,
+                                       const Selection& sel, MergeInputs merge) {
+  EffectiveConfig cfg;
+  cfg.file = in.file;
+  cfg.tier = sel.tier;
+  cfg.tier_range = sel.range;
+  cfg.model_params = in.model_params;
+  cfg.world_size = in.world_size;
+  cfg.strict = in.strict;
+  cfg.warnings = std::move(merge.warnings);
+  cfg.notes.push_back(sel.note);
+  if (sel.gap) {
+    ADAPTCOMM_LOG(kInfo, "profile: ", sel.note);
+  } else {
+    ADAPTCOMM_LOG(kDebug, "profile: ", sel.note);
+  }
+
+  // ---- adaptcomm's own settings: profile < exported ADAPTCOMM_* < API < what can run ----
+  for (const KeySpec& spec : Schema()) {
+    if (merge.values.count(spec.key) == 0) {
+      merge.values[spec.key] = {spec.default_text, "default", "built-in default", ""};
+    }
+  }
+  if (absl::Status s = ApplyLayer(EnvLayer(in.env), merge.values); !s.ok()) return s;
+  absl::StatusOr<std::vector<Given>> api = ApiLayer(in.overrides);
+  if (!api.ok()) return api.status();
+  if (absl::Status s = ApplyLayer(*api, merge.values); !s.ok()) return s;
+  ApplyRunRules(in.run, merge.values);
+  Values v(&merge.values);
+  cfg.store.url = v.At("store.url").text;
+  cfg.store.source = v.At("store.url").source;
+  if (!cfg.store.url.empty()) {
+    // Explain() and the cross-rank check show the URL without its password.
+    absl::StatusOr<StoreUrl> url = ParseStoreUrl(cfg.store.url);
+    if (url.ok()) merge.values["store.url"].text = RedactedStoreUrl(*url);
+  }
+  if (absl::Status s = ResolveTimeouts(in, v, cfg); !s.ok()) return s;
+  if (absl::Status s = ReadSettings(v, cfg); !s.ok()) return s;
+  for (const auto& [key, l] : merge.values) {
+    const KeySpec* spec = FindKey(key);
+    std::string applied = spec != nullptr ? spec->applied_as : "watchdog bound before scaling";
+    cfg.settings.push_back({key, l.text, l.source, applied, l.overridden});
+  }
+  if (absl::Status s = ResolveNccl(in, reg, std::move(merge.nccl), cfg); !s.ok()) return s;
   std::sort(cfg.settings.begin(), cfg.settings.end(),
             [](const SettingRecord& a, const SettingRecord& b) { return a.key < b.key; });
   for (const std::string& w : cfg.warnings) ADAPTCOMM_LOG(kWarning, "profile: ", w);

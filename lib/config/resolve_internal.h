@@ -16,9 +16,10 @@
 namespace adaptcomm::config {
 
 struct Layered {
-  std::string text;    // canonical value
-  std::string source;  // "profiles.yaml:42", "API", "default"
-  std::string where;   // "profiles.yaml:42:16" for error messages
+  std::string text;        // canonical value
+  std::string source;      // "profiles.yaml:42", "API", "default"
+  std::string where;       // "profiles.yaml:42:16" for error messages
+  std::string overridden;  // what lower sources said, "profiles.yaml:42 said 3" (Explain)
 };
 
 struct NcclLayered {
@@ -26,6 +27,7 @@ struct NcclLayered {
   std::string source;
   std::string where;
   bool force = false;
+  std::string overridden;
 };
 
 struct Selection {

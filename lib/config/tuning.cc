@@ -18,9 +18,9 @@ void SetRow(EffectiveConfig& cfg, const std::string& key, const std::string& val
   auto it = std::find_if(cfg.settings.begin(), cfg.settings.end(),
                          [&](const SettingRecord& s) { return s.key == key; });
   if (it == cfg.settings.end()) {
-    cfg.settings.push_back({key, value, source, applied_as});
+    cfg.settings.push_back({key, value, source, applied_as, ""});
   } else {
-    *it = {key, value, source, applied_as};
+    *it = {key, value, source, applied_as, it->overridden};
   }
 }
 

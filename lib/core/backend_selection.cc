@@ -24,6 +24,12 @@
 namespace adaptcomm::internal::selection {
 namespace {
 
+// The communicator passes the effective backend.choice (EffectiveConfig); a direct caller that
+// leaves it unset asks for auto, the built-in default.
+BackendChoice ChoiceOf(const CommunicatorOptions& o) {
+  return o.backend.value_or(BackendChoice::kAuto);
+}
+
 constexpr char kYes[] = "ok";
 constexpr char kNoPrefix[] = "no:";
 
@@ -260,7 +266,7 @@ GlooBackendOptions GlooOptionsFor(const CommunicatorOptions& o, const Rendezvous
   gloo.hostname = rv.transport_host;
   if (gloo.iface.empty() && gloo.hostname.empty()) gloo.hostname = "127.0.0.1";
   gloo.init_timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-  gloo.default_timeout = o.timeout;
+  if (o.timeout) gloo.default_timeout = *o.timeout;  // the effective timeouts.collective
   gloo.algorithm = deps.gloo_algorithm;
   gloo.max_segment_bytes = deps.gloo_max_segment_bytes;
   gloo.tuned_algorithm = tuning.gloo_algorithm;
@@ -313,7 +319,7 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
                                           const SelectionDeps& deps, const std::string& asked,
                                           const std::string& why_not_nccl) {
   std::string staging;
-  const bool forced = o.backend == BackendChoice::kShm;
+  const bool forced = ChoiceOf(o) == BackendChoice::kShm;
   const std::string mine = deps.host_identity.empty() ? LocalHostIdentity() : deps.host_identity;
   absl::StatusOr<std::vector<std::string>> ids = ExchangeHostIdentities(
       *CreatePrefixStore("select/host", rv.store), o.rank, o.world_size, mine, deadline);
@@ -437,11 +443,12 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
                                                   const SelectionDeps& deps) {
   if (rv.store == nullptr) return absl::InvalidArgumentError("backend selection: no store");
   std::string staging;
-  if (deps.previous != nullptr && o.backend != BackendChoice::kAuto &&
-      o.backend != BackendChoice::kNccl) {
+  const BackendChoice choice = ChoiceOf(o);
+  if (deps.previous != nullptr && choice != BackendChoice::kAuto &&
+      choice != BackendChoice::kNccl) {
     nccl::ReleaseNcclComm(*deps.previous);  // a degrade to Gloo: the kept communicator goes
   }
-  if (o.backend == BackendChoice::kGloo) {
+  if (choice == BackendChoice::kGloo) {
     Apis apis = LoadApis(deps, /*want_nccl=*/false);
     absl::StatusOr<AppliedTuning> tuning = AgreeGlooTuning(o, rv, deadline, deps);
     if (!tuning.ok()) return tuning.status();
@@ -452,8 +459,8 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
                            absl::StrCat("backend=gloo requested", staging, tuning->note)};
   }
 
-  const std::string asked = absl::StrCat("backend=", BackendChoiceName(o.backend));
-  if (o.backend == BackendChoice::kShm) {
+  const std::string asked = absl::StrCat("backend=", BackendChoiceName(choice));
+  if (choice == BackendChoice::kShm) {
     const Apis apis = LoadApis(deps, /*want_nccl=*/false);
     return ShmOrGloo(o, rv, deadline, apis, deps, asked, "");
   }
@@ -536,7 +543,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
         transient ? absl::StatusCode::kUnavailable : absl::StatusCode::kFailedPrecondition,
         absl::StrCat(asked, " with fallback deny: NCCL is not usable on every rank: ", why));
   }
-  if (o.backend == BackendChoice::kAuto) {
+  if (ChoiceOf(o) == BackendChoice::kAuto) {
     // Host buffers on one host: shared memory beats loopback TCP by 10-100x.
     return ShmOrGloo(o, rv, deadline, apis, deps, asked,
                      absl::StrCat(" because NCCL is not usable: ", why));

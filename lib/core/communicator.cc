@@ -33,8 +33,8 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
       deps_(std::move(deps)),
       rendezvous_(std::move(rendezvous)),
       selection_reason_(std::move(selection_reason)) {
-  // Checked at creation (CreateCommunicatorWith): the fallback is never taken there.
-  elastic_ = ResolveElasticPolicy(options_.elastic, config_.elastic).value_or(ElasticPolicy{});
+  // Every setting below is read from config_, the effective configuration Explain() prints.
+  elastic_ = ElasticPolicyOf(config_.elastic);
   id_ = joined.has_value() ? joined->id : options_.rank;
   next_id_ = options_.world_size;
   // A joiner's world size is the admitted one: the ids given so far go up to its own.
@@ -63,8 +63,9 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   fr.communicator = options_.name;
   fr.job = rendezvous_.job_id;
   fr.backend = backend->name();
-  fr.capacity = options_.flight_recorder_entries;
-  fr.dump_dir = options_.flight_recorder_dir;  // resolved by ApplyProfile
+  fr.capacity = static_cast<size_t>(config_.flight_recorder.entries);
+  fr.dump_dir = config_.flight_recorder.dump_dir.empty() ? trace::DefaultFlightRecorderDir()
+                                                         : config_.flight_recorder.dump_dir;
   recorder_ = std::make_shared<trace::FlightRecorder>(std::move(fr));
   ExecutorOptions exec;
   exec.abort_bound = config_.timeouts.abort;
@@ -72,9 +73,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   exec.retry_record_bytes = config_.retry.record_bytes;
   // retry.replay auto copies nothing, except under elastic membership: a shrink re-runs the op it
   // interrupted on the survivors (inside a step no op is recorded either way).
-  const ReplayMode replay =
-      options_.replay != ReplayMode::kProfile ? options_.replay : config_.retry.replay;
-  exec.copy_inputs = replay == ReplayMode::kCopy || elastic_.elastic;
+  exec.copy_inputs = config_.retry.replay == ReplayMode::kCopy || elastic_.elastic;
   if (joined.has_value()) {
     exec.initial_generation = joined->generation;
     exec.first_seq = joined->first_seq;
@@ -98,13 +97,12 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     trace::RegisterMetrics(metrics_);
     metrics_export_ = StartMetricsExportFor(config_.metrics, options_.rank, options_.world_size);
   }
-  if (const trace::TraceRequest tr =
-          trace::ResolveTraceRequest(config_.trace.enabled, config_.trace.dir);
-      tr.enabled && !joined.has_value()) {  // the timeline's rendezvous is the creators' only
+  // The timeline's rendezvous is the creators' only.
+  if (config_.trace.enabled && !joined.has_value()) {
     trace::TimelineOptions to;
     to.rank = options_.rank;
     to.world_size = options_.world_size;
-    to.dir = tr.dir;
+    to.dir = config_.trace.dir;
     to.communicator = options_.name;
     to.backend = executor_->backend().name();
     auto timeline =
@@ -123,24 +121,22 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
     fc.world_size = options_.world_size;
     if (joined.has_value()) fc.initial_members = joined->ids;
     fc.name = options_.name;
-    fc.report_window = options_.failure_report_window;
-    fc.max_attempts =
-        options_.max_retry_attempts > 0 ? options_.max_retry_attempts : config_.retry.max_attempts;
+    fc.report_window = config_.retry.report_window;
+    // Already at least 2 under elastic membership, whose changes the retry's vote agrees.
+    fc.max_attempts = config_.retry.max_attempts;
     fc.initial_backoff = config_.retry.initial_backoff;
     fc.backoff_multiplier = config_.retry.multiplier;
     fc.max_backoff = config_.retry.max_backoff;
     fc.jitter = config_.retry.jitter;
     fc.retryable = config_.retry.retryable;
     fc.elastic = elastic_;
-    // A membership change is agreed by the coordinated retry's vote: elastic turns it on.
-    if (elastic_.elastic) fc.max_attempts = std::max(fc.max_attempts, 2);
     // A stalled rank gets its own op timeout to notice and vote, plus the report window.
-    fc.vote_timeout = options_.timeout + options_.failure_report_window;
+    fc.vote_timeout = config_.timeouts.collective + config_.retry.report_window;
     fc.stop_bound = std::min(config_.timeouts.abort, absl::Seconds(2));
     fc.rank0_serves_store = rendezvous_.store_server == StoreServer::kRankZero;
     coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
     executor_->SetFailureHandler(coordinator_);
-    if (options_.check_collectives && !joined.has_value()) {
+    if (config_.debug.check_collectives && !joined.has_value()) {
       auto check = std::make_shared<CollectiveCheck>(rendezvous_.store, options_.rank,
                                                      options_.world_size, options_.name);
       executor_->SetPreRunCheck([check](const OpDesc& op, const std::string& fingerprint) {
@@ -261,12 +257,10 @@ absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorImpl::cuda_api() cons
 
 std::string CommunicatorImpl::ProtectionText() const {
   const RetryPolicy& r = config_.retry;
-  const int attempts =
-      options_.max_retry_attempts > 0 ? options_.max_retry_attempts : r.max_attempts;
-  if (coordinator_ == nullptr || (attempts < 2 && !elastic_.elastic)) {
+  if (coordinator_ == nullptr || r.max_attempts < 2) {
     return "protection: off (no coordinated retry: a failed op or step breaks the communicator)";
   }
-  const ReplayMode replay = options_.replay != ReplayMode::kProfile ? options_.replay : r.replay;
+  const ReplayMode replay = r.replay;
   const bool copies = replay == ReplayMode::kCopy || elastic_.elastic;
   const uint64_t device_op_limit = r.record_bytes / (2 * static_cast<uint64_t>(r.in_flight));
   const uint64_t unprotected = executor_->unprotected_ops();
@@ -289,8 +283,8 @@ std::string CommunicatorImpl::ProtectionText() const {
 
 Work CommunicatorImpl::Submit(OpDesc&& desc) {
   if (desc.timeout == absl::ZeroDuration()) {
-    desc.timeout =
-        long_operation_scopes_.load() > 0 ? config_.timeouts.long_operation : options_.timeout;
+    desc.timeout = long_operation_scopes_.load() > 0 ? config_.timeouts.long_operation
+                                                     : config_.timeouts.collective;
   }
   const OpExecutor::MembershipSnapshot members = executor_->membership();
   absl::Status valid = ValidateOp(desc, members.rank, members.world_size);
@@ -405,7 +399,7 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
   const int64_t announce = announced[0];
   if (announce == 0) return absl::OkStatus();
 
-  const absl::Time deadline = absl::Now() + options_.init_timeout;
+  const absl::Time deadline = absl::Now() + config_.timeouts.init;
   GrowDecision decision;
   const OpExecutor::MembershipSnapshot now = executor_->membership();
   if (now.rank == 0) {
@@ -537,7 +531,7 @@ namespace {
 // bound, then the vote's and the rebuild's.
 absl::Duration StepBound(const internal::CommunicatorImpl& impl) {
   const EffectiveConfig& c = impl.config();
-  return c.timeouts.collective + impl.options().failure_report_window + c.timeouts.init;
+  return c.timeouts.collective + c.retry.report_window + c.timeouts.init;
 }
 }  // namespace
 

@@ -14,6 +14,7 @@
 #include "lib/base/build_info.h"
 #include "lib/base/log.h"
 #include "lib/config/nccl_plan.h"
+#include "lib/config/settings.h"
 #include "lib/core/backend_selection.h"
 #include "lib/core/communicator_factory.h"
 #include "lib/core/communicator_impl.h"
@@ -45,52 +46,52 @@ absl::Status ResolveOptions(CommunicatorOptions& o, std::string& launch_source) 
         absl::StrCat("rank ", o.rank, " is out of range for world size ", o.world_size));
   }
   if (o.name.empty()) return absl::InvalidArgumentError("communicator name must not be empty");
-  if (const char* check = std::getenv("ADAPTCOMM_CHECK_COLLECTIVES");
-      check != nullptr && std::string(check) == "1") {
-    o.check_collectives = true;
-  }
-  if (o.timeout < absl::ZeroDuration() || o.init_timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeouts must be positive (or zero: from the profile): timeout=",
-        absl::FormatDuration(o.timeout), " init_timeout=", absl::FormatDuration(o.init_timeout)));
-  }
   return absl::OkStatus();
 }
 
-// Loads the profile (options set by the caller win) and writes the effective values back into
-// the options the rest of creation reads: the one place where the profile becomes settings.
-absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o) {
+// Every option that is a setting, as an API override: lib/config merges them with the environment,
+// the profile and the tuned table (config::ResolveSettings), the one place a setting is decided.
+ProfileRequest RequestFor(const CommunicatorOptions& o) {
   ProfileRequest req;
-  req.model_size = o.model_size;
+  req.model_size = o.model_size.value_or("");
   req.world_size = o.world_size;
-  req.file = o.profile_file;
+  req.file = o.profile_file.value_or("");
   req.strict = o.profile_strict;
-  if (o.backend != BackendChoice::kAuto) req.overrides.backend = o.backend;
-  if (o.fallback == Fallback::kDeny) req.overrides.allow_fallback = false;
-  if (o.timeout > absl::ZeroDuration()) req.overrides.collective_timeout = o.timeout;
-  if (o.init_timeout > absl::ZeroDuration()) req.overrides.init_timeout = o.init_timeout;
-  // What Explain() prints is what runs: the options that the executor reads go through here.
-  if (o.max_retry_attempts > 0) req.overrides.max_retry_attempts = o.max_retry_attempts;
-  if (o.replay != ReplayMode::kProfile) req.overrides.replay = o.replay;
-  if (!o.store_url.empty()) req.overrides.store_url = o.store_url;
-  absl::StatusOr<EffectiveConfig> cfg = ResolveProfile(req);
+  ProfileOverrides& v = req.overrides;
+  v.backend = o.backend;
+  if (o.fallback) v.allow_fallback = *o.fallback == Fallback::kAllow;
+  v.collective_timeout = o.timeout;
+  v.init_timeout = o.init_timeout;
+  v.max_retry_attempts = o.max_retry_attempts;
+  v.replay = o.replay;
+  v.failure_report_window = o.failure_report_window;
+  // The one string setting whose empty value means unset (a URL is never empty).
+  if (!o.store_url.empty()) v.store_url = o.store_url;
+  v.flight_recorder_entries = o.flight_recorder_entries;
+  v.flight_recorder_dir = o.flight_recorder_dir;
+  v.check_collectives = o.check_collectives;
+  v.on_loss = o.elastic.on_loss;
+  v.min_world_size = o.elastic.min_world_size;
+  v.loss_window = o.elastic.loss_window;
+  v.replacement_timeout = o.elastic.replacement_timeout;
+  v.after_timeout = o.elastic.after_timeout;
+  return req;
+}
+
+// The effective configuration of `o` (see RequestFor). `store`: whether the communicator has a
+// store to agree coordinated retries on. Backend selection and the rendezvous read their settings
+// from the options they are given, so `o` carries the effective ones from here on.
+absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o, bool store) {
+  config::RunContext run;
+  run.coordinated = store;
+  run.why_not = "CreateWithBackend (no store)";
+  absl::StatusOr<EffectiveConfig> cfg = config::ResolveSettings(RequestFor(o), run);
   if (!cfg.ok()) return cfg.status();
-  o.timeout = cfg->timeouts.collective;
-  o.init_timeout = cfg->timeouts.init;
   o.backend = cfg->backend.choice;
   o.fallback = cfg->backend.allow_fallback ? Fallback::kAllow : Fallback::kDeny;
+  o.timeout = cfg->timeouts.collective;
+  o.init_timeout = cfg->timeouts.init;
   o.store_url = cfg->store.url;
-  if (o.flight_recorder_entries == 0) o.flight_recorder_entries = cfg->flight_recorder.entries;
-  if (o.flight_recorder_dir.empty()) {
-    const char* env = std::getenv("ADAPTCOMM_FLIGHT_RECORDER_DIR");
-    if (env != nullptr && *env != '\0') {
-      o.flight_recorder_dir = env;
-    } else if (!cfg->flight_recorder.dump_dir.empty()) {
-      o.flight_recorder_dir = cfg->flight_recorder.dump_dir;
-    } else {
-      o.flight_recorder_dir = trace::DefaultFlightRecorderDir();
-    }
-  }
   for (const std::string& w : cfg->warnings) ADAPTCOMM_LOG(kWarning, "profile: ", w);
   ADAPTCOMM_LOG(kDebug, cfg->Explain());
   return cfg;
@@ -125,7 +126,7 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
   deps.gloo_algorithm = config.gloo.algorithm;
   deps.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
   deps.tuned_table = config.tuning.loaded;
-  deps.elastic = ResolveElasticPolicy(o.elastic, config.elastic).value_or(ElasticPolicy{}).elastic;
+  deps.elastic = ElasticPolicyOf(config.elastic).elastic;
   deps.previous = previous;  // a rebuild after a shrink: ncclCommShrink where NCCL can
   deps.lost_ranks = std::move(shrink_lost);
   deps.configure_nccl = [&config](int version) {
@@ -147,7 +148,7 @@ absl::StatusOr<BackendSelection> CreateBackendAgreed(const CommunicatorOptions& 
                                                      const EffectiveConfig& config,
                                                      const Rendezvous& rv, absl::Time deadline,
                                                      const CommunicatorDeps& deps) {
-  const int attempts = o.max_retry_attempts > 0 ? o.max_retry_attempts : config.retry.max_attempts;
+  const int attempts = config.retry.max_attempts;
   absl::Duration backoff = config.retry.initial_backoff;
   for (int attempt = 1;; ++attempt) {
     Rendezvous retry;
@@ -220,7 +221,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CommunicatorImpl::BuildBackendFor(
   }
   absl::StatusOr<BackendSelection> selected = SelectBackend(
       o, config_, GenerationRendezvous(rendezvous_, generation),
-      absl::Now() + options_.init_timeout, deps_, &executor_->backend(), std::move(shrink_lost));
+      absl::Now() + config_.timeouts.init, deps_, &executor_->backend(), std::move(shrink_lost));
   if (!selected.ok()) return selected.status();
   ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' rebuilt its backend as generation ",
                 generation, ": ", selected->backend->name(), " (", selected->reason, ")");
@@ -241,12 +242,11 @@ struct CommunicatorAccess {
 // admission at the members' next AdmitJoiners(), then the backend of the admitted generation.
 absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
     CommunicatorOptions o, EffectiveConfig config, const CommunicatorDeps& deps) {
-  const absl::Time deadline = absl::Now() + o.init_timeout;
-  absl::StatusOr<ElasticPolicy> elastic = ResolveElasticPolicy(o.elastic, config.elastic);
-  if (!elastic.ok()) return elastic.status();
+  const absl::Time deadline = absl::Now() + config.timeouts.init;
+  const ElasticPolicy elastic = ElasticPolicyOf(config.elastic);
   const std::string what =
       absl::StrCat("replacement for rank ", o.rank, " of communicator '", o.name, "'");
-  if (!elastic->elastic) {
+  if (!elastic.elastic) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": joining a running job needs elastic.on_loss shrink or wait_for_replacement"));
   }
@@ -268,7 +268,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
   me.who = absl::StrCat(host, ":", getpid());
   me.build = BuildVersion();
   me.claimed_rank = o.rank;
-  me.limits = ElasticLimits(*elastic);
+  me.limits = ElasticLimits(elastic);
   absl::StatusOr<Admission> admitted = RequestAdmission(*rv->store, config, me, deadline);
   if (!admitted.ok()) {
     return absl::Status(admitted.status().code(),
@@ -305,13 +305,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
   std::string launch_source;
   if (absl::Status s = ResolveOptions(o, launch_source); !s.ok()) return s;
   log::SetProcessRank(o.rank);
-  absl::StatusOr<EffectiveConfig> config = ApplyProfile(o);
+  absl::StatusOr<EffectiveConfig> config = ApplyProfile(o, /*store=*/true);
   if (!config.ok()) return config.status();
-  const absl::Time deadline = absl::Now() + o.init_timeout;
-  if (absl::StatusOr<ElasticPolicy> elastic = ResolveElasticPolicy(o.elastic, config->elastic);
-      !elastic.ok()) {
-    return elastic.status();
-  }
+  const absl::Time deadline = absl::Now() + config->timeouts.init;
 
   if (const char* join = std::getenv("ADAPTCOMM_ELASTIC_JOIN");
       join != nullptr && std::string(join) == "1") {
@@ -337,7 +333,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
                 ": backend ", selected->backend->name(), " (", selected->reason, "), ",
                 rv->description, ", rank/world from ", launch_source, ", profile tier '",
                 config->tier, "' (", config->file, "), op timeout ",
-                absl::FormatDuration(o.timeout), " (Communicator::Explain() lists every setting)");
+                absl::FormatDuration(config->timeouts.collective),
+                " (Communicator::Explain() lists every setting)");
   return CommunicatorAccess::Wrap(std::make_unique<CommunicatorImpl>(
       std::move(o), std::move(*config), std::move(*rv), std::move(selected->backend),
       std::move(selected->reason), deps));
@@ -352,7 +349,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWithBackend(
   o.world_size = backend->size();
   std::string unused;
   if (absl::Status s = ResolveOptions(o, unused); !s.ok()) return s;
-  absl::StatusOr<EffectiveConfig> config = ApplyProfile(o);
+  // No store: no coordinated retry, and Explain() says so.
+  absl::StatusOr<EffectiveConfig> config = ApplyProfile(o, /*store=*/false);
   if (!config.ok()) return config.status();
   std::string reason = absl::StrCat("backend ", backend->name(), " given by the caller");
   return CommunicatorAccess::Wrap(std::make_unique<CommunicatorImpl>(

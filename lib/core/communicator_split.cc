@@ -81,9 +81,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
       split.name.empty() ? absl::StrCat(parent.name, "/split", n, "/color", color) : split.name;
   child.backend = split.backend;
   // Its own flight records, beside the parent's: the files are named by rank only.
-  if (!parent.flight_recorder_dir.empty()) {
-    child.flight_recorder_dir = absl::StrCat(parent.flight_recorder_dir, "/",
-                                             absl::StrReplaceAll(child.name, {{"/", "."}}));
+  if (const std::string& dir = impl.config().flight_recorder.dump_dir; !dir.empty()) {
+    child.flight_recorder_dir =
+        absl::StrCat(dir, "/", absl::StrReplaceAll(child.name, {{"/", "."}}));
   }
   child.store = impl.root_store();
   child.elastic.join = false;

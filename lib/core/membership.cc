@@ -1,78 +1,24 @@
 #include "lib/core/membership.h"
 
-#include <cstdlib>
-
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/status.h"
 
 namespace adaptcomm::internal {
 
-absl::StatusOr<ElasticPolicy> ResolveElasticPolicy(const ElasticOptions& given,
-                                                   const ElasticSettings& profile) {
-  // API > environment (`adaptcomm launch --elastic` exports these) > profile.
-  ElasticOptions options = given;
-  if (const char* env = std::getenv("ADAPTCOMM_ELASTIC");
-      env != nullptr && *env != '\0' && options.on_loss == LossPolicy::kProfile) {
-    const std::string v = env;
-    if (v != "fail" && v != "shrink" && v != "wait_for_replacement") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ADAPTCOMM_ELASTIC=", v, ": must be fail, shrink or wait_for_replacement"));
-    }
-    options.on_loss = v == "shrink"                 ? LossPolicy::kShrink
-                      : v == "wait_for_replacement" ? LossPolicy::kWaitForReplacement
-                                                    : LossPolicy::kFail;
-  }
-  if (const char* env = std::getenv("ADAPTCOMM_ELASTIC_MIN_WORLD");
-      env != nullptr && *env != '\0' && options.min_world_size == 0) {
-    int v = 0;
-    if (!absl::SimpleAtoi(env, &v) || v < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ADAPTCOMM_ELASTIC_MIN_WORLD=", env, ": must be a positive integer"));
-    }
-    options.min_world_size = v;
-  }
-  auto from_name = [](const std::string& name) {
-    return name == "shrink"                 ? LossPolicy::kShrink
-           : name == "wait_for_replacement" ? LossPolicy::kWaitForReplacement
-                                            : LossPolicy::kFail;
-  };
-  const LossPolicy on_loss =
-      options.on_loss == LossPolicy::kProfile ? from_name(profile.on_loss) : options.on_loss;
-  const LossPolicy after = options.after_timeout == LossPolicy::kProfile
-                               ? from_name(profile.after_timeout)
-                               : options.after_timeout;
-  if (on_loss == LossPolicy::kWaitForReplacement && after != LossPolicy::kShrink &&
-      after != LossPolicy::kFail) {
-    return absl::InvalidArgumentError(
-        "elastic.after_timeout must be shrink or fail (what wait_for_replacement does once the "
-        "wait ran out)");
-  }
+ElasticPolicy ElasticPolicyOf(const ElasticSettings& s) {
   ElasticPolicy p;
-  p.min_world_size = options.min_world_size > 0 ? options.min_world_size : profile.min_world_size;
-  if (options.min_world_size < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("elastic.min_world_size must be positive, got ", options.min_world_size));
-  }
-  p.loss_window =
-      options.loss_window > absl::ZeroDuration() ? options.loss_window : profile.loss_window;
-  const absl::Duration wait = options.replacement_timeout > absl::ZeroDuration()
-                                  ? options.replacement_timeout
-                                  : profile.replacement_timeout;
-  switch (on_loss) {
-    case LossPolicy::kShrink:
-      p.elastic = true;
-      p.shrink_on_loss = true;
-      p.name = "shrink";
-      break;
-    case LossPolicy::kWaitForReplacement:
-      p.elastic = true;
-      p.shrink_on_loss = after == LossPolicy::kShrink;
-      p.loss_window += wait;
-      p.name = "wait_for_replacement";
-      break;
-    default:
-      break;
+  p.name = s.on_loss;
+  p.min_world_size = s.min_world_size;
+  p.loss_window = s.loss_window;
+  if (s.on_loss == "shrink") {
+    p.elastic = true;
+    p.shrink_on_loss = true;
+  } else if (s.on_loss == "wait_for_replacement") {
+    p.elastic = true;
+    p.shrink_on_loss = s.after_timeout == "shrink";
+    p.loss_window += s.replacement_timeout;
+  } else {
+    p.name = "fail";
   }
   return p;
 }

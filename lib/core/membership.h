@@ -31,7 +31,7 @@ struct MembershipChange {
   std::string reason;  // "rank 2 lost (did not vote within 2s: dead or stalled); ..."
 };
 
-// The loss policy after precedence (CommunicatorOptions::elastic over the profile's elastic.*).
+// What the communicator does with a lost rank, as its parts use it.
 struct ElasticPolicy {
   bool elastic = false;         // anything but fail: the survivors agree on a membership
   bool shrink_on_loss = false;  // once the window ran out: shrink (else fail every rank)
@@ -41,8 +41,9 @@ struct ElasticPolicy {
   absl::Duration loss_window = absl::Seconds(5);
   std::string name = "fail";  // "fail", "shrink", "wait_for_replacement"
 };
-[[nodiscard]] absl::StatusOr<ElasticPolicy> ResolveElasticPolicy(const ElasticOptions& options,
-                                                                 const ElasticSettings& profile);
+// The loss policy of the effective elastic.* settings (EffectiveConfig::elastic, where every source
+// of them is already merged).
+ElasticPolicy ElasticPolicyOf(const ElasticSettings& settings);
 // The policy in words, as members and joiners compare it: "elastic.on_loss=shrink
 // elastic.min_world_size=2 loss_window=1s" (wait_for_replacement adds elastic.after_timeout).
 std::string ElasticLimits(const ElasticPolicy& policy);

@@ -99,10 +99,10 @@ absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::T
   for (int r = 0; r < o.world_size; ++r) {
     if (!store.Get(keys[r], absl::ZeroDuration()).ok()) missing.push_back(r);
   }
-  return absl::DeadlineExceededError(absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "), " of ",
-                                                  o.world_size, " did not join communicator '",
-                                                  o.name, "' within the init timeout of ",
-                                                  absl::FormatDuration(o.init_timeout)));
+  return absl::DeadlineExceededError(
+      absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "), " of ", o.world_size,
+                   " did not join communicator '", o.name, "' within the init timeout of ",
+                   absl::FormatDuration(o.init_timeout.value_or(absl::ZeroDuration()))));
 }
 
 }  // namespace
@@ -334,7 +334,9 @@ void LeaveRendezvous(Rendezvous rendezvous, const CommunicatorOptions& o, bool h
   departure->claim = ClaimKey(o);
   departure->rank = o.rank;
   departure->world_size = o.world_size;
-  departure->serve_for = healthy ? std::min(o.init_timeout, absl::Seconds(30)) : absl::Seconds(1);
+  departure->serve_for =
+      healthy ? std::min(o.init_timeout.value_or(absl::Seconds(30)), absl::Seconds(30))
+              : absl::Seconds(1);
   std::thread([departure] {
     Rendezvous& rv = departure->rv;
     // The name first: once the claim is gone, a new holder may write its own.

@@ -44,7 +44,8 @@ struct Rendezvous {
   std::string job_id;                 // the same on every rank of this communicator
 };
 
-// REQUIRES: options.rank and options.world_size resolved and valid.
+// REQUIRES: options.rank and options.world_size resolved and valid; options.store_url and
+// init_timeout the effective ones (communicator creation sets them from its EffectiveConfig).
 // `store_connect`: how long a client keeps trying to reach the store (profile
 // timeouts.store_connect), within the overall `deadline`.
 // `replacement` (elastic grow, ElasticOptions::join): joins the running communicator of this name

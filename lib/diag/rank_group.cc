@@ -55,14 +55,14 @@ absl::StatusOr<std::string> LoopbackStoreToken(const CommunicatorOptions& option
 std::vector<absl::Status> RunRankGroup(const RankGroupOptions& options,
                                        const std::function<absl::Status(Communicator&)>& body) {
   CommunicatorOptions base = options.comm;
-  if (base.init_timeout <= absl::ZeroDuration()) base.init_timeout = absl::Seconds(60);
+  if (!base.init_timeout) base.init_timeout = absl::Seconds(60);
   if (options.local_ranks <= 0) return {RunOne(base, body)};
 
   const int n = options.local_ranks;
   TcpStoreOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
-  so.connect_timeout = base.init_timeout;
+  so.connect_timeout = *base.init_timeout;
   absl::StatusOr<std::string> token = LoopbackStoreToken(base);
   if (!token.ok()) return std::vector<absl::Status>(n, token.status());
   so.token = *std::move(token);

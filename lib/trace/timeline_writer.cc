@@ -12,7 +12,6 @@
 #include <sstream>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/base/log.h"
@@ -332,29 +331,6 @@ TimelineWriter::Stats TimelineWriter::stats() const {
 
 absl::StatusOr<std::shared_ptr<TimelineWriter>> OpenTimeline(const TimelineOptions& options) {
   return TimelineWriter::Open(options);
-}
-
-TraceRequest ResolveTraceRequest(bool profile_enabled, const std::string& profile_dir) {
-  TraceRequest req;
-  req.enabled = profile_enabled;
-  if (const char* env = std::getenv("ADAPTCOMM_TRACE"); env != nullptr && *env != '\0') {
-    const std::string v = absl::AsciiStrToLower(env);
-    if (v == "1" || v == "true" || v == "on" || v == "yes") {
-      req.enabled = true;
-    } else if (v == "0" || v == "false" || v == "off" || v == "no") {
-      req.enabled = false;
-    } else {
-      ADAPTCOMM_LOG(kWarning, "ADAPTCOMM_TRACE='", env,
-                    "' is neither 1/true/on nor 0/false/off; the profile's trace.enabled (",
-                    profile_enabled ? "true" : "false", ") applies");
-    }
-  }
-  if (const char* env = std::getenv("ADAPTCOMM_TRACE_DIR"); env != nullptr && *env != '\0') {
-    req.dir = env;
-  } else if (!profile_dir.empty()) {
-    req.dir = profile_dir;
-  }
-  return req;
 }
 
 absl::StatusOr<std::shared_ptr<TimelineWriter>> StartTimeline(Store* store, TimelineOptions options,

@@ -138,14 +138,6 @@ class TimelineWriter final : public OpObserver {
 [[nodiscard]] absl::StatusOr<std::shared_ptr<TimelineWriter>> OpenTimeline(
     const TimelineOptions& options);
 
-// Whether tracing is on and where it goes: $ADAPTCOMM_TRACE (1/true/on or 0/false/off) overrides
-// the profile's trace.enabled, $ADAPTCOMM_TRACE_DIR its trace.dir; empty dir = ".".
-struct TraceRequest {
-  bool enabled = false;
-  std::string dir = ".";
-};
-TraceRequest ResolveTraceRequest(bool profile_enabled, const std::string& profile_dir);
-
 // What a communicator does when tracing is requested: estimates the clock offset through `store`
 // (collective; on failure logs a warning and uses 0, the merge is then only as good as the hosts'
 // NTP) and opens the writer. `store` may be null (offset 0).
