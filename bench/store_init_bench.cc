@@ -13,9 +13,6 @@
 // in /proc/self/fd while every rank still holds its communicator, less those open once the
 // store clients were connected (so the store's own sockets are not counted). Memory: resident
 // set growth from before the ranks started, per rank (threads' stacks included).
-#include <dirent.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +29,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "adaptcomm/adaptcomm.h"
+#include "tests/harness.h"
 
 namespace adaptcomm {
 namespace {
@@ -70,20 +68,6 @@ class CountingStore final : public Store {
   std::shared_ptr<Store> base_;
   Counts* counts_;
 };
-
-int OpenSockets() {
-  int n = 0;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  while (const dirent* e = readdir(dir)) {
-    char target[64] = {};
-    const std::string path = absl::StrCat("/proc/self/fd/", e->d_name);
-    const ssize_t len = readlink(path.c_str(), target, sizeof(target) - 1);
-    if (len > 0 && absl::StartsWith(target, "socket:")) ++n;
-  }
-  closedir(dir);
-  return n;
-}
 
 int64_t ResidentKiB() {
   std::ifstream status("/proc/self/status");
@@ -191,9 +175,9 @@ int Main(int argc, char** argv) {
     });
   }
   if (clients_up->Block()) delete clients_up;
-  const int sockets_of_clients = OpenSockets();
+  const int sockets_of_clients = testing::OpenSockets();
   while (through.load() < ranks) absl::SleepFor(absl::Milliseconds(5));
-  const int sockets = OpenSockets() - sockets_of_clients;
+  const int sockets = testing::OpenSockets() - sockets_of_clients;
   const int64_t rss = ResidentKiB() - rss_before;
   counted.Notify();
   for (auto& t : threads) t.join();

@@ -26,6 +26,7 @@
 #include "lib/gloo/gloo_backend.h"
 #include "lib/gloo/gloo_pairs.h"
 #include "lib/gloo/gloo_peers.h"
+#include "tests/harness.h"
 
 namespace adaptcomm {
 namespace {
@@ -93,20 +94,6 @@ class CountingStore final : public Store {
   std::set<std::string> read_ ABSL_GUARDED_BY(mu_);
 };
 
-int OpenSockets() {
-  int n = 0;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  while (const dirent* e = readdir(dir)) {
-    char target[64] = {};
-    const std::string path = absl::StrCat("/proc/self/fd/", e->d_name);
-    const ssize_t len = readlink(path.c_str(), target, sizeof(target) - 1);
-    if (len > 0 && absl::StartsWith(target, "socket:")) ++n;
-  }
-  closedir(dir);
-  return n;
-}
-
 GlooBackendOptions Options(int rank, int size, std::shared_ptr<Store> store) {
   GlooBackendOptions o;
   o.rank = rank;
@@ -118,18 +105,12 @@ GlooBackendOptions Options(int rank, int size, std::shared_ptr<Store> store) {
   return o;
 }
 
-void OnRanks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
-}
-
 // `stores[r]`: rank r's view of one shared store (nullptr: a plain shared HashStore).
 Backends Connect(int n, const std::function<void(GlooBackendOptions&)>& adjust = nullptr,
                  std::vector<std::shared_ptr<Store>>* stores = nullptr) {
   auto shared = CreateHashStore();
   Backends backends(n);
-  OnRanks(n, [&](int r) {
+  testing::OnThreads(n, [&](int r) {
     GlooBackendOptions o = Options(r, n, stores != nullptr ? (*stores)[r] : shared);
     if (adjust) adjust(o);
     auto b = CreateGlooBackend(o);
@@ -200,7 +181,7 @@ void RunEveryOp(int n, const std::string& algorithm) {
   for (const auto& x : b) ASSERT_NE(x, nullptr);
   constexpr size_t kCount = 37;
   std::atomic<uint64_t> failures{0};
-  OnRanks(n, [&](int r) {
+  testing::OnThreads(n, [&](int r) {
     uint64_t seq = 1;
     auto run = [&](const OpDesc& op) {
       absl::Status s = b[r]->Run(op);
@@ -296,17 +277,17 @@ TEST(LazyConnectTest, RingOpsOpenTwoPairsAndReadTwoKeysPerRank) {
     counting.push_back(std::make_shared<CountingStore>(shared));
     stores.push_back(counting.back());
   }
-  const int sockets_before = OpenSockets();
+  const int sockets_before = testing::OpenSockets();
   Backends b = Connect(kRanks, nullptr, &stores);
   for (const auto& x : b) ASSERT_NE(x, nullptr);
-  OnRanks(kRanks, [&](int r) {
+  testing::OnThreads(kRanks, [&](int r) {
     std::vector<float> v(1000, 1.0f), block(10, 1.0f), all(10 * kRanks, 1.0f);
     EXPECT_TRUE(b[r]->Run(Op(OpKind::kAllreduce, v, v, 1)).ok());
     EXPECT_EQ(v[999], static_cast<float>(kRanks));
     EXPECT_TRUE(b[r]->Run(Op(OpKind::kAllgather, block, all, 2)).ok());
     EXPECT_TRUE(b[r]->Run(Op(OpKind::kReduceScatter, all, block, 3)).ok());
   });
-  EXPECT_EQ(OpenSockets() - sockets_before, 2 * kRanks);
+  EXPECT_EQ(testing::OpenSockets() - sockets_before, 2 * kRanks);
   std::map<std::string, int> readers;
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(counting[r]->sets(), 2) << "rank " << r;
@@ -317,12 +298,12 @@ TEST(LazyConnectTest, RingOpsOpenTwoPairsAndReadTwoKeysPerRank) {
   EXPECT_EQ(readers.size(), static_cast<size_t>(2 * kRanks));
   for (const auto& [key, n] : readers) EXPECT_EQ(n, 1) << key;
 
-  OnRanks(kRanks, [&](int r) {
+  testing::OnThreads(kRanks, [&](int r) {
     std::vector<float> in(kRanks, static_cast<float>(r)), out(kRanks);
     EXPECT_TRUE(b[r]->Run(Op(OpKind::kAlltoall, in, out, 4)).ok());
     EXPECT_EQ(out[kRanks - 1], static_cast<float>(kRanks - 1));
   });
-  EXPECT_EQ(OpenSockets() - sockets_before, kRanks * (kRanks - 1));
+  EXPECT_EQ(testing::OpenSockets() - sockets_before, kRanks * (kRanks - 1));
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(counting[r]->sets(), kRanks - 1) << "rank " << r;
 }
 
@@ -330,13 +311,13 @@ TEST(LazyConnectTest, RingOpsOpenTwoPairsAndReadTwoKeysPerRank) {
 
 TEST(LazyConnectTest, OpsPastTheCapAreRefusedOrRoutedOverTheRing) {
   constexpr int kRanks = 8;
-  const int sockets_before = OpenSockets();
+  const int sockets_before = testing::OpenSockets();
   Backends b = Connect(kRanks, [](GlooBackendOptions& o) {
     o.max_connections = 2;
     o.algorithm = "bcube";  // needs 3 peers at 8 ranks: runs as a ring instead
   });
   for (const auto& x : b) ASSERT_NE(x, nullptr);
-  OnRanks(kRanks, [&](int r) {
+  testing::OnThreads(kRanks, [&](int r) {
     std::vector<float> in(2 * kRanks, 1.0f), out(2 * kRanks);
     absl::Status s = b[r]->Run(Op(OpKind::kAlltoall, in, out, 1));
     EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
@@ -353,7 +334,7 @@ TEST(LazyConnectTest, OpsPastTheCapAreRefusedOrRoutedOverTheRing) {
     EXPECT_TRUE(b[r]->Run(Op(OpKind::kAllreduce, w, w, 3)).ok());
     EXPECT_EQ(w[0], static_cast<float>(kRanks));
   });
-  EXPECT_EQ(OpenSockets() - sockets_before, 2 * kRanks);
+  EXPECT_EQ(testing::OpenSockets() - sockets_before, 2 * kRanks);
 }
 
 TEST(LazyConnectTest, CreateRejectsACapBelowTheRing) {
@@ -370,7 +351,7 @@ TEST(LazyConnectTest, CreateRejectsACapBelowTheRing) {
 TEST(LazyConnectTest, APeerThatNeverComesIsNamedWithinTheBound) {
   auto store = CreateHashStore();
   std::vector<absl::StatusOr<std::unique_ptr<Backend>>> created(4);
-  OnRanks(4, [&](int r) {
+  testing::OnThreads(4, [&](int r) {
     if (r == 2) return;
     GlooBackendOptions o = Options(r, 4, store);
     o.init_timeout = absl::Seconds(1);
@@ -436,7 +417,7 @@ TEST(LazyConnectTest, DISABLED_StartsTwoHundredFiftySixRanks) {
   const absl::Time start = absl::Now();
   Backends b = Connect(ranks, nullptr, &stores);
   for (const auto& x : b) ASSERT_NE(x, nullptr);
-  OnRanks(ranks, [&](int r) {
+  testing::OnThreads(ranks, [&](int r) {
     std::vector<float> v(1024, 1.0f);
     EXPECT_TRUE(b[r]->Run(Op(OpKind::kAllreduce, v, v, 1)).ok());
     EXPECT_EQ(v[1023], static_cast<float>(ranks));
