@@ -1,5 +1,6 @@
 // Init time of N ranks as threads of this process: Communicator::Create (Gloo) and the first
-// allreduce, through the store given, with the store calls each rank made.
+// allreduce, through the store given, with the store calls each rank made, and the sockets and
+// memory the job holds once every rank is through (docs/scale.md).
 //
 //   store_init_bench --ranks N --store tcp                 a TCP store served in this process
 //   store_init_bench --ranks N --store redis://127.0.0.1:6379   (or etcd://...)
@@ -8,19 +9,27 @@
 // Every rank has a client of its own, as ranks that are processes do. The counts are the calls
 // the communicator made on its Store (a waiting Get or Wait is one call); the Redis and etcd
 // clients poll inside such a call, so the server sees more requests than that (measure them on
-// the server: redis-cli INFO stats, total_commands_processed).
+// the server: redis-cli INFO stats, total_commands_processed). Sockets: this process's, counted
+// in /proc/self/fd while every rank still holds its communicator, less those open once the
+// store clients were connected (so the store's own sockets are not counted). Memory: resident
+// set growth from before the ranks started, per rank (threads' stacks included).
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/barrier.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "adaptcomm/adaptcomm.h"
+#include "tests/harness.h"
 
 namespace adaptcomm {
 namespace {
@@ -60,6 +69,21 @@ class CountingStore final : public Store {
   Counts* counts_;
 };
 
+int64_t ResidentKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  int64_t kib = -1;
+  while (std::getline(status, line)) {
+    if (!absl::StartsWith(line, "VmRSS:")) continue;
+    std::string digits;
+    for (const char c : line) {
+      if (c >= '0' && c <= '9') digits += c;
+    }
+    if (!absl::SimpleAtoi(digits, &kib)) kib = -1;
+  }
+  return kib;
+}
+
 int Main(int argc, char** argv) {
   int ranks = 0;
   int timeout_s = 600;
@@ -98,44 +122,64 @@ int Main(int argc, char** argv) {
   std::vector<absl::Status> status(ranks);
   std::vector<absl::Duration> done(ranks);
   std::vector<std::thread> threads;
+  const int64_t rss_before = ResidentKiB();
+  // Every rank holds its store client at the barrier, and its communicator once through, while
+  // main counts sockets.
+  auto* clients_up = new absl::Barrier(ranks + 1);
+  std::atomic<int> through{0};
+  absl::Notification counted;
   const absl::Time start = absl::Now();
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
-      absl::StatusOr<std::shared_ptr<Store>> client;
-      if (server != nullptr) {
-        client = ConnectTcpStore(tcp);
-      } else {
-        ExternalStoreOptions e;
-        e.url = store_arg;
-        e.prefix = absl::StrCat("adaptcomm/job/", token);
-        client = ConnectExternalStore(e);
-      }
-      if (!client.ok()) {
-        status[r] = client.status();
-        return;
-      }
-      CommunicatorOptions o;
-      o.rank = r;
-      o.world_size = ranks;
-      o.name = "init";
-      o.backend = BackendChoice::kGloo;
-      o.master_addr = "127.0.0.1";
-      o.init_timeout = absl::Seconds(timeout_s);
-      o.timeout = absl::Seconds(timeout_s);
-      o.store = std::make_shared<CountingStore>(*std::move(client), &counts[r]);
-      auto comm = Communicator::Create(o);
-      if (!comm.ok()) {
-        status[r] = comm.status();
-        return;
-      }
-      std::vector<float> buf(1024, 1.0f);
-      status[r] = (*comm)->Allreduce(HostView(buf.data(), buf.size())).Wait();
-      if (status[r].ok() && buf[0] != static_cast<float>(ranks)) {
-        status[r] = absl::InternalError(absl::StrCat("sum ", buf[0], ", not ", ranks));
-      }
-      done[r] = absl::Now() - start;
+      // Returns the communicator (null on failure), which the rank holds until main has counted.
+      auto run = [&]() -> std::unique_ptr<Communicator> {
+        absl::StatusOr<std::shared_ptr<Store>> client;
+        if (server != nullptr) {
+          client = ConnectTcpStore(tcp);
+        } else {
+          ExternalStoreOptions e;
+          e.url = store_arg;
+          e.prefix = absl::StrCat("adaptcomm/job/", token);
+          client = ConnectExternalStore(e);
+        }
+        if (clients_up->Block()) delete clients_up;
+        if (!client.ok()) {
+          status[r] = client.status();
+          return nullptr;
+        }
+        CommunicatorOptions o;
+        o.rank = r;
+        o.world_size = ranks;
+        o.name = "init";
+        o.backend = BackendChoice::kGloo;
+        o.master_addr = "127.0.0.1";
+        o.init_timeout = absl::Seconds(timeout_s);
+        o.timeout = absl::Seconds(timeout_s);
+        o.store = std::make_shared<CountingStore>(*std::move(client), &counts[r]);
+        auto comm = Communicator::Create(o);
+        if (!comm.ok()) {
+          status[r] = comm.status();
+          return nullptr;
+        }
+        std::vector<float> buf(1024, 1.0f);
+        status[r] = (*comm)->Allreduce(HostView(buf.data(), buf.size())).Wait();
+        if (status[r].ok() && buf[0] != static_cast<float>(ranks)) {
+          status[r] = absl::InternalError(absl::StrCat("sum ", buf[0], ", not ", ranks));
+        }
+        done[r] = absl::Now() - start;
+        return *std::move(comm);
+      };
+      std::unique_ptr<Communicator> held = run();
+      ++through;
+      counted.WaitForNotificationWithTimeout(absl::Seconds(600));
     });
   }
+  if (clients_up->Block()) delete clients_up;
+  const int sockets_of_clients = testing::OpenSockets();
+  while (through.load() < ranks) absl::SleepFor(absl::Milliseconds(5));
+  const int sockets = testing::OpenSockets() - sockets_of_clients;
+  const int64_t rss = ResidentKiB() - rss_before;
+  counted.Notify();
   for (auto& t : threads) t.join();
   absl::Duration slowest = absl::ZeroDuration();
   Counts total;
@@ -153,12 +197,13 @@ int Main(int argc, char** argv) {
   }
   const std::string kind = store_arg == "tcp" ? "tcp" : store_arg.substr(0, store_arg.find(':'));
   std::printf(
-      "ranks=%d store=%s init_s=%.3f store_calls_per_rank=%.1f (set %.1f get %.1f add %.1f wait "
-      "%.1f delete %.1f)\n",
-      ranks, kind.c_str(), absl::ToDoubleSeconds(slowest),
-      static_cast<double>(total.Total()) / ranks, static_cast<double>(total.set) / ranks,
-      static_cast<double>(total.get) / ranks, static_cast<double>(total.add) / ranks,
-      static_cast<double>(total.wait) / ranks, static_cast<double>(total.del) / ranks);
+      "ranks=%d store=%s init_s=%.3f sockets_per_rank=%.1f rss_kib_per_rank=%.0f "
+      "store_calls_per_rank=%.1f (set %.1f get %.1f add %.1f wait %.1f delete %.1f)\n",
+      ranks, kind.c_str(), absl::ToDoubleSeconds(slowest), static_cast<double>(sockets) / ranks,
+      static_cast<double>(rss) / ranks, static_cast<double>(total.Total()) / ranks,
+      static_cast<double>(total.set) / ranks, static_cast<double>(total.get) / ranks,
+      static_cast<double>(total.add) / ranks, static_cast<double>(total.wait) / ranks,
+      static_cast<double>(total.del) / ranks);
   return 0;
 }
 

@@ -1,5 +1,6 @@
 #include "tests/harness.h"
 
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/store.h"
 #include "gtest/gtest.h"
@@ -32,6 +34,26 @@ std::string BuildDir() {
   std::string path(self, n > 0 ? static_cast<size_t>(n) : 0);
   path = path.substr(0, path.rfind('/'));  // .../build/tests
   return path.substr(0, path.rfind('/'));  // .../build
+}
+
+void OnThreads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+int OpenSockets() {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (const dirent* e = readdir(dir)) {
+    char target[64] = {};
+    const std::string path = absl::StrCat("/proc/self/fd/", e->d_name);
+    const ssize_t len = readlink(path.c_str(), target, sizeof(target) - 1);
+    if (len > 0 && absl::StartsWith(target, "socket:")) ++n;
+  }
+  closedir(dir);
+  return n;
 }
 
 int PickFreePort() {

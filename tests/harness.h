@@ -46,6 +46,13 @@ std::string BuildDir();
 // A loopback TCP port that was free a moment ago.
 int PickFreePort();
 
+// Runs fn(rank) on `n` threads of this process and joins them (fn bounds its own waits).
+void OnThreads(int n, const std::function<void(int)>& fn);
+
+// The sockets this process has open (entries of /proc/self/fd that are sockets); -1 if that
+// directory cannot be read.
+int OpenSockets();
+
 // The whole file, byte for byte ("" if it cannot be read).
 std::string ReadTextFile(const std::string& path);
 // The numbers of a whitespace-separated text file (weights a trainer wrote), in order.

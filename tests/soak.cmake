@@ -25,3 +25,10 @@ target_include_directories(demo_link_cut_soak PRIVATE ${PROJECT_SOURCE_DIR})
 adaptcomm_warnings(demo_link_cut_soak)
 add_test(NAME soak_demo_link_cut_15s COMMAND demo_link_cut_soak)
 set_tests_properties(soak_demo_link_cut_15s PROPERTIES LABELS soak TIMEOUT 900)
+# 256 Gloo ranks as threads created and through a first allreduce within 60 s, with lazy
+# connections (docs/scale.md); about 10-30 s on 2 cores.
+add_test(NAME soak_lazy_connect_256_ranks
+         COMMAND lazy_connect_test --gtest_also_run_disabled_tests
+                 --gtest_filter=LazyConnectTest.DISABLED_StartsTwoHundredFiftySixRanks)
+set_tests_properties(soak_lazy_connect_256_ranks
+                     PROPERTIES LABELS soak TIMEOUT 600 ENVIRONMENT "ADAPTCOMM_LOG_LEVEL=error")

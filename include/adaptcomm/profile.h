@@ -181,6 +181,7 @@ struct GlooSettings {
   std::string algorithm = "ring";  // "ring" or "bcube"
   absl::Duration timeout;          // per-operation (defaults to the collective timeout)
   uint64_t max_segment_bytes = 0;  // 0: Gloo's default
+  int max_connections = 1024;      // pairs a rank opens at most (docs/scale.md)
 };
 
 struct FlightRecorderSettings {

@@ -227,6 +227,7 @@ absl::Status ReadSettings(Values& v, EffectiveConfig& cfg) {
     cfg.gloo.timeout = v.Duration("gloo.timeout");
   }
   cfg.gloo.max_segment_bytes = static_cast<uint64_t>(v.Int("gloo.max_segment_bytes"));
+  cfg.gloo.max_connections = static_cast<int>(v.Int("gloo.max_connections"));
   cfg.flight_recorder.entries = static_cast<int>(v.Int("flight_recorder.entries"));
   cfg.flight_recorder.dump_dir = v.At("flight_recorder.dump_dir").text;
   cfg.trace.enabled = v.At("trace.enabled").text == "true";

@@ -269,6 +269,7 @@ GlooBackendOptions GlooOptionsFor(const CommunicatorOptions& o, const Rendezvous
   if (o.timeout) gloo.default_timeout = *o.timeout;  // the effective timeouts.collective
   gloo.algorithm = deps.gloo_algorithm;
   gloo.max_segment_bytes = deps.gloo_max_segment_bytes;
+  gloo.max_connections = deps.gloo_max_connections;
   gloo.tuned_algorithm = tuning.gloo_algorithm;
   gloo.tuned_max_segment_bytes = tuning.gloo_max_segment_bytes;
   return gloo;

@@ -125,6 +125,7 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
   deps.hierarchical = config.backend.hierarchical;
   deps.gloo_algorithm = config.gloo.algorithm;
   deps.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
+  deps.gloo_max_connections = config.gloo.max_connections;
   deps.tuned_table = config.tuning.loaded;
   deps.elastic = ElasticPolicyOf(config.elastic).elastic;
   deps.previous = previous;  // a rebuild after a shrink: ncclCommShrink where NCCL can

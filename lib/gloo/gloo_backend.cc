@@ -1,8 +1,5 @@
 #include "lib/gloo/gloo_backend.h"
 
-#include <pthread.h>
-#include <signal.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -22,8 +19,10 @@
 #include "gloo/common/error.h"
 #include "gloo/common/logging.h"
 #include "gloo/config.h"
+#include "gloo/context.h"
 #include "gloo/reduce.h"
-#include "gloo/rendezvous/context.h"
+#include "gloo/transport/context.h"
+#include "gloo/transport/device.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "lib/backend/backend_base.h"
@@ -33,14 +32,20 @@
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
 #include "lib/config/gloo_segment.h"
+#include "lib/gloo/gloo_pairs.h"
+#include "lib/gloo/gloo_peers.h"
 #include "lib/gloo/gloo_reduce.h"
-#include "lib/gloo/gloo_store_adapter.h"
+#include "lib/gloo/gloo_sigpipe.h"
 
 namespace adaptcomm {
 namespace {
 
 using gloo_backend::GetReduceFn;
+using gloo_backend::LazyPairs;
+using gloo_backend::PeerSet;
+using gloo_backend::PeerSetId;
 using gloo_backend::ReduceFn;
+using gloo_backend::ScopedSigpipeBlock;
 using Clock = std::chrono::steady_clock;
 
 // Slots of our own unbound-buffer traffic. Gloo's collectives build slots from prefixes 0x01..0x08
@@ -54,6 +59,9 @@ constexpr size_t kCoalesceMaxBytes = size_t{1} << 20;
 constexpr uint64_t kReduceScatterSlotBase = uint64_t{0x51} << 56;
 // reduce_scatter steps are numbered in the low 16 bits of its slot.
 constexpr int kMaxRingSize = 1 << 16;
+// gloo::reduce's root talks to every rank; up to this many peers that costs less latency than a
+// ring allreduce (one gather step instead of n-1 allgather steps) for few connections.
+constexpr int kDirectReduceMaxPeers = 15;
 // The knob space of OpDesc::knobs this backend applies (TunedKnobs(): backend "gloo").
 constexpr char kKnobSpace[] = "gloo";
 
@@ -66,83 +74,17 @@ std::chrono::milliseconds ToMs(absl::Duration d) {
   return std::chrono::milliseconds(std::clamp<int64_t>(ms, 1, kMaxMs));
 }
 
-}  // namespace
-}  // namespace adaptcomm
-
-// tcp::Context::signalException(const std::string&), which Gloo itself calls when an
-// unbound-buffer wait times out: it sets an IoException on every pair of the context, wakes every
-// buffer waiting on them and closes the sockets (the peers then fail with "Connection closed by
-// peer"). Context::closeConnections() alone closes the sockets but leaves a local waiter asleep
-// until its timeout, so Abort() needs this. The member is protected, and Debian's libgloo-dev
-// ships gloo/transport/tcp/context.h without the gloo/common/memory.h it includes, so the class
-// cannot be named here: the exported symbol is bound by its Itanium-mangled name (a non-virtual
-// member taking `this` first). A Gloo without it fails at load time, not silently.
-void AdaptcommGlooTcpContextSignalException(void* tcp_context, const std::string& message) __asm__(
-    "_ZN4gloo9transport3tcp7Context15signalExceptionERKNSt7__cxx1112basic_stringIcSt11char_"
-    "traitsIcESaIcEEE");
-
-namespace adaptcomm {
-namespace {
-
-class AbortableContext final : public ::gloo::rendezvous::Context {
+// A gloo::Context over a transport context whose pairs LazyPairs connects (connectFullMesh, the
+// only way Gloo's rendezvous::Context offers to fill one, connects them all).
+class LazyContext final : public ::gloo::Context {
  public:
-  using ::gloo::rendezvous::Context::Context;
+  using ::gloo::Context::Context;
 
-  // Thread-safe: Gloo's own timeout path calls it concurrently with the device loop, and
-  // transportContext_ is fixed once connectFullMesh has returned. Only valid over the TCP
-  // device this backend creates; tcp::Context's transport::Context base is its primary base, so
-  // the pointers coincide.
-  void SignalAll(const std::string& message) {
-    if (transportContext_ != nullptr) {
-      AdaptcommGlooTcpContextSignalException(static_cast<void*>(transportContext_.get()), message);
-    }
+  void Attach(std::shared_ptr<::gloo::transport::Device> device,
+              std::shared_ptr<::gloo::transport::Context> transport) {
+    device_ = std::move(device);
+    transportContext_ = std::move(transport);
   }
-};
-
-// Gloo writes to its sockets with writev(2), not send(MSG_NOSIGNAL): a write to a peer that has
-// gone away raises SIGPIPE, whose default action kills the whole trainer instead of letting the
-// op fail with "Connection closed by peer". SIGPIPE from a write goes to the writing thread, and
-// Gloo writes from two kinds of threads: the caller of an op (in place, the fast path) and the
-// device's event-loop thread (which inherits the signal mask of the thread that creates the
-// device). Blocking SIGPIPE in exactly those threads keeps the process-wide disposition (which
-// belongs to the application) untouched; the write then fails with EPIPE.
-void BlockSigpipeInThisThread() {
-  thread_local bool blocked = false;
-  if (blocked) return;
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  blocked = true;
-}
-
-// Blocks SIGPIPE for the scope (for threads started inside it), then restores the caller's mask.
-class ScopedSigpipeBlock {
- public:
-  ScopedSigpipeBlock() {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set, &previous_);
-  }
-  ~ScopedSigpipeBlock() {
-    // A SIGPIPE raised inside the scope is pending now; unblocking would deliver it.
-    sigset_t pending;
-    sigemptyset(&pending);
-    if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
-      sigset_t set;
-      sigemptyset(&set);
-      sigaddset(&set, SIGPIPE);
-      const timespec zero{0, 0};
-      sigtimedwait(&set, nullptr, &zero);
-    }
-    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
-  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
-
- private:
-  sigset_t previous_;
 };
 
 bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
@@ -164,7 +106,8 @@ Clock::time_point DeadlineOf(const OpDesc& op) { return Clock::now() + ToMs(op.t
 
 class GlooBackend final : public BackendBase, public GroupRunner {
  public:
-  GlooBackend(std::shared_ptr<AbortableContext> context, const GlooBackendOptions& o)
+  GlooBackend(std::shared_ptr<LazyContext> context, std::unique_ptr<LazyPairs> pairs,
+              const GlooBackendOptions& o)
       : BackendBase({.name = "gloo",
                      .rank = context->rank,
                      .size = context->size,
@@ -172,6 +115,14 @@ class GlooBackend final : public BackendBase, public GroupRunner {
                      .capabilities = {.per_op_knobs = kKnobSpace}}),
         context_(std::move(context)),
         gloo_context_(context_),
+        pairs_(std::move(pairs)),
+        // Bcube's groups hold every rank of an odd world: past the cap, ring instead.
+        bcube_fits_(static_cast<int>(gloo_backend::BcubePeers(rank(), size()).size()) <=
+                    pairs_->max_connections()),
+        // gloo::reduce gathers to the root directly; past kDirectReduceMaxPeers (or the cap) a
+        // ring allreduce does the reduce with two connections per rank.
+        direct_reduce_(size() - 1 <= std::min(kDirectReduceMaxPeers, pairs_->max_connections())),
+        ready_(static_cast<size_t>(gloo_backend::kPeerSetCount) * static_cast<size_t>(size()), 0),
         bcube_(o.algorithm == "bcube"),
         max_segment_bytes_(o.max_segment_bytes),
         tuned_algorithm_(o.tuned_algorithm),
@@ -201,6 +152,14 @@ class GlooBackend final : public BackendBase, public GroupRunner {
   // ranks (lib/config/online_tuning.h says which candidates are tried therefore).
   int64_t AlgorithmFor(const OpDesc& op, uint64_t bytes) const;
   uint64_t MaxSegmentFor(const OpDesc& op, uint64_t bytes) const;
+  // The peers `op` exchanges data with (lib/gloo/gloo_peers.h).
+  PeerSetId PeersFor(const OpDesc& op) const;
+  // ResourceExhausted, before any traffic, when `op` needs pairs past max_connections.
+  absl::Status CheckCap(const OpDesc& op) const;
+  // Connects the pairs of every op in `ops` not connected yet, all at once (a group's sends and
+  // receives may form a cycle that one-op-at-a-time connecting would deadlock on), within the
+  // ops' timeout.
+  absl::Status EnsurePeers(const OpDesc* ops, size_t n, absl::Duration timeout);
   // Runs body(), translating what Gloo throws into a status (what(): the op's name for the
   // message; op.timeout: its bound); the frame (RunFramed) decides what breaks the backend.
   template <typename What, typename Body>
@@ -208,6 +167,8 @@ class GlooBackend final : public BackendBase, public GroupRunner {
   // Each of these throws what Gloo throws; Run() translates at the edge. OpDispatch picks one.
   void Group(const std::vector<OpDesc>& ops, Clock::time_point deadline);
   void Allreduce(const OpDesc& op);
+  // gloo::allreduce of op.output's count and dtype in place at `data`.
+  void GlooAllreduce(const OpDesc& op, void* data, bool bcube, uint64_t segment);
   void Broadcast(const OpDesc& op);
   void Reduce(const OpDesc& op);
   void Allgather(const OpDesc& op);
@@ -221,9 +182,14 @@ class GlooBackend final : public BackendBase, public GroupRunner {
   // on first touch here, so re-allocating per op would dominate large ops.
   uint8_t* Scratch(size_t bytes);
 
-  const std::shared_ptr<AbortableContext> context_;
+  const std::shared_ptr<LazyContext> context_;
   const std::shared_ptr<::gloo::Context>
-      gloo_context_;                // the same object, as Gloo's options take it
+      gloo_context_;  // the same object, as Gloo's options take it
+  const std::unique_ptr<LazyPairs> pairs_;
+  const bool bcube_fits_;     // bcube's peers are within max_connections
+  const bool direct_reduce_;  // reduce runs gloo::reduce (else a ring allreduce)
+  // Per PeerSetId (set * size + root): its pairs are all connected. Run() thread only.
+  std::vector<char> ready_;
   const bool bcube_;                // profile gloo.algorithm: bcube instead of ring
   const size_t max_segment_bytes_;  // profile gloo.max_segment_bytes (0: Gloo default)
   // Tuned per size band (GlooBackendOptions); empty: the two above for every size.
@@ -295,12 +261,12 @@ absl::Status GlooBackend::Supports(const OpDesc& op) const {
                                                    DTypeName(op.input.dtype), " but output is ",
                                                    DTypeName(op.output.dtype)));
   }
-  return absl::OkStatus();
+  return CheckCap(op);
 }
 
 void GlooBackend::Interrupt(const absl::Status& reason) {
   try {
-    context_->SignalAll(absl::StrCat("adaptcomm abort: ", reason.message()));
+    pairs_->SignalAll(absl::StrCat("adaptcomm abort: ", reason.message()));
   } catch (const std::exception& e) {
     // Signalling is best effort; the backend is broken either way.
     ADAPTCOMM_LOG(kWarning, "gloo backend abort: signalling the pairs failed: ", e.what());
@@ -309,7 +275,7 @@ void GlooBackend::Interrupt(const absl::Status& reason) {
 
 template <typename What, typename Body>
 absl::Status GlooBackend::Guarded(const OpDesc& op, What&& what, Body&& body) {
-  BlockSigpipeInThisThread();
+  gloo_backend::BlockSigpipeInThisThread();
   try {
     body();
     return absl::OkStatus();
@@ -332,6 +298,7 @@ absl::Status GlooBackend::Guarded(const OpDesc& op, What&& what, Body&& body) {
 
 absl::Status GlooBackend::Run(const OpDesc& op) {
   return RunFramed(op, [&] {
+    if (absl::Status s = EnsurePeers(&op, 1, op.timeout); !s.ok()) return s;
     // Built only on failure: the success path of a small allreduce must not allocate.
     auto what = [&op] { return absl::StrCat("gloo ", OpKindName(op.kind), " seq ", op.seq); };
     return Guarded(op, what, [&] { OpDispatch::Run(op.kind, *this, op); });
@@ -340,9 +307,76 @@ absl::Status GlooBackend::Run(const OpDesc& op) {
 
 absl::Status GlooBackend::RunGroup(const std::vector<OpDesc>& ops) {
   return RunGroupFramed(ops, [&](const OpDesc& bound) {
+    if (absl::Status s = EnsurePeers(ops.data(), ops.size(), bound.timeout); !s.ok()) return s;
     auto what = [&ops] { return absl::StrCat("gloo group of ", ops.size(), " op(s)"); };
     return Guarded(bound, what, [&] { Group(ops, DeadlineOf(bound)); });
   });
+}
+
+PeerSetId GlooBackend::PeersFor(const OpDesc& op) const {
+  switch (op.kind) {
+    case OpKind::kAllreduce:
+      return {AlgorithmFor(op, op.output.bytes()) == 1 && bcube_fits_ ? PeerSet::kBcube
+                                                                      : PeerSet::kRing,
+              0};
+    case OpKind::kBroadcast:
+      return {PeerSet::kBroadcast, op.root};
+    case OpKind::kReduce:
+      return direct_reduce_ ? PeerSetId{PeerSet::kDirectReduce, op.root} : PeerSetId{};
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+      return {};
+    case OpKind::kAlltoall:
+      return {PeerSet::kAll, 0};
+    case OpKind::kBarrier:
+      return {PeerSet::kBarrier, 0};
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      return {PeerSet::kPair, op.peer};
+  }
+  return {};
+}
+
+absl::Status GlooBackend::CheckCap(const OpDesc& op) const {
+  if (size() == 1) return absl::OkStatus();
+  const PeerSetId id = PeersFor(op);
+  if (ready_[static_cast<size_t>(id.set) * static_cast<size_t>(size()) +
+             static_cast<size_t>(id.root)] != 0) {
+    return absl::OkStatus();
+  }
+  int fresh = 0;
+  for (const int p : gloo_backend::PeersOf(id, rank(), size()))
+    fresh += pairs_->connected(p) ? 0 : 1;
+  if (pairs_->open() + fresh <= pairs_->max_connections()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "gloo ", OpKindName(op.kind), " seq ", op.seq, ": rank ", rank(), " would need ", fresh,
+      " more connection(s) with ", pairs_->open(), " open, past gloo.max_connections = ",
+      pairs_->max_connections(), " (raise it for this op's world size)"));
+}
+
+absl::Status GlooBackend::EnsurePeers(const OpDesc* ops, size_t n, absl::Duration timeout) {
+  if (size() == 1) return absl::OkStatus();
+  auto slot_of = [this](PeerSetId id) {
+    return static_cast<size_t>(id.set) * static_cast<size_t>(size()) + static_cast<size_t>(id.root);
+  };
+  std::vector<int> peers;  // built only when some set is new: known sets cost a lookup
+  bool all_ready = true;
+  for (size_t i = 0; i < n; ++i) {
+    const PeerSetId id = PeersFor(ops[i]);
+    if (ready_[slot_of(id)] != 0) continue;
+    all_ready = false;
+    const std::vector<int> more = gloo_backend::PeersOf(id, rank(), size());
+    peers.insert(peers.end(), more.begin(), more.end());
+  }
+  if (all_ready) return absl::OkStatus();
+  auto what = [&] {
+    return n == 1 ? absl::StrCat("gloo ", OpKindName(ops->kind), " seq ", ops->seq)
+                  : absl::StrCat("gloo group of ", n, " op(s) from seq ", ops->seq);
+  };
+  // The frame breaks the backend on an error: pairs may be half made.
+  if (absl::Status s = pairs_->Connect(peers, absl::Now() + timeout, what); !s.ok()) return s;
+  for (size_t i = 0; i < n; ++i) ready_[slot_of(PeersFor(ops[i]))] = 1;
+  return absl::OkStatus();
 }
 
 void GlooBackend::Group(const std::vector<OpDesc>& ops, Clock::time_point deadline) {
@@ -431,24 +465,25 @@ void WithElementType(DType dtype, F&& f) {
 void GlooBackend::Allreduce(const OpDesc& op) {
   const TensorView& v = op.output;
   if (v.count == 0 || size() == 1) return;  // avg over one rank is the identity
+  const uint64_t bytes = v.bytes();
+  GlooAllreduce(op, v.data, AlgorithmFor(op, bytes) == 1 && bcube_fits_, MaxSegmentFor(op, bytes));
+  if (op.reduce == ReduceOp::kAvg) elementwise::DivideInPlace(v.dtype, v.data, v.count, size());
+}
+
+void GlooBackend::GlooAllreduce(const OpDesc& op, void* data, bool bcube, uint64_t segment) {
+  const TensorView& v = op.output;
   const ReduceFn fn = GetReduceFn(v.dtype, op.reduce);
   WithElementType(v.dtype, [&](auto t) {
     using T = decltype(t);
     ::gloo::AllreduceOptions opts(gloo_context_);
-    opts.setOutput(static_cast<T*>(v.data), v.count);
+    opts.setOutput(static_cast<T*>(data), v.count);
     opts.setReduceFunction(fn);
     opts.setTag(static_cast<uint32_t>(op.seq));
     opts.setTimeout(ToMs(op.timeout));
-    const uint64_t bytes = v.bytes();
-    if (AlgorithmFor(op, bytes) == 1) {
-      opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
-    }
-    if (const uint64_t segment = MaxSegmentFor(op, bytes); segment > 0) {
-      opts.setMaxSegmentSize(static_cast<size_t>(segment));
-    }
+    if (bcube) opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
+    if (segment > 0) opts.setMaxSegmentSize(static_cast<size_t>(segment));
     ::gloo::allreduce(opts);
   });
-  if (op.reduce == ReduceOp::kAvg) elementwise::DivideInPlace(v.dtype, v.data, v.count, size());
 }
 
 int64_t GlooBackend::AlgorithmFor(const OpDesc& op, uint64_t bytes) const {
@@ -488,17 +523,23 @@ void GlooBackend::Reduce(const OpDesc& op) {
   // Gloo's reduce is a ring reduce-scatter that writes partial sums into every rank's output;
   // non-roots get scratch as output so their buffer stays as the caller left it (as with NCCL).
   void* out = root ? v.data : Scratch(v.bytes());
-  WithElementType(v.dtype, [&](auto t) {
-    using T = decltype(t);
-    ::gloo::ReduceOptions opts(gloo_context_);
-    if (!root) opts.setInput(static_cast<T*>(v.data), v.count);
-    opts.setOutput(static_cast<T*>(out), v.count);
-    opts.setRoot(op.root);
-    opts.setReduceFunction(fn);
-    opts.setTag(static_cast<uint32_t>(op.seq));
-    opts.setTimeout(ToMs(op.timeout));
-    ::gloo::reduce(opts);
-  });
+  if (!direct_reduce_) {
+    // The same bytes through the root's link as gloo::reduce's gather, over the ring's pairs.
+    if (!root) std::memcpy(out, v.data, v.bytes());
+    GlooAllreduce(op, out, false, MaxSegmentFor(op, v.bytes()));
+  } else {
+    WithElementType(v.dtype, [&](auto t) {
+      using T = decltype(t);
+      ::gloo::ReduceOptions opts(gloo_context_);
+      if (!root) opts.setInput(static_cast<T*>(v.data), v.count);
+      opts.setOutput(static_cast<T*>(out), v.count);
+      opts.setRoot(op.root);
+      opts.setReduceFunction(fn);
+      opts.setTag(static_cast<uint32_t>(op.seq));
+      opts.setTimeout(ToMs(op.timeout));
+      ::gloo::reduce(opts);
+    });
+  }
   if (root && op.reduce == ReduceOp::kAvg) {
     elementwise::DivideInPlace(v.dtype, v.data, v.count, size());
   }
@@ -632,11 +673,6 @@ void GlooBackend::ReduceScatter(const OpDesc& op) {
   }
 }
 
-bool ContainsTimeout(const std::string& text) {
-  return absl::StrContains(text, "Timed out") || absl::StrContains(text, "timeout") ||
-         absl::StrContains(text, "Timeout");
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const GlooBackendOptions& options) {
@@ -651,6 +687,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const GlooBackendOpti
     return absl::InvalidArgumentError(
         "gloo backend: set iface or hostname (an empty Gloo attr resolves the host name and may "
         "pick an interface the peers cannot reach)");
+  }
+  if (options.max_connections < std::min(2, options.size - 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gloo backend: max_connections ", options.max_connections, " is below the 2 a ring needs"));
   }
   if (options.init_timeout <= absl::ZeroDuration() ||
       options.default_timeout <= absl::ZeroDuration()) {
@@ -677,34 +717,24 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(const GlooBackendOpti
         absl::StrCat("gloo backend rank ", options.rank, ": cannot use ", where, ": ", e.what()));
   }
 
-  auto context = std::make_shared<AbortableContext>(options.rank, options.size);
-  context->setTimeout(ToMs(options.init_timeout));
-  gloo_backend::GlooStoreAdapter adapter(options.store, options.init_timeout);
-  try {
-    context->connectFullMesh(adapter, device);
-  } catch (const std::exception& e) {
-    const std::string prefix =
-        absl::StrCat("gloo backend rank ", options.rank, " of ", options.size, " (", where, "): ");
-    absl::Status store_error = adapter.first_error();
-    if (absl::IsDeadlineExceeded(store_error)) {
-      return absl::DeadlineExceededError(absl::StrCat(prefix, store_error.message()));
-    }
-    if (!store_error.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat(prefix, "rendezvous store failed: ", store_error.ToString()));
-    }
-    const std::string text = e.what();
-    if (ContainsTimeout(text)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(prefix, "connecting the pairs timed out (init timeout ",
-                       absl::FormatDuration(options.init_timeout), "): ", text));
-    }
-    return absl::UnavailableError(absl::StrCat(prefix, "connecting the pairs failed: ", text));
-  }
+  auto context = std::make_shared<LazyContext>(options.rank, options.size);
   context->setTimeout(ToMs(options.default_timeout));
-  ADAPTCOMM_LOG(kDebug, "gloo backend rank ", options.rank, " of ", options.size, " connected on ",
-                where);
-  return std::unique_ptr<Backend>(new GlooBackend(std::move(context), options));
+  std::shared_ptr<::gloo::transport::Context> transport =
+      device->createContext(options.rank, options.size);
+  transport->setTimeout(ToMs(options.default_timeout));
+  context->Attach(device, transport);
+  auto pairs = std::make_unique<gloo_backend::LazyPairs>(
+      transport, options.store, options.max_connections, ToMs(options.default_timeout));
+  // The ring neighbours now, within the init bound: every ring-based op needs them, and a rank
+  // whose neighbours never come fails here, as creation did when it connected every pair.
+  const std::string prefix =
+      absl::StrCat("gloo backend rank ", options.rank, " of ", options.size, " (", where, ")");
+  absl::Status ring = pairs->Connect(
+      gloo_backend::RingPeers(options.rank, options.size), absl::Now() + options.init_timeout,
+      [&] { return absl::StrCat(prefix, " connecting its ring neighbours"); });
+  if (!ring.ok()) return ring;
+  ADAPTCOMM_LOG(kDebug, prefix, " connected its ring neighbours");
+  return std::unique_ptr<Backend>(new GlooBackend(std::move(context), std::move(pairs), options));
 }
 
 std::string GlooVersion() {

@@ -32,8 +32,14 @@ struct GlooBackendOptions {
   // pick an interface the peers cannot reach.
   std::string iface;
   std::string hostname;
-  // Bound of the rendezvous (store waits) and of connecting the pairs.
+  // Bound of connecting the ring neighbours at creation. Pairs made later, when an op first
+  // needs them, are bounded by that op's timeout.
   absl::Duration init_timeout = absl::Seconds(300);
+  // The most pairs (TCP connections, one socket each) this rank opens. The ring ops need 2,
+  // broadcast and barrier O(log2 size), send/recv one per peer, alltoall size - 1; an op that
+  // would go past it fails with ResourceExhausted before any traffic (bcube falls back to ring
+  // and reduce to a ring allreduce instead). Profile: gloo.max_connections.
+  int max_connections = 1024;
   // Context default; every op passes its own OpDesc::timeout anyway.
   absl::Duration default_timeout = absl::Seconds(600);
   // Allreduce algorithm ("ring" or "bcube") and segment size (0: Gloo's default), from the
@@ -51,10 +57,11 @@ struct GlooBackendOptions {
 // The Gloo this library was built with, "0.5.0" (the tuned table's fingerprint names it).
 std::string GlooVersion();
 
-// Connects a full mesh of TCP pairs among options.size ranks. Errors: InvalidArgument (bad
-// options), DeadlineExceeded (rendezvous or connect ran past init_timeout; names the ranks whose
-// addresses never appeared when the store tells), Unavailable (anything else, e.g. the interface
-// cannot be bound or a peer refused the connection).
+// Connects this rank to its ring neighbours; every other pair is connected when an op first
+// needs it (lib/gloo/gloo_pairs.h, docs/scale.md). Errors: InvalidArgument (bad options),
+// DeadlineExceeded (a neighbour's address or connection did not come within init_timeout; names
+// the neighbour), Unavailable (anything else, e.g. the interface cannot be bound or the store
+// failed).
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateGlooBackend(
     const GlooBackendOptions& options);
 

@@ -1,4 +1,5 @@
-// Presents an adaptcomm::Store as the gloo::rendezvous::Store that connectFullMesh needs.
+// Presents an adaptcomm::Store as the gloo::rendezvous::Store that connectFullMesh needs (the
+// raw-Gloo baseline of bench/collectives_bench.cc; the backend connects its own pairs).
 //
 // Gloo's store interface has no error returns: failures are thrown as gloo::IoException, and
 // gloo's get() must block until the key exists. Every blocking call is bounded by `timeout` (or
