@@ -12,7 +12,7 @@
 #include "bench/gpu_check_common.h"
 #include "bench/stack_sampler.h"
 #include "bench/timed_seams.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "lib/nccl/nccl_api.h"
 
 namespace adaptcomm::gpu_check {

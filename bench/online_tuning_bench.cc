@@ -1,5 +1,5 @@
-// What online tuning (issue #15 item 3, lib/core/online_tuner.h) costs during its trial window and
-// gains after it, per message size.
+// What online tuning (issue #15 item 3, lib/core/tuning/online_tuner.h) costs during its trial
+// window and gains after it, per message size.
 //
 //   online_tuning_bench [--ranks 2] [--sizes 4KiB,256KiB,4MiB,64MiB] [--trials 5] [--reps 3]
 //                       [--steady N]   (ops timed after the window; 0: by size)
@@ -36,7 +36,7 @@
 #include "lib/base/byte_text.h"
 #include "lib/config/online_tuning.h"
 #include "lib/config/units.h"
-#include "lib/core/online_tuner.h"
+#include "lib/core/tuning/online_tuner.h"
 #include "lib/shm/shm_backend.h"
 
 namespace {

@@ -45,8 +45,8 @@
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/store.h"
 #include "bench/timed_seams.h"
-#include "lib/core/communicator_factory.h"
-#include "lib/core/op_executor.h"
+#include "lib/core/communicator/communicator_factory.h"
+#include "lib/core/executor/op_executor.h"
 #include "tests/fake_nccl_api.h"
 
 namespace adaptcomm {

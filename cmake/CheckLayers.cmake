@@ -14,8 +14,8 @@
 #                                                           backend)
 #   trace                     base store config
 #   core (runtime)            base cuda store config trace, and gloo/nccl/hier/shm only in the
-#                             composition root (lib/core/backend_selection.*), the one code that
-#                             knows the concrete backends
+#                             composition root (lib/core/selection/backend_selection.*), the one
+#                             code that knows the concrete backends
 #   precision                 base cuda store config trace core
 #   diag                      base cuda store config nccl trace core precision
 # Public headers (include/adaptcomm, and the extension interface include/adaptcomm/ext) include no
@@ -39,7 +39,7 @@ set(allowed_trace "base;store;config;trace")
 set(allowed_core "base;cuda;store;config;trace;core")
 set(allowed_precision "base;cuda;store;config;trace;core;precision")
 set(allowed_diag "base;cuda;store;config;nccl;trace;core;precision;diag")
-set(composition_root_files "lib/core/backend_selection.cc;lib/core/backend_selection.h")
+set(composition_root_files "lib/core/selection/backend_selection.cc;lib/core/selection/backend_selection.h")
 set(composition_root_may "gloo;nccl;hier;shm")
 
 set(violations "")
@@ -83,6 +83,9 @@ foreach(file ${public})
     endforeach()
   endif()
 endforeach()
+
+# The runtime's folders, one level down.
+include(${CMAKE_CURRENT_LIST_DIR}/CheckCoreLayers.cmake)
 
 if(violations)
   list(LENGTH violations n)

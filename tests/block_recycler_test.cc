@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "lib/core/work_impl.h"
+#include "lib/core/executor/work_impl.h"
 #include "tests/sanitizer_build.h"
 
 namespace adaptcomm {

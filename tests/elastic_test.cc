@@ -22,8 +22,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/base/build_info.h"
-#include "lib/core/elastic_grow.h"
-#include "lib/core/membership.h"
+#include "lib/core/elastic/elastic_grow.h"
+#include "lib/core/elastic/membership.h"
 #include "tests/harness.h"
 
 namespace adaptcomm {
@@ -677,7 +677,7 @@ TEST(ElasticGrow, ReplacementWithAnotherProfileOrALiveRankIsRefusedNamingWhy) {
 
 // A joiner from another build is refused by rank 0 before its profile is compared, naming both
 // builds; one from this build is accepted with the rank it claims (no processes: the store
-// protocol of lib/core/elastic_grow.h between a joiner thread and rank 0's screening).
+// protocol of lib/core/elastic/elastic_grow.h between a joiner thread and rank 0's screening).
 TEST(ElasticGrow, ReplacementFromAnotherBuildIsRefusedNamingBothBuilds) {
   std::shared_ptr<Store> store = CreateHashStore();
   const EffectiveConfig config;

@@ -11,8 +11,8 @@
 #include "adaptcomm/adaptcomm.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/core/op_executor.h"
-#include "lib/core/work_impl.h"
+#include "lib/core/executor/op_executor.h"
+#include "lib/core/executor/work_impl.h"
 
 namespace adaptcomm {
 namespace {

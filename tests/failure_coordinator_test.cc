@@ -2,7 +2,7 @@
 // the smallest position, the degrade decision is the OR of every rank's wish (so ranks whose
 // clocks see the degrade window differently still build the same backend), and a rank that never
 // votes is named.
-#include "lib/core/failure_coordinator.h"
+#include "lib/core/resilience/failure_coordinator.h"
 
 #include <atomic>
 #include <thread>

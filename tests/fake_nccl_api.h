@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
 

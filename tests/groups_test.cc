@@ -16,9 +16,9 @@
 #include "adaptcomm/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/core/backend_selection.h"
-#include "lib/core/communicator_factory.h"
-#include "lib/core/rendezvous.h"
+#include "lib/core/communicator/communicator_factory.h"
+#include "lib/core/selection/backend_selection.h"
+#include "lib/core/selection/rendezvous.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 

@@ -1,5 +1,5 @@
 // The heartbeat that guards the watchdogs, and the on-demand dump by signal.
-#include "lib/core/heartbeat.h"
+#include "lib/core/resilience/heartbeat.h"
 
 #include <signal.h>
 #include <sys/stat.h>

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "lib/core/backend_selection.h"
+#include "lib/core/selection/backend_selection.h"
 #include "tests/netns.h"
 
 namespace adaptcomm {

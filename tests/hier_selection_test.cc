@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "lib/core/backend_selection.h"
+#include "lib/core/selection/backend_selection.h"
 #include "lib/gloo/gloo_backend.h"
 #include "lib/hier/host_identity.h"
 #include "tests/harness.h"

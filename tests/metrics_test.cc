@@ -24,7 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "lib/trace/metrics_export.h"
 #include "tests/harness.h"
 

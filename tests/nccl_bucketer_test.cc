@@ -11,7 +11,7 @@
 #include "adaptcomm/communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "lib/gloo/gloo_backend.h"
 #include "lib/nccl/staged_backend.h"
 #include "tests/fake_nccl_api.h"

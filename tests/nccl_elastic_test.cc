@@ -21,7 +21,7 @@
 #include "adaptcomm/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "lib/nccl/nccl_api.h"
 #include "tests/cuttable_store.h"
 #include "tests/fake_nccl_api.h"

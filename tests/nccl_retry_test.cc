@@ -18,7 +18,7 @@
 #include "adaptcomm/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "lib/base/cpu_binding.h"
 #include "lib/base/log.h"
-#include "lib/core/backend_selection.h"
+#include "lib/core/selection/backend_selection.h"
 #include "lib/nccl/nccl_backend.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"

@@ -6,7 +6,7 @@
 
 #include "adaptcomm/communicator.h"
 #include "gtest/gtest.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 

@@ -21,7 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/base/block_recycler.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "lib/nccl/stream_order.h"
 #include "nlohmann/json.hpp"
 #include "tests/fake_nccl_api.h"

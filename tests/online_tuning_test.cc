@@ -25,7 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/config/gloo_segment.h"
-#include "lib/core/online_tuner.h"
+#include "lib/core/tuning/online_tuner.h"
 
 namespace adaptcomm {
 namespace {

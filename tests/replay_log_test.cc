@@ -1,6 +1,6 @@
 // ReplayLog: inputs of host and device ops are recorded, restored and re-run into scratch; device
 // copies go through the backend's DeviceMemory on the op's own stream and reuse their buffers.
-#include "lib/core/replay_log.h"
+#include "lib/core/executor/replay_log.h"
 
 #include <algorithm>
 #include <cstring>

@@ -19,7 +19,7 @@
 #include "adaptcomm/profile.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 #include "tests/profile_test_util.h"

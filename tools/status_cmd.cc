@@ -1,6 +1,6 @@
 // `adaptcomm status`: one line per rank of a running job, read from the state records the ranks
-// publish to the job's store (lib/core/observability.h); no collective, so it answers while the
-// job hangs, and names the ranks whose records stopped moving.
+// publish to the job's store (lib/core/communicator/observability.h); no collective, so it answers
+// while the job hangs, and names the ranks whose records stopped moving.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -13,8 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "adaptcomm/store.h"
-#include "lib/core/observability.h"
-#include "lib/core/rendezvous.h"
+#include "lib/core/communicator/observability.h"
+#include "lib/core/selection/rendezvous.h"
 #include "nlohmann/json.hpp"
 #include "tools/subcommands.h"
 

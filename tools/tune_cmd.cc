@@ -49,7 +49,7 @@
 #include "lib/base/cpu_binding.h"
 #include "lib/config/tuned_table.h"
 #include "lib/config/tuning.h"
-#include "lib/core/backend_selection.h"
+#include "lib/core/selection/backend_selection.h"
 #include "lib/diag/collective_timing.h"
 #include "lib/diag/paired_speedup.h"
 #include "nlohmann/json.hpp"

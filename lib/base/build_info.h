@@ -1,7 +1,7 @@
 // Which build of adaptcomm this process runs: the project version and the source revision the
 // build was configured from. Processes of one job must run the same build: elastic grow refuses a
-// replacement from another one (lib/core/elastic_grow.h), since the wire formats, algorithms and
-// store keys of two builds need not match.
+// replacement from another one (lib/core/elastic/elastic_grow.h), since the wire formats,
+// algorithms and store keys of two builds need not match.
 #ifndef ADAPTCOMM_LIB_BASE_BUILD_INFO_H_
 #define ADAPTCOMM_LIB_BASE_BUILD_INFO_H_
 

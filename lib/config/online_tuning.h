@@ -1,8 +1,8 @@
 // The tuning space of online tuning (issue #15 item 3), declared as data: which values of the
 // host backends' knobs (TunedKnobs(), lib/config/tuned_table.h) a communicator tries on live
 // traffic in each message-size band, and which of them can change a result. The runtime that
-// tries them and agrees on the winners is lib/core/online_tuner.h; the backends apply an op's
-// values through OpDesc::knobs (include/adaptcomm/ext/backend.h).
+// tries them and agrees on the winners is lib/core/tuning/online_tuner.h; the backends apply an
+// op's values through OpDesc::knobs (include/adaptcomm/ext/backend.h).
 //
 // Results. shm: every candidate keeps every result bit for bit, floats included: the flat path
 // and the chunked path reduce each element in rank order, and a chunk boundary never splits an

@@ -325,7 +325,8 @@ const std::vector<KeySpec>& Schema() {
        "",
        "tuned table from adaptcomm tune (ADAPTCOMM_TUNED_TABLE wins), per size band on the "
        "topology it was measured on"},
-      // Online tuning (issue #15 item 3, lib/core/online_tuner.h): `tuning: {online: {...}}`.
+      // Online tuning (issue #15 item 3, lib/core/tuning/online_tuner.h): `tuning: {online:
+      // {...}}`.
       {"tuning.online.enabled",
        Kind::kBool,
        0,

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 
 namespace adaptcomm::bucketer {
 

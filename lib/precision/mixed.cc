@@ -20,7 +20,7 @@
 #include "adaptcomm/precision.h"
 #include "lib/base/cast_kernels.h"
 #include "lib/base/fused_kernels.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "lib/precision/cast_parallel.h"
 #include "lib/precision/mixed_device.h"
 #include "lib/precision/mixed_fingerprint.h"

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "lib/core/communicator_factory.h"
+#include "lib/core/communicator/communicator_factory.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/precision/mixed_fingerprint.h"
 #include "lib/precision/mixed_internal.h"

@@ -45,8 +45,8 @@ struct WireStats {
   size_t result_nonfinite = 0;  // NaN/Inf in the reduced wire result (all of it)
 };
 
-// Values of a backend's own knobs for one op: online tuning (lib/core/online_tuner.h) sets them
-// on the ops it measures and, once the ranks agreed, on every later op of the size band. Knobs
+// Values of a backend's own knobs for one op: online tuning (lib/core/tuning/online_tuner.h) sets
+// them on the ops it measures and, once the ranks agreed, on every later op of the size band. Knobs
 // are named as the tuned table names them (TunedKnobs() in lib/config/tuned_table.h: "shm"
 // "chunk_bytes"); a value is what the table's entry holds (a choice: its index). A backend applies
 // them only when `backend` is its knob space (Capabilities::per_op_knobs) and ignores them

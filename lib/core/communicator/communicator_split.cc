@@ -1,0 +1,101 @@
+// Communicator::Split: sub-communicators with MPI_Comm_split's semantics.
+//
+// The (color, key) exchange goes through the parent's store rather than one of its collectives:
+// it works on every backend (NCCL's collectives take device memory only) and whatever state the
+// parent's backend is in, and a rank that never calls Split is named by the key it never wrote.
+// Each child is then an ordinary communicator of the job, created under its own name on the job's
+// store: its own rendezvous, backend choice, op sequence, failure coordination and flight record.
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "adaptcomm/communicator.h"
+#include "lib/core/communicator/communicator_factory.h"
+#include "lib/core/communicator/communicator_impl.h"
+
+namespace adaptcomm {
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int key,
+                                                                  const SplitOptions& split) {
+  internal::CommunicatorImpl& impl = *impl_;
+  const CommunicatorOptions& parent = impl.options();
+  const int me = rank(), world = size();
+  auto what = [&] {
+    return absl::StrCat("Split of communicator '", parent.name, "' on rank ", me);
+  };
+  if (color < kNoColor) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), ": color ", color, " is negative (kNoColor is ", kNoColor, ")"));
+  }
+  const std::shared_ptr<Store>& store = impl.scoped_store();
+  if (store == nullptr || impl.root_store() == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what(), ": the communicator has no store (CreateWithBackend)"));
+  }
+  const int n = impl.NextSplit();
+  // Keyed by the membership too: after a shrink the same rank numbers name other processes.
+  const std::string prefix = absl::StrCat("split/", n, "/e", membership().changes, "/");
+  if (absl::Status s = store->Set(absl::StrCat(prefix, me), absl::StrCat(color, " ", key));
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what(), ": publishing its color: ", s.message()));
+  }
+  const absl::Duration bound = impl.config().timeouts.init;
+  const absl::Time deadline = absl::Now() + bound;
+  struct Member {
+    int color, key, rank;
+  };
+  std::vector<Member> members;
+  for (int r = 0; r < world; ++r) {
+    absl::StatusOr<std::string> value =
+        store->Get(absl::StrCat(prefix, r), std::max(deadline - absl::Now(), absl::Seconds(0)));
+    if (!value.ok()) {
+      return absl::Status(value.status().code(),
+                          absl::StrCat(what(), ": rank ", r, " did not call split #", n, " within ",
+                                       absl::FormatDuration(bound),
+                                       " (every rank must call Split, in the same order): ",
+                                       value.status().message()));
+    }
+    std::vector<std::string> parts = absl::StrSplit(*value, ' ');
+    Member m{0, 0, r};
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &m.color) ||
+        !absl::SimpleAtoi(parts[1], &m.key)) {
+      return absl::InternalError(absl::StrCat(what(), ": rank ", r, " published '", *value, "'"));
+    }
+    if (m.color == color) members.push_back(m);
+  }
+  if (color == kNoColor) return std::unique_ptr<Communicator>();
+  std::stable_sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
+    return a.key != b.key ? a.key < b.key : a.rank < b.rank;
+  });
+  CommunicatorOptions child = parent;
+  child.rank = static_cast<int>(
+      std::find_if(members.begin(), members.end(), [&](const Member& m) { return m.rank == me; }) -
+      members.begin());
+  child.world_size = static_cast<int>(members.size());
+  child.name =
+      split.name.empty() ? absl::StrCat(parent.name, "/split", n, "/color", color) : split.name;
+  child.backend = split.backend;
+  // Its own flight records, beside the parent's: the files are named by rank only.
+  if (const std::string& dir = impl.config().flight_recorder.dump_dir; !dir.empty()) {
+    child.flight_recorder_dir =
+        absl::StrCat(dir, "/", absl::StrReplaceAll(child.name, {{"/", "."}}));
+  }
+  child.store = impl.root_store();
+  child.elastic.join = false;
+  // With the parent's seams: an injected CUDA runtime and NCCL (the fake in tests) serve the
+  // child too.
+  absl::StatusOr<std::unique_ptr<Communicator>> made =
+      internal::CreateCommunicatorWith(child, impl.deps());
+  // One family from the root down: a break of any member fails the others (communicator_family.h).
+  if (made.ok()) {
+    (*made)->impl_->family_member().JoinFamily(impl.family_member().family(), parent.name);
+  }
+  return made;
+}
+
+}  // namespace adaptcomm

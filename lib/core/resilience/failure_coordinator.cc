@@ -1,0 +1,640 @@
+#include "lib/core/resilience/failure_coordinator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "lib/base/log.h"
+#include "lib/trace/culprit.h"
+
+namespace adaptcomm::internal {
+namespace {
+
+constexpr char kShutdown[] = "shutdown";
+// Long enough to be cheap, short enough that a store that vanished is noticed.
+constexpr absl::Duration kListenSlice = absl::Seconds(30);
+
+std::string FailureKey(int rank) { return absl::StrCat("failure/", rank); }
+std::string AckKey(int rank) { return absl::StrCat("ack/", rank); }
+std::string WakeKey(int rank, int64_t n) { return absl::StrCat("wake/", rank, "/", n); }
+std::string VoteKey(int generation, int rank) {
+  return absl::StrCat("vote/", generation, "/", rank);
+}
+std::string MembersKey(int generation) { return absl::StrCat("members/", generation); }
+constexpr char kRetryPrefix[] = "retry:";
+constexpr char kFailPrefix[] = "fail:";
+
+// Whether a store error means the store could not be reached (rather than a key being absent).
+bool StoreUnreachable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+// Sets key, retried until `until` (default: one attempt): after a link flap the store connection
+// may need several attempts (TCP backs off), and a vote that is never published fails the retry.
+// `cancelled` (optional) ends the retries: an aborted or destroyed communicator does not wait for
+// a store that is gone (rank 0's, with rank 0).
+absl::Status Publish(Store& store, const std::string& key, const std::string& value,
+                     absl::Time until = absl::InfinitePast(),
+                     const std::atomic<bool>* cancelled = nullptr) {
+  absl::Status s;
+  for (absl::Duration pause = absl::Milliseconds(50);;
+       pause = std::min(pause * 2, absl::Seconds(1))) {
+    s = store.Set(key, value);
+    if (s.ok() || absl::Now() + pause >= until || (cancelled != nullptr && cancelled->load())) {
+      break;
+    }
+    absl::SleepFor(pause);
+  }
+  if (!s.ok()) ADAPTCOMM_LOG(kWarning, "cannot publish ", key, " to the store: ", s.ToString());
+  return s;
+}
+
+// Posts `message` to rank's numbered wake-ups, so that none is lost.
+absl::Status Wake(Store& store, int rank, const std::string& message,
+                  absl::Time until = absl::InfinitePast(),
+                  const std::atomic<bool>* cancelled = nullptr) {
+  absl::StatusOr<int64_t> n;
+  for (absl::Duration pause = absl::Milliseconds(50);;
+       pause = std::min(pause * 2, absl::Seconds(1))) {
+    n = store.Add(absl::StrCat("wakes/", rank), 1);
+    if (n.ok() || absl::Now() + pause >= until || (cancelled != nullptr && cancelled->load())) {
+      break;
+    }
+    absl::SleepFor(pause);
+  }
+  if (!n.ok()) {
+    ADAPTCOMM_LOG(kWarning, "cannot wake rank ", rank, ": ", n.status().ToString());
+    return n.status();
+  }
+  return Publish(store, WakeKey(rank, *n), message, until, cancelled);
+}
+
+}  // namespace
+
+// The listener's world. Everything it uses after Stop() is owned here; the communicator's
+// recorder and callbacks are reached only under `mu` while `stopped` is false.
+struct FailureCoordinator::Listener {
+  Listener(int rank, std::string name, std::shared_ptr<Store> store, bool rank0_serves_store)
+      : rank(rank),
+        name(std::move(name)),
+        store(std::move(store)),
+        rank0_serves_store(rank0_serves_store) {}
+
+  // Runs fn(recorder, abort, join_retry) unless Stop() came first.
+  template <typename Fn>
+  void Deliver(Fn fn) {
+    absl::MutexLock lock(&mu);
+    if (!stopped) fn(recorder, abort, join_retry);
+  }
+  bool Stopped() {
+    absl::MutexLock lock(&mu);
+    return stopped;
+  }
+
+  const int rank;
+  const std::string name;
+  const std::shared_ptr<Store> store;
+  const bool rank0_serves_store;
+  absl::Mutex mu;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+  trace::FlightRecorder* recorder ABSL_GUARDED_BY(mu) = nullptr;
+  std::function<void(const absl::Status&)> abort ABSL_GUARDED_BY(mu);
+  std::function<void(int)> join_retry ABSL_GUARDED_BY(mu);
+  absl::Notification done;
+};
+
+FailureCoordinator::FailureCoordinator(FailureCoordinatorOptions options,
+                                       std::shared_ptr<Store> store,
+                                       trace::FlightRecorder* recorder)
+    : options_(std::move(options)), store_(std::move(store)), recorder_(recorder) {
+  absl::MutexLock lock(&members_mu_);
+  members_ = options_.initial_members;
+  if (members_.empty()) {
+    for (int r = 0; r < options_.world_size; ++r) members_.push_back(r);
+  }
+}
+
+void FailureCoordinator::SetMembers(std::vector<int> ids) {
+  absl::MutexLock lock(&members_mu_);
+  members_ = std::move(ids);
+}
+
+std::vector<int> FailureCoordinator::Members() const {
+  absl::MutexLock lock(&members_mu_);
+  return members_;
+}
+
+FailureCoordinator::~FailureCoordinator() { Stop(); }
+
+void FailureCoordinator::Start(std::function<void(const absl::Status&)> abort,
+                               std::function<void(int)> join_retry, BackendRebuilder rebuilder) {
+  rebuilder_ = std::move(rebuilder);
+  listener_ =
+      std::make_shared<Listener>(options_.rank, options_.name, store_, options_.rank0_serves_store);
+  {
+    absl::MutexLock lock(&listener_->mu);
+    listener_->recorder = recorder_;
+    listener_->abort = std::move(abort);
+    listener_->join_retry = std::move(join_retry);
+  }
+  // Detached: Stop() waits for it only up to its bound, and it owns what it touches after that.
+  std::thread([listener = listener_] { Listen(listener); }).detach();
+}
+
+void FailureCoordinator::Stop() {
+  Cancel();
+  if (listener_ == nullptr) return;
+  {
+    absl::MutexLock lock(&listener_->mu);
+    if (listener_->stopped) return;
+    listener_->stopped = true;
+  }
+  // The wake goes out on a thread of its own: on a store that does not answer (flooded, cut off,
+  // rank 0 gone) it blocks for the store's own I/O bound, far past the teardown's.
+  std::thread([store = store_, rank = options_.rank] {
+    (void)Wake(*store, rank, kShutdown);
+  }).detach();
+  if (!listener_->done.WaitForNotificationWithTimeout(options_.stop_bound)) {
+    ADAPTCOMM_LOG(kWarning, "communicator '", options_.name,
+                  "': the failure listener did not leave its store wait within ",
+                  absl::FormatDuration(options_.stop_bound),
+                  " (the store is unreachable or overloaded); leaving it behind");
+  }
+}
+
+bool FailureCoordinator::Retryable(const absl::Status& status) const {
+  if (absl::IsInvalidArgument(status)) return false;
+  for (absl::StatusCode code : options_.retryable) {
+    if (status.code() == code) return true;
+  }
+  return false;
+}
+
+absl::Duration FailureCoordinator::Backoff(int attempt) const {
+  absl::Duration d = options_.initial_backoff;
+  for (int i = 1; i < attempt; ++i) d = d * options_.backoff_multiplier;
+  d = std::min(d, options_.max_backoff);
+  // Jitter spreads the reconnect storm of a large job; it need not agree across ranks, since
+  // the rebuild waits for everyone anyway.
+  const double u = static_cast<double>(std::rand()) / RAND_MAX;
+  return d * (1.0 + options_.jitter * (2.0 * u - 1.0));
+}
+
+void FailureCoordinator::Listen(std::shared_ptr<Listener> listener) {
+  Store& store = *listener->store;
+  const int rank = listener->rank;
+  for (int64_t next = 1; !listener->Stopped(); ++next) {
+    absl::StatusOr<std::string> wake = store.Get(WakeKey(rank, next), kListenSlice);
+    if (!wake.ok()) {
+      --next;  // retry the same number
+      if (absl::IsDeadlineExceeded(wake.status())) continue;
+      absl::Status lost = absl::UnavailableError(absl::StrCat(
+          "communicator '", listener->name, "' lost its store (", wake.status().message(), "); ",
+          listener->rank0_serves_store
+              ? "rank 0 at creation, which serves the store, may be gone: the job cannot go on "
+                "without it"
+              : "the process that serves it may be gone, or this rank is cut off"));
+      listener->Deliver([&](trace::FlightRecorder* recorder, auto& abort, auto&) {
+        ADAPTCOMM_LOG(kError, lost.message());
+        if (recorder != nullptr) (void)recorder->Dump(std::string(lost.message()));
+        abort(lost);
+      });
+      break;
+    }
+    if (*wake == kShutdown) break;
+    if (absl::StartsWith(*wake, kRetryPrefix)) {
+      int generation = 0;
+      if (absl::SimpleAtoi(wake->substr(strlen(kRetryPrefix)), &generation)) {
+        listener->Deliver([&](auto*, auto&, auto& join_retry) { join_retry(generation); });
+      }
+      continue;
+    }
+    int failed_rank = -1;
+    (void)absl::SimpleAtoi(wake->substr(strlen(kFailPrefix)), &failed_rank);
+    std::string detail = store.Get(FailureKey(failed_rank), absl::Seconds(5)).value_or("?");
+    // The rank that reported first is not necessarily the one at fault (its link to a dead peer
+    // broke first): say "reported", and let the reporter's final error name who went silent.
+    absl::Status reason =
+        absl::AbortedError(absl::StrCat("rank ", failed_rank, " reported a failure (", detail,
+                                        "); rank ", rank, " aborts its pending operations"));
+    // Dump before acknowledging, so the failed rank finds every dump once all have answered.
+    listener->Deliver([&](trace::FlightRecorder* recorder, auto& abort, auto&) {
+      ADAPTCOMM_LOG(kError, reason.message());
+      if (recorder != nullptr) (void)recorder->Dump(std::string(reason.message()));
+      abort(reason);
+    });
+    (void)Publish(store, AckKey(rank), "aborting");
+    break;
+  }
+  listener->done.Notify();
+}
+
+absl::Status FailureCoordinator::CutOff(const absl::Status& store_error,
+                                        const absl::Status& cause) {
+  // This rank cannot see the votes, so it cannot say who is missing; what it knows is that it is
+  // cut off from the store: its own link is down, or the store's server is gone. When rank 0
+  // serves the store, rank 0's death looks the same here, and ends the job.
+  vote_failed_.store(true);
+  store_unreachable_.store(true);
+  const std::string why =
+      options_.rank0_serves_store && options_.rank != 0
+          ? "rank 0 at creation, which serves the store, is gone or unreachable, or this rank "
+            "is cut off: without the store the job cannot go on (`adaptcomm launch --elastic` "
+            "serves the store apart from rank 0, ADAPTCOMM_STORE_EXTERNAL=1)"
+          : "this rank is cut off from the job";
+  absl::Status failed = absl::UnavailableError(
+      absl::StrCat("coordinated retry of communicator '", options_.name, "' impossible: rank ",
+                   options_.rank, " cannot reach the store (", store_error.message(), "): ", why,
+                   "; first error here: ", cause.message()));
+  if (recorder_ != nullptr) (void)recorder_->Dump(std::string(failed.message()));
+  return failed;
+}
+
+absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generation,
+                                                                   const std::vector<int>& members,
+                                                                   absl::Time deadline,
+                                                                   const absl::Status& cause) {
+  // The first rank to claim the decision writes the set it sees now; every other rank reads it.
+  // One key per generation, set once: every survivor applies the same set (no split brain).
+  const std::string key = MembersKey(generation);
+  absl::StatusOr<int64_t> claim = store_->Add(absl::StrCat(key, "/claim"), 1);
+  if (!claim.ok()) return CutOff(claim.status(), cause);
+  std::string decision;
+  if (*claim == 1) {
+    std::vector<int> present, lost;
+    for (size_t i = 0; i < members.size(); ++i) {
+      const bool voted = store_->Get(VoteKey(generation, members[i]), absl::ZeroDuration()).ok();
+      (voted ? present : lost).push_back(members[i]);
+    }
+    std::vector<int> lost_ranks;  // in the current numbering
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (std::find(lost.begin(), lost.end(), members[i]) != lost.end()) {
+        lost_ranks.push_back(static_cast<int>(i));
+      }
+    }
+    if (lost.empty()) {
+      decision = absl::StrCat("ok|", absl::StrJoin(present, ","));
+    } else if (!options_.elastic.shrink_on_loss) {
+      decision = absl::StrCat(
+          "fail|rank(s) ", absl::StrJoin(lost_ranks, ", "), " did not vote within ",
+          absl::FormatDuration(options_.elastic.loss_window),
+          " (dead or stalled; elastic.on_loss: ", options_.elastic.name, ", then fail)");
+    } else if (static_cast<int>(present.size()) < options_.elastic.min_world_size) {
+      decision = absl::StrCat(
+          "fail|rank(s) ", absl::StrJoin(lost_ranks, ", "), " lost (did not vote within ",
+          absl::FormatDuration(options_.elastic.loss_window), "); ", present.size(),
+          " rank(s) left, below elastic.min_world_size ", options_.elastic.min_world_size);
+    } else {
+      decision = absl::StrCat("ok|", absl::StrJoin(present, ","));
+    }
+    if (absl::Status s = Publish(*store_, key, decision, deadline, &cancelled_); !s.ok()) {
+      return CutOff(s, cause);
+    }
+  } else {
+    absl::StatusOr<std::string> got =
+        store_->Get(key, std::max(deadline - absl::Now(), absl::Seconds(5)));
+    if (!got.ok()) {
+      if (StoreUnreachable(got.status()) && !absl::IsDeadlineExceeded(got.status())) {
+        return CutOff(got.status(), cause);
+      }
+      return absl::UnavailableError(absl::StrCat(
+          "membership of communicator '", options_.name, "' for generation ", generation,
+          " was never decided (the rank that claimed it is gone: ", got.status().message(),
+          "); first error here: ", cause.message()));
+    }
+    decision = *got;
+  }
+  std::vector<std::string> parts = absl::StrSplit(decision, absl::MaxSplits('|', 1));
+  if (parts.size() != 2 || parts[0] != "ok") {
+    vote_failed_.store(true);
+    decided_by_store_.store(true);
+    return absl::UnavailableError(absl::StrCat(
+        "coordinated retry of communicator '", options_.name, "' impossible: ",
+        parts.size() == 2 ? parts[1] : decision, "; first error here: ", cause.message()));
+  }
+  std::vector<int> survivors;
+  for (absl::string_view id : absl::StrSplit(parts[1], ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (absl::SimpleAtoi(id, &v)) survivors.push_back(v);
+  }
+  if (std::find(survivors.begin(), survivors.end(), options_.rank) == survivors.end()) {
+    vote_failed_.store(true);
+    decided_by_store_.store(true);
+    return absl::UnavailableError(absl::StrCat(
+        "communicator '", options_.name, "': this rank (rank ", options_.rank,
+        " at creation) did not vote within ", absl::FormatDuration(options_.elastic.loss_window),
+        " and the other ranks went on without it (elastic.on_loss: ", options_.elastic.name,
+        "); first error here: ", cause.message()));
+  }
+  return survivors;
+}
+
+absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_t position,
+                                                         uint64_t issued_through,
+                                                         const std::string& fingerprint,
+                                                         int attempt, const absl::Status& cause) {
+  ADAPTCOMM_LOG(kWarning, "coordinated retry: rank ", options_.rank, " votes to build generation ",
+                generation, " from op #", position, " (attempt ", attempt + 1, " of ",
+                options_.max_attempts, "; cause: ", cause.message(), ")");
+  // The record at the moment of the fault says who was behind (`adaptcomm trace culprit`).
+  if (recorder_ != nullptr) {
+    (void)recorder_->Dump(
+        absl::StrCat("coordinated retry to generation ", generation, ": ", cause.message()));
+  }
+  const std::vector<int> members = Members();
+  const bool elastic = options_.elastic.elastic;
+  const absl::Time started = absl::Now();
+  // Elastic: a rank that has not voted by the loss deadline is lost; the store requests around the
+  // decision get a little more than that.
+  const absl::Time loss_deadline = started + options_.elastic.loss_window;
+  const absl::Time vote_deadline =
+      started +
+      (elastic ? std::max(options_.vote_timeout, options_.elastic.loss_window + absl::Seconds(5))
+               : options_.vote_timeout);
+  const bool wants_degrade = rebuilder_.wants_degrade && rebuilder_.wants_degrade();
+  absl::Status store_error = Publish(
+      *store_, VoteKey(generation, options_.rank),
+      absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", issued_through, "|", fingerprint),
+      vote_deadline, &cancelled_);
+  if (!store_error.ok()) return CutOff(store_error, cause);
+  for (size_t i = 0; i < members.size() && store_error.ok(); ++i) {
+    if (members[i] != options_.rank) {
+      store_error = Wake(*store_, members[i], absl::StrCat(kRetryPrefix, generation), vote_deadline,
+                         &cancelled_);
+    }
+  }
+  std::vector<std::string> keys;
+  for (int id : members) keys.push_back(VoteKey(generation, id));
+  // Poll rather than Wait: a rank that already destroyed its communicator ("left/<r>") will never
+  // vote, and saying so at once beats waiting out the vote timeout.
+  const absl::Time deadline = elastic ? loss_deadline : vote_deadline;
+  std::vector<int> missing, departed;  // current ranks
+  // A round that cannot reach the store ends early and is tried again (a link may flap back
+  // before the deadline); the last round's error decides whether this rank was cut off.
+  while (true) {
+    missing.clear();
+    departed.clear();
+    store_error = absl::OkStatus();
+    for (size_t r = 0; r < members.size() && store_error.ok(); ++r) {
+      absl::StatusOr<std::string> vote = store_->Get(keys[r], absl::ZeroDuration());
+      if (vote.ok()) continue;
+      if (StoreUnreachable(vote.status())) {
+        store_error = vote.status();
+        break;
+      }
+      (store_->Get(absl::StrCat("left/", members[r]), absl::ZeroDuration()).ok() ? departed
+                                                                                 : missing)
+          .push_back(static_cast<int>(r));
+    }
+    if (cancelled_.load()) {
+      return absl::AbortedError(absl::StrCat("communicator '", options_.name,
+                                             "' was aborted during a coordinated retry vote; "
+                                             "first error here: ",
+                                             cause.message()));
+    }
+    if ((store_error.ok() && missing.empty() && (elastic || departed.empty())) ||
+        (!elastic && !departed.empty()) || absl::Now() >= deadline) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (!store_error.ok()) return CutOff(store_error, cause);
+  // Elastic: the members that go on, as the store decided (the same on every survivor).
+  std::vector<int> survivors = members;
+  if (elastic) {
+    absl::StatusOr<std::vector<int>> decided =
+        DecideMembers(generation, members, vote_deadline, cause);
+    if (!decided.ok()) {
+      if (recorder_ != nullptr) (void)recorder_->Dump(std::string(decided.status().message()));
+      return decided.status();
+    }
+    survivors = *std::move(decided);
+    keys.clear();
+    for (int id : survivors) keys.push_back(VoteKey(generation, id));
+  } else if (!missing.empty() || !departed.empty()) {
+    std::string who;
+    if (!departed.empty()) {
+      absl::StrAppend(&who, "rank(s) ", absl::StrJoin(departed, ", "),
+                      " already destroyed the communicator");
+    }
+    if (!missing.empty()) {
+      absl::StrAppend(&who, who.empty() ? "" : "; ", "rank(s) ", absl::StrJoin(missing, ", "),
+                      " did not vote within ", absl::FormatDuration(options_.vote_timeout),
+                      " (dead or stalled)");
+    }
+    vote_failed_.store(true);
+    absl::Status failed = absl::UnavailableError(
+        absl::StrCat("coordinated retry of communicator '", options_.name, "' impossible: ", who,
+                     "; first error here: ", cause.message()));
+    if (recorder_ != nullptr) (void)recorder_->Dump(std::string(failed.message()));
+    return failed;
+  }
+  uint64_t restart = position;
+  uint64_t max_position = position;
+  uint64_t max_issued = issued_through;
+  bool degrade = false;
+  // Ranks at the same position must be in the same op; if not, the collectives are mismatched
+  // and no retry can help.
+  std::map<uint64_t, std::map<std::string, std::vector<int>>> ops_at;
+  for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
+    absl::StatusOr<std::string> v = store_->Get(keys[r], absl::ZeroDuration());
+    if (!v.ok()) continue;
+    std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 3));
+    uint64_t p = 0, issued = 0;
+    if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &p) ||
+        !absl::SimpleAtoi(parts[2], &issued)) {
+      continue;
+    }
+    restart = std::min(restart, p);
+    max_position = std::max(max_position, p);
+    max_issued = std::max(max_issued, issued);
+    degrade = degrade || parts[1] == "1";
+    if (!parts[3].empty()) ops_at[p][parts[3]].push_back(r);
+  }
+  for (const auto& [seq, ops] : ops_at) {
+    if (ops.size() < 2) continue;
+    std::vector<std::string> who;
+    for (const auto& [op, ranks] : ops) {
+      who.push_back(absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","),
+                                 " called ", op));
+    }
+    absl::Status mismatch = absl::InvalidArgumentError(
+        absl::StrCat("mismatched collectives at #", seq, " of communicator '", options_.name,
+                     "': ", absl::StrJoin(who, "; "),
+                     " (not retried: every rank must issue the "
+                     "same collectives in the same order)"));
+    if (recorder_ != nullptr) (void)recorder_->Dump(std::string(mismatch.message()));
+    return mismatch;
+  }
+  std::optional<MembershipChange> change;
+  if (survivors != members) {
+    MembershipChange c;
+    c.old_world = static_cast<int>(members.size());
+    c.new_world = static_cast<int>(survivors.size());
+    c.old_to_new.assign(members.size(), -1);
+    for (size_t i = 0; i < members.size(); ++i) {
+      auto it = std::find(survivors.begin(), survivors.end(), members[i]);
+      if (it == survivors.end()) {
+        c.lost.push_back(static_cast<int>(i));
+      } else {
+        c.old_to_new[i] = static_cast<int>(it - survivors.begin());
+      }
+      if (members[i] == options_.rank) c.new_rank = c.old_to_new[i];
+    }
+    std::vector<std::string> lost_names;
+    for (int r : c.lost) {
+      lost_names.push_back(members[r] == r
+                               ? absl::StrCat(r)
+                               : absl::StrCat(r, " (rank ", members[r], " at creation)"));
+    }
+    c.reason = absl::StrCat(
+        "rank(s) ", absl::StrJoin(lost_names, ", "), " of ", c.old_world, " lost (no vote within ",
+        absl::FormatDuration(options_.elastic.loss_window), ": dead, stalled or cut off); world ",
+        c.old_world, " -> ", c.new_world, " at generation ", generation,
+        " (elastic.on_loss: ", options_.elastic.name, ")");
+    ADAPTCOMM_LOG(kError, "communicator '", options_.name, "': ", c.reason, "; this rank is now ",
+                  c.new_rank, " (cause: ", cause.message(), ")");
+    if (recorder_ != nullptr) (void)recorder_->Dump(c.reason);
+    {
+      absl::MutexLock lock(&members_mu_);
+      members_ = survivors;
+    }
+    if (rebuilder_.apply_membership) rebuilder_.apply_membership(c);
+    change = std::move(c);
+  } else {
+    // A membership change rebuilds at once. The backoff ends early if the communicator is aborted.
+    const absl::Time until = absl::Now() + Backoff(attempt);
+    while (absl::Now() < until && !cancelled_.load()) {
+      absl::SleepFor(std::min(until - absl::Now(), absl::Milliseconds(10)));
+    }
+    if (cancelled_.load()) {
+      return absl::AbortedError(absl::StrCat("communicator '", options_.name,
+                                             "' was aborted during a coordinated retry; first "
+                                             "error here: ",
+                                             cause.message()));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend = rebuilder_.build(generation, degrade);
+  if (!backend.ok()) {
+    return absl::Status(backend.status().code(),
+                        absl::StrCat("coordinated retry: rebuilding the backend (generation ",
+                                     generation, ") failed: ", backend.status().message()));
+  }
+  if (recorder_ != nullptr) recorder_->SetGeneration(generation, (*backend)->name());
+  RecoveryPlan plan;
+  plan.restart_seq = restart;
+  plan.max_position = max_position;
+  plan.max_issued = max_issued;
+  plan.generation = generation;
+  plan.backend = std::move(*backend);
+  if (change.has_value()) {
+    plan.change = change;
+    if (rebuilder_.installed) {
+      plan.on_installed = [installed = rebuilder_.installed, c = *change] { installed(c); };
+    }
+  }
+  return plan;
+}
+
+void FailureCoordinator::Announce(const absl::Status& cause) {
+  // No flight record dump: the communicator may be going away meanwhile (the recorder is its),
+  // and the member that broke dumped its own.
+  if (cancelled_.load() || store_unreachable_.load() || reported_.exchange(true)) return;
+  // One attempt per key: the family's abort must not wait on a store that is gone.
+  absl::Status told = Publish(*store_, FailureKey(options_.rank), std::string(cause.message()));
+  for (int id : Members()) {
+    if (!told.ok()) break;
+    if (id != options_.rank) told = Wake(*store_, id, absl::StrCat(kFailPrefix, options_.rank));
+  }
+  if (!told.ok() && StoreUnreachable(told)) store_unreachable_.store(true);
+}
+
+absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status status) {
+  // Later ops fail fast on the broken backend; the group already knows.
+  if (reported_.exchange(true)) return status;
+  const std::string cause = absl::StrCat(OpKindName(op.kind), " #", op.seq, ": ", status.message());
+  if (recorder_ != nullptr) (void)recorder_->Dump(cause);
+  // A store this rank cannot reach takes each request its full I/O bound to fail: try nothing
+  // more once one has (the error is returned now, not minutes later).
+  absl::Status told = store_unreachable_.load()
+                          ? absl::UnavailableError("the store was already unreachable")
+                          : Publish(*store_, FailureKey(options_.rank), cause);
+  const std::vector<int> members = Members();
+  for (size_t i = 0; i < members.size() && told.ok() && !decided_by_store_.load(); ++i) {
+    if (members[i] != options_.rank) {
+      told = Wake(*store_, members[i], absl::StrCat(kFailPrefix, options_.rank));
+    }
+  }
+  if (!told.ok() && StoreUnreachable(told)) {
+    store_unreachable_.store(true);
+    ADAPTCOMM_LOG(kError, cause);
+    return absl::Status(
+        status.code(), absl::StrCat(cause, " [rank ", options_.rank, " of communicator '",
+                                    options_.name, "'; it cannot reach the store (", told.message(),
+                                    "), so no other rank was told]"));
+  }
+  // A failed retry vote already waited for everyone and named who was missing: tell the others,
+  // but do not wait a second time.
+  if (vote_failed_.load()) {
+    ADAPTCOMM_LOG(kError, cause);
+    return absl::Status(status.code(), absl::StrCat(cause, " [rank ", options_.rank,
+                                                    " of communicator '", options_.name, "']"));
+  }
+  // Every other rank either failed too (its own report) or was woken (its ack). Poll them all in
+  // rounds until each answered or the window closed (one last round after it closes).
+  const absl::Time deadline = absl::Now() + options_.report_window;
+  std::vector<int> pending;  // ids (ranks at creation)
+  for (int id : members) {
+    if (id != options_.rank) pending.push_back(id);
+  }
+  std::vector<std::string> failed;
+  while (!pending.empty() && !cancelled_.load()) {
+    const bool last_round = absl::Now() >= deadline;
+    std::vector<int> still;
+    for (int r : pending) {
+      if (auto f = store_->Get(FailureKey(r), absl::ZeroDuration()); f.ok()) {
+        failed.push_back(absl::StrCat("rank ", r, " (", *f, ")"));
+      } else if (!store_->Get(AckKey(r), absl::ZeroDuration()).ok()) {
+        still.push_back(r);
+      }
+    }
+    pending.swap(still);
+    if (last_round) break;
+    if (!pending.empty()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::vector<int>& silent = pending;
+  std::string message =
+      absl::StrCat(cause, " [rank ", options_.rank, " of communicator '", options_.name, "']");
+  if (!silent.empty()) {
+    absl::StrAppend(&message, "; rank(s) ", absl::StrJoin(silent, ", "), " did not respond within ",
+                    absl::FormatDuration(options_.report_window),
+                    ": dead or stalled, the likely culprit");
+  }
+  if (!failed.empty()) absl::StrAppend(&message, "; also failed: ", absl::StrJoin(failed, "; "));
+  ADAPTCOMM_LOG(kError, message);
+  if (!members.empty() && members.front() == options_.rank && recorder_ != nullptr) {
+    // Rank 0 says who is behind itself when the others' dumps are reachable (a shared or local
+    // dump directory), so nobody has to run `adaptcomm trace culprit` to read the first answer.
+    // The current rank 0: after a shrink that lost rank 0 at creation, its successor does.
+    if (absl::StatusOr<trace::CulpritReport> report =
+            trace::AnalyzeFlightDumps(recorder_->dump_dir());
+        report.ok()) {
+      ADAPTCOMM_LOG(kError, "culprit: ", report->verdict, " (dumps in ", recorder_->dump_dir(),
+                    "; `adaptcomm trace culprit ", recorder_->dump_dir(), "` for details)");
+    }
+  }
+  return absl::Status(status.code(), message);
+}
+
+}  // namespace adaptcomm::internal
