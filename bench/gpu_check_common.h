@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,9 @@ struct DevBuf {
 };
 
 // The options of every communicator the checks create (fallback denied, 120 s bounds);
-// retry_attempts 0: the profile's.
+// retry_attempts unset: the profile's.
 CommunicatorOptions Options(const std::string& name, BackendChoice b, int rank, int world, int port,
-                            std::shared_ptr<Store> store, int retry_attempts);
+                            std::shared_ptr<Store> store, std::optional<int> retry_attempts);
 
 // [6] Host overhead against ncclAllReduce itself (bench/gpu_check_overhead.cc). `comm` has
 // coordinated retry on, `lean` off.
