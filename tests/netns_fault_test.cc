@@ -116,7 +116,7 @@ TEST(NetnsFault, LinkDownPastTheTimeoutThenUpRecoversBitExact) {
         }
         if (step == 50) {
           // Tell the parent to pull the link now, mid-stream, whatever the machine's speed.
-          if (r == 0) std::ofstream(absl::StrCat(o.flight_recorder_dir, ".step50")) << "1";
+          if (r == 0) std::ofstream(absl::StrCat(*o.flight_recorder_dir, ".step50")) << "1";
           usleep(300 * 1000);
         }
       }
