@@ -26,6 +26,7 @@
 #include "lib/gloo/gloo_backend.h"
 #include "lib/gloo/gloo_pairs.h"
 #include "lib/gloo/gloo_peers.h"
+#include "tests/counting_store.h"
 #include "tests/harness.h"
 
 namespace adaptcomm {
@@ -36,63 +37,7 @@ using Backends = std::vector<std::unique_ptr<Backend>>;
 
 constexpr absl::Duration kTimeout = absl::Seconds(30);
 
-// Every store call one rank makes, and which keys it read.
-class CountingStore final : public Store {
- public:
-  explicit CountingStore(std::shared_ptr<Store> base) : base_(std::move(base)) {}
-  absl::Status Set(const std::string& k, const std::string& v) override {
-    Count(&sets_);
-    return base_->Set(k, v);
-  }
-  absl::StatusOr<std::string> Get(const std::string& k, absl::Duration t) override {
-    {
-      absl::MutexLock lock(&mu_);
-      ++gets_;
-      read_.insert(k);
-    }
-    return base_->Get(k, t);
-  }
-  absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override {
-    Count(&others_);
-    return base_->Add(k, d);
-  }
-  absl::Status Wait(const std::vector<std::string>& k, absl::Duration t) override {
-    Count(&others_);
-    return base_->Wait(k, t);
-  }
-  absl::StatusOr<bool> Delete(const std::string& k) override {
-    Count(&others_);
-    return base_->Delete(k);
-  }
-  int sets() const {
-    absl::MutexLock lock(&mu_);
-    return sets_;
-  }
-  int gets() const {
-    absl::MutexLock lock(&mu_);
-    return gets_;
-  }
-  int others() const {
-    absl::MutexLock lock(&mu_);
-    return others_;
-  }
-  std::set<std::string> read() const {
-    absl::MutexLock lock(&mu_);
-    return read_;
-  }
-
- private:
-  void Count(int* n) {
-    absl::MutexLock lock(&mu_);
-    ++*n;
-  }
-  std::shared_ptr<Store> base_;
-  mutable absl::Mutex mu_;
-  int sets_ ABSL_GUARDED_BY(mu_) = 0;
-  int gets_ ABSL_GUARDED_BY(mu_) = 0;
-  int others_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<std::string> read_ ABSL_GUARDED_BY(mu_);
-};
+using testing::CountingStore;
 
 GlooBackendOptions Options(int rank, int size, std::shared_ptr<Store> store) {
   GlooBackendOptions o;

@@ -1,5 +1,6 @@
-// Same profile on every rank: compare hashes through the store; on a mismatch every rank reads
-// the listings it needs and fails with the same message naming ranks and keys.
+// Same profile on every rank: compare hashes gathered through the store (O(1) requests per rank,
+// lib/base/store_allgather.h); on a mismatch every rank reads the listings it needs and fails with
+// the same message naming ranks and keys.
 #include <map>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "adaptcomm/profile.h"
 #include "adaptcomm/store.h"
+#include "lib/base/store_allgather.h"
 #include "lib/config/listing.h"
 
 namespace adaptcomm {
@@ -18,7 +20,7 @@ namespace {
 constexpr int kMaxRanksDetailed = 8;  // beyond that, only a count (the message stays readable)
 constexpr int kMaxKeysPerRank = 8;
 
-std::string HashKey(int rank) { return absl::StrCat("adaptcomm/config/hash/", rank); }
+constexpr char kHashPrefix[] = "adaptcomm/config/hash/";
 std::string ListingKey(int rank) { return absl::StrCat("adaptcomm/config/listing/", rank); }
 
 }  // namespace
@@ -45,19 +47,20 @@ absl::Status CheckSameConfigOnAllRanks(Store& store, int rank, int world_size,
   const std::string mine = absl::StrFormat("%016x", cfg.Hash());
   // The listing first: once a rank sees my hash, my listing is already there to read.
   if (absl::Status s = store.Set(ListingKey(rank), cfg.CanonicalListing()); !s.ok()) return s;
-  if (absl::Status s = store.Set(HashKey(rank), mine); !s.ok()) return s;
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(HashKey(r));
-  if (absl::Status s = store.Wait(keys, deadline - absl::Now()); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("configuration check: ", s.message()));
+  absl::StatusOr<internal::StoreGathered> gathered =
+      internal::AllGatherThroughStore(store, kHashPrefix, rank, world_size, mine, deadline);
+  if (!gathered.ok()) {
+    return absl::Status(gathered.status().code(),
+                        absl::StrCat("configuration check: ", gathered.status().message()));
   }
-  std::vector<std::string> hashes(world_size);
+  if (!gathered->complete) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "configuration check: ", gathered->DescribeMissing(), " of ", world_size,
+        " did not publish a configuration hash within ", absl::FormatDuration(timeout)));
+  }
   std::vector<int> differing;
-  for (int r = 0; r < world_size; ++r) {
-    auto h = store.Get(HashKey(r), std::max(absl::ZeroDuration(), deadline - absl::Now()));
-    if (!h.ok()) return h.status();
-    hashes[r] = *h;
-    if (r > 0 && hashes[r] != hashes[0]) differing.push_back(r);
+  for (int r = 1; r < world_size; ++r) {
+    if (*gathered->values[static_cast<size_t>(r)] != *gathered->values[0]) differing.push_back(r);
   }
   if (differing.empty()) return absl::OkStatus();
 

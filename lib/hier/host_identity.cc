@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "lib/base/store_allgather.h"
 
 namespace adaptcomm {
 namespace {
@@ -58,21 +60,16 @@ absl::StatusOr<std::vector<std::string>> ExchangeHostIdentities(Store& store, in
                                                                 int world_size,
                                                                 const std::string& mine,
                                                                 absl::Time deadline) {
-  if (absl::Status s = store.Set(absl::StrCat("host/", rank), mine); !s.ok()) return s;
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(absl::StrCat("host/", r));
-  if (absl::Status s = store.Wait(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
-      !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("host identities: not every rank published its "
-                                               "host: ",
-                                               s.message()));
+  absl::StatusOr<internal::StoreGathered> gathered =
+      internal::AllGatherThroughStore(store, "host/", rank, world_size, mine, deadline);
+  if (!gathered.ok()) return gathered.status();
+  if (!gathered->complete) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "host identities: not every rank published its host: ", gathered->DescribeMissing(), " of ",
+        world_size, " did not"));
   }
   std::vector<std::string> ids;
-  for (const std::string& key : keys) {
-    absl::StatusOr<std::string> v = store.Get(key, absl::Seconds(1));
-    if (!v.ok()) return v.status();
-    ids.push_back(*std::move(v));
-  }
+  for (std::optional<std::string>& id : gathered->values) ids.push_back(*std::move(id));
   return ids;
 }
 

@@ -5,7 +5,8 @@
 // in different network namespaces of one machine are different hosts: they cannot share loopback
 // addresses, and the resilience tests model hosts that way.
 //
-// Store keys (under the store given): "host/<rank>".
+// Store keys (under the store given): "host/<rank>", gathered at O(1) requests per rank
+// (lib/base/store_allgather.h).
 #ifndef ADAPTCOMM_LIB_HIER_HOST_IDENTITY_H_
 #define ADAPTCOMM_LIB_HIER_HOST_IDENTITY_H_
 

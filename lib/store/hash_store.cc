@@ -48,10 +48,12 @@ class HashStore final : public Store {
 
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     absl::MutexLock lock(&mu_);
+    // The mutex re-evaluates every waiter's condition on each release: recheck only the keys not
+    // yet seen, so N waiters of N keys cost N lookups each, not N per store call.
+    size_t seen = 0;
     auto all_present = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      for (const auto& k : keys)
-        if (data_.count(k) == 0) return false;
-      return true;
+      while (seen < keys.size() && data_.count(keys[seen]) != 0) ++seen;
+      return seen == keys.size();
     };
     if (mu_.AwaitWithTimeout(absl::Condition(&all_present), timeout)) return absl::OkStatus();
     std::vector<std::string> missing;

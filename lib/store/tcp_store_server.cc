@@ -192,7 +192,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
-      cv_.SignalAll();
+      for (auto& [key, waiting] : waiters_) waiting.cv.SignalAll();
     }
     if (wake_pipe_[1] >= 0) {
       char b = 1;
@@ -465,7 +465,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
         if (!r.Field(&key) || !r.Field(&value) || !r.AtEnd()) return malformed("SET");
         absl::MutexLock lock(&mu_);
         data_[std::string(key)] = std::string(value);
-        cv_.SignalAll();
+        WakeWaitersOn(key);
         return wire::FrameWriter(0).Finish();
       }
       case wire::kGet: {
@@ -497,7 +497,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
               absl::StrCat("adding ", n, " to store key '", std::string(key), "' overflows")));
         }
         slot = std::to_string(v);
-        cv_.SignalAll();
+        WakeWaitersOn(key);
         return wire::FrameWriter(0).Int(v).Finish();
       }
       case wire::kWait: {
@@ -530,30 +530,44 @@ class TcpStoreServerImpl final : public TcpStoreServer {
 
   // Waits until every key is set. DeadlineExceeded names the missing keys; Unavailable when the
   // server stops; Cancelled when the client hung up (nobody to answer).
+  //
+  // Why per-key waiting: at creation every rank waits on keys that the other ranks set one by
+  // one. Woken by every set and rechecking every key, N waiters of N keys cost the server N^3
+  // map lookups under its one lock (and N^2 thread wake-ups); waiting on the first missing key
+  // only, and never rechecking a key already seen, costs N lookups per waiter.
   absl::Status WaitFor(int fd, const std::vector<std::string>& keys, int64_t timeout_us,
-                       std::string* value) {
+                       std::string* value) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::Time deadline = absl::Now() + absl::Microseconds(timeout_us);
     absl::MutexLock lock(&mu_);
+    size_t seen = 0;  // keys[0, seen) were set at some point during this wait
     while (true) {
       if (stopping_) return absl::UnavailableError("the store server is shutting down");
-      std::vector<std::string> missing;
-      for (const auto& k : keys)
-        if (data_.count(k) == 0) missing.push_back(k);
-      if (missing.empty()) {
+      while (seen < keys.size() && data_.count(keys[seen]) != 0) ++seen;
+      if (seen == keys.size()) {
         if (value != nullptr) *value = data_[keys[0]];
         return absl::OkStatus();
       }
       absl::Time now = absl::Now();
       if (now >= deadline) {
+        std::vector<std::string> missing;
+        for (size_t i = seen; i < keys.size(); ++i) {
+          if (data_.count(keys[i]) == 0) missing.push_back(keys[i]);
+        }
         return absl::DeadlineExceededError(absl::StrCat(
             "store keys not set within ", absl::FormatDuration(absl::Microseconds(timeout_us)),
             ": ", absl::StrJoin(missing, ", ")));
       }
-      if (cv_.WaitWithDeadline(&mu_, std::min(deadline, now + kPeerCheckInterval)) &&
-          PeerGone(fd)) {
-        return absl::CancelledError("client hung up");
-      }
+      auto waiting = waiters_.try_emplace(keys[seen]).first;
+      ++waiting->second.count;
+      const bool timed_out =
+          waiting->second.cv.WaitWithDeadline(&mu_, std::min(deadline, now + kPeerCheckInterval));
+      if (--waiting->second.count == 0) waiters_.erase(waiting);
+      if (timed_out && PeerGone(fd)) return absl::CancelledError("client hung up");
     }
+  }
+
+  void WakeWaitersOn(std::string_view key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (auto it = waiters_.find(key); it != waiters_.end()) it->second.cv.SignalAll();
   }
 
   const TcpStoreOptions options_;
@@ -574,7 +588,13 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   size_t frame_bytes_in_flight_ ABSL_GUARDED_BY(budget_mu_) = 0;
 
   absl::Mutex mu_;
-  absl::CondVar cv_;
+  // The requests blocked on each key, so a set wakes only those (std::map: a waiter's entry
+  // stays put while others come and go).
+  struct KeyWaiters {
+    absl::CondVar cv;
+    int count = 0;
+  };
+  std::map<std::string, KeyWaiters, std::less<>> waiters_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
 };

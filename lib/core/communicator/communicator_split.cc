@@ -17,6 +17,7 @@
 #include "adaptcomm/communicator.h"
 #include "lib/core/communicator/communicator_factory.h"
 #include "lib/core/communicator/communicator_impl.h"
+#include "lib/base/store_allgather.h"
 
 namespace adaptcomm {
 
@@ -40,31 +41,29 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
   const int n = impl.NextSplit();
   // Keyed by the membership too: after a shrink the same rank numbers name other processes.
   const std::string prefix = absl::StrCat("split/", n, "/e", membership().changes, "/");
-  if (absl::Status s = store->Set(absl::StrCat(prefix, me), absl::StrCat(color, " ", key));
-      !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(what(), ": publishing its color: ", s.message()));
-  }
   const absl::Duration bound = impl.config().timeouts.init;
-  const absl::Time deadline = absl::Now() + bound;
+  absl::StatusOr<internal::StoreGathered> gathered = internal::AllGatherThroughStore(
+      *store, prefix, me, world, absl::StrCat(color, " ", key), absl::Now() + bound);
+  if (!gathered.ok()) {
+    return absl::Status(gathered.status().code(),
+                        absl::StrCat(what(), ": exchanging colors: ", gathered.status().message()));
+  }
+  if (!gathered->complete) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what(), ": ", gathered->DescribeMissing(), " did not call split #", n, " within ",
+        absl::FormatDuration(bound), " (every rank must call Split, in the same order)"));
+  }
   struct Member {
     int color, key, rank;
   };
   std::vector<Member> members;
   for (int r = 0; r < world; ++r) {
-    absl::StatusOr<std::string> value =
-        store->Get(absl::StrCat(prefix, r), std::max(deadline - absl::Now(), absl::Seconds(0)));
-    if (!value.ok()) {
-      return absl::Status(value.status().code(),
-                          absl::StrCat(what(), ": rank ", r, " did not call split #", n, " within ",
-                                       absl::FormatDuration(bound),
-                                       " (every rank must call Split, in the same order): ",
-                                       value.status().message()));
-    }
-    std::vector<std::string> parts = absl::StrSplit(*value, ' ');
+    const std::string& value = *gathered->values[static_cast<size_t>(r)];
+    std::vector<std::string> parts = absl::StrSplit(value, ' ');
     Member m{0, 0, r};
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &m.color) ||
         !absl::SimpleAtoi(parts[1], &m.key)) {
-      return absl::InternalError(absl::StrCat(what(), ": rank ", r, " published '", *value, "'"));
+      return absl::InternalError(absl::StrCat(what(), ": rank ", r, " published '", value, "'"));
     }
     if (m.color == color) members.push_back(m);
   }

@@ -20,6 +20,7 @@
 #include "lib/nccl/nccl_backend.h"
 #include "lib/nccl/staged_backend.h"
 #include "lib/shm/shm_backend.h"
+#include "lib/base/store_allgather.h"
 
 namespace adaptcomm::internal::selection {
 namespace {
@@ -32,6 +33,8 @@ BackendChoice ChoiceOf(const CommunicatorOptions& o) {
 
 constexpr char kYes[] = "ok";
 constexpr char kNoPrefix[] = "no:";
+// Set by a rank whose NCCL init failed, so the ranks still in theirs stop waiting.
+constexpr char kInitGaveUpKey[] = "select/init/gave-up";
 
 // The APIs this rank can use; a null one comes with the reason it is missing.
 struct Apis {
@@ -116,23 +119,22 @@ absl::StatusOr<std::vector<std::pair<int, std::string>>> Exchange(Store& store,
                                                                   const absl::Status& mine,
                                                                   absl::Time deadline) {
   const std::string value = mine.ok() ? std::string(kYes) : absl::StrCat(kNoPrefix, mine.message());
-  if (absl::Status s = store.Set(absl::StrCat("select/", phase, "/", rank), value); !s.ok()) {
-    return s;
+  if (!mine.ok() && phase == "init") {
+    // What NcclBackendOptions::peers_gave_up polls: one key, whatever the world size.
+    if (absl::Status s = store.Set(kInitGaveUpKey, absl::StrCat(rank)); !s.ok()) return s;
   }
-  std::vector<std::string> keys;
-  for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat("select/", phase, "/", r));
-  if (absl::Status s = store.Wait(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
-      !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("backend selection (", phase,
-                                               "): not every rank reported: ", s.message()));
+  absl::StatusOr<internal::StoreGathered> gathered = internal::AllGatherThroughStore(
+      store, absl::StrCat("select/", phase, "/"), rank, world, value, deadline);
+  if (!gathered.ok()) return gathered.status();
+  if (!gathered->complete) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "backend selection (", phase, "): not every rank reported: ", gathered->DescribeMissing(),
+        " of ", world, " did not within the bound"));
   }
   std::vector<std::pair<int, std::string>> failed;
   for (int r = 0; r < world; ++r) {
-    absl::StatusOr<std::string> v = store.Get(keys[r], absl::Seconds(1));
-    if (!v.ok()) return v.status();
-    if (*v != kYes) {
-      failed.emplace_back(r, v->substr(std::min(v->size(), sizeof(kNoPrefix) - 1)));
-    }
+    const std::string& v = *gathered->values[static_cast<size_t>(r)];
+    if (v != kYes) failed.emplace_back(r, v.substr(std::min(v.size(), sizeof(kNoPrefix) - 1)));
   }
   return failed;
 }
@@ -498,14 +500,9 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     no.store = rv.store;
     // A peer whose init failed publishes that before the others finish theirs: stop waiting then.
     no.keep_comm_for_shrink = deps.elastic && apis.nccl->has_comm_shrink();
-    no.peers_gave_up = [&rv, &o]() -> absl::Status {
-      for (int r = 0; r < o.world_size; ++r) {
-        if (r == o.rank) continue;
-        absl::StatusOr<std::string> v =
-            rv.store->Get(absl::StrCat("select/init/", r), absl::ZeroDuration());
-        if (v.ok() && *v != kYes)
-          return absl::UnavailableError(absl::StrCat("rank ", r, " failed"));
-      }
+    no.peers_gave_up = [&rv]() -> absl::Status {
+      absl::StatusOr<std::string> who = rv.store->Get(kInitGaveUpKey, absl::ZeroDuration());
+      if (who.ok()) return absl::UnavailableError(absl::StrCat("rank ", *who, " failed"));
       return absl::OkStatus();
     };
     // Half of the time left: a hung init still leaves time to agree and build Gloo.

@@ -1,37 +1,30 @@
 #include "lib/core/selection/init_agreement.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "lib/base/store_allgather.h"
 
 namespace adaptcomm::internal {
-namespace {
-
-std::string Key(int attempt, int rank) { return absl::StrCat("init/", attempt, "/", rank); }
-
-}  // namespace
-
 absl::Status AgreeOnInit(Store& store, int rank, int world_size, int attempt,
                          const absl::Status& mine, const std::vector<absl::StatusCode>& retryable,
                          absl::Time deadline) {
   const std::string value =
       mine.ok() ? "ok" : absl::StrCat(static_cast<int>(mine.code()), "|", mine.message());
-  if (absl::Status s = store.Set(Key(attempt, rank), value); !s.ok()) return s;
+  absl::StatusOr<StoreGathered> gathered = AllGatherThroughStore(
+      store, absl::StrCat("init/", attempt, "/"), rank, world_size, value, deadline);
+  if (!gathered.ok()) return gathered.status();
   std::vector<std::string> failures;
-  std::vector<int> missing;
+  const std::vector<int> missing = gathered->Missing();
   absl::StatusCode final_code = absl::StatusCode::kUnavailable;
   for (int r = 0; r < world_size; ++r) {
-    absl::StatusOr<std::string> v =
-        store.Get(Key(attempt, r), std::max(deadline - absl::Now(), absl::ZeroDuration()));
-    if (!v.ok()) {
-      missing.push_back(r);
-      continue;
-    }
-    if (*v == "ok") continue;
+    const std::optional<std::string>& v = gathered->values[static_cast<size_t>(r)];
+    if (!v.has_value() || *v == "ok") continue;
     std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 1));
     int code = static_cast<int>(absl::StatusCode::kUnknown);
     if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &code)) parts = {"", *v};

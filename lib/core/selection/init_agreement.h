@@ -3,7 +3,8 @@
 //
 // Why: backend creation can fail on one rank only (a refused connection, an NCCL init error) while
 // the others succeed; a rank that retries alone would rendezvous with nobody. Each rank publishes
-// its outcome of attempt a under "init/<a>/<rank>" and reads everyone's.
+// its outcome of attempt a under "init/<a>/<rank>" and all are gathered at O(1) store requests
+// per rank (lib/base/store_allgather.h).
 #ifndef ADAPTCOMM_LIB_CORE_INIT_AGREEMENT_H_
 #define ADAPTCOMM_LIB_CORE_INIT_AGREEMENT_H_
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "lib/base/log.h"
+#include "lib/base/store_allgather.h"
 
 namespace adaptcomm::internal {
 namespace {
@@ -90,17 +91,15 @@ std::string ThisProcess() {
   return absl::StrCat(host, ":", getpid());
 }
 
-absl::Status WaitForAllRanks(Store& store, const CommunicatorOptions& o, absl::Time deadline) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < o.world_size; ++r) keys.push_back(absl::StrCat("join/", r));
-  absl::Status joined = store.Wait(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
-  if (joined.ok() || !absl::IsDeadlineExceeded(joined)) return joined;
-  std::vector<int> missing;
-  for (int r = 0; r < o.world_size; ++r) {
-    if (!store.Get(keys[r], absl::ZeroDuration()).ok()) missing.push_back(r);
-  }
+// Every rank's "join/<rank>" (who it is) is in before any rank goes on; returns rank 0's.
+absl::StatusOr<std::string> JoinAllRanks(Store& store, const CommunicatorOptions& o,
+                                         const std::string& me, absl::Time deadline) {
+  absl::StatusOr<StoreGathered> joined =
+      AllGatherThroughStore(store, "join/", o.rank, o.world_size, me, deadline);
+  if (!joined.ok()) return joined.status();
+  if (joined->complete) return *joined->values[0];
   return absl::DeadlineExceededError(
-      absl::StrCat("rank(s) ", absl::StrJoin(missing, ", "), " of ", o.world_size,
+      absl::StrCat("rank(s) ", absl::StrJoin(joined->Missing(), ", "), " of ", o.world_size,
                    " did not join communicator '", o.name, "' within the init timeout of ",
                    absl::FormatDuration(o.init_timeout.value_or(absl::ZeroDuration()))));
 }
@@ -243,6 +242,7 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
   }
 
   int64_t incarnation = 0;
+  std::string rank_zero = "?";  // who rank 0 is ("host:pid"), read while joining
   if (replacement) {
     // The running communicator is the latest incarnation that rank 0 at creation counted (every
     // rank counts the same; the count outlives rank 0 when rank 0 does not serve the store, and
@@ -256,7 +256,13 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
       incarnation = *current;
       rv.store = CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", incarnation),
                                    rv.root_store);
-      if (incarnation > 0 && rv.store->Get("join/0", absl::ZeroDuration()).ok()) break;
+      if (incarnation > 0) {
+        if (absl::StatusOr<std::string> zero = rv.store->Get("join/0", absl::ZeroDuration());
+            zero.ok()) {
+          rank_zero = *std::move(zero);
+          break;
+        }
+      }
       if (absl::Now() >= deadline) {
         return absl::NotFoundError(absl::StrCat("no running communicator '", o.name, "' on ",
                                                 rv.description, " to join as a replacement"));
@@ -293,16 +299,16 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
     incarnation = *created;
     rv.store =
         CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", incarnation), rv.root_store);
-    if (absl::Status s = rv.store->Set(absl::StrCat("join/", o.rank), me); !s.ok()) return s;
-    if (absl::Status s = WaitForAllRanks(*rv.store, o, deadline); !s.ok()) {
+    absl::StatusOr<std::string> joined = JoinAllRanks(*rv.store, o, me, deadline);
+    if (!joined.ok()) {
       (void)rv.root_store->Add(ClaimKey(o), -1);
-      return s;
+      return joined.status();
     }
+    rank_zero = *std::move(joined);
   }
 
   // Names this job in flight-recorder dumps, so an analysis never mixes in a stale run's files.
-  rv.job_id = absl::StrCat(o.name, "#", incarnation, "@",
-                           rv.store->Get("join/0", absl::ZeroDuration()).value_or("?"));
+  rv.job_id = absl::StrCat(o.name, "#", incarnation, "@", rank_zero);
   rv.transport_iface = o.iface;
   if (rv.transport_iface.empty() && Env("GLOO_SOCKET_IFNAME") != nullptr) {
     rv.transport_iface = Env("GLOO_SOCKET_IFNAME");

@@ -1,0 +1,116 @@
+#include "lib/base/store_allgather.h"
+
+#include <algorithm>
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+
+namespace adaptcomm::internal {
+namespace {
+
+// How long the completing rank waits for a contribution it knows is there: each rank sets its
+// value before it adds to the count, so this bounds only a store's own delay.
+constexpr absl::Duration kContributionBound = absl::Seconds(5);
+
+absl::Duration Left(absl::Time deadline) {
+  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+}
+
+}  // namespace
+
+std::vector<int> StoreGathered::Missing() const {
+  std::vector<int> missing;
+  for (size_t r = 0; r < values.size(); ++r) {
+    if (!values[r].has_value()) missing.push_back(static_cast<int>(r));
+  }
+  return missing;
+}
+
+std::string StoreGathered::DescribeMissing() const {
+  const std::vector<int> missing = Missing();
+  return absl::StrCat(missing.size() == 1 ? "rank " : "ranks ", absl::StrJoin(missing, ", "));
+}
+
+std::string EncodeGathered(const std::vector<std::string>& values) {
+  std::string text;
+  for (const std::string& v : values) absl::StrAppend(&text, v.size(), ":", v);
+  return text;
+}
+
+absl::StatusOr<std::vector<std::string>> DecodeGathered(absl::string_view text, int world) {
+  std::vector<std::string> values;
+  while (!text.empty()) {
+    const size_t colon = text.find(':');
+    size_t length = 0;
+    if (colon == absl::string_view::npos || !absl::SimpleAtoi(text.substr(0, colon), &length) ||
+        length > text.size() - colon - 1) {
+      return absl::InternalError("a gathered store value is malformed");
+    }
+    values.emplace_back(text.substr(colon + 1, length));
+    text.remove_prefix(colon + 1 + length);
+  }
+  if (static_cast<int>(values.size()) != world) {
+    return absl::InternalError(absl::StrCat("a gathered store value holds ", values.size(),
+                                            " values for a world of ", world));
+  }
+  return values;
+}
+
+absl::StatusOr<StoreGathered> AllGatherThroughStore(Store& store, const std::string& prefix,
+                                                    int rank, int world, const std::string& mine,
+                                                    absl::Time deadline) {
+  const std::string all_key = absl::StrCat(prefix, "all");
+  if (absl::Status s = store.Set(absl::StrCat(prefix, rank), mine); !s.ok()) return s;
+  absl::StatusOr<int64_t> count = store.Add(absl::StrCat(prefix, "count"), 1);
+  if (!count.ok()) return count.status();
+  if (*count > world) {
+    return absl::FailedPreconditionError(absl::StrCat("store exchange '", prefix, "' received ",
+                                                      *count, " contributions for ", world,
+                                                      " ranks: two exchanges share this prefix"));
+  }
+  StoreGathered gathered;
+  gathered.values.resize(static_cast<size_t>(world));
+  if (*count == world) {
+    std::vector<std::string> values;
+    for (int r = 0; r < world; ++r) {
+      absl::StatusOr<std::string> v = store.Get(absl::StrCat(prefix, r), kContributionBound);
+      if (!v.ok()) return v.status();
+      values.push_back(*std::move(v));
+    }
+    if (absl::Status s = store.Set(all_key, EncodeGathered(values)); !s.ok()) return s;
+    for (int r = 0; r < world; ++r) gathered.values[r] = std::move(values[r]);
+    gathered.complete = true;
+    return gathered;
+  }
+  absl::StatusOr<std::string> all = store.Get(all_key, Left(deadline));
+  if (all.ok()) {
+    absl::StatusOr<std::vector<std::string>> values = DecodeGathered(*all, world);
+    if (!values.ok()) return values.status();
+    for (int r = 0; r < world; ++r) gathered.values[r] = std::move((*values)[r]);
+    gathered.complete = true;
+    return gathered;
+  }
+  if (!absl::IsDeadlineExceeded(all.status()) && !absl::IsNotFound(all.status())) {
+    return all.status();
+  }
+  // Late or gone ranks: read each contribution once to name them. Every value may be there after
+  // all (the completing rank died before publishing them together); then the exchange is done.
+  gathered.complete = true;
+  for (int r = 0; r < world; ++r) {
+    absl::StatusOr<std::string> v = store.Get(absl::StrCat(prefix, r), absl::ZeroDuration());
+    if (v.ok()) {
+      gathered.values[r] = *std::move(v);
+    } else if (absl::IsNotFound(v.status()) || absl::IsDeadlineExceeded(v.status())) {
+      gathered.complete = false;
+    } else {
+      return v.status();
+    }
+  }
+  return gathered;
+}
+
+}  // namespace adaptcomm::internal
