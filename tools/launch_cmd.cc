@@ -107,6 +107,21 @@ class Launcher {
   int Run();
 
  private:
+  // Run's steps: what the ranks need before the first starts (nullopt, or the exit code), the
+  // first start of every rank (false: none started), the loop that reaps, restarts, stops and
+  // forwards output until every rank is gone, and the final report (the exit code).
+  std::optional<int> Prepare();
+  std::optional<int> PlanCpus();
+  bool StartRanks();
+  void Supervise();
+  int Finish();
+  // The job timeout, the dump wait and the kill grace, checked on every wake-up.
+  void CheckDeadlines(Clock::time_point now);
+  // How long poll may sleep: until the nearest deadline (-1: none).
+  int PollTimeoutMs(Clock::time_point now) const;
+  // One poll of the signal pipe and the ranks' output; false: poll failed, the job is stopped.
+  bool PollOnce(int timeout_ms, std::vector<pollfd>& fds,
+                std::vector<std::pair<size_t, int>>& owners);
   bool InstallSignals();
   void RestoreSignals();
   // --elastic: serves the job's store on loopback `port` (0: a free one) with `token`.
@@ -546,6 +561,13 @@ bool Launcher::AllPipesClosed() const {
 int Launcher::Run() {
   start_ = Clock::now();
   start_wall_ = time(nullptr);
+  if (std::optional<int> failed = Prepare(); failed.has_value()) return *failed;
+  if (!StartRanks()) return 1;
+  Supervise();
+  return Finish();
+}
+
+std::optional<int> Launcher::PlanCpus() {
   // A launcher started by a bound rank: its own ranks are told their own CPUs, or none.
   unsetenv("ADAPTCOMM_BOUND_CPUS");
   const absl::StatusOr<CpuBindMode> mode = ParseCpuBindMode(options_.bind_to);
@@ -563,6 +585,11 @@ int Launcher::Run() {
     }
     rank_cpus_.push_back(*std::move(cpus));
   }
+  return std::nullopt;
+}
+
+std::optional<int> Launcher::Prepare() {
+  if (std::optional<int> failed = PlanCpus(); failed.has_value()) return failed;
   int port = options_.master_port;
   if (port == 0 && !options_.elastic) {
     port = PickFreePort();
@@ -608,16 +635,19 @@ int Launcher::Run() {
     Message(absl::StrCat("cannot create a flight-record directory: ", strerror(errno),
                          "; the ranks dump where their profile says"));
   }
-
   port_ = port;
   token_ = token;
+  return std::nullopt;
+}
+
+bool Launcher::StartRanks() {
   ranks_.resize(static_cast<size_t>(options_.nproc));
   for (int i = 0; i < options_.nproc; ++i) {
     if (!StartRank(static_cast<size_t>(i), i,
                    BuildEnvironment(RankVariables(i, /*replacement=*/false)))) {
       Message(absl::StrCat("cannot start rank ", i, ": ", strerror(errno)));
       ranks_.resize(static_cast<size_t>(i));
-      if (ranks_.empty()) return 1;
+      if (ranks_.empty()) return false;
       BeginStop(SIGTERM, 1, /*ask_for_dumps=*/false);
       break;
     }
@@ -635,44 +665,17 @@ int Launcher::Run() {
       break;
     }
   }
+  return true;
+}
 
+void Launcher::Supervise() {
   std::vector<pollfd> fds;
   std::vector<std::pair<size_t, int>> owners;  // (rank, stream) of each pipe in fds
   while (true) {
     ReapChildren();
     StartReplacements();
     Clock::time_point now = Clock::now();
-    if (job_deadline_ && now >= *job_deadline_ && !stopping_) {
-      Message(absl::StrCat("job ran past --timeout ", options_.timeout_s,
-                           "s; stopping all ranks (exit code ", kTimeoutExitCode, ")"));
-      BeginStop(SIGTERM, kTimeoutExitCode, /*ask_for_dumps=*/true);
-    }
-    if (dump_deadline_) {
-      if (DumpsDone()) {
-        SendStopSignal();
-      } else if (now >= *dump_deadline_) {
-        std::vector<int> silent;
-        for (const Rank& rank : ranks_) {
-          if (rank.dump_requested && !rank.reaped) silent.push_back(rank.index);
-        }
-        Message(absl::StrCat("no new flight record from rank(s) ", absl::StrJoin(silent, ","),
-                             " after ", options_.dump_wait_s, "s; sending ",
-                             SignalName(stop_signal_)));
-        SendStopSignal();
-      }
-    }
-    if (kill_deadline_ && now >= *kill_deadline_) {
-      std::vector<int> alive;
-      for (const Rank& rank : ranks_) {
-        if (!rank.reaped) alive.push_back(rank.index);
-      }
-      if (!alive.empty()) {
-        Message(absl::StrCat("rank(s) ", absl::StrJoin(alive, ","), " still running after ",
-                             options_.grace_s, "s grace; sending SIGKILL"));
-      }
-      SignalAll(SIGKILL);
-      kill_deadline_.reset();
-    }
+    CheckDeadlines(now);
     if (AllReaped()) {
       if (!drain_deadline_) {
         drain_deadline_ = now + kDrainBound;
@@ -681,46 +684,90 @@ int Launcher::Run() {
       }
       if (AllPipesClosed() || now >= *drain_deadline_) break;
     }
+    if (!PollOnce(PollTimeoutMs(now), fds, owners)) break;
+  }
+}
 
-    std::optional<Clock::time_point> wake;
-    auto consider = [&wake](const std::optional<Clock::time_point>& d) {
-      if (d && (!wake || *d < *wake)) wake = d;
-    };
-    if (!stopping_) consider(job_deadline_);
-    consider(kill_deadline_);
-    consider(drain_deadline_);
-    if (dump_deadline_) consider(std::min(*dump_deadline_, now + kDumpCheckPeriod));
-    int timeout_ms = -1;
-    if (wake) {
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(*wake - now).count();
-      timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 60 * 60 * 1000));
-    }
-
-    fds.clear();
-    owners.clear();
-    fds.push_back({signal_pipe_[0], POLLIN, 0});
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      for (int s = 0; s < 2; ++s) {
-        if (ranks_[r].fds[s] < 0) continue;
-        fds.push_back({ranks_[r].fds[s], POLLIN, 0});
-        owners.emplace_back(r, s);
+void Launcher::CheckDeadlines(Clock::time_point now) {
+  if (job_deadline_ && now >= *job_deadline_ && !stopping_) {
+    Message(absl::StrCat("job ran past --timeout ", options_.timeout_s,
+                         "s; stopping all ranks (exit code ", kTimeoutExitCode, ")"));
+    BeginStop(SIGTERM, kTimeoutExitCode, /*ask_for_dumps=*/true);
+  }
+  if (dump_deadline_) {
+    if (DumpsDone()) {
+      SendStopSignal();
+    } else if (now >= *dump_deadline_) {
+      std::vector<int> silent;
+      for (const Rank& rank : ranks_) {
+        if (rank.dump_requested && !rank.reaped) silent.push_back(rank.index);
       }
-    }
-    int ready = poll(fds.data(), fds.size(), timeout_ms);
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      Message(absl::StrCat("poll failed: ", strerror(errno), "; stopping all ranks"));
-      if (!stopping_) BeginStop(SIGTERM, 1, /*ask_for_dumps=*/false);
-      SignalAll(SIGKILL);
-      break;
-    }
-    if (fds[0].revents != 0) HandleSignalPipe();
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      ReadRank(ranks_[owners[i - 1].first], owners[i - 1].second);
+      Message(absl::StrCat("no new flight record from rank(s) ", absl::StrJoin(silent, ","),
+                           " after ", options_.dump_wait_s, "s; sending ",
+                           SignalName(stop_signal_)));
+      SendStopSignal();
     }
   }
+  if (kill_deadline_ && now >= *kill_deadline_) {
+    std::vector<int> alive;
+    for (const Rank& rank : ranks_) {
+      if (!rank.reaped) alive.push_back(rank.index);
+    }
+    if (!alive.empty()) {
+      Message(absl::StrCat("rank(s) ", absl::StrJoin(alive, ","), " still running after ",
+                           options_.grace_s, "s grace; sending SIGKILL"));
+    }
+    SignalAll(SIGKILL);
+    kill_deadline_.reset();
+  }
+}
 
+int Launcher::PollTimeoutMs(Clock::time_point now) const {
+  std::optional<Clock::time_point> wake;
+  auto consider = [&wake](const std::optional<Clock::time_point>& d) {
+    if (d && (!wake || *d < *wake)) wake = d;
+  };
+  if (!stopping_) consider(job_deadline_);
+  consider(kill_deadline_);
+  consider(drain_deadline_);
+  if (dump_deadline_) consider(std::min(*dump_deadline_, now + kDumpCheckPeriod));
+  int timeout_ms = -1;
+  if (wake) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(*wake - now).count();
+    timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 60 * 60 * 1000));
+  }
+  return timeout_ms;
+}
+
+bool Launcher::PollOnce(int timeout_ms, std::vector<pollfd>& fds,
+                        std::vector<std::pair<size_t, int>>& owners) {
+  fds.clear();
+  owners.clear();
+  fds.push_back({signal_pipe_[0], POLLIN, 0});
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    for (int s = 0; s < 2; ++s) {
+      if (ranks_[r].fds[s] < 0) continue;
+      fds.push_back({ranks_[r].fds[s], POLLIN, 0});
+      owners.emplace_back(r, s);
+    }
+  }
+  int ready = poll(fds.data(), fds.size(), timeout_ms);
+  if (ready < 0) {
+    if (errno == EINTR) return true;
+    Message(absl::StrCat("poll failed: ", strerror(errno), "; stopping all ranks"));
+    if (!stopping_) BeginStop(SIGTERM, 1, /*ask_for_dumps=*/false);
+    SignalAll(SIGKILL);
+    return false;
+  }
+  if (fds[0].revents != 0) HandleSignalPipe();
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    ReadRank(ranks_[owners[i - 1].first], owners[i - 1].second);
+  }
+  return true;
+}
+
+int Launcher::Finish() {
   // Leftover partial lines of streams that never reached EOF (descendants holding them).
   for (Rank& rank : ranks_) {
     for (int s = 0; s < 2; ++s) {

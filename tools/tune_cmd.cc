@@ -446,28 +446,27 @@ std::string RanksBindTo(const TuneArgs& a) {
   return "none";
 }
 
-int RunTune(const TuneArgs& a) {
-  const auto started = Clock::now();
-  const std::string bind_to = RanksBindTo(a);
-  ProfileRequest req;
-  req.world_size = a.ranks;
-  absl::StatusOr<EffectiveConfig> profile = ResolveProfile(req);
-  if (!profile.ok()) return Fail(a, 2, std::string(profile.status().message()));
-  absl::StatusOr<Plan> plan = MakePlan(a, *profile);
-  if (!plan.ok()) return Fail(a, 2, std::string(plan.status().message()));
-  const Plan& p = *plan;
+// What a run found, for the report.
+struct TuneOutcome {
+  std::vector<Decision> decisions;
+  config::TunedTable table;
+  double tune_s = 0;
+  std::vector<CompareRow> compare;  // --compare
+  std::string explain;              // --compare: the tuned communicator's Explain()
+  double total_s = 0;
+};
 
-  // ---- tuning: every candidate a communicator of its own, all measured round by round ----
-  char dir_template[] = "/tmp/adaptcomm-tune-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) return Fail(a, 1, "cannot create a temporary directory");
-  const std::string dir = dir_template;
+// Tuning: every candidate a communicator of its own, all measured round by round; rank 0's
+// samples are left in <dir>/tune/samples.
+absl::Status MeasureCandidates(const TuneArgs& a, const Plan& p, const std::string& bind_to,
+                               const std::string& dir) {
   const config::TopologyFingerprint here =
       internal::selection::CurrentFingerprint(p.backend, 1, a.ranks);
   for (size_t i = 0; i < p.candidates.size(); ++i) {
     std::ofstream(absl::StrCat(dir, "/candidate", i, ".yaml"))
         << config::FormatTunedTable(CandidateTable(p, p.candidates[i], here));
   }
-  absl::Status tuned = OnRanks(
+  return OnRanks(
       a.ranks, bind_to, absl::StrCat(dir, "/tune"),
       [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
         std::vector<std::string> tables;
@@ -482,127 +481,160 @@ int RunTune(const TuneArgs& a) {
         if (st.ok() && rank == 0) std::ofstream(dir + "/tune/samples") << SamplesText(mine);
         return st;
       });
-  if (!tuned.ok()) return Fail(a, 1, tuned.ToString());
-  const Samples samples = ParseSamples(ReadWhole(dir + "/tune/samples"));
-  const std::vector<Decision> decisions = Decide(a, p, samples);
-  const config::TunedTable table = MakeTable(a, p, decisions);
-  const std::string text = config::FormatTunedTable(table);
-  {
-    std::ofstream f(a.out);
-    f << text;
-    if (!f.good()) return Fail(a, 1, absl::StrCat("cannot write ", a.out));
-  }
-  // What was written must read back for this topology, exactly as a job would load it.
-  absl::StatusOr<config::TunedTable> back = config::LoadTunedTableFor(a.out, table.fingerprint);
-  if (!back.ok())
-    return Fail(a, 1, absl::StrCat("the written table does not load: ", back.status().ToString()));
-  const double tune_s = std::chrono::duration<double>(Clock::now() - started).count();
+}
 
-  // ---- comparison: the static profile vs the table loaded at communicator creation ----
-  std::vector<CompareRow> compare;
-  std::string explain;
+// Comparison: the static profile vs the table loaded at communicator creation.
+absl::Status CompareWithStatic(const TuneArgs& a, const Plan& p, const std::string& bind_to,
+                               const std::string& dir, TuneOutcome& out) {
+  // Both communicators are created the way a job creates one: the static one without the
+  // table, the tuned one with ADAPTCOMM_TUNED_TABLE set (in the rank's own process); all the
+  // rounds in each creation order.
+  absl::Status st = OnRanks(a.ranks, bind_to, absl::StrCat(dir, "/compare"),
+                            [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
+                              Samples mine;
+                              std::string tuned_explain;
+                              absl::Status st = MeasureInBothCreationOrders(
+                                  a, p, rank, store, {std::string(), a.out}, "compare",
+                                  [](uint64_t) {
+                                    return std::vector<size_t>{0, 1};
+                                  },
+                                  /*parts=*/1, &mine, &tuned_explain);
+                              if (st.ok() && rank == 0) {
+                                std::ofstream(dir + "/compare/samples") << SamplesText(mine);
+                                std::ofstream(dir + "/compare/explain") << tuned_explain;
+                              }
+                              return st;
+                            });
+  if (!st.ok()) return st;
+  Samples cs = ParseSamples(ReadWhole(dir + "/compare/samples"));
+  out.explain = ReadWhole(dir + "/compare/explain");
+  for (const std::string& op : p.ops) {
+    for (uint64_t bytes : p.sizes) {
+      const diag::PairedSpeedup sp = diag::PairSpeedups(cs[op][bytes][0], cs[op][bytes][1]);
+      out.compare.push_back({op, bytes, diag::Median(cs[op][bytes][0]),
+                             diag::Median(cs[op][bytes][1]), sp.median, sp.p25, sp.p75});
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PrintTuneJson(const TuneArgs& a, const Plan& p, const TuneOutcome& out) {
+  nlohmann::json j;
+  j["ok"] = true;
+  j["ranks"] = a.ranks;
+  j["backend"] = p.backend;
+  j["table"] = a.out;
+  j["fingerprint"] = out.table.fingerprint.Describe();
+  j["threshold_pct"] = a.threshold_pct;
+  j["tune_seconds"] = out.tune_s;
+  j["bands"] = nlohmann::json::array();
+  for (const Decision& d : out.decisions) {
+    std::vector<std::string> measured;
+    for (size_t id : Distinct(p, d.bytes)) measured.push_back(p.candidates[id].name);
+    j["bands"].push_back({{"op", d.op},
+                          {"bytes", d.bytes},
+                          {"static_median_us", d.stat.median},
+                          {"best", d.best == 0 ? "" : p.candidates[d.best].name},
+                          {"best_median_us", d.alt.median},
+                          {"speedup_median", d.speedup.median},
+                          {"speedup_p25", d.speedup.p25},
+                          {"speedup_p75", d.speedup.p75},
+                          {"aa_median", d.control.median},
+                          {"aa_p25", d.control.p25},
+                          {"aa_p75", d.control.p75},
+                          {"chosen", p.candidates[d.winner].name},
+                          {"measured", measured}});
+  }
   if (a.compare) {
-    // Both communicators are created the way a job creates one: the static one without the
-    // table, the tuned one with ADAPTCOMM_TUNED_TABLE set (in the rank's own process); all the
-    // rounds in each creation order.
-    absl::Status st = OnRanks(a.ranks, bind_to, absl::StrCat(dir, "/compare"),
-                              [&](int rank, std::shared_ptr<Store> store) -> absl::Status {
-                                Samples mine;
-                                std::string tuned_explain;
-                                absl::Status st = MeasureInBothCreationOrders(
-                                    a, p, rank, store, {std::string(), a.out}, "compare",
-                                    [](uint64_t) {
-                                      return std::vector<size_t>{0, 1};
-                                    },
-                                    /*parts=*/1, &mine, &tuned_explain);
-                                if (st.ok() && rank == 0) {
-                                  std::ofstream(dir + "/compare/samples") << SamplesText(mine);
-                                  std::ofstream(dir + "/compare/explain") << tuned_explain;
-                                }
-                                return st;
-                              });
-    if (!st.ok()) return Fail(a, 1, st.ToString());
-    Samples cs = ParseSamples(ReadWhole(dir + "/compare/samples"));
-    explain = ReadWhole(dir + "/compare/explain");
-    for (const std::string& op : p.ops) {
-      for (uint64_t bytes : p.sizes) {
-        const diag::PairedSpeedup sp = diag::PairSpeedups(cs[op][bytes][0], cs[op][bytes][1]);
-        compare.push_back({op, bytes, diag::Median(cs[op][bytes][0]),
-                           diag::Median(cs[op][bytes][1]), sp.median, sp.p25, sp.p75});
-      }
+    j["compare"] = nlohmann::json::array();
+    for (const CompareRow& r : out.compare) {
+      j["compare"].push_back({{"op", r.op},
+                              {"bytes", r.bytes},
+                              {"static_median_us", r.static_us},
+                              {"tuned_median_us", r.tuned_us},
+                              {"speedup", r.speedup},
+                              {"speedup_p25", r.speedup_p25},
+                              {"speedup_p75", r.speedup_p75}});
     }
+    j["explain"] = out.explain;
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
-  const double total_s = std::chrono::duration<double>(Clock::now() - started).count();
+  j["seconds"] = out.total_s;
+  std::printf("%s\n", j.dump(2).c_str());
+}
 
-  if (a.json) {
-    nlohmann::json j;
-    j["ok"] = true;
-    j["ranks"] = a.ranks;
-    j["backend"] = p.backend;
-    j["table"] = a.out;
-    j["fingerprint"] = table.fingerprint.Describe();
-    j["threshold_pct"] = a.threshold_pct;
-    j["tune_seconds"] = tune_s;
-    j["bands"] = nlohmann::json::array();
-    for (const Decision& d : decisions) {
-      std::vector<std::string> measured;
-      for (size_t id : Distinct(p, d.bytes)) measured.push_back(p.candidates[id].name);
-      j["bands"].push_back({{"op", d.op},
-                            {"bytes", d.bytes},
-                            {"static_median_us", d.stat.median},
-                            {"best", d.best == 0 ? "" : p.candidates[d.best].name},
-                            {"best_median_us", d.alt.median},
-                            {"speedup_median", d.speedup.median},
-                            {"speedup_p25", d.speedup.p25},
-                            {"speedup_p75", d.speedup.p75},
-                            {"aa_median", d.control.median},
-                            {"aa_p25", d.control.p25},
-                            {"aa_p75", d.control.p75},
-                            {"chosen", p.candidates[d.winner].name},
-                            {"measured", measured}});
-    }
-    if (a.compare) {
-      j["compare"] = nlohmann::json::array();
-      for (const CompareRow& r : compare) {
-        j["compare"].push_back({{"op", r.op},
-                                {"bytes", r.bytes},
-                                {"static_median_us", r.static_us},
-                                {"tuned_median_us", r.tuned_us},
-                                {"speedup", r.speedup},
-                                {"speedup_p25", r.speedup_p25},
-                                {"speedup_p75", r.speedup_p75}});
-      }
-      j["explain"] = explain;
-    }
-    j["seconds"] = total_s;
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
-  }
+void PrintTuneText(const TuneArgs& a, const Plan& p, const TuneOutcome& out) {
   std::printf("adaptcomm tune: %d ranks (processes), backend %s, fingerprint %s\n", a.ranks,
-              p.backend.c_str(), table.fingerprint.Describe().c_str());
+              p.backend.c_str(), out.table.fingerprint.Describe().c_str());
   std::printf("%-10s %8s %11s %-18s %11s %-21s  %-14s  %s\n", "op", "size", "static_us", "best",
               "best_us", "speedup [p25, p75]", "A/A [p25, p75]", "chosen");
-  for (const Decision& d : decisions) {
+  for (const Decision& d : out.decisions) {
     std::printf("%-10s %8s %11.1f %-18s %11.1f %5.2f [%5.2f, %5.2f]    [%5.2f, %5.2f]  %s\n",
                 d.op.c_str(), CompactByteSizeText(d.bytes).c_str(), d.stat.median,
                 d.best == 0 ? "-" : p.candidates[d.best].name.c_str(), d.alt.median,
                 d.speedup.median, d.speedup.p25, d.speedup.p75, d.control.p25, d.control.p75,
                 d.winner == 0 ? "static (within noise)" : p.candidates[d.winner].name.c_str());
   }
-  std::printf("wrote %s (%zu entries) in %.1f s\n", a.out.c_str(), table.entries.size(), tune_s);
+  std::printf("wrote %s (%zu entries) in %.1f s\n", a.out.c_str(), out.table.entries.size(),
+              out.tune_s);
   if (a.compare) {
     std::printf("\ncompare, same run: static profile vs the table loaded at creation\n");
     std::printf("%-10s %8s %11s %11s  %s\n", "op", "size", "static_us", "tuned_us",
                 "speedup [p25, p75]");
-    for (const CompareRow& r : compare) {
+    for (const CompareRow& r : out.compare) {
       std::printf("%-10s %8s %11.1f %11.1f  %5.2f [%5.2f, %5.2f]\n", r.op.c_str(),
                   CompactByteSizeText(r.bytes).c_str(), r.static_us, r.tuned_us, r.speedup,
                   r.speedup_p25, r.speedup_p75);
     }
-    std::printf("\n%s", explain.c_str());
-    std::printf("total %.1f s\n", total_s);
+    std::printf("\n%s", out.explain.c_str());
+    std::printf("total %.1f s\n", out.total_s);
+  }
+}
+
+int RunTune(const TuneArgs& a) {
+  const auto started = Clock::now();
+  const std::string bind_to = RanksBindTo(a);
+  ProfileRequest req;
+  req.world_size = a.ranks;
+  absl::StatusOr<EffectiveConfig> profile = ResolveProfile(req);
+  if (!profile.ok()) return Fail(a, 2, std::string(profile.status().message()));
+  absl::StatusOr<Plan> plan = MakePlan(a, *profile);
+  if (!plan.ok()) return Fail(a, 2, std::string(plan.status().message()));
+  const Plan& p = *plan;
+
+  char dir_template[] = "/tmp/adaptcomm-tune-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) return Fail(a, 1, "cannot create a temporary directory");
+  const std::string dir = dir_template;
+  if (absl::Status tuned = MeasureCandidates(a, p, bind_to, dir); !tuned.ok()) {
+    return Fail(a, 1, tuned.ToString());
+  }
+  TuneOutcome out;
+  const Samples samples = ParseSamples(ReadWhole(dir + "/tune/samples"));
+  out.decisions = Decide(a, p, samples);
+  out.table = MakeTable(a, p, out.decisions);
+  const std::string text = config::FormatTunedTable(out.table);
+  {
+    std::ofstream f(a.out);
+    f << text;
+    if (!f.good()) return Fail(a, 1, absl::StrCat("cannot write ", a.out));
+  }
+  // What was written must read back for this topology, exactly as a job would load it.
+  absl::StatusOr<config::TunedTable> back = config::LoadTunedTableFor(a.out, out.table.fingerprint);
+  if (!back.ok())
+    return Fail(a, 1, absl::StrCat("the written table does not load: ", back.status().ToString()));
+  out.tune_s = std::chrono::duration<double>(Clock::now() - started).count();
+
+  if (a.compare) {
+    if (absl::Status st = CompareWithStatic(a, p, bind_to, dir, out); !st.ok()) {
+      return Fail(a, 1, st.ToString());
+    }
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  out.total_s = std::chrono::duration<double>(Clock::now() - started).count();
+  if (a.json) {
+    PrintTuneJson(a, p, out);
+  } else {
+    PrintTuneText(a, p, out);
   }
   return 0;
 }

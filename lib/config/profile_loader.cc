@@ -352,6 +352,155 @@ double WorldScalingFactor(int world, int reference_world, double per_doubling, d
   return std::max(1.0, std::min(max_factor, f));
 }
 
+namespace {
+
+// The top-level keys a profile file may hold, and its schema version.
+absl::Status CheckTopLevel(const std::string& file, const YAML::Node& root) {
+  if (!root.IsMap()) return ErrorAt(file, root, "a profile file must be a map");
+  const std::vector<std::string> top = {"schema", "description", "infrastructure", "defaults",
+                                        "tiers"};
+  for (const auto& kv : root) {
+    auto key = ScalarAt(file, kv.first, "a key");
+    if (!key.ok()) return key.status();
+    if (std::find(top.begin(), top.end(), *key) == top.end()) {
+      return ErrorAt(file, kv.first,
+                     absl::StrCat("unknown top-level key '", *key, "'",
+                                  DidYouMeanSuffix(ClosestName(*key, top))));
+    }
+  }
+  if (const YAML::Node schema = root["schema"]) {
+    if (!schema.IsScalar() || schema.Scalar() != "1") {
+      return ErrorAt(file, schema, "this adaptcomm reads profile schema 1");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The infrastructure block: its NCCL environment (`env`) and a description.
+absl::Status ParseInfrastructure(const std::string& file, const YAML::Node& root,
+                                 const NcclRegistry& reg, Layer* infra) {
+  const YAML::Node node = root["infrastructure"];
+  if (!node) return absl::OkStatus();
+  if (!node.IsMap()) return ErrorAt(file, node, "infrastructure must be a map");
+  for (const auto& kv : node) {
+    const std::string k = kv.first.Scalar();
+    if (k == "env") {
+      absl::Status s = ParseNcclMap(file, kv.second, /*env_block=*/true, reg, infra);
+      if (!s.ok()) return s;
+    } else if (k != "description") {
+      return ErrorAt(file, kv.first,
+                     absl::StrCat("unknown key 'infrastructure.", k, "'",
+                                  DidYouMeanSuffix(ClosestName(k, {"env"}))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every tier's settings, so a broken tier is found whichever one is selected.
+absl::StatusOr<std::vector<Layer>> ParseTierLayers(const std::string& file,
+                                                   const std::vector<TierDef>& tiers,
+                                                   const NcclRegistry& reg) {
+  std::vector<Layer> tier_layers(tiers.size());
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    absl::Status s =
+        ParseSection(file, tiers[i].node, {"name", "params", "description"}, reg, &tier_layers[i]);
+    if (!s.ok()) return s;
+  }
+  if (tiers.size() > 1) {
+    for (const TierDef& t : tiers) {
+      if (!t.params_node) {
+        return ErrorAt(file, t.node,
+                       absl::StrCat("tier '", t.name,
+                                    "' needs params when the "
+                                    "file has several tiers"));
+      }
+    }
+  }
+  return tier_layers;
+}
+
+// The tier of `in`: by name, else by model size (the smallest without one; the next larger one
+// in a gap between tiers). Fills `sel` with the choice and why.
+absl::StatusOr<size_t> SelectTier(const ResolveInputs& in, const std::vector<TierDef>& ts,
+                                  Selection& sel) {
+  size_t chosen = 0;
+  if (!in.tier_name.empty()) {
+    std::vector<std::string> names;
+    bool found = false;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      names.push_back(ts[i].name);
+      if (ts[i].name == in.tier_name) {
+        chosen = i;
+        found = true;
+      }
+    }
+    if (!found) {
+      std::string hint = ClosestName(in.tier_name, names);
+      return absl::NotFoundError(absl::StrCat(
+          "'", in.tier_name, "' is neither a model size (7B, 1.5T, 7000000000) nor a profile in ",
+          in.file, " (profiles: ", absl::StrJoin(names, ", "), ")",
+          hint.empty() ? "" : absl::StrCat("; did you mean '", hint, "'?")));
+    }
+    sel.note = absl::StrCat("profile '", ts[chosen].name, "' selected by name");
+  } else if (in.model_params == 0) {
+    sel.note = absl::StrCat("no model size given (ADAPTCOMM_MODEL_SIZE unset): smallest tier '",
+                            ts[0].name, "' (", RangeText(ts[0]), ")");
+  } else {
+    const uint64_t p = in.model_params;
+    const std::string size = FormatModelSize(p);
+    bool placed = false;
+    for (size_t i = 0; i < ts.size() && !placed; ++i) {
+      if (p >= ts[i].lo && p <= ts[i].hi) {
+        chosen = i;
+        placed = true;
+        sel.note = absl::StrCat(size, " is in tier '", ts[i].name, "' (", RangeText(ts[i]), ")");
+      } else if (p < ts[i].lo) {
+        chosen = i;
+        placed = true;
+        sel.gap = true;
+        sel.note = i == 0 ? absl::StrCat(size, " is below every tier: using the smallest tier '",
+                                         ts[i].name, "' (", RangeText(ts[i]), ")")
+                          : absl::StrCat(size, " falls between tier '", ts[i - 1].name, "' (",
+                                         RangeText(ts[i - 1]), ") and tier '", ts[i].name, "' (",
+                                         RangeText(ts[i]), "): using the next larger tier '",
+                                         ts[i].name, "'");
+      }
+    }
+    if (!placed) {
+      chosen = ts.size() - 1;
+      sel.gap = true;
+      sel.note = absl::StrCat(size, " is above every tier: using the largest tier '",
+                              ts[chosen].name, "' (", RangeText(ts[chosen]), ")");
+    }
+  }
+  sel.tier = ts[chosen].name;
+  sel.range = RangeText(ts[chosen]);
+  return chosen;
+}
+
+// The layers merged, later ones winning key by key (an NCCL entry keeps its first place).
+MergeInputs MergeLayers(const std::vector<const Layer*>& layers) {
+  MergeInputs merge;
+  for (const Layer* layer : layers) {
+    for (const auto& [k, v] : layer->values) merge.values[k] = v;
+    for (const auto& entry : layer->nccl) {
+      const std::string& name = entry.first;  // clang 14 cannot capture a structured binding
+      auto it = std::find_if(merge.nccl.begin(), merge.nccl.end(),
+                             [&](const auto& e) { return e.first == name; });
+      if (it == merge.nccl.end()) {
+        merge.nccl.push_back(entry);
+      } else {
+        it->second = entry.second;
+      }
+    }
+    merge.warnings.insert(merge.warnings.end(), layer->warnings.begin(), layer->warnings.end());
+    merge.refusals.insert(merge.refusals.end(), layer->refusals.begin(), layer->refusals.end());
+  }
+  return merge;
+}
+
+}  // namespace
+
 absl::StatusOr<EffectiveConfig> ResolveFromText(const ResolveInputs& in, const NcclRegistry& reg) {
   const std::string& file = in.file;
   if (in.world_size < 1) {
@@ -361,134 +510,21 @@ absl::StatusOr<EffectiveConfig> ResolveFromText(const ResolveInputs& in, const N
   if (!root_or.ok()) return root_or.status();
   const YAML::Node root = *root_or;
   try {
-    if (!root.IsMap()) return ErrorAt(file, root, "a profile file must be a map");
-    const std::vector<std::string> top = {"schema", "description", "infrastructure", "defaults",
-                                          "tiers"};
-    for (const auto& kv : root) {
-      auto key = ScalarAt(file, kv.first, "a key");
-      if (!key.ok()) return key.status();
-      if (std::find(top.begin(), top.end(), *key) == top.end()) {
-        return ErrorAt(file, kv.first,
-                       absl::StrCat("unknown top-level key '", *key, "'",
-                                    DidYouMeanSuffix(ClosestName(*key, top))));
-      }
-    }
-    if (const YAML::Node schema = root["schema"]) {
-      if (!schema.IsScalar() || schema.Scalar() != "1") {
-        return ErrorAt(file, schema, "this adaptcomm reads profile schema 1");
-      }
-    }
+    if (absl::Status s = CheckTopLevel(file, root); !s.ok()) return s;
     Layer infra;
-    if (const YAML::Node node = root["infrastructure"]) {
-      if (!node.IsMap()) return ErrorAt(file, node, "infrastructure must be a map");
-      for (const auto& kv : node) {
-        const std::string k = kv.first.Scalar();
-        if (k == "env") {
-          absl::Status s = ParseNcclMap(file, kv.second, /*env_block=*/true, reg, &infra);
-          if (!s.ok()) return s;
-        } else if (k != "description") {
-          return ErrorAt(file, kv.first,
-                         absl::StrCat("unknown key 'infrastructure.", k, "'",
-                                      DidYouMeanSuffix(ClosestName(k, {"env"}))));
-        }
-      }
-    }
+    if (absl::Status s = ParseInfrastructure(file, root, reg, &infra); !s.ok()) return s;
     Layer defaults;
     absl::Status s = ParseSection(file, root["defaults"], {"description"}, reg, &defaults);
     if (!s.ok()) return s;
     auto tiers = ParseTiers(file, root["tiers"]);
     if (!tiers.ok()) return tiers.status();
-    // Validate every tier, so a broken tier is found whichever one is selected.
-    std::vector<Layer> tier_layers(tiers->size());
-    for (size_t i = 0; i < tiers->size(); ++i) {
-      s = ParseSection(file, (*tiers)[i].node, {"name", "params", "description"}, reg,
-                       &tier_layers[i]);
-      if (!s.ok()) return s;
-    }
-    if (tiers->size() > 1) {
-      for (const TierDef& t : *tiers) {
-        if (!t.params_node) {
-          return ErrorAt(file, t.node,
-                         absl::StrCat("tier '", t.name,
-                                      "' needs params when the "
-                                      "file has several tiers"));
-        }
-      }
-    }
+    absl::StatusOr<std::vector<Layer>> tier_layers = ParseTierLayers(file, *tiers, reg);
+    if (!tier_layers.ok()) return tier_layers.status();
 
-    // ---- selection ----
     Selection sel;
-    const std::vector<TierDef>& ts = *tiers;
-    size_t chosen = 0;
-    if (!in.tier_name.empty()) {
-      std::vector<std::string> names;
-      bool found = false;
-      for (size_t i = 0; i < ts.size(); ++i) {
-        names.push_back(ts[i].name);
-        if (ts[i].name == in.tier_name) {
-          chosen = i;
-          found = true;
-        }
-      }
-      if (!found) {
-        std::string hint = ClosestName(in.tier_name, names);
-        return absl::NotFoundError(absl::StrCat(
-            "'", in.tier_name, "' is neither a model size (7B, 1.5T, 7000000000) nor a profile in ",
-            file, " (profiles: ", absl::StrJoin(names, ", "), ")",
-            hint.empty() ? "" : absl::StrCat("; did you mean '", hint, "'?")));
-      }
-      sel.note = absl::StrCat("profile '", ts[chosen].name, "' selected by name");
-    } else if (in.model_params == 0) {
-      sel.note = absl::StrCat("no model size given (ADAPTCOMM_MODEL_SIZE unset): smallest tier '",
-                              ts[0].name, "' (", RangeText(ts[0]), ")");
-    } else {
-      const uint64_t p = in.model_params;
-      const std::string size = FormatModelSize(p);
-      bool placed = false;
-      for (size_t i = 0; i < ts.size() && !placed; ++i) {
-        if (p >= ts[i].lo && p <= ts[i].hi) {
-          chosen = i;
-          placed = true;
-          sel.note = absl::StrCat(size, " is in tier '", ts[i].name, "' (", RangeText(ts[i]), ")");
-        } else if (p < ts[i].lo) {
-          chosen = i;
-          placed = true;
-          sel.gap = true;
-          sel.note = i == 0 ? absl::StrCat(size, " is below every tier: using the smallest tier '",
-                                           ts[i].name, "' (", RangeText(ts[i]), ")")
-                            : absl::StrCat(size, " falls between tier '", ts[i - 1].name, "' (",
-                                           RangeText(ts[i - 1]), ") and tier '", ts[i].name, "' (",
-                                           RangeText(ts[i]), "): using the next larger tier '",
-                                           ts[i].name, "'");
-        }
-      }
-      if (!placed) {
-        chosen = ts.size() - 1;
-        sel.gap = true;
-        sel.note = absl::StrCat(size, " is above every tier: using the largest tier '",
-                                ts[chosen].name, "' (", RangeText(ts[chosen]), ")");
-      }
-    }
-    sel.tier = ts[chosen].name;
-    sel.range = RangeText(ts[chosen]);
-
-    std::vector<const Layer*> layers = {&infra, &defaults, &tier_layers[chosen]};
-    MergeInputs merge;
-    for (const Layer* layer : layers) {
-      for (const auto& [k, v] : layer->values) merge.values[k] = v;
-      for (const auto& entry : layer->nccl) {
-        const std::string& name = entry.first;  // clang 14 cannot capture a structured binding
-        auto it = std::find_if(merge.nccl.begin(), merge.nccl.end(),
-                               [&](const auto& e) { return e.first == name; });
-        if (it == merge.nccl.end()) {
-          merge.nccl.push_back(entry);
-        } else {
-          it->second = entry.second;
-        }
-      }
-      merge.warnings.insert(merge.warnings.end(), layer->warnings.begin(), layer->warnings.end());
-      merge.refusals.insert(merge.refusals.end(), layer->refusals.begin(), layer->refusals.end());
-    }
+    absl::StatusOr<size_t> chosen = SelectTier(in, *tiers, sel);
+    if (!chosen.ok()) return chosen.status();
+    MergeInputs merge = MergeLayers({&infra, &defaults, &(*tier_layers)[*chosen]});
     if (in.strict && !merge.refusals.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat("strict profile mode (ADAPTCOMM_PROFILE_STRICT) refuses ", file, ":\n  ",

@@ -11,8 +11,14 @@
 
 namespace adaptcomm::config {
 
-const std::vector<KeySpec>& Schema() {
-  static const auto* schema = new std::vector<KeySpec>{
+namespace {
+
+// The schema, one function per group of sections. The order of the keys is the order
+// Explain() lists them in and the cross-rank configuration hash reads them in: keep it.
+
+// Timeouts and their scaling with the world size.
+std::vector<KeySpec> TimeoutKeys() {
+  return {
       {"timeouts.store_connect", Kind::kDuration, 0, 0, {}, "60s", "store client connect bound"},
       {"timeouts.init",
        Kind::kDuration,
@@ -58,6 +64,12 @@ const std::vector<KeySpec>& Schema() {
        "0.25",
        "timeout scaling: added factor per doubling of the world"},
       {"world_scaling.max_factor", Kind::kDouble, 1, 100, {}, "3", "timeout scaling: cap"},
+  };
+}
+
+// Retry: which failures are retried, how often, and what a retry replays.
+std::vector<KeySpec> RetryKeys() {
+  return {
       {"retry.max_attempts",
        Kind::kInt,
        1,
@@ -106,6 +118,12 @@ const std::vector<KeySpec>& Schema() {
        {},
        "5s",
        "after a failure, wait this long for every rank's report before naming the silent ones"},
+  };
+}
+
+// Backend selection and the Gloo backend.
+std::vector<KeySpec> BackendKeys() {
+  return {
       {"backend.choice",
        Kind::kEnum,
        0,
@@ -171,6 +189,12 @@ const std::vector<KeySpec>& Schema() {
        {},
        "1024",
        "Gloo pairs a rank opens at most, each when an op first needs it (alltoall: world - 1)"},
+  };
+}
+
+// The flight recorder, trace, metrics, status record and monitor.
+std::vector<KeySpec> ObservabilityKeys() {
+  return {
       {"flight_recorder.entries",
        Kind::kInt,
        0,
@@ -268,6 +292,12 @@ const std::vector<KeySpec>& Schema() {
        "0.15",
        "slowness score that names a rank: the others' op-to-op time grows by this fraction "
        "waiting for it"},
+  };
+}
+
+// Mixed precision and gradient buckets.
+std::vector<KeySpec> PrecisionKeys() {
+  return {
       {"precision.fp16_overflow",
        Kind::kEnum,
        0,
@@ -282,6 +312,12 @@ const std::vector<KeySpec>& Schema() {
        {},
        "25MiB",
        "gradient bucketer: bytes of gradients fused into one allreduce (adaptcomm/bucketer.h)"},
+  };
+}
+
+// Elastic membership: what a rank loss does.
+std::vector<KeySpec> ElasticKeys() {
+  return {
       {"elastic.on_loss",
        Kind::kEnum,
        0,
@@ -317,6 +353,12 @@ const std::vector<KeySpec>& Schema() {
        {"shrink", "fail"},
        "shrink",
        "elastic wait_for_replacement: what to do once the wait ran out"},
+  };
+}
+
+// The tuned table and the online tuner.
+std::vector<KeySpec> TuningKeys() {
+  return {
       {"tuning.table",
        Kind::kString,
        0,
@@ -370,6 +412,12 @@ const std::vector<KeySpec>& Schema() {
        {},
        "30s",
        "online tuning: bound of a band's agreement; past it the static values stay (logged)"},
+  };
+}
+
+// The store, the collective checks and diagnose.
+std::vector<KeySpec> StoreAndDebugKeys() {
+  return {
       {"store.url",
        Kind::kString,
        0,
@@ -394,6 +442,20 @@ const std::vector<KeySpec>& Schema() {
        "0.1",
        "diagnose --ranks: warn below this allreduce bus bandwidth (GB/s)"},
   };
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& Schema() {
+  static const auto* schema = [] {
+    auto* keys = new std::vector<KeySpec>;
+    for (auto* group : {TimeoutKeys, RetryKeys, BackendKeys, ObservabilityKeys, PrecisionKeys,
+                        ElasticKeys, TuningKeys, StoreAndDebugKeys}) {
+      std::vector<KeySpec> part = group();
+      keys->insert(keys->end(), part.begin(), part.end());
+    }
+    return keys;
+  }();
   return *schema;
 }
 
@@ -408,8 +470,7 @@ const std::vector<std::string>& SectionNames() {
   static const auto* names = new std::vector<std::string>{
       "timeouts", "world_scaling", "retry",     "backend", "gloo",    "flight_recorder",
       "trace",    "diagnose",      "precision", "buckets", "elastic", "tuning",
-      "store",    "metrics",       "status",    "monitor",
-      "debug"};
+      "store",    "metrics",       "status",    "monitor", "debug"};
   return *names;
 }
 

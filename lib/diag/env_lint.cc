@@ -147,11 +147,129 @@ bool NcclIfnameMatches(const std::string& raw, const std::vector<Interface>& int
   return false;
 }
 
+namespace {
+
+void Add(std::vector<CheckResult>& out, std::string check, CheckStatus st, std::string detail,
+         std::string fix = "") {
+  out.push_back({std::move(check), st, std::move(detail), std::move(fix)});
+}
+
+// One NCCL_ variable against NCCL's parameter registry; whether it is clean.
+bool LintNcclVariable(const std::string& name, const std::string& value, const EnvLintInput& in,
+                      std::vector<CheckResult>& out) {
+  const std::string check = "env." + name;
+  if (in.registry == nullptr) return true;
+  const config::NcclParam* p = in.registry->Lookup(name);
+  if (p == nullptr) {
+    const std::string hint = in.registry->DidYouMean(name);
+    Add(out, check, CheckStatus::kWarn,
+        absl::StrCat(name, "=", value, " is unknown to NCCL's parameter registry",
+                     hint.empty() ? "" : absl::StrCat(" (did you mean ", hint, "?)")),
+        hint.empty() ? "remove it, or check the spelling against the NCCL docs"
+                     : absl::StrCat("rename it to ", hint));
+    return false;
+  }
+  switch (p->status) {
+    case config::ParamStatus::kNeverRead:
+      Add(out, check, CheckStatus::kFail,
+          absl::StrCat(name, " is dead: ", p->note.empty() ? "read by no NCCL version" : p->note),
+          p->suggest.empty() ? "remove it" : absl::StrCat("use ", p->suggest, " instead"));
+      return false;
+    case config::ParamStatus::kDeprecated:
+      Add(out, check, CheckStatus::kWarn,
+          absl::StrCat(name, " is deprecated since NCCL ", p->since, " (", p->note, ")"),
+          absl::StrCat("use ", p->alias_of, " instead"));
+      break;
+    case config::ParamStatus::kPluginOnly:
+      Add(out, check, CheckStatus::kWarn,
+          absl::StrCat(name, " is read only by ", p->plugin, ", not by NCCL: ", p->note),
+          "keep it only if that plugin is installed");
+      break;
+    case config::ParamStatus::kMetadata:  // set by container images; NCCL ignores it
+      return true;
+    case config::ParamStatus::kCurrent:
+      break;
+  }
+  const config::NcclParam* target = in.registry->Canonical(name);
+  if (auto norm = in.registry->Normalize(target != nullptr ? *target : *p, value); !norm.ok()) {
+    Add(out, check, CheckStatus::kFail,
+        absl::StrCat(name, "=", value, ": ", std::string(norm.status().message())),
+        "set a value within the documented range");
+    return false;
+  }
+  if (name == "NCCL_SOCKET_IFNAME") {
+    std::string why;
+    if (!NcclIfnameMatches(value, in.interfaces, why)) {
+      Add(out, check, CheckStatus::kFail, absl::StrCat("NCCL_SOCKET_IFNAME=", value, " ", why),
+          absl::StrCat("set it to an interface that is up on this host (",
+                       UpInterfaces(in.interfaces), ") or unset it"));
+      return false;
+    }
+  }
+  return p->status == config::ParamStatus::kCurrent;
+}
+
+// One GLOO_ or ADAPTCOMM_ variable: a name adaptcomm or Gloo reads, and Gloo's interfaces up;
+// whether it is clean.
+bool LintOtherVariable(const std::string& name, const std::string& value, const EnvLintInput& in,
+                       std::vector<CheckResult>& out) {
+  const std::string check = "env." + name;
+  if (KnownNonNcclNames().count(name) == 0) {
+    std::vector<std::string> known(KnownNonNcclNames().begin(), KnownNonNcclNames().end());
+    const std::string hint = config::ClosestName(name, known);
+    Add(out, check, CheckStatus::kWarn,
+        absl::StrCat(name, " is read by neither adaptcomm nor Gloo",
+                     hint.empty() ? "" : absl::StrCat(" (did you mean ", hint, "?)")),
+        hint.empty() ? "remove it" : absl::StrCat("rename it to ", hint));
+    return false;
+  }
+  if (name == "GLOO_SOCKET_IFNAME") {
+    // Gloo takes exact names, comma separated (PyTorch splits the list across devices).
+    std::vector<std::string> bad;
+    for (absl::string_view n : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      const Interface* i = FindInterface(in.interfaces, std::string(n));
+      if (i == nullptr) {
+        bad.push_back(absl::StrCat(std::string(n), " does not exist"));
+      } else if (!i->up) {
+        bad.push_back(absl::StrCat(std::string(n), " is down"));
+      }
+    }
+    if (!bad.empty()) {
+      Add(out, check, CheckStatus::kFail,
+          absl::StrCat("GLOO_SOCKET_IFNAME=", value, ": ", absl::StrJoin(bad, "; ")),
+          absl::StrCat("set it to an interface that is up on this host (",
+                       UpInterfaces(in.interfaces), ") or unset it"));
+      return false;
+    }
+  }
+  return true;
+}
+
+// Multi-host jobs: the hostname must resolve, and not first to loopback.
+void LintHostname(const EnvLintInput& in, std::vector<CheckResult>& out) {
+  if (in.hostname_addresses.empty()) {
+    Add(out, "env.hostname", CheckStatus::kFail,
+        absl::StrCat("hostname '", in.hostname, "' does not resolve"),
+        "add it to DNS or /etc/hosts with the address of the cluster interface");
+  } else if (IsLoopbackAddress(in.hostname_addresses.front())) {
+    // Gloo and c10d take the first address: Debian's "127.0.1.1 host" line makes it loopback.
+    Add(out, "env.hostname", CheckStatus::kFail,
+        absl::StrCat("hostname '", in.hostname, "' resolves first to loopback (",
+                     absl::StrJoin(in.hostname_addresses, ", "),
+                     ") in a multi-host job: peers would be told to connect to themselves"),
+        "map the hostname to the cluster address in /etc/hosts, or set MASTER_ADDR, "
+        "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME explicitly");
+  } else {
+    Add(out, "env.hostname", CheckStatus::kPass,
+        absl::StrCat("hostname '", in.hostname, "' -> ",
+                     absl::StrJoin(in.hostname_addresses, ", ")));
+  }
+}
+
+}  // namespace
+
 std::vector<CheckResult> LintEnvironment(const EnvLintInput& in) {
   std::vector<CheckResult> out;
-  auto add = [&](std::string check, CheckStatus st, std::string detail, std::string fix = "") {
-    out.push_back({std::move(check), st, std::move(detail), std::move(fix)});
-  };
   std::map<std::string, std::string> vars;
   for (const std::string& kv : in.environment) {
     const size_t eq = kv.find('=');
@@ -162,120 +280,17 @@ std::vector<CheckResult> LintEnvironment(const EnvLintInput& in) {
       vars[name] = kv.substr(eq + 1);
     }
   }
-  std::vector<std::string> known(KnownNonNcclNames().begin(), KnownNonNcclNames().end());
   size_t clean = 0;
   for (const auto& [name, value] : vars) {
-    const std::string check = "env." + name;
-    if (absl::StartsWith(name, "NCCL_")) {
-      if (in.registry == nullptr) {
-        ++clean;
-        continue;
-      }
-      const config::NcclParam* p = in.registry->Lookup(name);
-      if (p == nullptr) {
-        const std::string hint = in.registry->DidYouMean(name);
-        add(check, CheckStatus::kWarn,
-            absl::StrCat(name, "=", value, " is unknown to NCCL's parameter registry",
-                         hint.empty() ? "" : absl::StrCat(" (did you mean ", hint, "?)")),
-            hint.empty() ? "remove it, or check the spelling against the NCCL docs"
-                         : absl::StrCat("rename it to ", hint));
-        continue;
-      }
-      switch (p->status) {
-        case config::ParamStatus::kNeverRead:
-          add(check, CheckStatus::kFail,
-              absl::StrCat(name,
-                           " is dead: ", p->note.empty() ? "read by no NCCL version" : p->note),
-              p->suggest.empty() ? "remove it" : absl::StrCat("use ", p->suggest, " instead"));
-          continue;
-        case config::ParamStatus::kDeprecated:
-          add(check, CheckStatus::kWarn,
-              absl::StrCat(name, " is deprecated since NCCL ", p->since, " (", p->note, ")"),
-              absl::StrCat("use ", p->alias_of, " instead"));
-          break;
-        case config::ParamStatus::kPluginOnly:
-          add(check, CheckStatus::kWarn,
-              absl::StrCat(name, " is read only by ", p->plugin, ", not by NCCL: ", p->note),
-              "keep it only if that plugin is installed");
-          break;
-        case config::ParamStatus::kMetadata:  // set by container images; NCCL ignores it
-          ++clean;
-          continue;
-        case config::ParamStatus::kCurrent:
-          break;
-      }
-      const config::NcclParam* target = in.registry->Canonical(name);
-      if (auto norm = in.registry->Normalize(target != nullptr ? *target : *p, value); !norm.ok()) {
-        add(check, CheckStatus::kFail,
-            absl::StrCat(name, "=", value, ": ", std::string(norm.status().message())),
-            "set a value within the documented range");
-        continue;
-      }
-      if (name == "NCCL_SOCKET_IFNAME") {
-        std::string why;
-        if (!NcclIfnameMatches(value, in.interfaces, why)) {
-          add(check, CheckStatus::kFail, absl::StrCat("NCCL_SOCKET_IFNAME=", value, " ", why),
-              absl::StrCat("set it to an interface that is up on this host (",
-                           UpInterfaces(in.interfaces), ") or unset it"));
-          continue;
-        }
-      }
-      if (p->status == config::ParamStatus::kCurrent) ++clean;
-      continue;
-    }
-    if (KnownNonNcclNames().count(name) == 0) {
-      const std::string hint = config::ClosestName(name, known);
-      add(check, CheckStatus::kWarn,
-          absl::StrCat(name, " is read by neither adaptcomm nor Gloo",
-                       hint.empty() ? "" : absl::StrCat(" (did you mean ", hint, "?)")),
-          hint.empty() ? "remove it" : absl::StrCat("rename it to ", hint));
-      continue;
-    }
-    if (name == "GLOO_SOCKET_IFNAME") {
-      // Gloo takes exact names, comma separated (PyTorch splits the list across devices).
-      std::vector<std::string> bad;
-      for (absl::string_view n : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        const Interface* i = FindInterface(in.interfaces, std::string(n));
-        if (i == nullptr) {
-          bad.push_back(absl::StrCat(std::string(n), " does not exist"));
-        } else if (!i->up) {
-          bad.push_back(absl::StrCat(std::string(n), " is down"));
-        }
-      }
-      if (!bad.empty()) {
-        add(check, CheckStatus::kFail,
-            absl::StrCat("GLOO_SOCKET_IFNAME=", value, ": ", absl::StrJoin(bad, "; ")),
-            absl::StrCat("set it to an interface that is up on this host (",
-                         UpInterfaces(in.interfaces), ") or unset it"));
-        continue;
-      }
-    }
-    ++clean;
+    const bool ok = absl::StartsWith(name, "NCCL_") ? LintNcclVariable(name, value, in, out)
+                                                    : LintOtherVariable(name, value, in, out);
+    if (ok) ++clean;
   }
-  add("env.summary", CheckStatus::kPass,
+  Add(out, "env.summary", CheckStatus::kPass,
       absl::StrCat(
           vars.size(), " NCCL_/GLOO_/ADAPTCOMM_ variable(s) set, ", clean, " clean",
           in.registry == nullptr ? " (NCCL registry unavailable: names not checked)" : ""));
-
-  if (in.multi_host) {
-    if (in.hostname_addresses.empty()) {
-      add("env.hostname", CheckStatus::kFail,
-          absl::StrCat("hostname '", in.hostname, "' does not resolve"),
-          "add it to DNS or /etc/hosts with the address of the cluster interface");
-    } else if (IsLoopbackAddress(in.hostname_addresses.front())) {
-      // Gloo and c10d take the first address: Debian's "127.0.1.1 host" line makes it loopback.
-      add("env.hostname", CheckStatus::kFail,
-          absl::StrCat("hostname '", in.hostname, "' resolves first to loopback (",
-                       absl::StrJoin(in.hostname_addresses, ", "),
-                       ") in a multi-host job: peers would be told to connect to themselves"),
-          "map the hostname to the cluster address in /etc/hosts, or set MASTER_ADDR, "
-          "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME explicitly");
-    } else {
-      add("env.hostname", CheckStatus::kPass,
-          absl::StrCat("hostname '", in.hostname, "' -> ",
-                       absl::StrJoin(in.hostname_addresses, ", ")));
-    }
-  }
+  if (in.multi_host) LintHostname(in, out);
   return out;
 }
 

@@ -93,28 +93,17 @@ BusbwThreshold ResolveBusbwThreshold(std::optional<double> flag, const ProfileRe
   return t;
 }
 
-std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
-  std::vector<CheckResult> out;
-  auto add = [&](std::string check, CheckStatus st, std::string detail, std::string fix = "") {
-    out.push_back({std::move(check), st, std::move(detail), std::move(fix)});
-  };
-  const auto start = Clock::now();
-  auto created = Communicator::Create(o.comm);
-  if (!created.ok()) {
-    add("ranks.store", CheckStatus::kFail,
-        absl::StrCat("rendezvous failed: ", std::string(created.status().message())),
-        "start every rank (adaptcomm launch -n N -- ...); check MASTER_ADDR/MASTER_PORT are the "
-        "same and reachable from every node");
-    return out;
-  }
-  Communicator& comm = **created;
-  const int n = comm.size();
-  add("ranks.store", CheckStatus::kPass,
-      absl::StrFormat("all %d rank(s) joined in %.0f ms (backend %s)", n,
-                      std::chrono::duration<double, std::milli>(Clock::now() - start).count(),
-                      comm.backend_name()));
+namespace {
 
-  // Versions: a fixed-size record per rank.
+void Add(std::vector<CheckResult>& out, std::string check, CheckStatus st, std::string detail,
+         std::string fix = "") {
+  out.push_back({std::move(check), st, std::move(detail), std::move(fix)});
+}
+
+// Versions: a fixed-size record per rank, compared without the host name. False: the allgather
+// failed (the checks stop).
+bool CheckVersions(Communicator& comm, const RankCheckOptions& o, std::vector<CheckResult>& out) {
+  const int n = comm.size();
   std::vector<uint8_t> mine(kFingerprintBytes, 0);
   std::memcpy(mine.data(), o.versions.data(), std::min(o.versions.size(), kFingerprintBytes - 1));
   std::vector<uint8_t> all(kFingerprintBytes * static_cast<size_t>(n));
@@ -122,9 +111,9 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
           comm.Allgather(HostView(mine.data(), mine.size()), HostView(all.data(), all.size()))
               .Wait();
       !s.ok()) {
-    add("ranks.versions", CheckStatus::kFail, absl::StrCat("allgather failed: ", s.ToString()),
+    Add(out, "ranks.versions", CheckStatus::kFail, absl::StrCat("allgather failed: ", s.ToString()),
         "see ranks.store; a rank died or the network dropped");
-    return out;
+    return false;
   }
   std::map<std::string, std::vector<int>> by_versions;  // without the host name
   for (int r = 0; r < n; ++r) {
@@ -133,30 +122,34 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
     by_versions[bar == std::string::npos ? fp : fp.substr(bar + 1)].push_back(r);
   }
   if (by_versions.size() == 1) {
-    add("ranks.versions", CheckStatus::kPass,
+    Add(out, "ranks.versions", CheckStatus::kPass,
         absl::StrCat("all ranks: ", by_versions.begin()->first));
   } else {
     std::vector<std::string> groups;
     for (const auto& [v, ranks] : by_versions) {
       groups.push_back(absl::StrCat("ranks ", absl::StrJoin(ranks, ","), ": ", v));
     }
-    add("ranks.versions", CheckStatus::kFail,
+    Add(out, "ranks.versions", CheckStatus::kFail,
         absl::StrCat("versions differ: ", absl::StrJoin(groups, "; ")),
         "install the same driver, CUDA runtime and NCCL on every node (mixed NCCL versions refuse "
         "to form a communicator or hang)");
   }
+  return true;
+}
 
-  // Small allreduce: latency, and who arrives late.
+// Small allreduce: latency, and who arrives late. False: an allreduce failed (the checks stop).
+bool CheckLatency(Communicator& comm, const RankCheckOptions& o, std::vector<CheckResult>& out) {
+  const int n = comm.size();
   auto small = TimeAllreduce(comm, std::max<size_t>(1, o.small_bytes / 4), o.small_iters, o);
   if (!small.ok()) {
-    add("ranks.latency", CheckStatus::kFail, small.status().ToString(),
+    Add(out, "ranks.latency", CheckStatus::kFail, small.status().ToString(),
         "a rank failed mid-check: read its output");
-    return out;
+    return false;
   }
   auto small_all = AllgatherDoubles(comm, *small);
   if (!small_all.ok()) {
-    add("ranks.latency", CheckStatus::kFail, small_all.status().ToString(), "");
-    return out;
+    Add(out, "ranks.latency", CheckStatus::kFail, small_all.status().ToString(), "");
+    return false;
   }
   const int iters = o.small_iters;
   auto d = [&](int r, int i) { return (*small_all)[static_cast<size_t>(r) * iters + i]; };
@@ -180,7 +173,8 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
     ++last_count[last];
   }
   const double latency = Median(per_iter_min);
-  add("ranks.latency", latency > o.max_small_latency_ms ? CheckStatus::kWarn : CheckStatus::kPass,
+  Add(out, "ranks.latency",
+      latency > o.max_small_latency_ms ? CheckStatus::kWarn : CheckStatus::kPass,
       absl::StrFormat("%zu-byte allreduce: median %.3f ms over %d iterations (threshold %.0f ms)",
                       o.small_bytes, latency, iters, o.max_small_latency_ms),
       latency > o.max_small_latency_ms
@@ -192,7 +186,7 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
   }
   const double slow_lag = iters > 0 ? lag_sum[slow] / iters : 0;
   if (n > 1 && slow_lag > o.slow_rank_ms) {
-    add("ranks.slow_rank", CheckStatus::kFail,
+    Add(out, "ranks.slow_rank", CheckStatus::kFail,
         absl::StrFormat("rank %d arrives %.1f ms late on average (last in %d of %d collectives); "
                         "every other rank waits for it",
                         slow, slow_lag, last_count[slow], iters),
@@ -200,22 +194,27 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
                         "unbalanced work (adaptcomm::BalancePartitions for sequence lengths)",
                         slow));
   } else {
-    add("ranks.slow_rank", CheckStatus::kPass,
+    Add(out, "ranks.slow_rank", CheckStatus::kPass,
         absl::StrFormat("no straggler: the latest rank arrives %.2f ms late on average "
                         "(threshold %.0f ms)",
                         slow_lag, o.slow_rank_ms));
   }
+  return true;
+}
 
-  // Large allreduce: bus bandwidth as nccl-tests defines it.
+// Large allreduce: bus bandwidth as nccl-tests defines it.
+void CheckBusBandwidth(Communicator& comm, const RankCheckOptions& o,
+                       std::vector<CheckResult>& out) {
+  const int n = comm.size();
   auto large = TimeAllreduce(comm, std::max<size_t>(1, o.large_bytes / 4), o.large_iters, o);
   if (!large.ok()) {
-    add("ranks.busbw", CheckStatus::kFail, large.status().ToString(), "");
-    return out;
+    Add(out, "ranks.busbw", CheckStatus::kFail, large.status().ToString(), "");
+    return;
   }
   auto large_all = AllgatherDoubles(comm, *large);
   if (!large_all.ok()) {
-    add("ranks.busbw", CheckStatus::kFail, large_all.status().ToString(), "");
-    return out;
+    Add(out, "ranks.busbw", CheckStatus::kFail, large_all.status().ToString(), "");
+    return;
   }
   std::vector<double> large_min;
   for (int i = 0; i < o.large_iters; ++i) {
@@ -227,7 +226,7 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
   const double t_s = Median(large_min) / 1e3;
   const double algbw = BandwidthGBps(static_cast<double>(o.large_bytes), t_s);
   const double busbw = n > 1 ? algbw * BusBandwidthFactor(OpKind::kAllreduce, n) : algbw;
-  add("ranks.busbw", busbw < o.min_busbw_gbps ? CheckStatus::kWarn : CheckStatus::kPass,
+  Add(out, "ranks.busbw", busbw < o.min_busbw_gbps ? CheckStatus::kWarn : CheckStatus::kPass,
       absl::StrFormat("%.0f MiB allreduce: %.2f GB/s bus bandwidth (algbw %.2f GB/s, %.1f ms; "
                       "threshold %.2f GB/s from %s)",
                       o.large_bytes / 1048576.0, busbw, algbw, t_s * 1e3, o.min_busbw_gbps,
@@ -236,6 +235,27 @@ std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
                                  "shows NET/IB vs NET/Socket); the threshold is the profile's "
                                  "diagnose.min_busbw_gbps (or --min-busbw)"
                                : "");
+}
+
+}  // namespace
+
+std::vector<CheckResult> RunRankChecks(const RankCheckOptions& o) {
+  std::vector<CheckResult> out;
+  const auto start = Clock::now();
+  auto created = Communicator::Create(o.comm);
+  if (!created.ok()) {
+    Add(out, "ranks.store", CheckStatus::kFail,
+        absl::StrCat("rendezvous failed: ", std::string(created.status().message())),
+        "start every rank (adaptcomm launch -n N -- ...); check MASTER_ADDR/MASTER_PORT are the "
+        "same and reachable from every node");
+    return out;
+  }
+  Communicator& comm = **created;
+  Add(out, "ranks.store", CheckStatus::kPass,
+      absl::StrFormat("all %d rank(s) joined in %.0f ms (backend %s)", comm.size(),
+                      std::chrono::duration<double, std::milli>(Clock::now() - start).count(),
+                      comm.backend_name()));
+  if (CheckVersions(comm, o, out) && CheckLatency(comm, o, out)) CheckBusBandwidth(comm, o, out);
   return out;
 }
 

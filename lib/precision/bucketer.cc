@@ -225,6 +225,16 @@ struct GradientBucketer::State {
     return absl::OkStatus();
   }
 
+  // Wait's steps. ClaimUnused: every tensor not marked this step is zeroed (or stood in for)
+  // and counted, so that its bucket launches on every rank. AwaitMixedBucket: waits for bucket
+  // `b` of a mixed-wire step (false: it never finished, the bucketer is broken; `*status` says
+  // so). ExchangeErrors: every rank's first error of the step, max-reduced into `errors` (the
+  // step is reset). ErrorOf: the error the exchanged errors name, if any.
+  void ClaimUnused(BucketStepStats& stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  bool AwaitMixedBucket(int b, absl::Status* status);
+  absl::Status ExchangeErrors(BucketStepStats& stats, std::vector<int64_t>& errors);
+  absl::Status ErrorOf(const std::vector<int64_t>& errors) const;
+
   void RunMixed() {
     for (;;) {
       int b = -1;
@@ -621,6 +631,103 @@ absl::Status GradientBucketer::MarkReady(int index, TensorView grad) {
   return absl::OkStatus();
 }
 
+void GradientBucketer::State::ClaimUnused(BucketStepStats& stats) {
+  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+    if (claimed[i]) continue;
+    // Never marked: its slot is zeroed and its bucket launched anyway, so that the peers'
+    // allreduce of this bucket completes and the error exchange can tell them.
+    if (options.unused == UnusedPolicy::kError) RecordError(kNeverReady, i);
+    ++stats.unused_tensors;
+    TensorView slot = Slot(i);
+    if (slot.data != nullptr && slot.device.is_cuda()) {
+      // On the bucket's own stream, ahead of its allreduce.
+      if (absl::Status z = scratch->Zero(slot.data, slot.bytes(), scratch->stream());
+          !z.ok() && device_error.ok()) {
+        device_error = z;
+      }
+    } else if (slot.data != nullptr) {
+      std::memset(slot.data, 0, slot.bytes());
+    }
+    claimed[i] = 1;
+    dest[i] = TensorView{};
+    if (slot.data == nullptr) {
+      // A CUDA tensor has no slot: a zeroed device buffer stands in for it (its result is
+      // dropped). Without a CUDA runtime there is nothing to reduce: the peers' op for this
+      // bucket fails on its timeout, and this rank reports the error at once.
+      const GradientSpec& spec = specs[i];
+      absl::StatusOr<TensorView> zeros =
+          scratch != nullptr
+              ? scratch->Zeros(i, TensorView{nullptr, spec.count, spec.dtype, spec.device})
+              : absl::StatusOr<TensorView>(absl::UnavailableError("no CUDA runtime"));
+      if (zeros.ok()) {
+        dest[i] = *zeros;
+      } else {
+        RecordError(kNeverReady, i);
+      }
+    }
+    --missing[bucket_of[i]];
+  }
+}
+
+bool GradientBucketer::State::AwaitMixedBucket(int b, absl::Status* status) {
+  // Each bucket's collectives are bounded by their own timeouts; this bound only guards
+  // against a bucketer thread that never gets to run.
+  const absl::Duration bound = 4 * op_timeout + absl::Seconds(30);
+  struct Arg {
+    State* state;
+    int bucket;
+  } arg{this, b};
+  absl::MutexLock lock(&mu);
+  const bool finished = mu.AwaitWithTimeout(
+      absl::Condition(
+          +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->state->done[a->bucket] != 0; },
+          &arg),
+      bound);
+  if (!finished) {
+    broken = absl::DeadlineExceededError(absl::StrCat(
+        "gradient bucketer: bucket ", b, " did not finish within ", absl::FormatDuration(bound)));
+    *status = broken;
+    return false;
+  }
+  *status = done_status[b];
+  return true;
+}
+
+absl::Status GradientBucketer::State::ExchangeErrors(BucketStepStats& stats,
+                                                     std::vector<int64_t>& errors) {
+  // Every rank issues the exchange, failed buckets or not, so that the op sequences stay alike.
+  errors.assign(static_cast<size_t>(comm.size()), 0);
+  {
+    absl::MutexLock lock(&mu);
+    errors[comm.rank()] = error;
+    stats.cast_overflow = cast_overflow;
+    stats.resent = resent;
+    ResetStep();
+  }
+  return host_exchange ? comm.Allreduce(HostView(errors.data(), errors.size()),
+                                        {ReduceOp::kMax, options.timeout})
+                             .Wait()
+                       : scratch->AllreduceMax(errors.data(), errors.size(), options.timeout);
+}
+
+absl::Status GradientBucketer::State::ErrorOf(const std::vector<int64_t>& errors) const {
+  int erring = 0, first = -1;
+  for (int r = 0; r < static_cast<int>(errors.size()); ++r) {
+    if (errors[r] == kNoError) continue;
+    ++erring;
+    if (first < 0) first = r;
+  }
+  if (first < 0) return absl::OkStatus();
+  const int64_t kind = errors[first] >> 32;
+  const int64_t index = (errors[first] & 0xffffffff) - 1;
+  const std::string name = index >= 0 && index < static_cast<int64_t>(specs.size())
+                               ? absl::StrCat(" (", specs[index].name, ")")
+                               : "";
+  return absl::FailedPreconditionError(absl::StrCat(
+      "gradient bucketer: rank ", first, ": tensor ", index, name, " ", ErrorText(kind),
+      erring > 1 ? absl::StrCat(" (and errors on ", erring - 1, " other rank(s))") : ""));
+}
+
 absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
   State& st = *state_;
   const absl::Time start = absl::Now();
@@ -630,41 +737,7 @@ absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
   {
     absl::MutexLock lock(&st.mu);
     if (!st.broken.ok()) return st.broken;
-    for (int i = 0; i < tensor_count(); ++i) {
-      if (st.claimed[i]) continue;
-      // Never marked: its slot is zeroed and its bucket launched anyway, so that the peers'
-      // allreduce of this bucket completes and the error exchange can tell them.
-      if (st.options.unused == UnusedPolicy::kError) st.RecordError(kNeverReady, i);
-      ++stats.unused_tensors;
-      TensorView slot = st.Slot(i);
-      if (slot.data != nullptr && slot.device.is_cuda()) {
-        // On the bucket's own stream, ahead of its allreduce.
-        if (absl::Status z = st.scratch->Zero(slot.data, slot.bytes(), st.scratch->stream());
-            !z.ok() && st.device_error.ok()) {
-          st.device_error = z;
-        }
-      } else if (slot.data != nullptr) {
-        std::memset(slot.data, 0, slot.bytes());
-      }
-      st.claimed[i] = 1;
-      st.dest[i] = TensorView{};
-      if (slot.data == nullptr) {
-        // A CUDA tensor has no slot: a zeroed device buffer stands in for it (its result is
-        // dropped). Without a CUDA runtime there is nothing to reduce: the peers' op for this
-        // bucket fails on its timeout, and this rank reports the error at once.
-        const GradientSpec& spec = st.specs[i];
-        absl::StatusOr<TensorView> zeros =
-            st.scratch != nullptr
-                ? st.scratch->Zeros(i, TensorView{nullptr, spec.count, spec.dtype, spec.device})
-                : absl::StatusOr<TensorView>(absl::UnavailableError("no CUDA runtime"));
-        if (zeros.ok()) {
-          st.dest[i] = *zeros;
-        } else {
-          st.RecordError(kNeverReady, i);
-        }
-      }
-      --st.missing[st.bucket_of[i]];
-    }
+    st.ClaimUnused(stats);
     const int before = st.launched_before_wait;
     st.LaunchReady(/*from_mark=*/false);
     if (st.next_launch < bucket_count()) {
@@ -683,26 +756,7 @@ absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
   for (int b = 0; b < nb; ++b) {
     absl::Status s;
     if (st.mixed_wire()) {
-      // Each bucket's collectives are bounded by their own timeouts; this bound only guards
-      // against a bucketer thread that never gets to run.
-      const absl::Duration bound = 4 * st.op_timeout + absl::Seconds(30);
-      struct Arg {
-        State* state;
-        int bucket;
-      } arg{&st, b};
-      absl::MutexLock lock(&st.mu);
-      const bool finished = st.mu.AwaitWithTimeout(
-          absl::Condition(
-              +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->state->done[a->bucket] != 0; },
-              &arg),
-          bound);
-      if (!finished) {
-        st.broken = absl::DeadlineExceededError(absl::StrCat("gradient bucketer: bucket ", b,
-                                                             " did not finish within ",
-                                                             absl::FormatDuration(bound)));
-        return st.broken;
-      }
-      s = st.done_status[b];
+      if (!st.AwaitMixedBucket(b, &s)) return s;
     } else if (works[b] != nullptr) {
       s = works[b]->Wait();
     }
@@ -729,42 +783,16 @@ absl::StatusOr<BucketStepStats> GradientBucketer::Wait() {
     absl::MutexLock lock(&st.mu);
     if (!st.device_error.ok() && first_failure.ok()) first_failure = st.device_error;
   }
-  // Every rank issues the exchange, failed buckets or not, so that the op sequences stay alike.
-  const int world = st.comm.size();
-  std::vector<int64_t> errors(static_cast<size_t>(world), 0);
-  {
-    absl::MutexLock lock(&st.mu);
-    errors[st.comm.rank()] = st.error;
-    stats.cast_overflow = st.cast_overflow;
-    stats.resent = st.resent;
-    st.ResetStep();
-  }
-  absl::Status exchanged =
-      st.host_exchange ? st.comm
-                             .Allreduce(HostView(errors.data(), errors.size()),
-                                        {ReduceOp::kMax, st.options.timeout})
-                             .Wait()
-                       : st.scratch->AllreduceMax(errors.data(), errors.size(), st.options.timeout);
+  std::vector<int64_t> errors;
+  absl::Status exchanged = st.ExchangeErrors(stats, errors);
   stats.wait_time = absl::Now() - start;
   if (!first_failure.ok()) return first_failure;
   if (!exchanged.ok()) {
     return absl::Status(exchanged.code(), absl::StrCat("gradient bucketer: exchanging errors: ",
                                                        exchanged.message()));
   }
-  int erring = 0, first = -1;
-  for (int r = 0; r < world; ++r) {
-    if (errors[r] == kNoError) continue;
-    ++erring;
-    if (first < 0) first = r;
-  }
-  if (first < 0) return stats;
-  const int64_t kind = errors[first] >> 32;
-  const int64_t index = (errors[first] & 0xffffffff) - 1;
-  const std::string name =
-      index >= 0 && index < tensor_count() ? absl::StrCat(" (", st.specs[index].name, ")") : "";
-  return absl::FailedPreconditionError(absl::StrCat(
-      "gradient bucketer: rank ", first, ": tensor ", index, name, " ", ErrorText(kind),
-      erring > 1 ? absl::StrCat(" (and errors on ", erring - 1, " other rank(s))") : ""));
+  if (absl::Status e = st.ErrorOf(errors); !e.ok()) return e;
+  return stats;
 }
 
 }  // namespace adaptcomm

@@ -216,6 +216,22 @@ struct MixedOpRunner {
            (opts.op == ReduceOp::kSum || opts.op == ReduceOp::kAvg);
   }
 
+  // Step 6 of RunNarrow: the fp16 elements of an allreduce's result that overflowed, where no
+  // input was already non-finite. kDone: none; else a resend outcome, or an error under policy
+  // fail.
+  absl::StatusOr<Outcome> CheckReductionOverflow(const uint16_t* wire_out, size_t count) {
+    size_t nonfinite = 0;
+    for (size_t i = 0; i < count; ++i) nonfinite += (wire_out[i] & 0x7c00u) == 0x7c00u;
+    if (nonfinite == 0 || AnyNonfiniteInput()) return Outcome::kDone;
+    stats.result_nonfinite = nonfinite;
+    if (opts.overflow == OverflowPolicy::kFail) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fp16 wire overflow in mixed allreduce seq ", seq, ": the fp16 sum of ", nonfinite,
+          " elements exceeds 65504; policy=fail. Use a bf16 wire or a resend policy"));
+    }
+    return opts.overflow == OverflowPolicy::kResendF32 ? Outcome::kResendF32 : Outcome::kResendBF16;
+  }
+
   absl::StatusOr<Outcome> RunNarrow(DType wire) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.call_mu) {
     const bool fp32_acc = AccumulatesInF32();
     const size_t in_count = WireInCount();
@@ -305,18 +321,8 @@ struct MixedOpRunner {
     // 6. overflow of the fp16 reduction itself. Only for allreduce: its result is identical on
     // every rank, so every rank takes the same decision without another exchange.
     if (guard && kind == OpKind::kAllreduce && stats.global_cast_overflow == 0) {
-      size_t nonfinite = 0;
-      for (size_t i = 0; i < result_count; ++i) nonfinite += (wire_out[i] & 0x7c00u) == 0x7c00u;
-      if (nonfinite > 0 && !AnyNonfiniteInput()) {
-        stats.result_nonfinite = nonfinite;
-        if (opts.overflow == OverflowPolicy::kFail) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "fp16 wire overflow in mixed allreduce seq ", seq, ": the fp16 sum of ", nonfinite,
-              " elements exceeds 65504; policy=fail. Use a bf16 wire or a resend policy"));
-        }
-        return opts.overflow == OverflowPolicy::kResendF32 ? Outcome::kResendF32
-                                                           : Outcome::kResendBF16;
-      }
+      absl::StatusOr<Outcome> checked = CheckReductionOverflow(wire_out, result_count);
+      if (!checked.ok() || *checked != Outcome::kDone) return checked;
     }
 
     // 7. cast back, scale in fp32

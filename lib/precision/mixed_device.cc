@@ -147,6 +147,11 @@ class DeviceOp {
     return mixed::AnyNonfiniteInput(ds_.fp_host + kFpFields, comm_.size());
   }
   absl::StatusOr<Outcome> RunF32();
+  // Run's steps (numbered there).
+  absl::Status CastToWire(DType wire, size_t in_count, bool host_barrier);
+  absl::Status AfterCollective();
+  absl::StatusOr<Outcome> CheckReductionOverflow(void* result, size_t out_count);
+  absl::Status CastBack(DType wire, void* result, size_t out_count);
 
   const DeviceMixedCall& c_;
   const MixedOptions& o_;
@@ -260,6 +265,115 @@ absl::StatusOr<DeviceOp::Outcome> DeviceOp::RunF32() {
   return Outcome::kDone;
 }
 
+// Steps 1 and 2 of Run: the cast to the wire dtype on the caller's stream, then the barrier
+// between it and the collective on the communicator's stream (an event, or the host when
+// `host_barrier`, which also reads the cast counters).
+absl::Status DeviceOp::CastToWire(DType wire, size_t in_count, bool host_barrier) {
+  const bool f16 = wire == DType::kF16;
+  if (absl::Status s = Cuda(api_.MemsetAsync(ds_.counters, 0, 2 * sizeof(DeviceCastCounters), s_),
+                            "cudaMemsetAsync of the cast counters");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          Cuda(api_.LaunchCast(f16 ? CastDirection::kF32ToF16 : CastDirection::kF32ToBF16,
+                               c_.input.data, ds_.wire_in, in_count, 1.0f, s_, &ds_.counters[0]),
+               "the fp32 -> wire cast kernel");
+      !s.ok()) {
+    return s;
+  }
+  if (!host_barrier) {
+    if (absl::Status s = Cuda(api_.EventRecord(ds_.cast_done, s_), "cudaEventRecord(cast_done)");
+        !s.ok()) {
+      return s;
+    }
+    if (!o_.debug_skip_host_barrier) {
+      if (absl::Status s = Cuda(api_.StreamWaitEvent(ds_.comm_stream, ds_.cast_done),
+                                "cudaStreamWaitEvent(comm stream, cast_done)");
+          !s.ok()) {
+        return s;
+      }
+    }
+  } else if (!o_.debug_skip_host_barrier) {
+    if (absl::Status s = ReadCounters(); !s.ok()) return s;  // also waits for the cast
+    stats.cast_overflow = ds_.host_counters[0].overflow;
+    stats.nonfinite_inputs = ds_.host_counters[0].nonfinite;
+  }
+  return absl::OkStatus();
+}
+
+// Step 5 of Run: the barrier between the collective and the cast back on the caller's stream.
+absl::Status DeviceOp::AfterCollective() {
+  if (o_.barrier == BarrierLevel::kStream) {
+    if (absl::Status s =
+            Cuda(api_.EventRecord(ds_.coll_done, ds_.comm_stream), "cudaEventRecord(coll_done)");
+        !s.ok()) {
+      return s;
+    }
+    return Cuda(api_.StreamWaitEvent(s_, ds_.coll_done),
+                "cudaStreamWaitEvent(caller stream, coll_done)");
+  }
+  if (absl::Status s = HostWait(ds_.comm_stream, "the wire collective"); !s.ok()) return s;
+  if (o_.barrier == BarrierLevel::kGlobal) {
+    BarrierOptions bo;
+    bo.timeout = o_.timeout;
+    if (absl::Status s = comm_.Barrier(bo).Wait(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Step 6 of Run: overflow of the fp16 reduction itself (allreduce: the same result on every
+// rank, so the same decision everywhere), counted by a store-less widening pass before the output
+// is written. kDone: no overflow; a resend outcome, or an error under overflow policy fail.
+absl::StatusOr<DeviceOp::Outcome> DeviceOp::CheckReductionOverflow(void* result, size_t out_count) {
+  if (absl::Status s = Cuda(api_.MemsetAsync(&ds_.counters[1], 0, sizeof(DeviceCastCounters), s_),
+                            "cudaMemsetAsync");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = Cuda(api_.LaunchCast(CastDirection::kF16ToF32, result, nullptr, out_count,
+                                            1.0f, s_, &ds_.counters[1]),
+                            "the fp16 result count");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadCounters(); !s.ok()) return s;
+  const size_t nonfinite = ds_.host_counters[1].nonfinite;
+  if (nonfinite > 0 && !AnyNonfiniteInput()) {
+    stats.result_nonfinite = nonfinite;
+    if (o_.overflow == OverflowPolicy::kFail) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fp16 wire overflow in mixed allreduce seq ", c_.seq, ": the fp16 sum of ", nonfinite,
+          " elements exceeds 65504; policy=fail. Use a bf16 wire or a resend policy"));
+    }
+    return o_.overflow == OverflowPolicy::kResendF32 ? Outcome::kResendF32 : Outcome::kResendBF16;
+  }
+  return Outcome::kDone;
+}
+
+// Step 7 of Run: the cast back on the caller's stream with the scale, then the counters (the
+// host waits for the stream: the op is synchronous).
+absl::Status DeviceOp::CastBack(DType wire, void* result, size_t out_count) {
+  const bool f16 = wire == DType::kF16;
+  if (absl::Status s = Cuda(api_.MemsetAsync(&ds_.counters[1], 0, sizeof(DeviceCastCounters), s_),
+                            "cudaMemsetAsync");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          Cuda(api_.LaunchCast(f16 ? CastDirection::kF16ToF32 : CastDirection::kBF16ToF32, result,
+                               c_.output.data, out_count, Factor(), s_, &ds_.counters[1]),
+               "the wire -> fp32 cast kernel");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadCounters(); !s.ok()) return s;
+  stats.cast_overflow = ds_.host_counters[0].overflow;
+  stats.nonfinite_inputs = ds_.host_counters[0].nonfinite;
+  stats.result_nonfinite = ds_.host_counters[1].nonfinite;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DeviceOp::Outcome> DeviceOp::Run(DType wire) {
   if (wire == DType::kF32) return RunF32();
   const bool f16 = wire == DType::kF16;
@@ -281,39 +395,10 @@ absl::StatusOr<DeviceOp::Outcome> DeviceOp::Run(DType wire) {
   const bool guard = f16 && o_.overflow != OverflowPolicy::kReport;
   const bool host_barrier = o_.barrier != BarrierLevel::kStream || guard;
 
-  // 1. cast on the caller's stream
+  // 1. cast on the caller's stream, 2. the barrier between the cast and the collective on B
   const absl::Time t0 = absl::Now();
   c_.call_hooks(HookPoint::kBeforeCast, wire);
-  if (absl::Status s = Cuda(api_.MemsetAsync(ds_.counters, 0, 2 * sizeof(DeviceCastCounters), s_),
-                            "cudaMemsetAsync of the cast counters");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          Cuda(api_.LaunchCast(f16 ? CastDirection::kF32ToF16 : CastDirection::kF32ToBF16,
-                               c_.input.data, ds_.wire_in, in_count, 1.0f, s_, &ds_.counters[0]),
-               "the fp32 -> wire cast kernel");
-      !s.ok()) {
-    return s;
-  }
-  // 2. the barrier between the cast and the collective on B
-  if (!host_barrier) {
-    if (absl::Status s = Cuda(api_.EventRecord(ds_.cast_done, s_), "cudaEventRecord(cast_done)");
-        !s.ok()) {
-      return s;
-    }
-    if (!o_.debug_skip_host_barrier) {
-      if (absl::Status s = Cuda(api_.StreamWaitEvent(ds_.comm_stream, ds_.cast_done),
-                                "cudaStreamWaitEvent(comm stream, cast_done)");
-          !s.ok()) {
-        return s;
-      }
-    }
-  } else if (!o_.debug_skip_host_barrier) {
-    if (absl::Status s = ReadCounters(); !s.ok()) return s;  // also waits for the cast
-    stats.cast_overflow = ds_.host_counters[0].overflow;
-    stats.nonfinite_inputs = ds_.host_counters[0].nonfinite;
-  }
+  if (absl::Status s = CastToWire(wire, in_count, host_barrier); !s.ok()) return s;
   c_.call_hooks(HookPoint::kAfterCast, wire);
   const absl::Time t1 = absl::Now();
   stats.cast_time = t1 - t0;
@@ -327,82 +412,26 @@ absl::StatusOr<DeviceOp::Outcome> DeviceOp::Run(DType wire) {
     }
   }
 
-  // 4. the collective on the wire dtype, on B
+  // 4. the collective on the wire dtype, on B, 5. the barrier between it and the cast back on S
   c_.call_hooks(HookPoint::kBeforeCollective, wire);
   if (absl::Status s =
           Issue(Wire(ds_.wire_in, in_count, wire), Wire(result, out_count, wire)).Wait();
       !s.ok()) {
     return s;
   }
-  // 5. the barrier between the collective and the cast back on S
-  if (o_.barrier == BarrierLevel::kStream) {
-    if (absl::Status s =
-            Cuda(api_.EventRecord(ds_.coll_done, ds_.comm_stream), "cudaEventRecord(coll_done)");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = Cuda(api_.StreamWaitEvent(s_, ds_.coll_done),
-                              "cudaStreamWaitEvent(caller stream, coll_done)");
-        !s.ok()) {
-      return s;
-    }
-  } else {
-    if (absl::Status s = HostWait(ds_.comm_stream, "the wire collective"); !s.ok()) return s;
-    if (o_.barrier == BarrierLevel::kGlobal) {
-      BarrierOptions bo;
-      bo.timeout = o_.timeout;
-      if (absl::Status s = comm_.Barrier(bo).Wait(); !s.ok()) return s;
-    }
-  }
+  if (absl::Status s = AfterCollective(); !s.ok()) return s;
   c_.call_hooks(HookPoint::kAfterCollective, wire);
   const absl::Time t2 = absl::Now();
   stats.collective_time = t2 - t1;
 
-  // 6. overflow of the fp16 reduction itself (allreduce: the same result on every rank, so the
-  // same decision everywhere), counted by a store-less widening pass before the output is written.
+  // 6. overflow of the fp16 reduction itself
   if (guard && c_.kind == OpKind::kAllreduce && stats.global_cast_overflow == 0) {
-    if (absl::Status s = Cuda(api_.MemsetAsync(&ds_.counters[1], 0, sizeof(DeviceCastCounters), s_),
-                              "cudaMemsetAsync");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = Cuda(api_.LaunchCast(CastDirection::kF16ToF32, result, nullptr, out_count,
-                                              1.0f, s_, &ds_.counters[1]),
-                              "the fp16 result count");
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = ReadCounters(); !s.ok()) return s;
-    const size_t nonfinite = ds_.host_counters[1].nonfinite;
-    if (nonfinite > 0 && !AnyNonfiniteInput()) {
-      stats.result_nonfinite = nonfinite;
-      if (o_.overflow == OverflowPolicy::kFail) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "fp16 wire overflow in mixed allreduce seq ", c_.seq, ": the fp16 sum of ", nonfinite,
-            " elements exceeds 65504; policy=fail. Use a bf16 wire or a resend policy"));
-      }
-      return o_.overflow == OverflowPolicy::kResendF32 ? Outcome::kResendF32 : Outcome::kResendBF16;
-    }
+    absl::StatusOr<Outcome> checked = CheckReductionOverflow(result, out_count);
+    if (!checked.ok() || *checked != Outcome::kDone) return checked;
   }
 
-  // 7. cast back on S with the scale, then the counters (the host waits for S: the op is
-  // synchronous)
-  if (absl::Status s = Cuda(api_.MemsetAsync(&ds_.counters[1], 0, sizeof(DeviceCastCounters), s_),
-                            "cudaMemsetAsync");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          Cuda(api_.LaunchCast(f16 ? CastDirection::kF16ToF32 : CastDirection::kBF16ToF32, result,
-                               c_.output.data, out_count, Factor(), s_, &ds_.counters[1]),
-               "the wire -> fp32 cast kernel");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = ReadCounters(); !s.ok()) return s;
-  stats.cast_overflow = ds_.host_counters[0].overflow;
-  stats.nonfinite_inputs = ds_.host_counters[0].nonfinite;
-  stats.result_nonfinite = ds_.host_counters[1].nonfinite;
+  // 7. cast back on S with the scale
+  if (absl::Status s = CastBack(wire, result, out_count); !s.ok()) return s;
   stats.cast_back_time = absl::Now() - t2;
   if (!c_.hook_failure->ok()) return *c_.hook_failure;
   return Outcome::kDone;

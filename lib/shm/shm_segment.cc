@@ -85,120 +85,165 @@ void Segment::WakeAll() const {
   }
 }
 
+namespace {
+
+// Maps the segment `f` (of `total` bytes) into `*base`.
+absl::Status MapSegment(int f, size_t total, const std::string& who, unsigned char** base) {
+  void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, 0);
+  if (p == MAP_FAILED) {
+    const int e = errno;
+    return absl::ResourceExhaustedError(
+        absl::StrCat(who, ": mmap of ", FormatBytes(total), " failed: ", Errno(e)));
+  }
+  *base = static_cast<unsigned char*>(p);
+  return absl::OkStatus();
+}
+
+// Rank 0: creates, sizes, allocates and maps the segment, writes its header and publishes it (or
+// why it could not) under "seg". Returns this rank's outcome; `*fd` stays open for the others to
+// open through /proc until every rank has mapped it.
+absl::Status CreateOnRankZero(const SegmentOptions& o, const Offsets& layout,
+                              const std::string& who, int* fd, unsigned char** base) {
+  absl::Status mine;
+  if (layout.total > o.max_bytes) {
+    mine = absl::ResourceExhaustedError(absl::StrCat(
+        who, ": a segment for ", o.world, " ranks needs ", FormatBytes(layout.total),
+        ", over the limit of ", FormatBytes(o.max_bytes), " (shm slot ", FormatBytes(o.slot_bytes),
+        " per rank, ", FormatBytes(o.p2p_bytes), " per send/recv pair)"));
+  }
+  if (mine.ok()) {
+    *fd = static_cast<int>(syscall(SYS_memfd_create, "adaptcomm-shm", 0u));
+    if (*fd < 0) {
+      const int e = errno;
+      mine = absl::UnavailableError(absl::StrCat(who, ": memfd_create failed: ", Errno(e)));
+    }
+  }
+  if (mine.ok() && ftruncate(*fd, static_cast<off_t>(layout.total)) != 0) {
+    const int e = errno;
+    mine = absl::ResourceExhaustedError(absl::StrCat(
+        who, ": sizing the segment to ", FormatBytes(layout.total), " failed: ", Errno(e)));
+  }
+  // Allocates every page now: no space fails here, naming the size, instead of SIGBUS later.
+  if (mine.ok()) {
+    if (int e = posix_fallocate(*fd, 0, static_cast<off_t>(layout.total)); e != 0) {
+      mine = absl::ResourceExhaustedError(
+          absl::StrCat(who, ": cannot allocate ", FormatBytes(layout.total),
+                       " of shared memory (limit ", FormatBytes(o.max_bytes), "): ", Errno(e)));
+    }
+  }
+  if (mine.ok()) mine = MapSegment(*fd, layout.total, who, base);
+  if (mine.ok()) {
+    auto* h = new (*base) Header();
+    h->magic = kMagic;
+    h->layout_version = o.layout_version;
+    h->world = static_cast<uint32_t>(o.world);
+    h->total_bytes = layout.total;
+    h->slot_bytes = o.slot_bytes;
+    h->p2p_bytes = o.p2p_bytes;
+  }
+  const std::string value =
+      mine.ok() ? absl::StrCat("ok ", o.layout_version, " ", getpid(), " ", *fd, " ", layout.total)
+                : absl::StrCat(kNo, mine.message());
+  if (absl::Status s = o.store->Set("seg", value); !s.ok() && mine.ok()) mine = s;
+  return mine;
+}
+
+// Every other rank: opens rank 0's segment through /proc (from its "seg" record), maps it and
+// checks its header against this rank's layout.
+absl::Status OpenFromRankZero(const SegmentOptions& o, const Offsets& layout,
+                              const std::string& who, absl::Duration wait, unsigned char** base) {
+  absl::StatusOr<std::string> seg = o.store->Get("seg", wait);
+  if (!seg.ok()) {
+    return absl::Status(
+        seg.status().code(),
+        absl::StrCat(who, ": rank 0 never published the segment: ", seg.status().message()));
+  }
+  if (absl::StartsWith(*seg, kNo)) {
+    const std::string why = seg->substr(sizeof(kNo) - 1);
+    return absl::Status(CodeOf(why), absl::StrCat(who, ": rank 0 could not create it: ", why));
+  }
+  std::vector<std::string> f = absl::StrSplit(*seg, ' ');
+  uint32_t version = 0;
+  int pid = 0, cfd = 0;
+  uint64_t total = 0;
+  if (f.size() != 5 || !absl::SimpleAtoi(f[1], &version) || !absl::SimpleAtoi(f[2], &pid) ||
+      !absl::SimpleAtoi(f[3], &cfd) || !absl::SimpleAtoi(f[4], &total)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": unreadable segment record from rank 0: '", *seg, "'"));
+  }
+  if (version != o.layout_version) {
+    return absl::FailedPreconditionError(absl::StrCat(who, ": rank 0 created shm layout version ",
+                                                      version, ", rank ", o.rank, " has version ",
+                                                      o.layout_version, " (mixed library builds)"));
+  }
+  if (total != layout.total) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": rank 0 sized the segment ", FormatBytes(total), ", rank ", o.rank,
+                     " expects ", FormatBytes(layout.total), " (different shm options)"));
+  }
+  const std::string path = absl::StrCat("/proc/", pid, "/fd/", cfd);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    return absl::UnavailableError(
+        absl::StrCat(who, ": cannot open rank 0's segment ", path, ": ", Errno(e)));
+  }
+  absl::Status mapped = MapSegment(fd, layout.total, who, base);
+  close(fd);
+  if (!mapped.ok()) return mapped;
+  const Header& h = *reinterpret_cast<const Header*>(*base);
+  if (h.magic != kMagic || h.layout_version != o.layout_version ||
+      h.world != static_cast<uint32_t>(o.world) || h.total_bytes != layout.total) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": the segment header does not match this rank's layout (version ", h.layout_version,
+        " vs ", o.layout_version, ", world ", h.world, " vs ", o.world, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Publishes this rank's verdict (`mine`) and waits for every rank's: any "no" fails everyone
+// alike. `fd` (rank 0's, or -1) is closed once every rank has mapped the segment (or given up):
+// nothing to unlink.
+absl::Status AgreeMapped(const SegmentOptions& o, const std::string& who, const absl::Status& mine,
+                         absl::Time deadline, int fd) {
+  Store& store = *o.store;
+  const std::string verdict = mine.ok() ? std::string("ok") : absl::StrCat(kNo, mine.message());
+  absl::Status agreed = store.Set(absl::StrCat("mapped/", o.rank), verdict);
+  std::vector<std::string> keys;
+  for (int r = 0; r < o.world; ++r) keys.push_back(absl::StrCat("mapped/", r));
+  if (agreed.ok())
+    agreed = store.Wait(keys, std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  if (fd >= 0) close(fd);
+  if (!mine.ok()) return mine;
+  if (!agreed.ok()) {
+    return absl::Status(
+        agreed.code(),
+        absl::StrCat(who, ": not every rank mapped the segment: ", agreed.message()));
+  }
+  for (int r = 0; r < o.world; ++r) {
+    absl::StatusOr<std::string> v = store.Get(keys[r], absl::Seconds(1));
+    if (!v.ok()) return v.status();
+    if (*v != "ok") {
+      const std::string why = v->substr(std::min(v->size(), sizeof(kNo) - 1));
+      return absl::Status(CodeOf(why), absl::StrCat(who, ": rank ", r, " failed: ", why));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& o) {
   const Offsets layout = Layout(o.world, o.slot_bytes, o.p2p_bytes);
   const std::string who = absl::StrCat("shm segment (rank ", o.rank, " of ", o.world, ")");
-  Store& store = *o.store;
   const absl::Time deadline = absl::Now() + o.timeout;
-  auto left = [deadline] { return std::max(deadline - absl::Now(), absl::ZeroDuration()); };
-
   int fd = -1;
   unsigned char* base = nullptr;
-  absl::Status mine;  // this rank's outcome
-  auto map_fd = [&](int f) -> absl::Status {
-    void* p = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f, 0);
-    if (p == MAP_FAILED) {
-      const int e = errno;
-      return absl::ResourceExhaustedError(
-          absl::StrCat(who, ": mmap of ", FormatBytes(layout.total), " failed: ", Errno(e)));
-    }
-    base = static_cast<unsigned char*>(p);
-    return absl::OkStatus();
-  };
-
-  if (o.rank == 0) {
-    if (layout.total > o.max_bytes) {
-      mine = absl::ResourceExhaustedError(
-          absl::StrCat(who, ": a segment for ", o.world, " ranks needs ", FormatBytes(layout.total),
-                       ", over the limit of ", FormatBytes(o.max_bytes), " (shm slot ",
-                       FormatBytes(o.slot_bytes), " per rank, ", FormatBytes(o.p2p_bytes),
-                       " per send/recv pair)"));
-    }
-    if (mine.ok()) {
-      fd = static_cast<int>(syscall(SYS_memfd_create, "adaptcomm-shm", 0u));
-      if (fd < 0) {
-        const int e = errno;
-        mine = absl::UnavailableError(absl::StrCat(who, ": memfd_create failed: ", Errno(e)));
-      }
-    }
-    if (mine.ok() && ftruncate(fd, static_cast<off_t>(layout.total)) != 0) {
-      const int e = errno;
-      mine = absl::ResourceExhaustedError(absl::StrCat(
-          who, ": sizing the segment to ", FormatBytes(layout.total), " failed: ", Errno(e)));
-    }
-    // Allocates every page now: no space fails here, naming the size, instead of SIGBUS later.
-    if (mine.ok()) {
-      if (int e = posix_fallocate(fd, 0, static_cast<off_t>(layout.total)); e != 0) {
-        mine = absl::ResourceExhaustedError(
-            absl::StrCat(who, ": cannot allocate ", FormatBytes(layout.total),
-                         " of shared memory (limit ", FormatBytes(o.max_bytes), "): ", Errno(e)));
-      }
-    }
-    if (mine.ok()) mine = map_fd(fd);
-    if (mine.ok()) {
-      auto* h = new (base) Header();
-      h->magic = kMagic;
-      h->layout_version = o.layout_version;
-      h->world = static_cast<uint32_t>(o.world);
-      h->total_bytes = layout.total;
-      h->slot_bytes = o.slot_bytes;
-      h->p2p_bytes = o.p2p_bytes;
-    }
-    const std::string value =
-        mine.ok() ? absl::StrCat("ok ", o.layout_version, " ", getpid(), " ", fd, " ", layout.total)
-                  : absl::StrCat(kNo, mine.message());
-    if (absl::Status s = store.Set("seg", value); !s.ok() && mine.ok()) mine = s;
-  } else {
-    absl::StatusOr<std::string> seg = store.Get("seg", left());
-    if (!seg.ok()) {
-      mine = absl::Status(
-          seg.status().code(),
-          absl::StrCat(who, ": rank 0 never published the segment: ", seg.status().message()));
-    } else if (absl::StartsWith(*seg, kNo)) {
-      const std::string why = seg->substr(sizeof(kNo) - 1);
-      mine = absl::Status(CodeOf(why), absl::StrCat(who, ": rank 0 could not create it: ", why));
-    } else {
-      std::vector<std::string> f = absl::StrSplit(*seg, ' ');
-      uint32_t version = 0;
-      int pid = 0, cfd = 0;
-      uint64_t total = 0;
-      if (f.size() != 5 || !absl::SimpleAtoi(f[1], &version) || !absl::SimpleAtoi(f[2], &pid) ||
-          !absl::SimpleAtoi(f[3], &cfd) || !absl::SimpleAtoi(f[4], &total)) {
-        mine = absl::FailedPreconditionError(
-            absl::StrCat(who, ": unreadable segment record from rank 0: '", *seg, "'"));
-      } else if (version != o.layout_version) {
-        mine = absl::FailedPreconditionError(
-            absl::StrCat(who, ": rank 0 created shm layout version ", version, ", rank ", o.rank,
-                         " has version ", o.layout_version, " (mixed library builds)"));
-      } else if (total != layout.total) {
-        mine = absl::FailedPreconditionError(
-            absl::StrCat(who, ": rank 0 sized the segment ", FormatBytes(total), ", rank ", o.rank,
-                         " expects ", FormatBytes(layout.total), " (different shm options)"));
-      } else {
-        const std::string path = absl::StrCat("/proc/", pid, "/fd/", cfd);
-        fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-        if (fd < 0) {
-          const int e = errno;
-          mine = absl::UnavailableError(
-              absl::StrCat(who, ": cannot open rank 0's segment ", path, ": ", Errno(e)));
-        } else {
-          mine = map_fd(fd);
-          close(fd);
-          fd = -1;
-        }
-      }
-    }
-    if (mine.ok()) {
-      const Header& h = *reinterpret_cast<const Header*>(base);
-      if (h.magic != kMagic || h.layout_version != o.layout_version ||
-          h.world != static_cast<uint32_t>(o.world) || h.total_bytes != layout.total) {
-        mine = absl::FailedPreconditionError(absl::StrCat(
-            who, ": the segment header does not match this rank's layout (version ",
-            h.layout_version, " vs ", o.layout_version, ", world ", h.world, " vs ", o.world, ")"));
-      }
-    }
-  }
-
+  // This rank's outcome.
+  const absl::Status mine =
+      o.rank == 0 ? CreateOnRankZero(o, layout, who, &fd, &base)
+                  : OpenFromRankZero(o, layout, who,
+                                     std::max(deadline - absl::Now(), absl::ZeroDuration()), &base);
   auto segment = std::unique_ptr<Segment>(new Segment());
   if (mine.ok()) {
     Segment& s = *segment;
@@ -218,28 +263,7 @@ absl::StatusOr<std::unique_ptr<Segment>> Segment::Create(const SegmentOptions& o
   } else if (base != nullptr) {
     munmap(base, layout.total);
   }
-
-  // Every rank's verdict; any "no" fails everyone alike.
-  const std::string verdict = mine.ok() ? std::string("ok") : absl::StrCat(kNo, mine.message());
-  absl::Status agreed = store.Set(absl::StrCat("mapped/", o.rank), verdict);
-  std::vector<std::string> keys;
-  for (int r = 0; r < o.world; ++r) keys.push_back(absl::StrCat("mapped/", r));
-  if (agreed.ok()) agreed = store.Wait(keys, left());
-  if (fd >= 0) close(fd);  // rank 0: every rank has mapped it (or given up); nothing to unlink
-  if (!mine.ok()) return mine;
-  if (!agreed.ok()) {
-    return absl::Status(
-        agreed.code(),
-        absl::StrCat(who, ": not every rank mapped the segment: ", agreed.message()));
-  }
-  for (int r = 0; r < o.world; ++r) {
-    absl::StatusOr<std::string> v = store.Get(keys[r], absl::Seconds(1));
-    if (!v.ok()) return v.status();
-    if (*v != "ok") {
-      const std::string why = v->substr(std::min(v->size(), sizeof(kNo) - 1));
-      return absl::Status(CodeOf(why), absl::StrCat(who, ": rank ", r, " failed: ", why));
-    }
-  }
+  if (absl::Status agreed = AgreeMapped(o, who, mine, deadline, fd); !agreed.ok()) return agreed;
   return segment;
 }
 

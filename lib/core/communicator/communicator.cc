@@ -16,6 +16,7 @@
 #include "lib/base/byte_text.h"
 #include "lib/base/log.h"
 #include "lib/core/communicator/communicator_impl.h"
+#include "lib/core/communicator/part_options.h"
 #include "lib/core/elastic/elastic_grow.h"
 #include "lib/core/executor/collective_check.h"
 #include "lib/core/executor/validate.h"
@@ -34,122 +35,27 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
       rendezvous_(std::move(rendezvous)),
       selection_reason_(std::move(selection_reason)) {
   // Every setting below is read from config_, the effective configuration Explain() prints.
-  elastic_ = ElasticPolicyOf(config_.elastic);
-  id_ = joined.has_value() ? joined->id : options_.rank;
-  next_id_ = options_.world_size;
-  // A joiner's world size is the admitted one: the ids given so far go up to its own.
-  if (joined.has_value()) {
-    for (int id : joined->ids) next_id_ = std::max(next_id_, id + 1);
-    joiners_handled_ = joined->tickets_handled;
-  }
-  {
-    absl::MutexLock lock(&membership_mu_);
-    membership_.rank = options_.rank;
-    membership_.world_size = options_.world_size;
-    if (joined.has_value()) {
-      membership_.initial_ranks = joined->ids;
-      membership_.joined = true;
-      membership_.joined_ranks = {options_.rank};
-      membership_.reason =
-          absl::StrCat("joined as rank ", options_.rank, " of ", options_.world_size,
-                       " at generation ", joined->generation, " (id ", joined->id, ")");
-    } else {
-      for (int r = 0; r < options_.world_size; ++r) membership_.initial_ranks.push_back(r);
-    }
-  }
-  trace::FlightRecorderOptions fr;
+  PartOptions parts = PartOptionsFor(config_);
+  elastic_ = parts.elastic;
+  InitMembership(joined);
+  trace::FlightRecorderOptions& fr = parts.recorder;
   fr.rank = options_.rank;
   fr.world_size = options_.world_size;
   fr.communicator = options_.name;
   fr.job = rendezvous_.job_id;
   fr.backend = backend->name();
-  fr.capacity = static_cast<size_t>(config_.flight_recorder.entries);
-  fr.dump_dir = config_.flight_recorder.dump_dir.empty() ? trace::DefaultFlightRecorderDir()
-                                                         : config_.flight_recorder.dump_dir;
   recorder_ = std::make_shared<trace::FlightRecorder>(std::move(fr));
-  ExecutorOptions exec;
-  exec.abort_bound = config_.timeouts.abort;
-  exec.in_flight_with_retries = static_cast<size_t>(config_.retry.in_flight);
-  exec.retry_record_bytes = config_.retry.record_bytes;
-  // retry.replay auto copies nothing, except under elastic membership: a shrink re-runs the op it
-  // interrupted on the survivors (inside a step no op is recorded either way).
-  exec.copy_inputs = config_.retry.replay == ReplayMode::kCopy || elastic_.elastic;
+  ExecutorOptions& exec = parts.executor;
   if (joined.has_value()) {
     exec.initial_generation = joined->generation;
     exec.first_seq = joined->first_seq;
   }
   executor_ = std::make_shared<OpExecutor>(std::move(backend), exec);
   executor_->AddObserver(recorder_);
-  if (config_.metrics.enabled) {
-    trace::CommMetricsOptions mo;
-    mo.comm_name = options_.name;
-    mo.rank = options_.rank;
-    mo.nranks = options_.world_size;
-    mo.backend = executor_->backend().name();
-    mo.slow_samples = config_.monitor.enabled && rendezvous_.store != nullptr;
-    metrics_ = std::make_shared<trace::CommMetrics>(std::move(mo));
-    executor_->AddObserver(metrics_);
-    std::weak_ptr<OpExecutor> executor = executor_;
-    metrics_->SetUnprotectedOpsSource([executor]() -> uint64_t {
-      auto e = executor.lock();
-      return e != nullptr ? e->unprotected_ops() : 0;
-    });
-    trace::RegisterMetrics(metrics_);
-    metrics_export_ = StartMetricsExportFor(config_.metrics, options_.rank, options_.world_size);
-  }
+  if (config_.metrics.enabled) StartMetrics();
   // The timeline's rendezvous is the creators' only.
-  if (config_.trace.enabled && !joined.has_value()) {
-    trace::TimelineOptions to;
-    to.rank = options_.rank;
-    to.world_size = options_.world_size;
-    to.dir = config_.trace.dir;
-    to.communicator = options_.name;
-    to.backend = executor_->backend().name();
-    auto timeline =
-        trace::StartTimeline(rendezvous_.store.get(), std::move(to),
-                             std::min(config_.timeouts.store_connect, absl::Seconds(30)));
-    if (timeline.ok()) {
-      timeline_ = *std::move(timeline);
-      executor_->AddObserver(timeline_);
-    } else {
-      ADAPTCOMM_LOG(kWarning, "timeline trace off: ", timeline.status().ToString());
-    }
-  }
-  if (rendezvous_.store != nullptr) {
-    FailureCoordinatorOptions fc;
-    fc.rank = id_;
-    fc.world_size = options_.world_size;
-    if (joined.has_value()) fc.initial_members = joined->ids;
-    fc.name = options_.name;
-    fc.report_window = config_.retry.report_window;
-    // Already at least 2 under elastic membership, whose changes the retry's vote agrees.
-    fc.max_attempts = config_.retry.max_attempts;
-    fc.initial_backoff = config_.retry.initial_backoff;
-    fc.backoff_multiplier = config_.retry.multiplier;
-    fc.max_backoff = config_.retry.max_backoff;
-    fc.jitter = config_.retry.jitter;
-    fc.retryable = config_.retry.retryable;
-    fc.elastic = elastic_;
-    // A stalled rank gets its own op timeout to notice and vote, plus the report window.
-    fc.vote_timeout = config_.timeouts.collective + config_.retry.report_window;
-    fc.stop_bound = std::min(config_.timeouts.abort, absl::Seconds(2));
-    fc.rank0_serves_store = rendezvous_.store_server == StoreServer::kRankZero;
-    coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
-    executor_->SetFailureHandler(coordinator_);
-    if (config_.debug.check_collectives && !joined.has_value()) {
-      auto check = std::make_shared<CollectiveCheck>(rendezvous_.store, options_.rank,
-                                                     options_.world_size, options_.name);
-      executor_->SetPreRunCheck([check](const OpDesc& op, const std::string& fingerprint) {
-        return check->Check(op, fingerprint);
-      });
-    }
-    if (metrics_ != nullptr) {
-      executor_->SetRecoveryHandler(
-          std::make_shared<CountingRecoveryHandler>(coordinator_, metrics_));
-    } else {
-      executor_->SetRecoveryHandler(coordinator_);
-    }
-  }
+  if (config_.trace.enabled && !joined.has_value()) StartTimeline();
+  if (rendezvous_.store != nullptr) StartCoordinator(std::move(parts.coordinator), joined);
   online_tuner_ =
       StartOnlineTuner(options_, config_, elastic_.elastic, rendezvous_.store, executor_);
   // A root of a family of its own until Split makes it a child of another communicator's.
@@ -159,6 +65,96 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
       [member = std::weak_ptr<FamilyMember>(family_member_)](const absl::Status& cause) {
         if (std::shared_ptr<FamilyMember> m = member.lock()) m->Broke(cause);
       });
+  WatchHeartbeat();
+  executor_->Start();
+  if (config_.status.enabled && rendezvous_.root_store != nullptr) StartStatusRecord();
+  if (metrics_ != nullptr && metrics_->slow_sampler() != nullptr) StartSlownessMonitor();
+  if (coordinator_ != nullptr) StartFailureListener();
+}
+
+void CommunicatorImpl::InitMembership(const std::optional<JoinedAs>& joined) {
+  id_ = joined.has_value() ? joined->id : options_.rank;
+  next_id_ = options_.world_size;
+  // A joiner's world size is the admitted one: the ids given so far go up to its own.
+  if (joined.has_value()) {
+    for (int id : joined->ids) next_id_ = std::max(next_id_, id + 1);
+    joiners_handled_ = joined->tickets_handled;
+  }
+  absl::MutexLock lock(&membership_mu_);
+  membership_.rank = options_.rank;
+  membership_.world_size = options_.world_size;
+  if (joined.has_value()) {
+    membership_.initial_ranks = joined->ids;
+    membership_.joined = true;
+    membership_.joined_ranks = {options_.rank};
+    membership_.reason =
+        absl::StrCat("joined as rank ", options_.rank, " of ", options_.world_size,
+                     " at generation ", joined->generation, " (id ", joined->id, ")");
+  } else {
+    for (int r = 0; r < options_.world_size; ++r) membership_.initial_ranks.push_back(r);
+  }
+}
+
+void CommunicatorImpl::StartMetrics() {
+  trace::CommMetricsOptions mo;
+  mo.comm_name = options_.name;
+  mo.rank = options_.rank;
+  mo.nranks = options_.world_size;
+  mo.backend = executor_->backend().name();
+  mo.slow_samples = config_.monitor.enabled && rendezvous_.store != nullptr;
+  metrics_ = std::make_shared<trace::CommMetrics>(std::move(mo));
+  executor_->AddObserver(metrics_);
+  std::weak_ptr<OpExecutor> executor = executor_;
+  metrics_->SetUnprotectedOpsSource([executor]() -> uint64_t {
+    auto e = executor.lock();
+    return e != nullptr ? e->unprotected_ops() : 0;
+  });
+  trace::RegisterMetrics(metrics_);
+  metrics_export_ = StartMetricsExportFor(config_.metrics, options_.rank, options_.world_size);
+}
+
+void CommunicatorImpl::StartTimeline() {
+  trace::TimelineOptions to;
+  to.rank = options_.rank;
+  to.world_size = options_.world_size;
+  to.dir = config_.trace.dir;
+  to.communicator = options_.name;
+  to.backend = executor_->backend().name();
+  auto timeline = trace::StartTimeline(rendezvous_.store.get(), std::move(to),
+                                       std::min(config_.timeouts.store_connect, absl::Seconds(30)));
+  if (timeline.ok()) {
+    timeline_ = *std::move(timeline);
+    executor_->AddObserver(timeline_);
+  } else {
+    ADAPTCOMM_LOG(kWarning, "timeline trace off: ", timeline.status().ToString());
+  }
+}
+
+void CommunicatorImpl::StartCoordinator(FailureCoordinatorOptions fc,
+                                        const std::optional<JoinedAs>& joined) {
+  fc.rank = id_;
+  fc.world_size = options_.world_size;
+  if (joined.has_value()) fc.initial_members = joined->ids;
+  fc.name = options_.name;
+  fc.rank0_serves_store = rendezvous_.store_server == StoreServer::kRankZero;
+  coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
+  executor_->SetFailureHandler(coordinator_);
+  if (config_.debug.check_collectives && !joined.has_value()) {
+    auto check = std::make_shared<CollectiveCheck>(rendezvous_.store, options_.rank,
+                                                   options_.world_size, options_.name);
+    executor_->SetPreRunCheck([check](const OpDesc& op, const std::string& fingerprint) {
+      return check->Check(op, fingerprint);
+    });
+  }
+  if (metrics_ != nullptr) {
+    executor_->SetRecoveryHandler(
+        std::make_shared<CountingRecoveryHandler>(coordinator_, metrics_));
+  } else {
+    executor_->SetRecoveryHandler(coordinator_);
+  }
+}
+
+void CommunicatorImpl::WatchHeartbeat() {
   HeartbeatMonitor::Watch watch;
   watch.name = absl::StrCat("communicator '", options_.name, "' rank ", options_.rank);
   watch.timeout = config_.timeouts.heartbeat;
@@ -174,56 +170,58 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   };
   heartbeat_id_ = HeartbeatMonitor::Instance().Register(std::move(watch));
   executor_->SetHeartbeat([id = heartbeat_id_] { HeartbeatMonitor::Instance().Beat(id); });
-  executor_->Start();
-  if (config_.status.enabled && rendezvous_.root_store != nullptr) {
-    std::weak_ptr<OpExecutor> executor = executor_;
-    StatusSources sources;
-    sources.comm = options_.name;
-    sources.recorder = recorder_;
-    sources.metrics = metrics_;
-    sources.rank = [executor, rank = options_.rank] {
-      auto e = executor.lock();
-      return e != nullptr ? e->membership().rank : rank;
-    };
-    sources.world_size = [executor, world = options_.world_size] {
-      auto e = executor.lock();
-      return e != nullptr ? e->membership().world_size : world;
-    };
-    sources.health = [executor] {
-      auto e = executor.lock();
-      return e != nullptr ? e->health() : absl::CancelledError("communicator destroyed");
-    };
-    status_ = std::make_unique<StatusPublisher>(rendezvous_.root_store, std::move(sources),
-                                                config_.status.interval);
-  }
-  if (metrics_ != nullptr && metrics_->slow_sampler() != nullptr) {
-    SlownessMonitorOptions mo;
-    mo.comm = options_.name;
-    mo.settings = config_.monitor;
-    mo.metrics = metrics_;
-    mo.recorder = recorder_;
-    mo.membership = [executor = std::weak_ptr<OpExecutor>(executor_), rank = options_.rank] {
-      auto e = executor.lock();
-      return e != nullptr ? e->membership() : OpExecutor::MembershipSnapshot{0, rank, 1, 0};
-    };
-    mo.on_slow_rank = options_.on_slow_rank;
-    monitor_ = std::make_unique<SlownessMonitor>(rendezvous_.store, std::move(mo));
-  }
-  if (coordinator_ != nullptr) {
-    std::weak_ptr<OpExecutor> executor = executor_;
-    coordinator_->Start(
-        [executor](const absl::Status& s) {
-          if (auto e = executor.lock()) e->Abort(s);
-        },
-        [executor](int generation) {
-          if (auto e = executor.lock()) e->RequestRecovery(generation);
-        },
-        BackendRebuilder{
-            [this] { return WantsDegrade(); },
-            [this](int generation, bool degrade) { return RebuildBackend(generation, degrade); },
-            [this](const MembershipChange& change) { ApplyMembership(change); },
-            [this](const MembershipChange& change) { MembershipInstalled(change); }});
-  }
+}
+
+void CommunicatorImpl::StartStatusRecord() {
+  std::weak_ptr<OpExecutor> executor = executor_;
+  StatusSources sources;
+  sources.comm = options_.name;
+  sources.recorder = recorder_;
+  sources.metrics = metrics_;
+  sources.rank = [executor, rank = options_.rank] {
+    auto e = executor.lock();
+    return e != nullptr ? e->membership().rank : rank;
+  };
+  sources.world_size = [executor, world = options_.world_size] {
+    auto e = executor.lock();
+    return e != nullptr ? e->membership().world_size : world;
+  };
+  sources.health = [executor] {
+    auto e = executor.lock();
+    return e != nullptr ? e->health() : absl::CancelledError("communicator destroyed");
+  };
+  status_ = std::make_unique<StatusPublisher>(rendezvous_.root_store, std::move(sources),
+                                              config_.status.interval);
+}
+
+void CommunicatorImpl::StartSlownessMonitor() {
+  SlownessMonitorOptions mo;
+  mo.comm = options_.name;
+  mo.settings = config_.monitor;
+  mo.metrics = metrics_;
+  mo.recorder = recorder_;
+  mo.membership = [executor = std::weak_ptr<OpExecutor>(executor_), rank = options_.rank] {
+    auto e = executor.lock();
+    return e != nullptr ? e->membership() : OpExecutor::MembershipSnapshot{0, rank, 1, 0};
+  };
+  mo.on_slow_rank = options_.on_slow_rank;
+  monitor_ = std::make_unique<SlownessMonitor>(rendezvous_.store, std::move(mo));
+}
+
+void CommunicatorImpl::StartFailureListener() {
+  std::weak_ptr<OpExecutor> executor = executor_;
+  coordinator_->Start(
+      [executor](const absl::Status& s) {
+        if (auto e = executor.lock()) e->Abort(s);
+      },
+      [executor](int generation) {
+        if (auto e = executor.lock()) e->RequestRecovery(generation);
+      },
+      BackendRebuilder{
+          [this] { return WantsDegrade(); },
+          [this](int generation, bool degrade) { return RebuildBackend(generation, degrade); },
+          [this](const MembershipChange& change) { ApplyMembership(change); },
+          [this](const MembershipChange& change) { MembershipInstalled(change); }});
 }
 
 CommunicatorImpl::~CommunicatorImpl() {
@@ -362,25 +360,17 @@ std::map<int, std::string> CommunicatorImpl::HeldRanks(const std::vector<int>& m
   return held;
 }
 
-absl::Status CommunicatorImpl::AdmitJoiners() {
-  if (absl::Status s = NoOpenGroup("AdmitJoiners"); !s.ok()) return s;
-  if (!elastic_.elastic || coordinator_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "AdmitJoiners on communicator '", options_.name,
-        "': admitting joiners needs elastic.on_loss shrink or wait_for_replacement and a store"));
-  }
-  const OpExecutor::MembershipSnapshot before = executor_->membership();
-  Store& store = *rendezvous_.store;
+absl::StatusOr<int64_t> CommunicatorImpl::AnnounceJoiners(int rank,
+                                                          std::vector<ScreenedJoiner>& joiners) {
   // Rank 0 alone looks in the store (one request); the others learn the outcome from a broadcast
   // they would have to wait for anyway: no per-op or per-rank store traffic while nobody waits.
   // It carries the last ticket admitted now (0: none) and the last one screened: every member
   // knows where screening stands, so a successor of a lost rank 0 neither screens a ticket twice
   // nor skips one.
   int64_t announced[2] = {0, joiners_handled_};
-  std::vector<ScreenedJoiner> joiners;
-  if (before.rank == 0) {
-    absl::StatusOr<ScreenedJoiners> screened =
-        ScreenJoiners(store, joiners_handled_, config_, BuildVersion(), ElasticLimits(elastic_));
+  if (rank == 0) {
+    absl::StatusOr<ScreenedJoiners> screened = ScreenJoiners(
+        *rendezvous_.store, joiners_handled_, config_, BuildVersion(), ElasticLimits(elastic_));
     if (!screened.ok()) {
       ADAPTCOMM_LOG(kWarning, "communicator '", options_.name,
                     "': cannot look for joiners: ", screened.status().ToString());
@@ -396,40 +386,17 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
   bcast.root = 0;
   if (absl::Status s = Submit(std::move(bcast)).Wait(); !s.ok()) return s;
   joiners_handled_ = announced[1];
-  const int64_t announce = announced[0];
-  if (announce == 0) return absl::OkStatus();
+  return announced[0];
+}
 
-  const absl::Time deadline = absl::Now() + config_.timeouts.init;
+absl::StatusOr<GrowDecision> CommunicatorImpl::DecideGrowth(
+    int64_t announce, const std::vector<ScreenedJoiner>& joiners,
+    const OpExecutor::MembershipSnapshot& now) {
+  Store& store = *rendezvous_.store;
   GrowDecision decision;
-  const OpExecutor::MembershipSnapshot now = executor_->membership();
-  if (now.rank == 0) {
-    // Decided after the broadcast: a shrink during it is part of the world the joiners join, and
-    // a rank it lost may be claimed by a replacement.
-    decision.generation = now.generation + 1;
-    decision.first_seq = executor_->next_seq();
-    decision.ids = coordinator_->Members();
-    absl::StatusOr<JoinerClaims> joined = ReadJoinerClaims(store);
-    if (!joined.ok()) {
-      Abort(joined.status());
-      return joined.status();
-    }
-    RankClaims claims =
-        CheckRankClaims(joiners, HeldRanks(decision.ids, joiners, *joined), options_.name);
-    RefuseJoiners(store, claims.refused);
-    std::vector<int64_t> tickets;
-    for (const ScreenedJoiner& j : claims.admitted) {
-      (*joined)[next_id_] = {j.claimed_rank, j.who};
-      decision.ids.push_back(next_id_++);
-      tickets.push_back(j.ticket);
-    }
-    if (absl::Status s = PublishAdmission(store, announce, decision.generation, decision.first_seq,
-                                          decision.ids, tickets, now.world_size, *joined);
-        !s.ok()) {
-      Abort(s);
-      return s;
-    }
-  } else {
-    absl::StatusOr<GrowDecision> read = ReadGrowDecision(store, announce, deadline);
+  if (now.rank != 0) {
+    absl::StatusOr<GrowDecision> read =
+        ReadGrowDecision(store, announce, absl::Now() + config_.timeouts.init);
     if (!read.ok()) {
       absl::Status s = absl::Status(
           read.status().code(),
@@ -437,12 +404,42 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
       Abort(s);
       return s;
     }
-    decision = *std::move(read);
+    return read;
   }
-  // Every member: whoever is rank 0 at the next admission gives fresh ids.
-  for (int id : decision.ids) next_id_ = std::max(next_id_, id + 1);
-  // Every joiner was refused (CheckRankClaims): nothing changes.
-  if (static_cast<int>(decision.ids.size()) == now.world_size) return absl::OkStatus();
+  // Decided after the broadcast: a shrink during it is part of the world the joiners join, and
+  // a rank it lost may be claimed by a replacement.
+  decision.generation = now.generation + 1;
+  decision.first_seq = executor_->next_seq();
+  decision.ids = coordinator_->Members();
+  absl::StatusOr<JoinerClaims> joined = ReadJoinerClaims(store);
+  if (!joined.ok()) {
+    Abort(joined.status());
+    return joined.status();
+  }
+  RankClaims claims =
+      CheckRankClaims(joiners, HeldRanks(decision.ids, joiners, *joined), options_.name);
+  RefuseJoiners(store, claims.refused);
+  std::vector<int64_t> tickets;
+  for (const ScreenedJoiner& j : claims.admitted) {
+    (*joined)[next_id_] = {j.claimed_rank, j.who};
+    decision.ids.push_back(next_id_++);
+    tickets.push_back(j.ticket);
+  }
+  if (absl::Status s = PublishAdmission(store, announce, decision.generation, decision.first_seq,
+                                        decision.ids, tickets, now.world_size, *joined);
+      !s.ok()) {
+    Abort(s);
+    return s;
+  }
+  return decision;
+}
+
+namespace {
+
+// The change a grow decision makes to the world `now`: the members keep their ranks, the joiners
+// come after them.
+MembershipChange GrowthChange(const OpExecutor::MembershipSnapshot& now,
+                              const GrowDecision& decision) {
   MembershipChange change;
   change.old_world = now.world_size;
   change.new_rank = now.rank;
@@ -456,6 +453,32 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
   change.reason =
       absl::StrCat("rank(s) ", absl::StrJoin(joined, ", "), " joined; world ", change.old_world,
                    " -> ", change.new_world, " at generation ", decision.generation);
+  return change;
+}
+
+}  // namespace
+
+absl::Status CommunicatorImpl::AdmitJoiners() {
+  if (absl::Status s = NoOpenGroup("AdmitJoiners"); !s.ok()) return s;
+  if (!elastic_.elastic || coordinator_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "AdmitJoiners on communicator '", options_.name,
+        "': admitting joiners needs elastic.on_loss shrink or wait_for_replacement and a store"));
+  }
+  std::vector<ScreenedJoiner> joiners;
+  absl::StatusOr<int64_t> announce = AnnounceJoiners(executor_->membership().rank, joiners);
+  if (!announce.ok()) return announce.status();
+  if (*announce == 0) return absl::OkStatus();
+
+  const OpExecutor::MembershipSnapshot now = executor_->membership();
+  absl::StatusOr<GrowDecision> decided = DecideGrowth(*announce, joiners, now);
+  if (!decided.ok()) return decided.status();
+  const GrowDecision& decision = *decided;
+  // Every member: whoever is rank 0 at the next admission gives fresh ids.
+  for (int id : decision.ids) next_id_ = std::max(next_id_, id + 1);
+  // Every joiner was refused (CheckRankClaims): nothing changes.
+  if (static_cast<int>(decision.ids.size()) == now.world_size) return absl::OkStatus();
+  const MembershipChange change = GrowthChange(now, decision);
   absl::Status grown = executor_->Reconfigure([&]() -> absl::StatusOr<RecoveryPlan> {
     absl::StatusOr<std::unique_ptr<Backend>> backend =
         BuildBackendFor(decision.generation, change.new_rank, change.new_world, false);

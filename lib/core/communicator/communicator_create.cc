@@ -14,10 +14,10 @@
 #include "adaptcomm/status.h"
 #include "lib/base/build_info.h"
 #include "lib/base/log.h"
-#include "lib/config/nccl_plan.h"
 #include "lib/config/settings.h"
 #include "lib/core/communicator/communicator_factory.h"
 #include "lib/core/communicator/communicator_impl.h"
+#include "lib/core/communicator/part_options.h"
 #include "lib/core/elastic/elastic_grow.h"
 #include "lib/core/selection/backend_selection.h"
 #include "lib/core/selection/init_agreement.h"
@@ -98,13 +98,19 @@ absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o, bool store)
   return cfg;
 }
 
-// The rendezvous of generation g's backend: its own store scope ("gen<g>") in the communicator's.
-Rendezvous GenerationRendezvous(const Rendezvous& rv, int generation) {
+// The rendezvous `rv` on a store scope of its own (`scope` in the communicator's), for a backend
+// that must not meet the keys of another: a later generation's, a retried creation's.
+Rendezvous ScopedRendezvous(const Rendezvous& rv, const std::string& scope) {
   Rendezvous next;
-  next.store = CreatePrefixStore(absl::StrCat("gen", generation), rv.store);
+  next.store = CreatePrefixStore(scope, rv.store);
   next.transport_host = rv.transport_host;
   next.transport_iface = rv.transport_iface;
   return next;
+}
+
+// The rendezvous of generation g's backend: its own store scope ("gen<g>").
+Rendezvous GenerationRendezvous(const Rendezvous& rv, int generation) {
+  return ScopedRendezvous(rv, absl::StrCat("gen", generation));
 }
 
 struct BackendSelection {
@@ -119,25 +125,12 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
                                                std::vector<int> shrink_lost = {}) {
   // NCCL where every rank can use it, else Gloo on every rank
   // (lib/core/selection/backend_selection.h).
-  selection::SelectionDeps deps;
+  selection::SelectionDeps deps = PartOptionsFor(config).selection;
   deps.use_given_apis = seams.use_given_apis;
   deps.cuda = seams.cuda;
   deps.nccl = seams.nccl;
-  deps.intra_host_shm = config.backend.intra_host_shm;
-  deps.hierarchical = config.backend.hierarchical;
-  deps.gloo_algorithm = config.gloo.algorithm;
-  deps.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
-  deps.gloo_max_connections = config.gloo.max_connections;
-  deps.tuned_table = config.tuning.loaded;
-  deps.elastic = ElasticPolicyOf(config.elastic).elastic;
   deps.previous = previous;  // a rebuild after a shrink: ncclCommShrink where NCCL can
   deps.lost_ranks = std::move(shrink_lost);
-  deps.configure_nccl = [&config](int version) {
-    // Read-once variables must be in the environment before the first NCCL init.
-    config::NcclEnvReport env = config::ApplyNcclEnvironment(config, version);
-    for (const std::string& c : env.conflicts) ADAPTCOMM_LOG(kWarning, "nccl env: ", c);
-    return config::PlanNccl(config, version).config;
-  };
   absl::StatusOr<selection::SelectedBackend> selected =
       selection::SelectBackendWith(o, rv, deadline, deps);
   if (!selected.ok()) return selected.status();
@@ -154,12 +147,8 @@ absl::StatusOr<BackendSelection> CreateBackendAgreed(const CommunicatorOptions& 
   const int attempts = config.retry.max_attempts;
   absl::Duration backoff = config.retry.initial_backoff;
   for (int attempt = 1;; ++attempt) {
-    Rendezvous retry;
-    if (attempt > 1) {
-      retry.store = CreatePrefixStore(absl::StrCat("init", attempt), rv.store);
-      retry.transport_host = rv.transport_host;
-      retry.transport_iface = rv.transport_iface;
-    }
+    const Rendezvous retry =
+        attempt > 1 ? ScopedRendezvous(rv, absl::StrCat("init", attempt)) : Rendezvous{};
     absl::StatusOr<BackendSelection> selected =
         SelectBackend(o, config, attempt > 1 ? retry : rv, deadline, deps);
     if (attempts <= 1) return selected;

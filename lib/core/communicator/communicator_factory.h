@@ -3,8 +3,8 @@
 // the defaults (the real loaders). Tests that run ranks as threads, each with its own fake CUDA
 // runtime and NCCL (tests/fake_nccl_api.h), and benches reach them through the static
 // adaptcomm_internal; libadaptcomm.so does not export them (lib/exports.map, tests/exports.cmake).
-#ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_FACTORY_H_
-#define ADAPTCOMM_LIB_CORE_COMMUNICATOR_FACTORY_H_
+#ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_COMMUNICATOR_FACTORY_H_
+#define ADAPTCOMM_LIB_CORE_COMMUNICATOR_COMMUNICATOR_FACTORY_H_
 
 #include <memory>
 
@@ -57,4 +57,4 @@ bool SetSlownessScore(Communicator& comm, double score);
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_FACTORY_H_
+#endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_COMMUNICATOR_FACTORY_H_

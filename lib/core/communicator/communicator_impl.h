@@ -1,7 +1,7 @@
 // CommunicatorImpl: what a Communicator owns: the rendezvous, the executor (and through it the
 // backend), and the resolved options.
-#ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_IMPL_H_
-#define ADAPTCOMM_LIB_CORE_COMMUNICATOR_IMPL_H_
+#ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_COMMUNICATOR_IMPL_H_
+#define ADAPTCOMM_LIB_CORE_COMMUNICATOR_COMMUNICATOR_IMPL_H_
 
 #include <atomic>
 #include <deque>
@@ -111,6 +111,27 @@ class CommunicatorImpl {
   void LeaveLongOperation() { long_operation_scopes_.fetch_sub(1); }
 
  private:
+  // The constructor's steps, in its order: the membership at creation (or admission), then what
+  // runs beside the executor, each where its setting turns it on (metrics, the timeline trace,
+  // the failure coordinator with its optional collective check, the heartbeat watch, the status
+  // record, the slowness monitor, the coordinator's listener).
+  void InitMembership(const std::optional<JoinedAs>& joined);
+  void StartMetrics();
+  void StartTimeline();
+  void StartCoordinator(FailureCoordinatorOptions fc, const std::optional<JoinedAs>& joined);
+  void WatchHeartbeat();
+  void StartStatusRecord();
+  void StartSlownessMonitor();
+  void StartFailureListener();
+  // AdmitJoiners' steps. AnnounceJoiners: rank 0 screens the joiners waiting (into `joiners`)
+  // and broadcasts the ticket admitted now (0: none), which it returns on every rank.
+  // DecideGrowth: rank 0 decides the grown world and publishes it, the others read it; a failure
+  // aborts the communicator.
+  absl::StatusOr<int64_t> AnnounceJoiners(int rank, std::vector<ScreenedJoiner>& joiners);
+  absl::StatusOr<GrowDecision> DecideGrowth(int64_t announce,
+                                            const std::vector<ScreenedJoiner>& joiners,
+                                            const OpExecutor::MembershipSnapshot& now);
+
   // The open group's ops, not queued yet, and the first refusal among them (every op fails with
   // it at GroupEnd). Adds `desc` to the open group and returns its Work; nothing when none is
   // open.
@@ -164,4 +185,4 @@ class CommunicatorImpl {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_IMPL_H_
+#endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_COMMUNICATOR_IMPL_H_

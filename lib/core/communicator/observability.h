@@ -8,8 +8,8 @@
 //   adaptcomm/status/<comm>/world        the world size (rank 0, at start and after a change)
 //   adaptcomm/status/<comm>/rank<R>      the record, JSON (StatusRecordJson)
 //   adaptcomm/status/<comm>/alive<R>     Unix milliseconds of the last look
-#ifndef ADAPTCOMM_LIB_CORE_OBSERVABILITY_H_
-#define ADAPTCOMM_LIB_CORE_OBSERVABILITY_H_
+#ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_OBSERVABILITY_H_
+#define ADAPTCOMM_LIB_CORE_COMMUNICATOR_OBSERVABILITY_H_
 
 #include <functional>
 #include <memory>
@@ -88,4 +88,4 @@ class StatusPublisher {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_OBSERVABILITY_H_
+#endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_OBSERVABILITY_H_

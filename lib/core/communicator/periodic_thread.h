@@ -4,8 +4,8 @@
 // The destructor returns within a bound whatever a look is doing: a look stuck in a store call
 // (a flooded store, a cut link) is left to finish on its own, with the look function (and what
 // it captured) kept alive by the thread.
-#ifndef ADAPTCOMM_LIB_CORE_PERIODIC_THREAD_H_
-#define ADAPTCOMM_LIB_CORE_PERIODIC_THREAD_H_
+#ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_PERIODIC_THREAD_H_
+#define ADAPTCOMM_LIB_CORE_COMMUNICATOR_PERIODIC_THREAD_H_
 
 #include <functional>
 #include <memory>
@@ -36,4 +36,4 @@ class PeriodicThread {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_PERIODIC_THREAD_H_
+#endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_PERIODIC_THREAD_H_

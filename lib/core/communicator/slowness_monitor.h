@@ -16,8 +16,8 @@
 //   monitor/samples<R>   rank R's recent samples (EncodeSlowSamples)
 //   monitor/verdict      {"serial","world","threshold","window_ms","ranks":[{"rank","host",
 //                        "score","compute","comm","slow","evidence"}]}
-#ifndef ADAPTCOMM_LIB_CORE_SLOWNESS_MONITOR_H_
-#define ADAPTCOMM_LIB_CORE_SLOWNESS_MONITOR_H_
+#ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_SLOWNESS_MONITOR_H_
+#define ADAPTCOMM_LIB_CORE_COMMUNICATOR_SLOWNESS_MONITOR_H_
 
 #include <functional>
 #include <memory>
@@ -63,4 +63,4 @@ class SlownessMonitor {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_SLOWNESS_MONITOR_H_
+#endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_SLOWNESS_MONITOR_H_

@@ -17,8 +17,8 @@
 // member follows the largest id of each decision. Nothing is kept on rank 0 alone: when a shrink
 // loses rank 0 (the store served apart from it, ADAPTCOMM_STORE_EXTERNAL=1), the new rank 0 admits
 // as its predecessor would have.
-#ifndef ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
-#define ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
+#ifndef ADAPTCOMM_LIB_CORE_ELASTIC_ELASTIC_GROW_H_
+#define ADAPTCOMM_LIB_CORE_ELASTIC_ELASTIC_GROW_H_
 
 #include <cstdint>
 #include <map>
@@ -117,4 +117,4 @@ struct GrowDecision {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_ELASTIC_GROW_H_
+#endif  // ADAPTCOMM_LIB_CORE_ELASTIC_ELASTIC_GROW_H_

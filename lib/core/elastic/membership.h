@@ -4,8 +4,8 @@
 // A change is agreed by the coordinated retry's vote (FailureCoordinator): the ranks that voted
 // within the loss window survive, renumbered densely in their old order; the store decides the
 // set once per generation ("members/<g>"), so every survivor applies the same one.
-#ifndef ADAPTCOMM_LIB_CORE_MEMBERSHIP_H_
-#define ADAPTCOMM_LIB_CORE_MEMBERSHIP_H_
+#ifndef ADAPTCOMM_LIB_CORE_ELASTIC_MEMBERSHIP_H_
+#define ADAPTCOMM_LIB_CORE_ELASTIC_MEMBERSHIP_H_
 
 #include <string>
 #include <vector>
@@ -60,4 +60,4 @@ absl::Status MembershipChangedError(const MembershipChange& change, const std::s
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_MEMBERSHIP_H_
+#endif  // ADAPTCOMM_LIB_CORE_ELASTIC_MEMBERSHIP_H_

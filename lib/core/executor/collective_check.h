@@ -7,8 +7,8 @@
 // exchanging mismatched buffers. Cost: one store round trip per collective (hundreds of
 // microseconds on a local store), hence a debug mode. Send and recv are not checked (they involve
 // two ranks only). Keys of op #s-2 are deleted at op #s: every rank is past it by then.
-#ifndef ADAPTCOMM_LIB_CORE_COLLECTIVE_CHECK_H_
-#define ADAPTCOMM_LIB_CORE_COLLECTIVE_CHECK_H_
+#ifndef ADAPTCOMM_LIB_CORE_EXECUTOR_COLLECTIVE_CHECK_H_
+#define ADAPTCOMM_LIB_CORE_EXECUTOR_COLLECTIVE_CHECK_H_
 
 #include <memory>
 #include <string>
@@ -37,4 +37,4 @@ class CollectiveCheck {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_COLLECTIVE_CHECK_H_
+#endif  // ADAPTCOMM_LIB_CORE_EXECUTOR_COLLECTIVE_CHECK_H_

@@ -10,8 +10,8 @@
 // taken (the replay log's window slides), so the free space stays one run and any op up to the
 // capacity less the records in flight fits.
 // Thread safety: none; the replay log's single writer owns it.
-#ifndef ADAPTCOMM_LIB_CORE_DEVICE_RECORD_ARENA_H_
-#define ADAPTCOMM_LIB_CORE_DEVICE_RECORD_ARENA_H_
+#ifndef ADAPTCOMM_LIB_CORE_EXECUTOR_DEVICE_RECORD_ARENA_H_
+#define ADAPTCOMM_LIB_CORE_EXECUTOR_DEVICE_RECORD_ARENA_H_
 
 #include <cstdint>
 #include <memory>
@@ -66,4 +66,4 @@ class DeviceRecordArena {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_DEVICE_RECORD_ARENA_H_
+#endif  // ADAPTCOMM_LIB_CORE_EXECUTOR_DEVICE_RECORD_ARENA_H_

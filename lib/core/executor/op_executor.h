@@ -23,8 +23,8 @@
 // kBacklogPollMin) and finishes its Work when the device is done; a device
 // failure or an op past its timeout (counted from when it became the oldest) aborts the backend
 // and hands the ops in flight to the worker, which retries them in order (or fails them).
-#ifndef ADAPTCOMM_LIB_CORE_OP_EXECUTOR_H_
-#define ADAPTCOMM_LIB_CORE_OP_EXECUTOR_H_
+#ifndef ADAPTCOMM_LIB_CORE_EXECUTOR_OP_EXECUTOR_H_
+#define ADAPTCOMM_LIB_CORE_EXECUTOR_OP_EXECUTOR_H_
 
 #include <atomic>
 #include <cstddef>
@@ -528,4 +528,4 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_OP_EXECUTOR_H_
+#endif  // ADAPTCOMM_LIB_CORE_EXECUTOR_OP_EXECUTOR_H_

@@ -17,8 +17,8 @@
 // at a time, so their records need no such depth: they share kHostRecords host buffers, whatever
 // `depth` the device ops' window asks for (a host record older than that is dropped: not
 // replayable). Ops on CUDA memory under a backend without DeviceMemory are not replayable.
-#ifndef ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
-#define ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
+#ifndef ADAPTCOMM_LIB_CORE_EXECUTOR_REPLAY_LOG_H_
+#define ADAPTCOMM_LIB_CORE_EXECUTOR_REPLAY_LOG_H_
 
 #include <cstdint>
 #include <memory>
@@ -123,4 +123,4 @@ class ReplayLog {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_REPLAY_LOG_H_
+#endif  // ADAPTCOMM_LIB_CORE_EXECUTOR_REPLAY_LOG_H_

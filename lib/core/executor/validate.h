@@ -1,8 +1,8 @@
 // The generic rules every op must satisfy whatever the backend: non-null data, sizes that match,
 // root and peer in range, same dtype on both sides. Backend-specific rules (dtype x reduce op,
 // device memory) are the backend's Supports().
-#ifndef ADAPTCOMM_LIB_CORE_VALIDATE_H_
-#define ADAPTCOMM_LIB_CORE_VALIDATE_H_
+#ifndef ADAPTCOMM_LIB_CORE_EXECUTOR_VALIDATE_H_
+#define ADAPTCOMM_LIB_CORE_EXECUTOR_VALIDATE_H_
 
 #include "absl/status/status.h"
 #include "adaptcomm/ext/backend.h"
@@ -14,4 +14,4 @@ absl::Status ValidateOp(const OpDesc& op, int rank, int world_size);
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_VALIDATE_H_
+#endif  // ADAPTCOMM_LIB_CORE_EXECUTOR_VALIDATE_H_

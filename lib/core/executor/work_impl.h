@@ -1,7 +1,7 @@
 // WorkImpl: the shared state of one operation, between the Work handle(s), the executor that runs
 // it and the watchdog that bounds it.
-#ifndef ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
-#define ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
+#ifndef ADAPTCOMM_LIB_CORE_EXECUTOR_WORK_IMPL_H_
+#define ADAPTCOMM_LIB_CORE_EXECUTOR_WORK_IMPL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -180,4 +180,4 @@ class WorkImpl {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_WORK_IMPL_H_
+#endif  // ADAPTCOMM_LIB_CORE_EXECUTOR_WORK_IMPL_H_

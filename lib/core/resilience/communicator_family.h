@@ -15,8 +15,8 @@
 // its executor's and coordinator's own shared ownership. No lock is held while a member is
 // aborted: an abort re-enters the family (the aborted member's own break), which then finds the
 // family broken already.
-#ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_FAMILY_H_
-#define ADAPTCOMM_LIB_CORE_COMMUNICATOR_FAMILY_H_
+#ifndef ADAPTCOMM_LIB_CORE_RESILIENCE_COMMUNICATOR_FAMILY_H_
+#define ADAPTCOMM_LIB_CORE_RESILIENCE_COMMUNICATOR_FAMILY_H_
 
 #include <memory>
 #include <string>
@@ -89,4 +89,4 @@ class CommunicatorFamily {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_COMMUNICATOR_FAMILY_H_
+#endif  // ADAPTCOMM_LIB_CORE_RESILIENCE_COMMUNICATOR_FAMILY_H_

@@ -340,46 +340,84 @@ absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generatio
   return survivors;
 }
 
-absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_t position,
-                                                         uint64_t issued_through,
-                                                         const std::string& fingerprint,
-                                                         int attempt, const absl::Status& cause) {
-  ADAPTCOMM_LOG(kWarning, "coordinated retry: rank ", options_.rank, " votes to build generation ",
-                generation, " from op #", position, " (attempt ", attempt + 1, " of ",
-                options_.max_attempts, "; cause: ", cause.message(), ")");
-  // The record at the moment of the fault says who was behind (`adaptcomm trace culprit`).
-  if (recorder_ != nullptr) {
-    (void)recorder_->Dump(
-        absl::StrCat("coordinated retry to generation ", generation, ": ", cause.message()));
+namespace {
+
+// What the votes of a coordinated retry say (FailureCoordinator's comment has their format).
+struct VoteTally {
+  uint64_t restart = 0;       // the smallest position
+  uint64_t max_position = 0;  // the largest position
+  uint64_t max_issued = 0;    // the last seq any rank issued
+  bool degrade = false;       // any rank's wish
+};
+
+// Reads the votes under `keys`; InvalidArgument if ranks at the same position are in different
+// ops (mismatched collectives, which no retry can help).
+absl::StatusOr<VoteTally> TallyVotes(Store& store, const std::vector<std::string>& keys,
+                                     uint64_t position, uint64_t issued_through,
+                                     const std::string& name) {
+  VoteTally tally{position, position, issued_through, false};
+  // Ranks at the same position must be in the same op; if not, the collectives are mismatched
+  // and no retry can help.
+  std::map<uint64_t, std::map<std::string, std::vector<int>>> ops_at;
+  for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
+    absl::StatusOr<std::string> v = store.Get(keys[r], absl::ZeroDuration());
+    if (!v.ok()) continue;
+    std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 3));
+    uint64_t p = 0, issued = 0;
+    if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &p) ||
+        !absl::SimpleAtoi(parts[2], &issued)) {
+      continue;
+    }
+    tally.restart = std::min(tally.restart, p);
+    tally.max_position = std::max(tally.max_position, p);
+    tally.max_issued = std::max(tally.max_issued, issued);
+    tally.degrade = tally.degrade || parts[1] == "1";
+    if (!parts[3].empty()) ops_at[p][parts[3]].push_back(r);
   }
-  const std::vector<int> members = Members();
-  const bool elastic = options_.elastic.elastic;
-  const absl::Time started = absl::Now();
-  // Elastic: a rank that has not voted by the loss deadline is lost; the store requests around the
-  // decision get a little more than that.
-  const absl::Time loss_deadline = started + options_.elastic.loss_window;
-  const absl::Time vote_deadline =
-      started +
-      (elastic ? std::max(options_.vote_timeout, options_.elastic.loss_window + absl::Seconds(5))
-               : options_.vote_timeout);
+  for (const auto& [seq, ops] : ops_at) {
+    if (ops.size() < 2) continue;
+    std::vector<std::string> who;
+    for (const auto& [op, ranks] : ops) {
+      who.push_back(absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","),
+                                 " called ", op));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("mismatched collectives at #", seq,
+                                                   " of communicator '", name,
+                                                   "': ", absl::StrJoin(who, "; "),
+                                                   " (not retried: every rank must issue the "
+                                                   "same collectives in the same order)"));
+  }
+  return tally;
+}
+
+}  // namespace
+
+absl::Status FailureCoordinator::CastVote(int generation, uint64_t position,
+                                          uint64_t issued_through, const std::string& fingerprint,
+                                          const std::vector<int>& members, absl::Time deadline) {
   const bool wants_degrade = rebuilder_.wants_degrade && rebuilder_.wants_degrade();
   absl::Status store_error = Publish(
       *store_, VoteKey(generation, options_.rank),
       absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", issued_through, "|", fingerprint),
-      vote_deadline, &cancelled_);
-  if (!store_error.ok()) return CutOff(store_error, cause);
-  for (size_t i = 0; i < members.size() && store_error.ok(); ++i) {
+      deadline, &cancelled_);
+  if (!store_error.ok()) return store_error;
+  // The wake-ups stop at the first store error but do not fail the vote: the polling that
+  // follows finds out whether the store is gone.
+  absl::Status woken;
+  for (size_t i = 0; i < members.size() && woken.ok(); ++i) {
     if (members[i] != options_.rank) {
-      store_error = Wake(*store_, members[i], absl::StrCat(kRetryPrefix, generation), vote_deadline,
-                         &cancelled_);
+      woken =
+          Wake(*store_, members[i], absl::StrCat(kRetryPrefix, generation), deadline, &cancelled_);
     }
   }
-  std::vector<std::string> keys;
-  for (int id : members) keys.push_back(VoteKey(generation, id));
-  // Poll rather than Wait: a rank that already destroyed its communicator ("left/<r>") will never
-  // vote, and saying so at once beats waiting out the vote timeout.
-  const absl::Time deadline = elastic ? loss_deadline : vote_deadline;
-  std::vector<int> missing, departed;  // current ranks
+  return absl::OkStatus();
+}
+
+absl::Status FailureCoordinator::AwaitVotes(const std::vector<int>& members,
+                                            const std::vector<std::string>& keys, bool elastic,
+                                            absl::Time deadline, const absl::Status& cause,
+                                            std::vector<int>& missing, std::vector<int>& departed) {
+  absl::Status store_error;
   // A round that cannot reach the store ends early and is tried again (a link may flap back
   // before the deadline); the last round's error decides whether this rank was cut off.
   while (true) {
@@ -410,6 +448,119 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
     absl::SleepFor(absl::Milliseconds(10));
   }
   if (!store_error.ok()) return CutOff(store_error, cause);
+  return absl::OkStatus();
+}
+
+absl::Status FailureCoordinator::VoteFailed(const std::vector<int>& missing,
+                                            const std::vector<int>& departed,
+                                            const absl::Status& cause) {
+  std::string who;
+  if (!departed.empty()) {
+    absl::StrAppend(&who, "rank(s) ", absl::StrJoin(departed, ", "),
+                    " already destroyed the communicator");
+  }
+  if (!missing.empty()) {
+    absl::StrAppend(&who, who.empty() ? "" : "; ", "rank(s) ", absl::StrJoin(missing, ", "),
+                    " did not vote within ", absl::FormatDuration(options_.vote_timeout),
+                    " (dead or stalled)");
+  }
+  vote_failed_.store(true);
+  absl::Status failed = absl::UnavailableError(
+      absl::StrCat("coordinated retry of communicator '", options_.name, "' impossible: ", who,
+                   "; first error here: ", cause.message()));
+  if (recorder_ != nullptr) (void)recorder_->Dump(std::string(failed.message()));
+  return failed;
+}
+
+MembershipChange FailureCoordinator::ChangeMembership(const std::vector<int>& members,
+                                                      const std::vector<int>& survivors,
+                                                      int generation, const absl::Status& cause) {
+  MembershipChange c;
+  c.old_world = static_cast<int>(members.size());
+  c.new_world = static_cast<int>(survivors.size());
+  c.old_to_new.assign(members.size(), -1);
+  for (size_t i = 0; i < members.size(); ++i) {
+    auto it = std::find(survivors.begin(), survivors.end(), members[i]);
+    if (it == survivors.end()) {
+      c.lost.push_back(static_cast<int>(i));
+    } else {
+      c.old_to_new[i] = static_cast<int>(it - survivors.begin());
+    }
+    if (members[i] == options_.rank) c.new_rank = c.old_to_new[i];
+  }
+  std::vector<std::string> lost_names;
+  for (int r : c.lost) {
+    lost_names.push_back(members[r] == r ? absl::StrCat(r)
+                                         : absl::StrCat(r, " (rank ", members[r], " at creation)"));
+  }
+  c.reason = absl::StrCat(
+      "rank(s) ", absl::StrJoin(lost_names, ", "), " of ", c.old_world, " lost (no vote within ",
+      absl::FormatDuration(options_.elastic.loss_window), ": dead, stalled or cut off); world ",
+      c.old_world, " -> ", c.new_world, " at generation ", generation,
+      " (elastic.on_loss: ", options_.elastic.name, ")");
+  ADAPTCOMM_LOG(kError, "communicator '", options_.name, "': ", c.reason, "; this rank is now ",
+                c.new_rank, " (cause: ", cause.message(), ")");
+  if (recorder_ != nullptr) (void)recorder_->Dump(c.reason);
+  {
+    absl::MutexLock lock(&members_mu_);
+    members_ = survivors;
+  }
+  if (rebuilder_.apply_membership) rebuilder_.apply_membership(c);
+  return c;
+}
+
+absl::Status FailureCoordinator::WaitBackoff(int attempt, const absl::Status& cause) {
+  // The backoff ends early if the communicator is aborted.
+  const absl::Time until = absl::Now() + Backoff(attempt);
+  while (absl::Now() < until && !cancelled_.load()) {
+    absl::SleepFor(std::min(until - absl::Now(), absl::Milliseconds(10)));
+  }
+  if (cancelled_.load()) {
+    return absl::AbortedError(absl::StrCat("communicator '", options_.name,
+                                           "' was aborted during a coordinated retry; first "
+                                           "error here: ",
+                                           cause.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_t position,
+                                                         uint64_t issued_through,
+                                                         const std::string& fingerprint,
+                                                         int attempt, const absl::Status& cause) {
+  ADAPTCOMM_LOG(kWarning, "coordinated retry: rank ", options_.rank, " votes to build generation ",
+                generation, " from op #", position, " (attempt ", attempt + 1, " of ",
+                options_.max_attempts, "; cause: ", cause.message(), ")");
+  // The record at the moment of the fault says who was behind (`adaptcomm trace culprit`).
+  if (recorder_ != nullptr) {
+    (void)recorder_->Dump(
+        absl::StrCat("coordinated retry to generation ", generation, ": ", cause.message()));
+  }
+  const std::vector<int> members = Members();
+  const bool elastic = options_.elastic.elastic;
+  const absl::Time started = absl::Now();
+  // Elastic: a rank that has not voted by the loss deadline is lost; the store requests around the
+  // decision get a little more than that.
+  const absl::Time loss_deadline = started + options_.elastic.loss_window;
+  const absl::Time vote_deadline =
+      started +
+      (elastic ? std::max(options_.vote_timeout, options_.elastic.loss_window + absl::Seconds(5))
+               : options_.vote_timeout);
+  if (absl::Status s =
+          CastVote(generation, position, issued_through, fingerprint, members, vote_deadline);
+      !s.ok()) {
+    return CutOff(s, cause);
+  }
+  std::vector<std::string> keys;
+  for (int id : members) keys.push_back(VoteKey(generation, id));
+  // Poll rather than Wait: a rank that already destroyed its communicator ("left/<r>") will never
+  // vote, and saying so at once beats waiting out the vote timeout.
+  std::vector<int> missing, departed;  // current ranks
+  if (absl::Status s = AwaitVotes(members, keys, elastic, elastic ? loss_deadline : vote_deadline,
+                                  cause, missing, departed);
+      !s.ok()) {
+    return s;
+  }
   // Elastic: the members that go on, as the store decided (the same on every survivor).
   std::vector<int> survivors = members;
   if (elastic) {
@@ -423,109 +574,22 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
     keys.clear();
     for (int id : survivors) keys.push_back(VoteKey(generation, id));
   } else if (!missing.empty() || !departed.empty()) {
-    std::string who;
-    if (!departed.empty()) {
-      absl::StrAppend(&who, "rank(s) ", absl::StrJoin(departed, ", "),
-                      " already destroyed the communicator");
-    }
-    if (!missing.empty()) {
-      absl::StrAppend(&who, who.empty() ? "" : "; ", "rank(s) ", absl::StrJoin(missing, ", "),
-                      " did not vote within ", absl::FormatDuration(options_.vote_timeout),
-                      " (dead or stalled)");
-    }
-    vote_failed_.store(true);
-    absl::Status failed = absl::UnavailableError(
-        absl::StrCat("coordinated retry of communicator '", options_.name, "' impossible: ", who,
-                     "; first error here: ", cause.message()));
-    if (recorder_ != nullptr) (void)recorder_->Dump(std::string(failed.message()));
-    return failed;
+    return VoteFailed(missing, departed, cause);
   }
-  uint64_t restart = position;
-  uint64_t max_position = position;
-  uint64_t max_issued = issued_through;
-  bool degrade = false;
-  // Ranks at the same position must be in the same op; if not, the collectives are mismatched
-  // and no retry can help.
-  std::map<uint64_t, std::map<std::string, std::vector<int>>> ops_at;
-  for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
-    absl::StatusOr<std::string> v = store_->Get(keys[r], absl::ZeroDuration());
-    if (!v.ok()) continue;
-    std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 3));
-    uint64_t p = 0, issued = 0;
-    if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &p) ||
-        !absl::SimpleAtoi(parts[2], &issued)) {
-      continue;
-    }
-    restart = std::min(restart, p);
-    max_position = std::max(max_position, p);
-    max_issued = std::max(max_issued, issued);
-    degrade = degrade || parts[1] == "1";
-    if (!parts[3].empty()) ops_at[p][parts[3]].push_back(r);
-  }
-  for (const auto& [seq, ops] : ops_at) {
-    if (ops.size() < 2) continue;
-    std::vector<std::string> who;
-    for (const auto& [op, ranks] : ops) {
-      who.push_back(absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ","),
-                                 " called ", op));
-    }
-    absl::Status mismatch = absl::InvalidArgumentError(
-        absl::StrCat("mismatched collectives at #", seq, " of communicator '", options_.name,
-                     "': ", absl::StrJoin(who, "; "),
-                     " (not retried: every rank must issue the "
-                     "same collectives in the same order)"));
-    if (recorder_ != nullptr) (void)recorder_->Dump(std::string(mismatch.message()));
-    return mismatch;
+  absl::StatusOr<VoteTally> tally =
+      TallyVotes(*store_, keys, position, issued_through, options_.name);
+  if (!tally.ok()) {
+    if (recorder_ != nullptr) (void)recorder_->Dump(std::string(tally.status().message()));
+    return tally.status();
   }
   std::optional<MembershipChange> change;
   if (survivors != members) {
-    MembershipChange c;
-    c.old_world = static_cast<int>(members.size());
-    c.new_world = static_cast<int>(survivors.size());
-    c.old_to_new.assign(members.size(), -1);
-    for (size_t i = 0; i < members.size(); ++i) {
-      auto it = std::find(survivors.begin(), survivors.end(), members[i]);
-      if (it == survivors.end()) {
-        c.lost.push_back(static_cast<int>(i));
-      } else {
-        c.old_to_new[i] = static_cast<int>(it - survivors.begin());
-      }
-      if (members[i] == options_.rank) c.new_rank = c.old_to_new[i];
-    }
-    std::vector<std::string> lost_names;
-    for (int r : c.lost) {
-      lost_names.push_back(members[r] == r
-                               ? absl::StrCat(r)
-                               : absl::StrCat(r, " (rank ", members[r], " at creation)"));
-    }
-    c.reason = absl::StrCat(
-        "rank(s) ", absl::StrJoin(lost_names, ", "), " of ", c.old_world, " lost (no vote within ",
-        absl::FormatDuration(options_.elastic.loss_window), ": dead, stalled or cut off); world ",
-        c.old_world, " -> ", c.new_world, " at generation ", generation,
-        " (elastic.on_loss: ", options_.elastic.name, ")");
-    ADAPTCOMM_LOG(kError, "communicator '", options_.name, "': ", c.reason, "; this rank is now ",
-                  c.new_rank, " (cause: ", cause.message(), ")");
-    if (recorder_ != nullptr) (void)recorder_->Dump(c.reason);
-    {
-      absl::MutexLock lock(&members_mu_);
-      members_ = survivors;
-    }
-    if (rebuilder_.apply_membership) rebuilder_.apply_membership(c);
-    change = std::move(c);
-  } else {
-    // A membership change rebuilds at once. The backoff ends early if the communicator is aborted.
-    const absl::Time until = absl::Now() + Backoff(attempt);
-    while (absl::Now() < until && !cancelled_.load()) {
-      absl::SleepFor(std::min(until - absl::Now(), absl::Milliseconds(10)));
-    }
-    if (cancelled_.load()) {
-      return absl::AbortedError(absl::StrCat("communicator '", options_.name,
-                                             "' was aborted during a coordinated retry; first "
-                                             "error here: ",
-                                             cause.message()));
-    }
+    change = ChangeMembership(members, survivors, generation, cause);
+  } else if (absl::Status s = WaitBackoff(attempt, cause); !s.ok()) {
+    // A membership change rebuilds at once; otherwise the backoff comes first.
+    return s;
   }
-  absl::StatusOr<std::unique_ptr<Backend>> backend = rebuilder_.build(generation, degrade);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = rebuilder_.build(generation, tally->degrade);
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("coordinated retry: rebuilding the backend (generation ",
@@ -533,9 +597,9 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   }
   if (recorder_ != nullptr) recorder_->SetGeneration(generation, (*backend)->name());
   RecoveryPlan plan;
-  plan.restart_seq = restart;
-  plan.max_position = max_position;
-  plan.max_issued = max_issued;
+  plan.restart_seq = tally->restart;
+  plan.max_position = tally->max_position;
+  plan.max_issued = tally->max_issued;
   plan.generation = generation;
   plan.backend = std::move(*backend);
   if (change.has_value()) {

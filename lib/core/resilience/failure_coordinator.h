@@ -6,8 +6,8 @@
 // failed rank, instead of waiting out its own timeout. The failing rank waits (bounded by the
 // report window) for every other rank's answer: a rank that never answers is dead or stalled,
 // and the final error names it as the likely culprit.
-#ifndef ADAPTCOMM_LIB_CORE_FAILURE_COORDINATOR_H_
-#define ADAPTCOMM_LIB_CORE_FAILURE_COORDINATOR_H_
+#ifndef ADAPTCOMM_LIB_CORE_RESILIENCE_FAILURE_COORDINATOR_H_
+#define ADAPTCOMM_LIB_CORE_RESILIENCE_FAILURE_COORDINATOR_H_
 
 #include <atomic>
 #include <functional>
@@ -123,6 +123,23 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   // with.
   absl::StatusOr<std::vector<int>> DecideMembers(int generation, const std::vector<int>& members,
                                                  absl::Time deadline, const absl::Status& cause);
+  // Recover's steps. CastVote publishes this rank's vote and wakes the other members (the store
+  // error of the vote, if any). AwaitVotes polls until every member voted or left, or the deadline;
+  // it fills `missing` and `departed` (current ranks) and fails if aborted or cut off. VoteFailed
+  // is the error of a vote some rank missed (not elastic). ChangeMembership installs the survivors
+  // (elastic) and returns the change. WaitBackoff sleeps the backoff of `attempt` unless aborted.
+  absl::Status CastVote(int generation, uint64_t position, uint64_t issued_through,
+                        const std::string& fingerprint, const std::vector<int>& members,
+                        absl::Time deadline);
+  absl::Status AwaitVotes(const std::vector<int>& members, const std::vector<std::string>& keys,
+                          bool elastic, absl::Time deadline, const absl::Status& cause,
+                          std::vector<int>& missing, std::vector<int>& departed);
+  absl::Status VoteFailed(const std::vector<int>& missing, const std::vector<int>& departed,
+                          const absl::Status& cause);
+  MembershipChange ChangeMembership(const std::vector<int>& members,
+                                    const std::vector<int>& survivors, int generation,
+                                    const absl::Status& cause);
+  absl::Status WaitBackoff(int attempt, const absl::Status& cause);
 
   const FailureCoordinatorOptions options_;
   const std::shared_ptr<Store> store_;
@@ -143,4 +160,4 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_FAILURE_COORDINATOR_H_
+#endif  // ADAPTCOMM_LIB_CORE_RESILIENCE_FAILURE_COORDINATOR_H_

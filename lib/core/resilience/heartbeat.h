@@ -5,8 +5,8 @@
 // itself stuck, so nothing bounds that communicator any more: the monitor calls its on_stall
 // (dump, flush logs, exit with kExitCommunicationFailure). SIGUSR2 (installed only if the program
 // has no handler of its own) asks every registered communicator to dump its flight record.
-#ifndef ADAPTCOMM_LIB_CORE_HEARTBEAT_H_
-#define ADAPTCOMM_LIB_CORE_HEARTBEAT_H_
+#ifndef ADAPTCOMM_LIB_CORE_RESILIENCE_HEARTBEAT_H_
+#define ADAPTCOMM_LIB_CORE_RESILIENCE_HEARTBEAT_H_
 
 #include <functional>
 #include <map>
@@ -53,4 +53,4 @@ class HeartbeatMonitor {
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_HEARTBEAT_H_
+#endif  // ADAPTCOMM_LIB_CORE_RESILIENCE_HEARTBEAT_H_

@@ -439,6 +439,35 @@ absl::StatusOr<std::unique_ptr<Backend>> ShrinkAgreed(const CommunicatorOptions&
   return shrunk;
 }
 
+// The NCCL backend's options for this rank on `device`, with the profile's ncclConfig_t values
+// translated for the loaded NCCL.
+nccl::NcclBackendOptions NcclOptionsFor(const CommunicatorOptions& o, const Rendezvous& rv,
+                                        absl::Time deadline, const Apis& apis,
+                                        const SelectionDeps& deps, int device) {
+  nccl::NcclBackendOptions no;
+  no.rank = o.rank;
+  no.size = o.world_size;
+  no.device = device;
+  no.store = rv.store;
+  // A peer whose init failed publishes that before the others finish theirs: stop waiting then.
+  no.keep_comm_for_shrink = deps.elastic && apis.nccl->has_comm_shrink();
+  no.peers_gave_up = [&rv]() -> absl::Status {
+    absl::StatusOr<std::string> who = rv.store->Get(kInitGaveUpKey, absl::ZeroDuration());
+    if (who.ok()) return absl::UnavailableError(absl::StrCat("rank ", *who, " failed"));
+    return absl::OkStatus();
+  };
+  // Half of the time left: a hung init still leaves time to agree and build Gloo.
+  no.init_timeout = std::max((deadline - absl::Now()) / 2, absl::Milliseconds(1));
+  int version = 0;
+  (void)apis.nccl->GetVersion(&version);
+  std::vector<std::string> notes;
+  const config::NcclConfigValues wanted =
+      deps.configure_nccl ? deps.configure_nccl(version) : deps.nccl_config;
+  no.config = nccl::TranslateNcclConfig(wanted, version, &notes);
+  for (const std::string& note : notes) ADAPTCOMM_LOG(kInfo, "nccl config: ", note);
+  return no;
+}
+
 }  // namespace
 
 absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
@@ -493,27 +522,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   absl::Status init;        // this rank's NCCL init outcome
   if (failed->empty()) {
     init_phase = true;
-    nccl::NcclBackendOptions no;
-    no.rank = o.rank;
-    no.size = o.world_size;
-    no.device = device;
-    no.store = rv.store;
-    // A peer whose init failed publishes that before the others finish theirs: stop waiting then.
-    no.keep_comm_for_shrink = deps.elastic && apis.nccl->has_comm_shrink();
-    no.peers_gave_up = [&rv]() -> absl::Status {
-      absl::StatusOr<std::string> who = rv.store->Get(kInitGaveUpKey, absl::ZeroDuration());
-      if (who.ok()) return absl::UnavailableError(absl::StrCat("rank ", *who, " failed"));
-      return absl::OkStatus();
-    };
-    // Half of the time left: a hung init still leaves time to agree and build Gloo.
-    no.init_timeout = std::max((deadline - absl::Now()) / 2, absl::Milliseconds(1));
-    int version = 0;
-    (void)apis.nccl->GetVersion(&version);
-    std::vector<std::string> notes;
-    const config::NcclConfigValues wanted =
-        deps.configure_nccl ? deps.configure_nccl(version) : deps.nccl_config;
-    no.config = nccl::TranslateNcclConfig(wanted, version, &notes);
-    for (const std::string& note : notes) ADAPTCOMM_LOG(kInfo, "nccl config: ", note);
+    const nccl::NcclBackendOptions no = NcclOptionsFor(o, rv, deadline, apis, deps, device);
     absl::StatusOr<std::unique_ptr<Backend>> created =
         nccl::CreateNcclBackend(apis.nccl, apis.cuda, no);
     init = created.status();

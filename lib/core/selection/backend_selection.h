@@ -19,8 +19,8 @@
 //
 // Store keys (under the communicator's scope): "select/cap/<rank>", "select/init/<rank>",
 // "select/host/<rank>", "nccl/uid", Gloo's under "gloo/" and shm's under "shm/".
-#ifndef ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_
-#define ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_
+#ifndef ADAPTCOMM_LIB_CORE_SELECTION_BACKEND_SELECTION_H_
+#define ADAPTCOMM_LIB_CORE_SELECTION_BACKEND_SELECTION_H_
 
 #include <functional>
 #include <memory>
@@ -133,4 +133,4 @@ config::TopologyFingerprint CurrentFingerprint(const std::string& backend, int h
 
 }  // namespace adaptcomm::internal::selection
 
-#endif  // ADAPTCOMM_LIB_CORE_BACKEND_SELECTION_H_
+#endif  // ADAPTCOMM_LIB_CORE_SELECTION_BACKEND_SELECTION_H_

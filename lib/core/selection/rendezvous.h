@@ -1,8 +1,8 @@
 // Rendezvous of a communicator's ranks: the store (served by rank 0 unless the caller gave one or
 // another process serves it: ADAPTCOMM_STORE_EXTERNAL=1), a claim on the communicator's name, and
 // the wait until every rank has joined.
-#ifndef ADAPTCOMM_LIB_CORE_RENDEZVOUS_H_
-#define ADAPTCOMM_LIB_CORE_RENDEZVOUS_H_
+#ifndef ADAPTCOMM_LIB_CORE_SELECTION_RENDEZVOUS_H_
+#define ADAPTCOMM_LIB_CORE_SELECTION_RENDEZVOUS_H_
 
 #include <memory>
 #include <string>
@@ -67,4 +67,4 @@ void LeaveRendezvous(Rendezvous rendezvous, const CommunicatorOptions& options, 
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_RENDEZVOUS_H_
+#endif  // ADAPTCOMM_LIB_CORE_SELECTION_RENDEZVOUS_H_

@@ -34,8 +34,8 @@
 // knob space (Capabilities::per_op_knobs: NCCL, hierarchical), one-rank communicators, elastic
 // communicators (a process that joins could not follow a trial window in progress) and
 // communicators without a store.
-#ifndef ADAPTCOMM_LIB_CORE_ONLINE_TUNER_H_
-#define ADAPTCOMM_LIB_CORE_ONLINE_TUNER_H_
+#ifndef ADAPTCOMM_LIB_CORE_TUNING_ONLINE_TUNER_H_
+#define ADAPTCOMM_LIB_CORE_TUNING_ONLINE_TUNER_H_
 
 #include <array>
 #include <atomic>
@@ -183,4 +183,4 @@ std::vector<OnlineDecision> OnlineTuningDecisions(const Communicator& comm);
 
 }  // namespace adaptcomm::internal
 
-#endif  // ADAPTCOMM_LIB_CORE_ONLINE_TUNER_H_
+#endif  // ADAPTCOMM_LIB_CORE_TUNING_ONLINE_TUNER_H_
