@@ -25,6 +25,16 @@ uint64_t GlooMaxSegmentBytes(uint64_t max_segment_bytes);
 uint64_t GlooRingSegmentCapInEffect(uint64_t bytes, size_t element_bytes, int ranks,
                                     uint64_t max_segment_bytes);
 
+// gloo.algorithm "auto": whether an allreduce of `bytes` over `ranks` ranks runs bcube rather
+// than ring. Ring takes 2 (ranks - 1) steps of bytes / ranks each: once a step carries no more
+// than a small TCP message, its latency, not bandwidth, sets the time, and bcube's 2 log2(ranks)
+// steps win (the latency and bandwidth terms of Thakur, Rabenseifner and Gropp, "Optimization of
+// Collective Communication Operations in MPICH", 2005). Below kGlooAutoBcubeMinRanks ranks the
+// two differ by a few steps only and ring's order of summation is kept.
+inline constexpr int kGlooAutoBcubeMinRanks = 16;
+inline constexpr uint64_t kGlooAutoBcubeMaxBytesPerRank = 4096;
+bool GlooAutoPicksBcube(uint64_t bytes, int ranks);
+
 }  // namespace adaptcomm::config
 
 #endif  // ADAPTCOMM_LIB_CONFIG_GLOO_SEGMENT_H_

@@ -123,7 +123,9 @@ class GlooBackend final : public BackendBase, public GroupRunner {
         // ring allreduce does the reduce with two connections per rank.
         direct_reduce_(size() - 1 <= std::min(kDirectReduceMaxPeers, pairs_->max_connections())),
         ready_(static_cast<size_t>(gloo_backend::kPeerSetCount) * static_cast<size_t>(size()), 0),
-        bcube_(o.algorithm == "bcube"),
+        algorithm_(o.algorithm == "bcube"  ? Algorithm::kBcube
+                   : o.algorithm == "auto" ? Algorithm::kAuto
+                                           : Algorithm::kRing),
         max_segment_bytes_(o.max_segment_bytes),
         tuned_algorithm_(o.tuned_algorithm),
         tuned_max_segment_bytes_(o.tuned_max_segment_bytes) {}
@@ -190,7 +192,8 @@ class GlooBackend final : public BackendBase, public GroupRunner {
   const bool direct_reduce_;  // reduce runs gloo::reduce (else a ring allreduce)
   // Per PeerSetId (set * size + root): its pairs are all connected. Run() thread only.
   std::vector<char> ready_;
-  const bool bcube_;                // profile gloo.algorithm: bcube instead of ring
+  enum class Algorithm { kRing, kBcube, kAuto };
+  const Algorithm algorithm_;       // profile gloo.algorithm
   const size_t max_segment_bytes_;  // profile gloo.max_segment_bytes (0: Gloo default)
   // Tuned per size band (GlooBackendOptions); empty: the two above for every size.
   const config::SizeBands tuned_algorithm_;
@@ -488,7 +491,10 @@ void GlooBackend::GlooAllreduce(const OpDesc& op, void* data, bool bcube, uint64
 
 int64_t GlooBackend::AlgorithmFor(const OpDesc& op, uint64_t bytes) const {
   const int64_t* knob = op.knobs != nullptr ? op.knobs->Find(kKnobSpace, "algorithm") : nullptr;
-  return knob != nullptr ? *knob : config::BandValue(tuned_algorithm_, bytes, bcube_ ? 1 : 0);
+  if (knob != nullptr) return *knob;
+  const bool bcube = algorithm_ == Algorithm::kBcube ||
+                     (algorithm_ == Algorithm::kAuto && config::GlooAutoPicksBcube(bytes, size()));
+  return config::BandValue(tuned_algorithm_, bytes, bcube ? 1 : 0);
 }
 
 uint64_t GlooBackend::MaxSegmentFor(const OpDesc& op, uint64_t bytes) const {

@@ -42,9 +42,10 @@ struct GlooBackendOptions {
   int max_connections = 1024;
   // Context default; every op passes its own OpDesc::timeout anyway.
   absl::Duration default_timeout = absl::Seconds(600);
-  // Allreduce algorithm ("ring" or "bcube") and segment size (0: Gloo's default), from the
+  // Allreduce algorithm ("ring", "bcube", or "auto": bcube where ring's steps would be
+  // latency-bound, config::GlooAutoPicksBcube) and segment size (0: Gloo's default), from the
   // profile's gloo block.
-  std::string algorithm = "ring";
+  std::string algorithm = "auto";
   size_t max_segment_bytes = 0;
   // Per message-size band values of the two above for allreduce, from a tuned table
   // (lib/config/tuned_table.h, `adaptcomm tune`): algorithm 0 ring, 1 bcube (the order of the

@@ -64,12 +64,12 @@ struct SelectionDeps {
   // profile's process environment for that version and returns its ncclConfig_t values (which
   // then replace nccl_config).
   std::function<config::NcclConfigValues(int nccl_version)> configure_nccl;
-  // The profile's Gloo allreduce algorithm ("ring", "bcube") and segment size (0: default).
+  // The profile's Gloo allreduce algorithm ("auto", "ring", "bcube") and segment size (0: default).
   // The profile's backend.intra_host (shm: true) and backend.hierarchical (auto: true); auto
   // selection only (backend=shm insists on shm).
   bool intra_host_shm = true;
   bool hierarchical = true;
-  std::string gloo_algorithm = "ring";
+  std::string gloo_algorithm = "auto";
   size_t gloo_max_segment_bytes = 0;
   int gloo_max_connections = 1024;  // the profile's gloo.max_connections
   // The tuned table (EffectiveConfig::tuning.loaded); null: none. Its shm and Gloo values go into
