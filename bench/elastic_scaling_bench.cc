@@ -1,15 +1,16 @@
 // How elastic shrink's recovery time grows with the world size (issue #14, "Measured").
 //
 //   elastic_scaling_bench [--ranks 4,8,16,32,64] [--backend gloo|shm] [--bound 60]
+//                         [--loss-window 1] (elastic.loss_window; the profile default is 5 s)
 //
 // N ranks are threads of this process (tests/harness.h RunRanks, an in-process store) with
-// elastic.on_loss shrink, a 10 s op timeout and a 1 s loss window. After two checked allreduces,
-// rank N/2 vanishes instead of joining the third: its store link is cut (it cannot vote, as a
-// dead rank cannot: tests/cuttable_store.h) and its communicator aborted (its backend breaks the
-// group, as a killed process's sockets and shared-memory pid do). The survivors' third allreduce
-// fails, they vote, declare the vanished rank lost after the loss window, rebuild for N-1 ranks
-// and run it again. Printed per N: the time from the loss to each survivor's first successful
-// allreduce (median and max over the survivors), the time all N took to create their
+// elastic.on_loss shrink, a 10 s op timeout and a 1 s loss window (--loss-window). After two
+// checked allreduces, rank N/2 vanishes instead of joining the third: its store link is cut (it
+// cannot vote, as a dead rank cannot: tests/cuttable_store.h) and its communicator aborted (its
+// backend breaks the group, as a killed process's sockets and shared-memory pid do). The survivors'
+// third allreduce fails, they vote, declare the vanished rank lost after the loss window, rebuild
+// for N-1 ranks and run it again. Printed per N: the time from the loss to each survivor's first
+// successful allreduce (median and max over the survivors), the time all N took to create their
 // communicators (what a rebuild for N-1 costs too), with every result of every survivor checked
 // element by element against the sum over the current members' inputs (before and after).
 //
@@ -51,6 +52,7 @@ struct Config {
   std::vector<int> ranks = {4, 8, 16, 32, 64};
   BackendChoice backend = BackendChoice::kGloo;
   absl::Duration bound = absl::Seconds(60);
+  absl::Duration loss_window = absl::Seconds(1);
 };
 
 // Input of the rank that was `initial` at creation, step s, element i: small integers, so float
@@ -116,7 +118,8 @@ absl::Status CheckedAllreduce(Communicator& comm, int step, std::vector<float>& 
   return absl::OkStatus();
 }
 
-void RankBody(const adaptcomm::testing::RankEnv& env, BackendChoice backend, SizeRun& run) {
+void RankBody(const adaptcomm::testing::RankEnv& env, BackendChoice backend,
+              absl::Duration loss_window, SizeRun& run) {
   auto store = std::make_shared<adaptcomm::testing::CuttableStore>(env.options.store);
   CommunicatorOptions o = env.options;
   o.name = absl::StrCat("elastic_scaling_", env.world_size);
@@ -127,7 +130,7 @@ void RankBody(const adaptcomm::testing::RankEnv& env, BackendChoice backend, Siz
   o.init_timeout = absl::Seconds(300);  // 64 thread ranks on two cores take a while to connect
   o.failure_report_window = absl::Seconds(2);
   o.elastic.on_loss = adaptcomm::LossPolicy::kShrink;
-  o.elastic.loss_window = absl::Seconds(1);
+  o.elastic.loss_window = loss_window;
   o.elastic.min_world_size = 2;
   auto comm = Communicator::Create(o);
   if (!comm.ok()) {
@@ -191,9 +194,10 @@ bool RunSize(int world, const Config& config) {
     std::fflush(stdout);
     std::_Exit(2);
   });
-  adaptcomm::testing::RunRanks(
-      adaptcomm::testing::RankMode::kThreads, world,
-      [&](const adaptcomm::testing::RankEnv& env) { RankBody(env, config.backend, run); });
+  adaptcomm::testing::RunRanks(adaptcomm::testing::RankMode::kThreads, world,
+                               [&](const adaptcomm::testing::RankEnv& env) {
+                                 RankBody(env, config.backend, config.loss_window, run);
+                               });
   size_done.Notify();
   watchdog.join();
   const double total_s = absl::ToDoubleSeconds(absl::Now() - start);
@@ -244,10 +248,18 @@ bool ParseArgs(int argc, char** argv, Config& config) {
       }
       config.bound = absl::Seconds(seconds);
       ++i;
+    } else if (arg == "--loss-window" && value != nullptr) {
+      int seconds = 0;
+      if (!absl::SimpleAtoi(value, &seconds) || seconds <= 0) {
+        std::fprintf(stderr, "--loss-window: '%s' is not a number of seconds\n", value);
+        return false;
+      }
+      config.loss_window = absl::Seconds(seconds);
+      ++i;
     } else {
       std::fprintf(stderr,
                    "usage: elastic_scaling_bench [--ranks 4,8,16,32,64] [--backend gloo|shm] "
-                   "[--bound SECONDS]\n");
+                   "[--bound SECONDS] [--loss-window SECONDS]\n");
       return false;
     }
   }
@@ -261,10 +273,10 @@ int main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, config)) return 2;
   setenv("ADAPTCOMM_LOG_LEVEL", "off", /*overwrite=*/0);  // lines per survivor otherwise
   std::printf(
-      "elastic shrink recovery, ranks as threads: op timeout 10s, loss window 1s, rank N/2 "
+      "elastic shrink recovery, ranks as threads: op timeout 10s, loss window %s, rank N/2 "
       "vanishes at step %d\n"
       "seconds from the loss to each survivor's first successful allreduce (%zu floats)\n",
-      kLossStep, kFloats);
+      absl::FormatDuration(config.loss_window).c_str(), kLossStep, kFloats);
   std::printf("%-6s %-8s %-10s %-10s %-10s %-12s %-9s %-8s %s\n", "ranks", "backend", "median_s",
               "max_s", "survivors", "checked", "create_s", "total_s", "result");
   std::fflush(stdout);

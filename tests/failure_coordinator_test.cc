@@ -4,12 +4,14 @@
 // votes is named.
 #include "lib/core/resilience/failure_coordinator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/counting_store.h"
 
 namespace adaptcomm::internal {
 namespace {
@@ -41,10 +43,12 @@ struct VoteResult {
 
 // Ranks vote for generation 1 at `positions[r]` with degrade wish `wishes[r]`; a rank whose
 // position is 0 does not vote at all.
+// `calls` (optional): the store requests each rank made.
 std::vector<VoteResult> Vote(const std::vector<uint64_t>& positions,
-                             const std::vector<bool>& wishes) {
+                             const std::vector<bool>& wishes, std::vector<int>* calls = nullptr) {
   const int n = static_cast<int>(positions.size());
-  auto store = CreateHashStore();
+  auto shared = CreateHashStore();
+  std::vector<std::shared_ptr<testing::CountingStore>> stores;
   std::vector<std::unique_ptr<FailureCoordinator>> coordinators;
   std::vector<VoteResult> results(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
@@ -55,7 +59,8 @@ std::vector<VoteResult> Vote(const std::vector<uint64_t>& positions,
     o.max_attempts = 3;
     o.initial_backoff = absl::Milliseconds(1);
     o.vote_timeout = absl::Milliseconds(500);
-    coordinators.push_back(std::make_unique<FailureCoordinator>(o, store, nullptr));
+    stores.push_back(std::make_shared<testing::CountingStore>(shared));
+    coordinators.push_back(std::make_unique<FailureCoordinator>(o, stores.back(), nullptr));
     VoteResult* result = &results[static_cast<size_t>(r)];
     coordinators.back()->Start(
         [](const absl::Status&) {}, [](int) {},
@@ -80,6 +85,9 @@ std::vector<VoteResult> Vote(const std::vector<uint64_t>& positions,
   }
   for (std::thread& t : threads) t.join();
   for (auto& c : coordinators) c->Stop();
+  if (calls != nullptr) {
+    for (const auto& st : stores) calls->push_back(st->calls());
+  }
   return results;
 }
 
@@ -114,6 +122,25 @@ TEST(FailureCoordinatorVote, ARankThatNeverVotesIsNamedAndNothingIsBuilt) {
   EXPECT_TRUE(absl::IsUnavailable(results[0].plan.status()));
   EXPECT_THAT(std::string(results[0].plan.status().message()), HasSubstr("rank(s) 1 did not vote"));
   EXPECT_EQ(results[0].built_generation, -1);
+}
+
+int MedianCalls(int ranks) {
+  std::vector<int> calls;
+  std::vector<VoteResult> results =
+      Vote(std::vector<uint64_t>(static_cast<size_t>(ranks), 3),
+           std::vector<bool>(static_cast<size_t>(ranks), false), &calls);
+  for (const VoteResult& r : results) EXPECT_TRUE(r.plan.ok()) << r.plan.status();
+  std::sort(calls.begin(), calls.end());
+  return calls[calls.size() / 2];
+}
+
+// The votes are gathered (one rank reads them all and publishes them together) and only the first
+// two voters wake the others: a typical rank's store requests do not grow with the world.
+TEST(FailureCoordinatorVote, StoreRequestsPerRankDoNotGrowWithTheWorld) {
+  const int small = MedianCalls(4);
+  const int large = MedianCalls(32);
+  EXPECT_LE(large, small + 4) << "median store requests per rank: 4 ranks " << small
+                              << ", 32 ranks " << large;
 }
 
 }  // namespace

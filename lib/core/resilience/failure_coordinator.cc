@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "lib/base/log.h"
+#include "lib/base/store_allgather.h"
 #include "lib/trace/culprit.h"
 
 namespace adaptcomm::internal {
@@ -32,6 +33,23 @@ std::string VoteKey(int generation, int rank) {
   return absl::StrCat("vote/", generation, "/", rank);
 }
 std::string MembersKey(int generation) { return absl::StrCat("members/", generation); }
+// The votes of a generation are gathered as lib/base/store_allgather.h gathers: each voter adds
+// to VoteCountKey, and the one whose vote completes the count publishes every vote under
+// VotesKey, so a waiting rank polls one key, not one per member (N^2 requests per vote at N
+// ranks otherwise). After a loss, the rank that decides the survivors publishes their votes.
+std::string VoteCountKey(int generation) { return absl::StrCat("vote/", generation, "/count"); }
+std::string VotesKey(int generation) { return absl::StrCat("vote/", generation, "/all"); }
+std::string SurvivorVotesKey(int generation) {
+  return absl::StrCat(MembersKey(generation), "/votes");
+}
+// How many ranks have left the communicator (LeaveRendezvous adds to it).
+constexpr char kDepartedCount[] = "left";
+// The first voters of a generation wake the other members; every later voter was woken already
+// or is voting anyway, and a wake-up is two store requests per member. Two, in opposite orders,
+// so that one voter dying mid-way leaves no member unwoken.
+constexpr int kWakers = 2;
+// How long one poll for the gathered votes waits at the store.
+constexpr absl::Duration kVotePoll = absl::Milliseconds(50);
 constexpr char kRetryPrefix[] = "retry:";
 constexpr char kFailPrefix[] = "fail:";
 
@@ -78,6 +96,18 @@ absl::Status Wake(Store& store, int rank, const std::string& message,
     return n.status();
   }
   return Publish(store, WakeKey(rank, *n), message, until, cancelled);
+}
+
+// Every key's value, "" where absent; the error of a store that cannot be reached.
+absl::StatusOr<std::vector<std::string>> ReadVotes(Store& store,
+                                                   const std::vector<std::string>& keys) {
+  std::vector<std::string> votes;
+  for (const std::string& key : keys) {
+    absl::StatusOr<std::string> v = store.Get(key, absl::ZeroDuration());
+    if (!v.ok() && StoreUnreachable(v.status())) return v.status();
+    votes.push_back(v.value_or(""));
+  }
+  return votes;
 }
 
 }  // namespace
@@ -261,10 +291,9 @@ absl::Status FailureCoordinator::CutOff(const absl::Status& store_error,
   return failed;
 }
 
-absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generation,
-                                                                   const std::vector<int>& members,
-                                                                   absl::Time deadline,
-                                                                   const absl::Status& cause) {
+absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(
+    int generation, const std::vector<int>& members, absl::Time deadline, const absl::Status& cause,
+    std::vector<std::string>* survivor_votes) {
   // The first rank to claim the decision writes the set it sees now; every other rank reads it.
   // One key per generation, set once: every survivor applies the same set (no split brain).
   const std::string key = MembersKey(generation);
@@ -273,10 +302,16 @@ absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generatio
   std::string decision;
   if (*claim == 1) {
     std::vector<int> present, lost;
+    std::vector<std::string> present_votes;
     for (size_t i = 0; i < members.size(); ++i) {
-      const bool voted = store_->Get(VoteKey(generation, members[i]), absl::ZeroDuration()).ok();
-      (voted ? present : lost).push_back(members[i]);
+      absl::StatusOr<std::string> vote =
+          store_->Get(VoteKey(generation, members[i]), absl::ZeroDuration());
+      (vote.ok() ? present : lost).push_back(members[i]);
+      if (vote.ok()) present_votes.push_back(*std::move(vote));
     }
+    // Before the decision, so that every survivor that reads an "ok" finds them.
+    (void)Publish(*store_, SurvivorVotesKey(generation), EncodeGathered(present_votes), deadline,
+                  &cancelled_);
     std::vector<int> lost_ranks;  // in the current numbering
     for (size_t i = 0; i < members.size(); ++i) {
       if (std::find(lost.begin(), lost.end(), members[i]) != lost.end()) {
@@ -337,6 +372,15 @@ absl::StatusOr<std::vector<int>> FailureCoordinator::DecideMembers(int generatio
         " and the other ranks went on without it (elastic.on_loss: ", options_.elastic.name,
         "); first error here: ", cause.message()));
   }
+  // Missing (a decider from before the votes were published with the decision): Recover reads
+  // each survivor's vote instead.
+  if (absl::StatusOr<std::string> votes =
+          store_->Get(SurvivorVotesKey(generation), absl::ZeroDuration());
+      votes.ok()) {
+    absl::StatusOr<std::vector<std::string>> decoded =
+        DecodeGathered(*votes, static_cast<int>(survivors.size()));
+    if (decoded.ok()) *survivor_votes = *std::move(decoded);
+  }
   return survivors;
 }
 
@@ -350,19 +394,17 @@ struct VoteTally {
   bool degrade = false;       // any rank's wish
 };
 
-// Reads the votes under `keys`; InvalidArgument if ranks at the same position are in different
-// ops (mismatched collectives, which no retry can help).
-absl::StatusOr<VoteTally> TallyVotes(Store& store, const std::vector<std::string>& keys,
-                                     uint64_t position, uint64_t issued_through,
-                                     const std::string& name) {
+// Tallies the votes (one per member, "" where absent); InvalidArgument if ranks at the same
+// position are in different ops (mismatched collectives, which no retry can help).
+absl::StatusOr<VoteTally> TallyVotes(const std::vector<std::string>& votes, uint64_t position,
+                                     uint64_t issued_through, const std::string& name) {
   VoteTally tally{position, position, issued_through, false};
   // Ranks at the same position must be in the same op; if not, the collectives are mismatched
   // and no retry can help.
   std::map<uint64_t, std::map<std::string, std::vector<int>>> ops_at;
-  for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
-    absl::StatusOr<std::string> v = store.Get(keys[r], absl::ZeroDuration());
-    if (!v.ok()) continue;
-    std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('|', 3));
+  for (int r = 0; r < static_cast<int>(votes.size()); ++r) {
+    if (votes[r].empty()) continue;  // absent
+    std::vector<std::string> parts = absl::StrSplit(votes[r], absl::MaxSplits('|', 3));
     uint64_t p = 0, issued = 0;
     if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &p) ||
         !absl::SimpleAtoi(parts[2], &issued)) {
@@ -401,22 +443,51 @@ absl::Status FailureCoordinator::CastVote(int generation, uint64_t position,
       absl::StrCat(position, "|", wants_degrade ? 1 : 0, "|", issued_through, "|", fingerprint),
       deadline, &cancelled_);
   if (!store_error.ok()) return store_error;
+  absl::StatusOr<int64_t> order = store_->Add(VoteCountKey(generation), 1);
+  if (!order.ok()) return order.status();
+  if (*order == static_cast<int64_t>(members.size())) {
+    // The last vote in: publish them all (best effort; waiters read each key if this fails).
+    std::vector<std::string> keys;
+    for (int id : members) keys.push_back(VoteKey(generation, id));
+    absl::StatusOr<std::vector<std::string>> votes = ReadVotes(*store_, keys);
+    if (votes.ok() && std::none_of(votes->begin(), votes->end(),
+                                   [](const std::string& v) { return v.empty(); })) {
+      (void)Publish(*store_, VotesKey(generation), EncodeGathered(*votes), deadline, &cancelled_);
+    }
+  }
+  if (*order > kWakers) return absl::OkStatus();
   // The wake-ups stop at the first store error but do not fail the vote: the polling that
   // follows finds out whether the store is gone.
   absl::Status woken;
   for (size_t i = 0; i < members.size() && woken.ok(); ++i) {
-    if (members[i] != options_.rank) {
-      woken =
-          Wake(*store_, members[i], absl::StrCat(kRetryPrefix, generation), deadline, &cancelled_);
+    const int member = members[*order == 1 ? i : members.size() - 1 - i];
+    if (member != options_.rank) {
+      woken = Wake(*store_, member, absl::StrCat(kRetryPrefix, generation), deadline, &cancelled_);
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status FailureCoordinator::AwaitVotes(const std::vector<int>& members,
+absl::Status FailureCoordinator::ScanVotes(const std::vector<int>& members,
+                                           const std::vector<std::string>& keys,
+                                           std::vector<int>& missing, std::vector<int>& departed) {
+  missing.clear();
+  departed.clear();
+  for (size_t r = 0; r < members.size(); ++r) {
+    absl::StatusOr<std::string> vote = store_->Get(keys[r], absl::ZeroDuration());
+    if (vote.ok()) continue;
+    if (StoreUnreachable(vote.status())) return vote.status();
+    (store_->Get(absl::StrCat("left/", members[r]), absl::ZeroDuration()).ok() ? departed : missing)
+        .push_back(static_cast<int>(r));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FailureCoordinator::AwaitVotes(int generation, const std::vector<int>& members,
                                             const std::vector<std::string>& keys, bool elastic,
                                             absl::Time deadline, const absl::Status& cause,
-                                            std::vector<int>& missing, std::vector<int>& departed) {
+                                            std::vector<int>& missing, std::vector<int>& departed,
+                                            std::vector<std::string>& votes) {
   absl::Status store_error;
   // A round that cannot reach the store ends early and is tried again (a link may flap back
   // before the deadline); the last round's error decides whether this rank was cut off.
@@ -424,16 +495,18 @@ absl::Status FailureCoordinator::AwaitVotes(const std::vector<int>& members,
     missing.clear();
     departed.clear();
     store_error = absl::OkStatus();
-    for (size_t r = 0; r < members.size() && store_error.ok(); ++r) {
-      absl::StatusOr<std::string> vote = store_->Get(keys[r], absl::ZeroDuration());
-      if (vote.ok()) continue;
-      if (StoreUnreachable(vote.status())) {
-        store_error = vote.status();
-        break;
+    const absl::Duration slice =
+        std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kVotePoll);
+    absl::StatusOr<std::string> all = store_->Get(VotesKey(generation), slice);
+    if (all.ok()) {
+      absl::StatusOr<std::vector<std::string>> decoded =
+          DecodeGathered(*all, static_cast<int>(members.size()));
+      if (decoded.ok()) {
+        votes = *std::move(decoded);
+        return absl::OkStatus();
       }
-      (store_->Get(absl::StrCat("left/", members[r]), absl::ZeroDuration()).ok() ? departed
-                                                                                 : missing)
-          .push_back(static_cast<int>(r));
+    } else if (!absl::IsDeadlineExceeded(all.status()) && !absl::IsNotFound(all.status())) {
+      store_error = all.status();
     }
     if (cancelled_.load()) {
       return absl::AbortedError(absl::StrCat("communicator '", options_.name,
@@ -441,11 +514,19 @@ absl::Status FailureCoordinator::AwaitVotes(const std::vector<int>& members,
                                              "first error here: ",
                                              cause.message()));
     }
-    if ((store_error.ok() && missing.empty() && (elastic || departed.empty())) ||
-        (!elastic && !departed.empty()) || absl::Now() >= deadline) {
+    // A rank that destroyed its communicator ("left/<r>") will never vote, and saying so at once
+    // beats waiting out the deadline: only then (rare) is every member's key read each round.
+    const bool someone_left =
+        store_error.ok() && store_->Get(kDepartedCount, absl::ZeroDuration()).value_or("0") != "0";
+    const bool last_round = absl::Now() >= deadline;
+    if (store_error.ok() && (someone_left || (last_round && !elastic))) {
+      store_error = ScanVotes(members, keys, missing, departed);
+    }
+    if ((store_error.ok() && someone_left && missing.empty() && (elastic || departed.empty())) ||
+        (!elastic && !departed.empty()) || last_round) {
       break;
     }
-    absl::SleepFor(absl::Milliseconds(10));
+    if (!store_error.ok()) absl::SleepFor(absl::Milliseconds(10));
   }
   if (!store_error.ok()) return CutOff(store_error, cause);
   return absl::OkStatus();
@@ -553,31 +634,39 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   }
   std::vector<std::string> keys;
   for (int id : members) keys.push_back(VoteKey(generation, id));
-  // Poll rather than Wait: a rank that already destroyed its communicator ("left/<r>") will never
-  // vote, and saying so at once beats waiting out the vote timeout.
   std::vector<int> missing, departed;  // current ranks
-  if (absl::Status s = AwaitVotes(members, keys, elastic, elastic ? loss_deadline : vote_deadline,
-                                  cause, missing, departed);
+  std::vector<std::string> votes;      // one per key, once gathered
+  if (absl::Status s =
+          AwaitVotes(generation, members, keys, elastic, elastic ? loss_deadline : vote_deadline,
+                     cause, missing, departed, votes);
       !s.ok()) {
     return s;
   }
   // Elastic: the members that go on, as the store decided (the same on every survivor).
   std::vector<int> survivors = members;
   if (elastic) {
+    std::vector<std::string> survivor_votes;
     absl::StatusOr<std::vector<int>> decided =
-        DecideMembers(generation, members, vote_deadline, cause);
+        DecideMembers(generation, members, vote_deadline, cause, &survivor_votes);
     if (!decided.ok()) {
       if (recorder_ != nullptr) (void)recorder_->Dump(std::string(decided.status().message()));
       return decided.status();
     }
     survivors = *std::move(decided);
-    keys.clear();
-    for (int id : survivors) keys.push_back(VoteKey(generation, id));
+    if (survivors != members) {
+      keys.clear();
+      for (int id : survivors) keys.push_back(VoteKey(generation, id));
+      votes = std::move(survivor_votes);
+    }
   } else if (!missing.empty() || !departed.empty()) {
     return VoteFailed(missing, departed, cause);
   }
-  absl::StatusOr<VoteTally> tally =
-      TallyVotes(*store_, keys, position, issued_through, options_.name);
+  if (votes.size() != keys.size()) {
+    absl::StatusOr<std::vector<std::string>> read = ReadVotes(*store_, keys);
+    if (!read.ok()) return CutOff(read.status(), cause);
+    votes = *std::move(read);
+  }
+  absl::StatusOr<VoteTally> tally = TallyVotes(votes, position, issued_through, options_.name);
   if (!tally.ok()) {
     if (recorder_ != nullptr) (void)recorder_->Dump(std::string(tally.status().message()));
     return tally.status();

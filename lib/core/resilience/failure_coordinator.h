@@ -121,19 +121,27 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   // Elastic: the survivors' set for `generation`, decided once through the store. `voted`: the
   // members this rank saw vote (ids). Returns the ids that go on, or the error every rank fails
   // with.
+  // `survivor_votes` gets the survivors' votes, in their order, when the decider published them.
   absl::StatusOr<std::vector<int>> DecideMembers(int generation, const std::vector<int>& members,
-                                                 absl::Time deadline, const absl::Status& cause);
-  // Recover's steps. CastVote publishes this rank's vote and wakes the other members (the store
-  // error of the vote, if any). AwaitVotes polls until every member voted or left, or the deadline;
-  // it fills `missing` and `departed` (current ranks) and fails if aborted or cut off. VoteFailed
+                                                 absl::Time deadline, const absl::Status& cause,
+                                                 std::vector<std::string>* survivor_votes);
+  // Recover's steps. CastVote publishes this rank's vote and, if among the first voters, wakes the
+  // other members (the store error of the vote, if any). AwaitVotes polls until every member voted
+  // (filling `votes`, one per key) or left, or the deadline; it fills `missing` and `departed`
+  // (current ranks) and fails if aborted or cut off. VoteFailed
   // is the error of a vote some rank missed (not elastic). ChangeMembership installs the survivors
   // (elastic) and returns the change. WaitBackoff sleeps the backoff of `attempt` unless aborted.
   absl::Status CastVote(int generation, uint64_t position, uint64_t issued_through,
                         const std::string& fingerprint, const std::vector<int>& members,
                         absl::Time deadline);
-  absl::Status AwaitVotes(const std::vector<int>& members, const std::vector<std::string>& keys,
-                          bool elastic, absl::Time deadline, const absl::Status& cause,
-                          std::vector<int>& missing, std::vector<int>& departed);
+  absl::Status AwaitVotes(int generation, const std::vector<int>& members,
+                          const std::vector<std::string>& keys, bool elastic, absl::Time deadline,
+                          const absl::Status& cause, std::vector<int>& missing,
+                          std::vector<int>& departed, std::vector<std::string>& votes);
+  // Reads every member's vote key (and, for those absent, whether it left): the slow path, taken
+  // only when a rank left or the deadline passed. The error of a store that cannot be reached.
+  absl::Status ScanVotes(const std::vector<int>& members, const std::vector<std::string>& keys,
+                         std::vector<int>& missing, std::vector<int>& departed);
   absl::Status VoteFailed(const std::vector<int>& missing, const std::vector<int>& departed,
                           const absl::Status& cause);
   MembershipChange ChangeMembership(const std::vector<int>& members,
