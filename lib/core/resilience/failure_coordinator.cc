@@ -98,6 +98,26 @@ absl::Status Wake(Store& store, int rank, const std::string& message,
   return Publish(store, WakeKey(rank, *n), message, until, cancelled);
 }
 
+// A failure report names every rank at 8 ranks but must stay a readable line at thousands: at
+// most this many ranks named, failures quoted, and bytes of each quoted failure.
+constexpr size_t kMaxRanksNamed = 32;
+constexpr size_t kMaxFailuresQuoted = 4;
+constexpr size_t kMaxQuotedBytes = 400;
+
+// The first `limit` items joined, then how many more there are.
+template <typename T>
+std::string JoinFirst(const std::vector<T>& items, size_t limit, const char* separator) {
+  if (items.size() <= limit) return absl::StrJoin(items, separator);
+  return absl::StrCat(
+      absl::StrJoin(std::vector<T>(items.begin(), items.begin() + static_cast<long>(limit)),
+                    separator),
+      separator, "and ", items.size() - limit, " more");
+}
+
+std::string Shortened(const std::string& text, size_t limit) {
+  return text.size() <= limit ? text : absl::StrCat(text.substr(0, limit), "...");
+}
+
 // Every key's value, "" where absent; the error of a store that cannot be reached.
 absl::StatusOr<std::vector<std::string>> ReadVotes(Store& store,
                                                    const std::vector<std::string>& keys) {
@@ -757,7 +777,7 @@ absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status stat
     std::vector<int> still;
     for (int r : pending) {
       if (auto f = store_->Get(FailureKey(r), absl::ZeroDuration()); f.ok()) {
-        failed.push_back(absl::StrCat("rank ", r, " (", *f, ")"));
+        failed.push_back(absl::StrCat("rank ", r, " (", Shortened(*f, kMaxQuotedBytes), ")"));
       } else if (!store_->Get(AckKey(r), absl::ZeroDuration()).ok()) {
         still.push_back(r);
       }
@@ -770,11 +790,13 @@ absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status stat
   std::string message =
       absl::StrCat(cause, " [rank ", options_.rank, " of communicator '", options_.name, "']");
   if (!silent.empty()) {
-    absl::StrAppend(&message, "; rank(s) ", absl::StrJoin(silent, ", "), " did not respond within ",
-                    absl::FormatDuration(options_.report_window),
+    absl::StrAppend(&message, "; rank(s) ", JoinFirst(silent, kMaxRanksNamed, ", "),
+                    " did not respond within ", absl::FormatDuration(options_.report_window),
                     ": dead or stalled, the likely culprit");
   }
-  if (!failed.empty()) absl::StrAppend(&message, "; also failed: ", absl::StrJoin(failed, "; "));
+  if (!failed.empty()) {
+    absl::StrAppend(&message, "; also failed: ", JoinFirst(failed, kMaxFailuresQuoted, "; "));
+  }
   ADAPTCOMM_LOG(kError, message);
   if (!members.empty() && members.front() == options_.rank && recorder_ != nullptr) {
     // Rank 0 says who is behind itself when the others' dumps are reachable (a shared or local
