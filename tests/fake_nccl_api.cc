@@ -604,9 +604,19 @@ int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, cuda::Mem
                              cuda::CudaStream stream) {
   memcpy_calls_.fetch_add(1);
   absl::MutexLock lock(&world_->mu);
-  state_->Log("MemcpyAsync", stream);
-  if (state_->CaptureOf(stream) != nullptr) return cuda::kCudaSuccess;  // captured, not run
-  state_->deferred[stream].push_back(
+  State& st = *state_;
+  st.Log("MemcpyAsync", stream);
+  if (st.CaptureOf(stream) != nullptr) return cuda::kCudaSuccess;  // captured, not run
+  // Behind the collective launched last on the stream, as on a GPU: a copy into a buffer that
+  // collective still reads (a reused staging buffer) waits for it.
+  if (auto q = st.deferred.find(stream); q == st.deferred.end() || q->second.empty()) {
+    auto last = st.stream_last.find(stream);
+    if (last != st.stream_last.end() && last->second != nullptr && !last->second->done()) {
+      st.deferred[stream].push_back(Deferred{
+          Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, last->second, nullptr});
+    }
+  }
+  st.deferred[stream].push_back(
       Deferred{Deferred::Kind::kCopy, {}, src, dst, bytes, 1.0f, nullptr, nullptr, nullptr});
   return cuda::kCudaSuccess;
 }
@@ -1042,6 +1052,15 @@ NcclResult FakeNcclApi::AlltoAll(const void* send, void* recv, size_t count, Ncc
                                  NcclComm comm, cuda::CudaStream stream) {
   if (!faults_.has_alltoall) return NcclResult::kInvalidUsage;
   absl::MutexLock lock(&world_->mu);
+  const size_t bytes = count * Size(dtype) * static_cast<size_t>(Comm(comm)->nranks);
+  const auto* s = static_cast<const char*>(send);
+  const auto* r = static_cast<const char*>(recv);
+  if (bytes > 0 && s < r + bytes && r < s + bytes) {
+    // NCCL documents in-place operation for its other collectives, not for ncclAlltoAll: the
+    // fake refuses it rather than guess what a real one does.
+    Comm(comm)->last_error = "fake: ncclAlltoAll with overlapping send and receive buffers";
+    return NcclResult::kInvalidArgument;
+  }
   state_->dtypes.push_back(dtype);
   return Post(world_->mu, *state_, faults_, Comm(comm), stream, "AlltoAll",
               Part{Kind::kAllToAll, send, recv, count, dtype, NcclRedOp::kSum, 0, nullptr});

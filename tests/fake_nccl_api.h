@@ -13,8 +13,14 @@
 // collective on another stream that did not wait reads whatever the buffer held before (a cast
 // racing its collective), and a copy queued behind a point that a collective waited for runs
 // after that collective wrote the buffer. A collective behind deferred work of its stream is
-// queued too (enqueuing never waits for the stream, as on a GPU). Every other call behaves as
-// before (immediately), after flushing its stream's deferred work.
+// queued too (enqueuing never waits for the stream, as on a GPU). A copy queued on a stream
+// whose last collective has not finished waits for it (a reused buffer that collective still
+// reads). Every other call behaves as before (immediately), after flushing its stream's deferred
+// work.
+// Sends and receives (grouped) move each message when both its ends are posted, reading the
+// sender's buffer then: an alltoall built from them with its output on its input overwrites
+// blocks a peer has yet to read, as on a GPU. The native ncclAlltoAll refuses overlapping
+// buffers (ncclInvalidArgument): NCCL does not document it in place.
 // HoldStreams(true) models a GPU that has not run anything yet: collectives too are queued on
 // their stream and none starts, whatever forces the stream, until HoldStreams(false); then a
 // forced stream (EventQuery, StreamSynchronize, ...) launches them in order. StepHeldDevice()

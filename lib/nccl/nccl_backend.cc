@@ -7,11 +7,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "lib/backend/op_checks.h"
 #include "lib/base/block_recycler.h"
 #include "lib/base/log.h"
-#include "lib/backend/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
+#include "lib/nccl/alltoall_staging.h"
 #include "lib/nccl/nccl_backend_class.h"  // IWYU pragma: associated
 #include "lib/nccl/nccl_init.h"
 #include "lib/nccl/nccl_translate.h"
@@ -208,6 +209,59 @@ NcclResult NcclBackend::EnqueueMember(const OpDesc& op, CudaStream stream) {
   return NcclResult::kInvalidArgument;
 }
 
+absl::Status NcclBackend::StageOverlappingInputs(absl::Span<OpDesc> ops, CudaStream stream) {
+  // Each op's part starts on a 256-byte boundary (what cudaMalloc gives the buffer itself).
+  constexpr size_t kAlign = 256;
+  auto part = [](const OpDesc& op) { return (op.input.bytes() + kAlign - 1) / kAlign * kAlign; };
+  size_t total = 0;
+  for (const OpDesc& op : ops) total += NeedsAlltoallStaging(op) ? part(op) : 0;
+  if (total == 0) return absl::OkStatus();
+  const OpDesc& head = ops.front();
+  absl::StatusOr<void*> buffer = staging_.Reserve(total);
+  if (!buffer.ok()) {
+    absl::Status s(buffer.status().code(),
+                   absl::StrCat(What(head), ": ", buffer.status().message()));
+    // Refused under a capture before anything was queued: local to this op.
+    return absl::IsFailedPrecondition(s) ? s : Break(std::move(s));
+  }
+  if (stream != stream_) {
+    // Run on the op's own stream: the ops launched before on the communicator's stream may still
+    // read the buffer (they do not wait for the host), so the copy waits for them.
+    int e = cuda_->EventRecord(event_, stream_);
+    if (e == kCudaSuccess) e = cuda_->StreamWaitEvent(stream, event_);
+    if (e != kCudaSuccess) {
+      return Break(absl::UnavailableError(absl::StrCat(
+          What(head), ": ordering the alltoall staging copy: ", cuda_->ErrorString(e))));
+    }
+  }
+  size_t offset = 0;
+  for (OpDesc& op : ops) {
+    if (!NeedsAlltoallStaging(op)) continue;
+    void* at = static_cast<char*>(*buffer) + offset;
+    if (int e = cuda_->MemcpyAsync(at, op.input.data, op.input.bytes(),
+                                   cuda::MemcpyKind::kDeviceToDevice, stream);
+        e != kCudaSuccess) {
+      return Break(absl::UnavailableError(absl::StrCat(
+          What(op), ": cudaMemcpyAsync of the in-place alltoall's input (", op.input.bytes(),
+          " bytes) to its staging buffer: ", cuda_->ErrorString(e))));
+    }
+    offset += part(op);
+    op.input.data = at;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const OpDesc*> NcclBackend::WithStagedInput(const OpDesc& op, CudaStream stream,
+                                                           OpDesc* staged) {
+  // Copied only for an in-place alltoall: no other op pays for an OpDesc copy.
+  if (!NeedsAlltoallStaging(op)) return &op;
+  *staged = op;
+  if (absl::Status s = StageOverlappingInputs(absl::MakeSpan(staged, 1), stream); !s.ok()) {
+    return s;
+  }
+  return staged;
+}
+
 absl::Status NcclBackend::BeginCall(const OpDesc& op) {
   running_.store(true);
   if (!abort_requested_.load() && !broken_seen_.load()) return absl::OkStatus();
@@ -254,7 +308,11 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
         return s;
       }
     }
-    const NcclResult r = Enqueue(op, stream);
+    // An in-place alltoall sends from a copy of its input (lib/nccl/alltoall_staging.h).
+    OpDesc staged;
+    absl::StatusOr<const OpDesc*> run = WithStagedInput(op, stream, &staged);
+    if (!run.ok()) return run.status();
+    const NcclResult r = Enqueue(**run, stream);
     if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
       // Refused before anything was queued: the communicator is still usable.
       return MapNcclResult(r, What(op), api_->GetLastError(comm_));
@@ -305,10 +363,21 @@ absl::Status NcclBackend::RunGroup(const std::vector<OpDesc>& ops) {
       }
       waited.push_back(s);
     }
+    // In-place alltoalls of the group send from copies of their inputs, each its own part of the
+    // staging buffer, copied on the communicator's stream after the waits above.
+    std::vector<OpDesc> staged;
+    const std::vector<OpDesc>* members = &ops;
+    if (std::any_of(ops.begin(), ops.end(), NeedsAlltoallStaging)) {
+      staged = ops;
+      if (absl::Status s = StageOverlappingInputs(absl::MakeSpan(staged), stream_); !s.ok()) {
+        return s;
+      }
+      members = &staged;
+    }
     // Collectives in issue order, then the sends and receives: NCCL pairs those of two ranks in
     // the order each issued them, so they go by tag (then issue order), as the peer's do.
     std::vector<const OpDesc*> p2p;
-    for (const OpDesc& op : ops) {
+    for (const OpDesc& op : *members) {
       if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) p2p.push_back(&op);
     }
     std::stable_sort(p2p.begin(), p2p.end(),
@@ -321,7 +390,7 @@ absl::Status NcclBackend::RunGroup(const std::vector<OpDesc>& ops) {
     auto note = [&first_error](NcclResult x) {
       if (!InFlight(x) && first_error == NcclResult::kSuccess) first_error = x;
     };
-    for (const OpDesc& op : ops) {
+    for (const OpDesc& op : *members) {
       if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) note(EnqueueMember(op, stream_));
     }
     for (const OpDesc* op : p2p) note(EnqueueMember(*op, stream_));
@@ -458,7 +527,12 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       return Break(absl::UnavailableError(
           absl::StrCat(What(op), ": cudaStreamWaitEvent: ", cuda_->ErrorString(e))));
     }
-    const NcclResult r = Enqueue(op, stream_);
+    // An in-place alltoall sends from a copy of its input, taken on the communicator's stream
+    // behind the wait above (lib/nccl/alltoall_staging.h).
+    OpDesc staged;
+    absl::StatusOr<const OpDesc*> run = WithStagedInput(op, stream_, &staged);
+    if (!run.ok()) return run.status();
+    const NcclResult r = Enqueue(**run, stream_);
     if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
       return MapNcclResult(r, What(op), api_->GetLastError(comm_));
     }
