@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -332,6 +333,7 @@ struct FakeNcclApi::State {
   std::vector<std::unique_ptr<FakeComm>> comms;
   std::map<void*, std::shared_ptr<FakeOp>> stream_last;
   std::map<void*, std::shared_ptr<FakeOp>> events;
+  std::set<void*> timing_events;  // created with timing (EventCreateWithTiming)
   uintptr_t next_handle = 0x1000;
   bool in_group = false;
   std::vector<Part> group_collectives;
@@ -546,6 +548,38 @@ int FakeNcclApi::EventCreateDisableTiming(cuda::CudaEvent* event) {
   state_->events[*event] = nullptr;
   return cuda::kCudaSuccess;
 }
+int FakeNcclApi::EventCreateWithTiming(cuda::CudaEvent* event) {
+  if (faults_.timing_events_unsupported) return cuda::kCudaErrorNotSupported;
+  timing_events_created_.fetch_add(1);
+  absl::MutexLock lock(&world_->mu);
+  *event = reinterpret_cast<void*>(state_->next_handle++);
+  state_->events[*event] = nullptr;
+  state_->timing_events.insert(*event);
+  return cuda::kCudaSuccess;
+}
+int FakeNcclApi::EventElapsedTime(float* ms, cuda::CudaEvent start, cuda::CudaEvent end) {
+  elapsed_calls_.fetch_add(1);
+  absl::MutexLock lock(&world_->mu);
+  State& st = *state_;
+  st.Log("EventElapsedTime", nullptr, end);
+  for (cuda::CudaEvent e : {start, end}) {
+    if (st.events.count(e) == 0 || st.timing_events.count(e) == 0) return 400;
+    if (st.captured_events.count(e) != 0) return cuda::kCudaErrorCapturedEvent;
+  }
+  for (cuda::CudaEvent e : {start, end}) {
+    const std::shared_ptr<FakeOp>& op = st.events[e];
+    if (op != nullptr && !op->done()) {
+      elapsed_not_ready_.fetch_add(1);
+      return cuda::kCudaErrorNotReady;
+    }
+  }
+  *ms = faults_.event_elapsed_ms;
+  return cuda::kCudaSuccess;
+}
+int FakeNcclApi::events_alive() const {
+  absl::MutexLock lock(&world_->mu);
+  return static_cast<int>(state_->events.size());
+}
 int FakeNcclApi::EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   State& st = *state_;
@@ -598,6 +632,7 @@ int FakeNcclApi::EventQuery(cuda::CudaEvent event) {
 int FakeNcclApi::EventDestroy(cuda::CudaEvent event) {
   absl::MutexLock lock(&world_->mu);
   state_->events.erase(event);
+  state_->timing_events.erase(event);
   return cuda::kCudaSuccess;
 }
 int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, cuda::MemcpyKind,

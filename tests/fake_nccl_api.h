@@ -83,6 +83,10 @@ struct FakeNcclFaults {
   bool shrink_fails = false;  // the new communicator's asynchronous result is ncclSystemError
   // ncclAlltoAll (NCCL 2.28+): advertised (has_alltoall) and implemented as a collective.
   bool has_alltoall = false;
+  // cudaEventElapsedTime between two complete timing events: this many milliseconds (the fake
+  // has no device clock).
+  float event_elapsed_ms = 0.25f;
+  bool timing_events_unsupported = false;  // EventCreateWithTiming: kCudaErrorNotSupported
 };
 
 // One call on the seam, in the order this rank made them (FakeNcclApi::calls()).
@@ -129,6 +133,13 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   // call invalidated the capture. Every stream that joined the capture leaves it.
   int EndCapture(cuda::CudaStream stream);
   int event_queries() const { return event_queries_.load(); }  // EventQuery calls, all threads
+  // Device timing: events created with timing (EventCreateWithTiming), EventElapsedTime calls,
+  // and those that found an event not complete (kCudaErrorNotReady: the caller asked too early).
+  int timing_events_created() const { return timing_events_created_.load(); }
+  int elapsed_calls() const { return elapsed_calls_.load(); }
+  int elapsed_not_ready() const { return elapsed_not_ready_.load(); }
+  // Events created and not destroyed yet (both kinds).
+  int events_alive() const;
 
   // CudaApi
   int GetDeviceCount(int* count) override;
@@ -140,6 +151,13 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   int StreamCreateNonBlocking(cuda::CudaStream* stream) override;
   int StreamDestroy(cuda::CudaStream stream) override;
   int EventCreateDisableTiming(cuda::CudaEvent* event) override;
+  // An event whose EventElapsedTime works (cudaEventDefault). EventElapsedTime: the
+  // 400 (cudaErrorInvalidResourceHandle) CUDA returns for an unknown event or one created without
+  // timing, kCudaErrorCapturedEvent for one recorded in a capture, kCudaErrorNotReady while
+  // either is not complete (it never forces a stream: a real cudaEventElapsedTime does not wait),
+  // else faults.event_elapsed_ms.
+  int EventCreateWithTiming(cuda::CudaEvent* event) override;
+  int EventElapsedTime(float* ms, cuda::CudaEvent start, cuda::CudaEvent end) override;
   int EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) override;
   int EventQuery(cuda::CudaEvent event) override;
   int EventDestroy(cuda::CudaEvent event) override;
@@ -217,6 +235,9 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   std::atomic<int> cast_calls_{0};
   std::atomic<int> pointer_queries_{0};
   std::atomic<int> event_queries_{0};
+  std::atomic<int> timing_events_created_{0};
+  std::atomic<int> elapsed_calls_{0};
+  std::atomic<int> elapsed_not_ready_{0};
 };
 
 // One fake per rank of one fake world; rank `failing_rank`'s injects `failing`.

@@ -217,6 +217,14 @@ const std::vector<KeySpec>& Schema() {
        {},
        "15s",
        "how often the textfile is rewritten (1s to 1h)"},
+      {"metrics.device_timing_every",
+       Kind::kInt,
+       0,
+       65536,
+       {},
+       "16",
+       "NCCL device ops timed on the GPU with CUDA events: one in N, the same on every rank; 0 "
+       "off"},
       {"metrics.max_scrapes_per_second",
        Kind::kInt,
        1,
@@ -408,8 +416,7 @@ const std::vector<std::string>& SectionNames() {
   static const auto* names = new std::vector<std::string>{
       "timeouts", "world_scaling", "retry",     "backend", "gloo",    "flight_recorder",
       "trace",    "diagnose",      "precision", "buckets", "elastic", "tuning",
-      "store",    "metrics",       "status",    "monitor",
-      "debug"};
+      "store",    "metrics",       "status",    "monitor", "debug"};
   return *names;
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "lib/backend/op_checks.h"
@@ -13,6 +14,7 @@
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
 #include "lib/nccl/alltoall_staging.h"
+#include "lib/nccl/device_timing.h"
 #include "lib/nccl/nccl_backend_class.h"  // IWYU pragma: associated
 #include "lib/nccl/nccl_init.h"
 #include "lib/nccl/nccl_translate.h"
@@ -514,7 +516,24 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
   }
   if (absl::Status s = BeginCall(op); !s.ok()) return s;
   std::shared_ptr<DeviceCompletion> completion;
+  // The op's device timing events, when it is sampled (lib/nccl/device_timing.h); given back to
+  // their pool on every return that does not hand them to the completion.
+  CudaEvent timing_start = nullptr, timing_end = nullptr;
+  absl::Cleanup give_back_timing = [&] {
+    if (timing_start != nullptr) op_events_->timing.Give(timing_start, timing_end);
+  };
   absl::Status status = FinishCall([&]() -> absl::Status {
+    // Per op, on the device (none of it waits for the host, nor the host for it):
+    //  - the caller's stream: the issue event (MarkIssue), which nothing on it waits for;
+    //  - the communicator's stream waits for the issue event, then runs the in-place alltoall's
+    //    staging copy (if any), the start timing event (sampled ops), the NCCL call, the end
+    //    timing event (sampled ops) and the done event;
+    //  - the caller's stream waits for the done event when the trainer calls Work::Wait
+    //    (MakeStreamWait); no stream ever waits for a timing event.
+    // On abort, ncclCommAbort ends the kernels: the done event completes, Poll() reports the abort
+    // and the op fails; its timing is never read, and its events go back to their pools when the
+    // op's last holder lets go. Under CUDA graph capture nothing gets here: MarkIssue refused the
+    // op before recording anything, and the communicator's stream never captures.
     // Only the library's own threads launch: the device stays current on them between ops.
     ScopedCudaDevice device(*cuda_, options_.device);
     if (int e = device.error(); e != kCudaSuccess) {
@@ -532,6 +551,13 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
     OpDesc staged;
     absl::StatusOr<const OpDesc*> run = WithStagedInput(op, stream_, &staged);
     if (!run.ok()) return run.status();
+    if (DeviceTimingSampled(op.seq, options_.device_timing_every)) {
+      TakeTimingEvents(&timing_start, &timing_end);
+      if (timing_start != nullptr && cuda_->EventRecord(timing_start, stream_) != kCudaSuccess) {
+        op_events_->timing.Give(timing_start, timing_end);  // the op runs, untimed
+        timing_start = timing_end = nullptr;
+      }
+    }
     const NcclResult r = Enqueue(**run, stream_);
     if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
       return MapNcclResult(r, What(op), api_->GetLastError(comm_));
@@ -571,7 +597,12 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       if (!done.ok()) return Break(done.status());
       completion = MakeRecycled<NcclOpEvents>(op_events_, nullptr, *done, launched);
     }
-    const auto* events = static_cast<const NcclOpEvents*>(completion.get());
+    auto* events = static_cast<NcclOpEvents*>(completion.get());
+    // The end timing event, like the done event, only once NCCL says the launch is done.
+    if (timing_start != nullptr && cuda_->EventRecord(timing_end, stream_) == kCudaSuccess) {
+      events->SetTiming(timing_start, timing_end);
+      timing_start = timing_end = nullptr;  // the completion's now
+    }
     if (int e = cuda_->EventRecord(events->done(), stream_); e != kCudaSuccess) {
       completion = nullptr;
       return Break(absl::UnavailableError(
@@ -581,6 +612,18 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
   }());
   if (!status.ok()) return status;
   return completion;
+}
+
+void NcclBackend::TakeTimingEvents(CudaEvent* start, CudaEvent* end) {
+  if (timing_unavailable_.load(std::memory_order_relaxed)) return;
+  if (absl::Status s = op_events_->timing.TakeTwo(start, end); !s.ok()) {
+    // A runtime without timing events (or out of them): ops run untimed from here on; once.
+    *start = *end = nullptr;
+    if (!timing_unavailable_.exchange(true)) {
+      ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank,
+                    ": no device timing of its ops (", s.message(), ")");
+    }
+  }
 }
 
 absl::Status NcclBackend::WaitDone(const OpDesc& op, CudaStream stream, absl::Time deadline) {

@@ -121,6 +121,9 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
   // `stream` (StageOverlappingInputs, whose errors it returns).
   absl::StatusOr<const OpDesc*> WithStagedInput(const OpDesc& op, CudaStream stream,
                                                 OpDesc* staged);
+  // Two timing events for a sampled op, or nulls (then the op runs untimed) when the runtime has
+  // none; after the first failure it no longer asks.
+  void TakeTimingEvents(CudaEvent* start, CudaEvent* end);
   // Waits for the event recorded on `stream` after `op`, polling async errors; the op's status.
   absl::Status WaitDone(const OpDesc& op, CudaStream stream, absl::Time deadline);
   // Records `status` as the reason the backend is broken, aborts the communicator, returns the
@@ -150,6 +153,7 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
   CommHealth& health_ = op_events_->health;
 
   std::atomic<bool> abort_requested_{false};
+  std::atomic<bool> timing_unavailable_{false};           // TakeTimingEvents failed once
   std::atomic<CudaStream> last_checked_stream_{nullptr};  // on options_.device (MarkIssue)
   // Device pointers of options_.device that CheckView found valid, by PointerSlot.
   static constexpr size_t kCheckedPointers = 16;

@@ -424,6 +424,7 @@ absl::StatusOr<std::unique_ptr<Backend>> ShrinkAgreed(const CommunicatorOptions&
   no.store = rv.store;
   no.init_timeout = std::max((deadline - absl::Now()) / 2, absl::Milliseconds(1));
   no.keep_comm_for_shrink = deps.elastic;
+  no.device_timing_every = deps.device_timing_every;
   absl::StatusOr<std::unique_ptr<Backend>> shrunk =
       nccl::ShrinkNcclBackend(*deps.previous, deps.lost_ranks, no);
   failed = Exchange(*rv.store, "shrunk", o.rank, o.world_size, shrunk.status(), deadline);
@@ -498,6 +499,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     no.store = rv.store;
     // A peer whose init failed publishes that before the others finish theirs: stop waiting then.
     no.keep_comm_for_shrink = deps.elastic && apis.nccl->has_comm_shrink();
+    no.device_timing_every = deps.device_timing_every;
     no.peers_gave_up = [&rv, &o]() -> absl::Status {
       for (int r = 0; r < o.world_size; ++r) {
         if (r == o.rank) continue;
