@@ -61,9 +61,6 @@ struct ConformanceTarget {
   // The rings that send/recv runs over, each a list of ranks that pass their block to the next;
   // empty: one ring of every rank. Every rank takes the rings it is in, in this order.
   std::vector<std::vector<int>> rings{};
-  // Alltoall with the output on the input. NCCL without a native all-to-all (grouped sends and
-  // receives) overwrites blocks it has still to send.
-  bool in_place_alltoall = true;
 };
 
 inline void PrintTo(const ConformanceTarget& t, std::ostream* os) { *os << t.name; }
@@ -197,8 +194,7 @@ inline std::vector<Case> CasesFor(const ConformanceTarget& t) {
     cases.push_back({OpKind::kAllgather, DType::kF32, ReduceOp::kSum, count, true});
     cases.push_back({OpKind::kReduceScatter, DType::kF32, ReduceOp::kSum, count, true});
     cases.push_back({OpKind::kReduceScatter, DType::kBF16, ReduceOp::kAvg, count, true});
-    if (t.in_place_alltoall)
-      cases.push_back({OpKind::kAlltoall, DType::kI32, ReduceOp::kSum, count, true});
+    cases.push_back({OpKind::kAlltoall, DType::kI32, ReduceOp::kSum, count, true});
   }
   cases.push_back({OpKind::kReduceScatter, DType::kF32, ReduceOp::kSum, 2});  // blocks of two
   cases.push_back({OpKind::kBarrier, DType::kF32});

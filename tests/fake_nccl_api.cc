@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -332,6 +333,7 @@ struct FakeNcclApi::State {
   std::vector<std::unique_ptr<FakeComm>> comms;
   std::map<void*, std::shared_ptr<FakeOp>> stream_last;
   std::map<void*, std::shared_ptr<FakeOp>> events;
+  std::set<void*> timing_events;  // created with timing (EventCreateWithTiming)
   uintptr_t next_handle = 0x1000;
   bool in_group = false;
   std::vector<Part> group_collectives;
@@ -546,6 +548,38 @@ int FakeNcclApi::EventCreateDisableTiming(cuda::CudaEvent* event) {
   state_->events[*event] = nullptr;
   return cuda::kCudaSuccess;
 }
+int FakeNcclApi::EventCreateWithTiming(cuda::CudaEvent* event) {
+  if (faults_.timing_events_unsupported) return cuda::kCudaErrorNotSupported;
+  timing_events_created_.fetch_add(1);
+  absl::MutexLock lock(&world_->mu);
+  *event = reinterpret_cast<void*>(state_->next_handle++);
+  state_->events[*event] = nullptr;
+  state_->timing_events.insert(*event);
+  return cuda::kCudaSuccess;
+}
+int FakeNcclApi::EventElapsedTime(float* ms, cuda::CudaEvent start, cuda::CudaEvent end) {
+  elapsed_calls_.fetch_add(1);
+  absl::MutexLock lock(&world_->mu);
+  State& st = *state_;
+  st.Log("EventElapsedTime", nullptr, end);
+  for (cuda::CudaEvent e : {start, end}) {
+    if (st.events.count(e) == 0 || st.timing_events.count(e) == 0) return 400;
+    if (st.captured_events.count(e) != 0) return cuda::kCudaErrorCapturedEvent;
+  }
+  for (cuda::CudaEvent e : {start, end}) {
+    const std::shared_ptr<FakeOp>& op = st.events[e];
+    if (op != nullptr && !op->done()) {
+      elapsed_not_ready_.fetch_add(1);
+      return cuda::kCudaErrorNotReady;
+    }
+  }
+  *ms = faults_.event_elapsed_ms;
+  return cuda::kCudaSuccess;
+}
+int FakeNcclApi::events_alive() const {
+  absl::MutexLock lock(&world_->mu);
+  return static_cast<int>(state_->events.size());
+}
 int FakeNcclApi::EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   State& st = *state_;
@@ -598,15 +632,26 @@ int FakeNcclApi::EventQuery(cuda::CudaEvent event) {
 int FakeNcclApi::EventDestroy(cuda::CudaEvent event) {
   absl::MutexLock lock(&world_->mu);
   state_->events.erase(event);
+  state_->timing_events.erase(event);
   return cuda::kCudaSuccess;
 }
 int FakeNcclApi::MemcpyAsync(void* dst, const void* src, size_t bytes, cuda::MemcpyKind,
                              cuda::CudaStream stream) {
   memcpy_calls_.fetch_add(1);
   absl::MutexLock lock(&world_->mu);
-  state_->Log("MemcpyAsync", stream);
-  if (state_->CaptureOf(stream) != nullptr) return cuda::kCudaSuccess;  // captured, not run
-  state_->deferred[stream].push_back(
+  State& st = *state_;
+  st.Log("MemcpyAsync", stream);
+  if (st.CaptureOf(stream) != nullptr) return cuda::kCudaSuccess;  // captured, not run
+  // Behind the collective launched last on the stream, as on a GPU: a copy into a buffer that
+  // collective still reads (a reused staging buffer) waits for it.
+  if (auto q = st.deferred.find(stream); q == st.deferred.end() || q->second.empty()) {
+    auto last = st.stream_last.find(stream);
+    if (last != st.stream_last.end() && last->second != nullptr && !last->second->done()) {
+      st.deferred[stream].push_back(Deferred{
+          Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, last->second, nullptr});
+    }
+  }
+  st.deferred[stream].push_back(
       Deferred{Deferred::Kind::kCopy, {}, src, dst, bytes, 1.0f, nullptr, nullptr, nullptr});
   return cuda::kCudaSuccess;
 }
@@ -1042,6 +1087,15 @@ NcclResult FakeNcclApi::AlltoAll(const void* send, void* recv, size_t count, Ncc
                                  NcclComm comm, cuda::CudaStream stream) {
   if (!faults_.has_alltoall) return NcclResult::kInvalidUsage;
   absl::MutexLock lock(&world_->mu);
+  const size_t bytes = count * Size(dtype) * static_cast<size_t>(Comm(comm)->nranks);
+  const auto* s = static_cast<const char*>(send);
+  const auto* r = static_cast<const char*>(recv);
+  if (bytes > 0 && s < r + bytes && r < s + bytes) {
+    // NCCL documents in-place operation for its other collectives, not for ncclAlltoAll: the
+    // fake refuses it rather than guess what a real one does.
+    Comm(comm)->last_error = "fake: ncclAlltoAll with overlapping send and receive buffers";
+    return NcclResult::kInvalidArgument;
+  }
   state_->dtypes.push_back(dtype);
   return Post(world_->mu, *state_, faults_, Comm(comm), stream, "AlltoAll",
               Part{Kind::kAllToAll, send, recv, count, dtype, NcclRedOp::kSum, 0, nullptr});

@@ -13,8 +13,14 @@
 // collective on another stream that did not wait reads whatever the buffer held before (a cast
 // racing its collective), and a copy queued behind a point that a collective waited for runs
 // after that collective wrote the buffer. A collective behind deferred work of its stream is
-// queued too (enqueuing never waits for the stream, as on a GPU). Every other call behaves as
-// before (immediately), after flushing its stream's deferred work.
+// queued too (enqueuing never waits for the stream, as on a GPU). A copy queued on a stream
+// whose last collective has not finished waits for it (a reused buffer that collective still
+// reads). Every other call behaves as before (immediately), after flushing its stream's deferred
+// work.
+// Sends and receives (grouped) move each message when both its ends are posted, reading the
+// sender's buffer then: an alltoall built from them with its output on its input overwrites
+// blocks a peer has yet to read, as on a GPU. The native ncclAlltoAll refuses overlapping
+// buffers (ncclInvalidArgument): NCCL does not document it in place.
 // HoldStreams(true) models a GPU that has not run anything yet: collectives too are queued on
 // their stream and none starts, whatever forces the stream, until HoldStreams(false); then a
 // forced stream (EventQuery, StreamSynchronize, ...) launches them in order. StepHeldDevice()
@@ -77,6 +83,10 @@ struct FakeNcclFaults {
   bool shrink_fails = false;  // the new communicator's asynchronous result is ncclSystemError
   // ncclAlltoAll (NCCL 2.28+): advertised (has_alltoall) and implemented as a collective.
   bool has_alltoall = false;
+  // cudaEventElapsedTime between two complete timing events: this many milliseconds (the fake
+  // has no device clock).
+  float event_elapsed_ms = 0.25f;
+  bool timing_events_unsupported = false;  // EventCreateWithTiming: kCudaErrorNotSupported
 };
 
 // One call on the seam, in the order this rank made them (FakeNcclApi::calls()).
@@ -123,6 +133,13 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   // call invalidated the capture. Every stream that joined the capture leaves it.
   int EndCapture(cuda::CudaStream stream);
   int event_queries() const { return event_queries_.load(); }  // EventQuery calls, all threads
+  // Device timing: events created with timing (EventCreateWithTiming), EventElapsedTime calls,
+  // and those that found an event not complete (kCudaErrorNotReady: the caller asked too early).
+  int timing_events_created() const { return timing_events_created_.load(); }
+  int elapsed_calls() const { return elapsed_calls_.load(); }
+  int elapsed_not_ready() const { return elapsed_not_ready_.load(); }
+  // Events created and not destroyed yet (both kinds).
+  int events_alive() const;
 
   // CudaApi
   int GetDeviceCount(int* count) override;
@@ -134,6 +151,13 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   int StreamCreateNonBlocking(cuda::CudaStream* stream) override;
   int StreamDestroy(cuda::CudaStream stream) override;
   int EventCreateDisableTiming(cuda::CudaEvent* event) override;
+  // An event whose EventElapsedTime works (cudaEventDefault). EventElapsedTime: the
+  // 400 (cudaErrorInvalidResourceHandle) CUDA returns for an unknown event or one created without
+  // timing, kCudaErrorCapturedEvent for one recorded in a capture, kCudaErrorNotReady while
+  // either is not complete (it never forces a stream: a real cudaEventElapsedTime does not wait),
+  // else faults.event_elapsed_ms.
+  int EventCreateWithTiming(cuda::CudaEvent* event) override;
+  int EventElapsedTime(float* ms, cuda::CudaEvent start, cuda::CudaEvent end) override;
   int EventRecord(cuda::CudaEvent event, cuda::CudaStream stream) override;
   int EventQuery(cuda::CudaEvent event) override;
   int EventDestroy(cuda::CudaEvent event) override;
@@ -211,6 +235,9 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   std::atomic<int> cast_calls_{0};
   std::atomic<int> pointer_queries_{0};
   std::atomic<int> event_queries_{0};
+  std::atomic<int> timing_events_created_{0};
+  std::atomic<int> elapsed_calls_{0};
+  std::atomic<int> elapsed_not_ready_{0};
 };
 
 // One fake per rank of one fake world; rank `failing_rank`'s injects `failing`.

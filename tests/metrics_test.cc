@@ -27,25 +27,14 @@
 #include "lib/core/communicator/communicator_factory.h"
 #include "lib/trace/metrics_export.h"
 #include "tests/harness.h"
+#include "tests/metric_sample.h"
 
 namespace adaptcomm {
 namespace {
 
 using ::testing::HasSubstr;
 
-// The value of the one sample of `family` whose labels contain every one of `labels`; -1 if none.
-double Sample(const std::string& text, const std::string& family,
-              const std::vector<std::string>& labels) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::StartsWith(line, absl::StrCat(family, "{"))) continue;
-    bool all = true;
-    for (const std::string& l : labels) all = all && absl::StrContains(line, l);
-    if (!all) continue;
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
-  }
-  return -1;
-}
+constexpr auto Sample = testing::MetricSample;
 
 OpDesc Allreduce4KiB(uint64_t seq) {
   static float data[1024];
@@ -106,6 +95,42 @@ TEST(CommMetricsTest, RecordsEntryStartAndEndOfEachOp) {
   const std::string om = trace::RenderMetrics(true);
   EXPECT_THAT(om, HasSubstr("# TYPE adaptcomm_ops counter\n"));
   EXPECT_TRUE(absl::EndsWith(om, "# EOF\n"));
+}
+
+// A device op timed on the device (OnDeviceTime, before OnEnd): that time is its execution in the
+// histogram and its data phase in the fail-slow samples; the rest of its host time counts as
+// queued. An op not timed keeps its host times, and a later op reusing the slot starts untimed.
+TEST(CommMetricsTest, DeviceTimeIsTheExecutionTimeAndTheDataPhase) {
+  trace::CommMetricsOptions o{"device_times", /*rank=*/0, /*nranks=*/2, "nccl"};
+  o.slow_samples = true;
+  auto m = std::make_shared<trace::CommMetrics>(o);
+  trace::RegisterMetrics(m);
+  const absl::Time t0 = absl::FromUnixSeconds(2000);
+  // Launched at t0, found done 900 us later, of which the device ran it 300 us.
+  m->OnEnqueueAndStart(Allreduce4KiB(1), t0);
+  m->OnDeviceTime(Allreduce4KiB(1), absl::Microseconds(300));
+  m->OnEnd(Allreduce4KiB(1), absl::OkStatus(), t0 + absl::Microseconds(900));
+  // Not timed: 1000 us from its start.
+  m->OnEnqueueAndStart(Allreduce4KiB(2), t0 + absl::Milliseconds(2));
+  m->OnEnd(Allreduce4KiB(2), absl::OkStatus(), t0 + absl::Milliseconds(3));
+  // Same slot as op 1 (seq + 2048): a stale device time of op 1 must not count for it.
+  m->OnEnqueueAndStart(Allreduce4KiB(2049), t0 + absl::Milliseconds(4));
+  m->OnEnd(Allreduce4KiB(2049), absl::OkStatus(), t0 + absl::Milliseconds(6));
+
+  const std::string text = trace::RenderMetrics(false);
+  const std::vector<std::string> series = {"comm_name=\"device_times\"",
+                                           "collective=\"allreduce\""};
+  EXPECT_EQ(Sample(text, "adaptcomm_ops_total", series), 3);
+  EXPECT_EQ(Sample(text, "adaptcomm_collective_exec_time_microseconds_sum", series),
+            300 + 1000 + 2000);
+  EXPECT_EQ(Sample(text, "adaptcomm_collective_queue_time_microseconds_total", series), 600);
+  const std::vector<trace::SlowSample> samples = m->slow_sampler()->Collect(0, 0);
+  ASSERT_EQ(samples.size(), 3u);
+  EXPECT_EQ(samples[0].seq, 1u);
+  EXPECT_EQ(samples[0].data_ns, 300000);
+  EXPECT_EQ(samples[0].wait_ns, 900000);
+  EXPECT_EQ(samples[1].data_ns, 1000000);
+  EXPECT_EQ(samples[2].data_ns, 2000000);
 }
 
 TEST(CommMetricsTest, SizeBandsAndBusFactors) {
@@ -298,6 +323,16 @@ TEST(MetricsProfileTest, OutOfRangeRefusedAtLoadWithFileAndLine) {
 
   req.file = WriteProfile("  metrics:\n    max_scrapes_per_second: 0\n");
   EXPECT_FALSE(ResolveProfile(req).ok());
+
+  req.file = WriteProfile("  metrics:\n    device_timing_every: -1\n");
+  cfg = ResolveProfile(req);
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr(req.file + ":4"));
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("metrics.device_timing_every"));
+  req.file = WriteProfile("  metrics:\n    device_timing_every: 4\n");
+  cfg = ResolveProfile(req);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->metrics.device_timing_every, 4);
 
   req.file = WriteProfile("  metrics:\n    port: 9400\n");
   cfg = ResolveProfile(req);

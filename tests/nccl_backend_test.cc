@@ -93,10 +93,11 @@ OpDesc Op(OpKind kind, TensorView in, TensorView out, ReduceOp reduce = ReduceOp
 
 // The conformance suite (tests/backend_conformance.h) on fake devices: every op x dtype x reduce
 // op, bad input, refusal once aborted.
-testing::RankBackendFactory FakeRanks() {
+testing::RankBackendFactory FakeRanks(FakeNcclFaults faults) {
   auto world = testing::MakeFakeNcclWorld();
-  return [world](int rank, int size, std::shared_ptr<Store> store) -> std::unique_ptr<Backend> {
-    auto api = std::make_shared<FakeNcclApi>(world, FakeNcclFaults{});
+  return [world, faults](int rank, int size,
+                         std::shared_ptr<Store> store) -> std::unique_ptr<Backend> {
+    auto api = std::make_shared<FakeNcclApi>(world, faults);
     nccl::NcclBackendOptions o;
     o.rank = rank;
     o.size = size;
@@ -109,18 +110,21 @@ testing::RankBackendFactory FakeRanks() {
   };
 }
 
-testing::ConformanceTarget FakeTarget(std::string name, int world) {
+// `native`: NCCL 2.28's ncclAlltoAll, else alltoall as grouped sends and receives.
+testing::ConformanceTarget FakeTarget(std::string name, int world, bool native = false) {
+  FakeNcclFaults faults;
+  faults.has_alltoall = native;
   // The fake computes element by element on the CPU: large blocks would test it, not the backend.
   return testing::ConformanceTarget{.name = std::move(name),
                                     .world = world,
                                     .device = Device::Cuda(0),
-                                    .prepare = FakeRanks,
-                                    .large_bytes = 0,
-                                    .in_place_alltoall = false};
+                                    .prepare = [faults] { return FakeRanks(faults); },
+                                    .large_bytes = 0};
 }
 
 INSTANTIATE_TEST_SUITE_P(FakeNccl, BackendConformanceTest,
-                         ::testing::Values(FakeTarget("threads2", 2), FakeTarget("threads3", 3)),
+                         ::testing::Values(FakeTarget("threads2", 2), FakeTarget("threads3", 3),
+                                           FakeTarget("threads3_native_alltoall", 3, true)),
                          testing::ConformanceTargetName);
 
 // What the conformance suite cannot see: NCCL reduces avg, bf16 and f16 itself.
@@ -443,6 +447,90 @@ TEST(NcclBackend, RunRestoresTheCallersCurrentDevice) {
 // The end of a stream-ordered op is recorded on the event its position reserved at MarkIssue, once:
 // a second launch from the same position (or one of a renumbered op) records on an event of its
 // own, so that a Work still polling the first completion is not redirected to the second launch.
+// Rank r's element i of an alltoall input: block j (elements j*block..) goes to rank j.
+int32_t AlltoallInput(int rank, size_t i, int salt = 0) {
+  return static_cast<int32_t>(rank * 100000 + salt * 1000 + static_cast<int>(i));
+}
+
+// What rank `rank` holds after an alltoall of `block` elements per rank.
+void ExpectAlltoallResult(const std::vector<int32_t>& got, int rank, size_t block, int salt = 0) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    const int from = static_cast<int>(i / block);
+    ASSERT_EQ(got[i], AlltoallInput(from, static_cast<size_t>(rank) * block + i % block, salt))
+        << "rank " << rank << " element " << i << " (from rank " << from << ")";
+  }
+}
+
+// In-place alltoalls in one group (RunGroup): each sends from its own copy of its input (its own
+// part of the staging buffer); sharing one part, the second copy would overwrite the first's
+// before its sends read it.
+TEST(NcclBackend, InPlaceAlltoallsOfOneGroupEachSendFromTheirOwnCopy) {
+  constexpr int kN = 3;
+  constexpr size_t kBlock = 5;
+  Ranks r = Create(kN);
+  for (const auto& s : r.init) ASSERT_TRUE(s.ok()) << s;
+  std::vector<std::vector<std::vector<int32_t>>> bufs(kN);
+  std::vector<absl::Status> out(kN);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kN; ++rank) {
+    threads.emplace_back([&, rank] {
+      std::vector<OpDesc> ops;
+      bufs[rank].resize(2, std::vector<int32_t>(kBlock * kN));
+      for (int salt = 0; salt < 2; ++salt) {
+        std::vector<int32_t>& b = bufs[rank][static_cast<size_t>(salt)];
+        for (size_t i = 0; i < b.size(); ++i) b[i] = AlltoallInput(rank, i, salt);
+        OpDesc op = Op(OpKind::kAlltoall, Dev(b.data(), b.size(), DType::kI32),
+                       Dev(b.data(), b.size(), DType::kI32));
+        op.seq = static_cast<uint64_t>(salt + 1);
+        ops.push_back(op);
+      }
+      out[rank] = r.backends[rank]->groups()->RunGroup(ops);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kN; ++rank) {
+    ASSERT_TRUE(out[rank].ok()) << out[rank];
+    for (int salt = 0; salt < 2; ++salt) {
+      ExpectAlltoallResult(bufs[rank][static_cast<size_t>(salt)], rank, kBlock, salt);
+    }
+  }
+}
+
+// The staging buffer grows to the largest in-place alltoall and is reused: one cudaMalloc for
+// the first, none for one as large or smaller, one more for a larger one; every result exact.
+// An alltoall with separate buffers is not staged at all.
+TEST(NcclBackend, InPlaceAlltoallReusesItsStagingBuffer) {
+  constexpr int kN = 2;
+  Ranks r = Create(kN);
+  for (const auto& s : r.init) ASSERT_TRUE(s.ok()) << s;
+  auto run = [&](size_t block, bool in_place) {
+    std::vector<std::vector<int32_t>> in(kN), sep(kN);
+    std::vector<OpDesc> ops;
+    for (int rank = 0; rank < kN; ++rank) {
+      in[rank].resize(block * kN);
+      sep[rank].resize(block * kN);
+      for (size_t i = 0; i < in[rank].size(); ++i) in[rank][i] = AlltoallInput(rank, i);
+      std::vector<int32_t>& dst = in_place ? in[rank] : sep[rank];
+      ops.push_back(Op(OpKind::kAlltoall, Dev(in[rank].data(), in[rank].size(), DType::kI32),
+                       Dev(dst.data(), dst.size(), DType::kI32)));
+    }
+    for (const auto& s : RunAll(r, ops)) ASSERT_TRUE(s.ok()) << s;
+    for (int rank = 0; rank < kN; ++rank) {
+      ExpectAlltoallResult(in_place ? in[rank] : sep[rank], rank, block);
+    }
+  };
+  const int base = r.apis[0]->malloc_calls();
+  run(64, true);
+  EXPECT_EQ(r.apis[0]->malloc_calls(), base + 1);
+  run(64, true);
+  run(16, true);
+  run(256, false);
+  EXPECT_EQ(r.apis[0]->malloc_calls(), base + 1) << "staging reallocated for no larger need";
+  run(256, true);
+  EXPECT_EQ(r.apis[0]->malloc_calls(), base + 2);
+  EXPECT_EQ(r.apis[1]->malloc_calls(), base + 2);
+}
+
 TEST(NcclBackend, EachLaunchFromAPositionRecordsItsEndOnItsOwnEvent) {
   Ranks r = Create(1);
   ASSERT_TRUE(r.init[0].ok()) << r.init[0];

@@ -6,6 +6,7 @@
 // (tests/fake_nccl_api.h).
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -16,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "lib/core/communicator/communicator_factory.h"
 #include "lib/gloo/gloo_backend.h"
+#include "lib/nccl/nccl_backend.h"
 #include "lib/nccl/staged_backend.h"
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
@@ -188,6 +190,89 @@ TEST(GraphCapture, WaitInsideACaptureIsRefusedNamingTheOp) {
     ExpectSum(buf, env.rank, 0);
     EXPECT_TRUE(rank.comm->health().ok()) << rank.comm->health();
   });
+}
+
+// An in-place alltoall stages its input in a buffer it allocates the first time (cudaMalloc, a
+// call CUDA forbids from any thread in global mode while a global-mode capture is open): it
+// allocates in thread-local mode, so a graph another thread of the trainer captures meanwhile
+// stays valid, and the alltoall's result is exact.
+TEST(GraphCapture, InPlaceAlltoallDoesNotInvalidateAnotherThreadsCapture) {
+  RunCaptureRanks([](const testing::RankEnv& env, Rank& rank) {
+    FakeNcclApi& fake = *rank.fake;
+    std::thread([&] { fake.BeginCapture(rank.graph); }).join();  // open, on another thread
+    constexpr size_t kBlock = 4;
+    std::vector<int32_t> buf(kBlock * kWorld);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = env.rank * 100 + static_cast<int32_t>(i);
+    const TensorView view{buf.data(), buf.size(), DType::kI32, Device::Cuda(0), rank.caller};
+    Work work = rank.comm->Alltoall(view, view);
+    ASSERT_TRUE(work.Wait(absl::Seconds(10)).ok());
+    ASSERT_TRUE(work.Synchronize(absl::Seconds(10)).ok());
+    EXPECT_EQ(fake.EndCapture(rank.graph), cuda::kCudaSuccess)
+        << "the staging buffer's allocation invalidated another thread's capture";
+    for (size_t i = 0; i < buf.size(); ++i) {
+      const int from = static_cast<int>(i / kBlock);
+      ASSERT_EQ(buf[i], from * 100 + static_cast<int32_t>(env.rank * kBlock + i % kBlock))
+          << "rank " << env.rank << " element " << i;
+    }
+    EXPECT_TRUE(rank.comm->health().ok()) << rank.comm->health();
+  });
+}
+
+// On a thread that is itself capturing a graph (on another stream), the first in-place alltoall
+// of a size cannot allocate its staging buffer (CUDA refuses the cudaMalloc, and invalidates that
+// capture as it does for any forbidden call): FailedPrecondition saying what to do, nothing queued
+// on the op's stream, the backend usable; outside the capture the same op runs, and once the
+// buffer exists a capturing thread no longer needs an allocation.
+TEST(GraphCapture, InPlaceAlltoallCannotAllocateOnACapturingThread) {
+  auto world = testing::MakeFakeNcclWorld();
+  auto fake = std::make_shared<FakeNcclApi>(world, FakeNcclFaults{});
+  nccl::NcclBackendOptions o;
+  o.store = CreateHashStore();
+  o.init_timeout = absl::Seconds(10);
+  o.abort_timeout = absl::Milliseconds(500);
+  auto created = nccl::CreateNcclBackend(fake, fake, o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Backend& b = **created;
+  cuda::CudaStream graph = nullptr, caller = nullptr;
+  ASSERT_EQ(fake->StreamCreateNonBlocking(&graph), cuda::kCudaSuccess);
+  ASSERT_EQ(fake->StreamCreateNonBlocking(&caller), cuda::kCudaSuccess);
+  std::vector<int32_t> buf = {1, 2, 3};
+  OpDesc op;
+  op.kind = OpKind::kAlltoall;
+  op.input = op.output = TensorView{buf.data(), buf.size(), DType::kI32, Device::Cuda(0), caller};
+  op.seq = 1;
+  op.timeout = absl::Seconds(10);
+  fake->ClearCalls();
+
+  fake->BeginCapture(graph, cuda::CaptureMode::kThreadLocal);
+  absl::Status s = b.Run(op);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("nccl alltoall seq 1"));
+  EXPECT_THAT(s.message(), HasSubstr("while this thread captures a CUDA graph"));
+  EXPECT_THAT(s.message(), HasSubstr("before the capture"));
+  EXPECT_EQ(CallsOn(fake->calls(), caller), 0) << "queued on the op's stream";
+  EXPECT_EQ(fake->EndCapture(graph), cuda::kCudaErrorStreamCaptureInvalidated);
+  EXPECT_TRUE(b.health().ok()) << b.health();
+
+  ASSERT_TRUE(b.Run(op).ok());
+  EXPECT_EQ(buf, (std::vector<int32_t>{1, 2, 3}));  // one rank: its own blocks back
+  fake->BeginCapture(graph, cuda::CaptureMode::kThreadLocal);
+  op.seq = 2;
+  const int mallocs = fake->malloc_calls();
+  // No allocation needed now, but Run itself waits with event queries a capturing thread may not
+  // make: issued on the worker instead (stream-ordered), as the executor does.
+  StreamOrdered* ordered = b.stream_ordered();
+  ASSERT_NE(ordered, nullptr);
+  absl::StatusOr<std::shared_ptr<const StreamPosition>> at = ordered->MarkIssue(op);
+  ASSERT_TRUE(at.ok()) << at.status();
+  op.issued_at = *at;
+  absl::StatusOr<std::shared_ptr<DeviceCompletion>> done = ordered->Launch(op);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(fake->malloc_calls(), mallocs);
+  EXPECT_EQ(fake->EndCapture(graph), cuda::kCudaSuccess);
+  ASSERT_TRUE((*done)->MakeStreamWait(caller).ok());
+  ASSERT_EQ(fake->StreamSynchronize(caller), cuda::kCudaSuccess);
+  EXPECT_EQ(buf, (std::vector<int32_t>{1, 2, 3}));
 }
 
 std::unique_ptr<Backend> Gloo1() {

@@ -573,6 +573,44 @@ TEST(StreamOrder, WatchdogRetiresFinishedOpsWithAFewQueries) {
       absl::Seconds(60));
 }
 
+// In-place alltoalls issued back to back (grouped sends and receives, which the fake starts at
+// once, each waiting for its peer): each sends from a copy of its input taken on the
+// communicator's stream behind its issue point, all three through the one staging buffer (stream
+// order keeps a copy behind the sends of the op before); every result is exact.
+TEST(StreamOrder, InPlaceAlltoallsInFlightShareTheStagingBuffer) {
+  FakeRanks fakes{std::vector<FakeNcclFaults>(kWorld)};
+  testing::RunRanks(
+      testing::RankMode::kThreads, kWorld,
+      [&](const testing::RankEnv& env) {
+        absl::StatusOr<HeldRank> held = StartHeld(fakes, env, 1);
+        ASSERT_TRUE(held.ok()) << held.status();
+        constexpr size_t kBlock = 6;
+        std::vector<std::vector<int32_t>> bufs(3, std::vector<int32_t>(kBlock * kWorld));
+        std::vector<Work> works;
+        for (size_t op = 0; op < bufs.size(); ++op) {
+          for (size_t i = 0; i < bufs[op].size(); ++i) {
+            bufs[op][i] = static_cast<int32_t>(env.rank * 10000 + op * 100 + i);
+          }
+          const TensorView view{bufs[op].data(), bufs[op].size(), DType::kI32, Device::Cuda(0),
+                                held->caller};
+          works.push_back(held->comm->Alltoall(view, view));
+          ASSERT_TRUE(works.back().Wait(absl::Seconds(5)).ok());
+        }
+        held->fake->HoldStreams(false);
+        for (size_t op = 0; op < bufs.size(); ++op) {
+          ASSERT_TRUE(works[op].Synchronize(absl::Seconds(10)).ok()) << "op " << op;
+          for (size_t i = 0; i < bufs[op].size(); ++i) {
+            const auto from = static_cast<int32_t>(i / kBlock);
+            ASSERT_EQ(bufs[op][i], static_cast<int32_t>(from * 10000 + op * 100 +
+                                                        env.rank * kBlock + i % kBlock))
+                << "rank " << env.rank << " op " << op << " element " << i;
+          }
+        }
+        EXPECT_EQ(CallsNamed(held->fake->calls(), "MemcpyAsync"), 3);
+      },
+      absl::Seconds(60));
+}
+
 // A CUDA view whose stream belongs to another device is refused at the call, naming the view.
 TEST(StreamOrder, ViewWhoseStreamIsOnAnotherDeviceIsInvalidArgument) {
   std::vector<FakeNcclFaults> faults(kWorld);

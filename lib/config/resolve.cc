@@ -239,6 +239,7 @@ absl::Status ReadSettings(Values& v, EffectiveConfig& cfg) {
   cfg.metrics.textfile = v.At("metrics.textfile").text;
   cfg.metrics.textfile_interval = v.Duration("metrics.textfile_interval");
   cfg.metrics.max_scrapes_per_second = static_cast<int>(v.Int("metrics.max_scrapes_per_second"));
+  cfg.metrics.device_timing_every = static_cast<int>(v.Int("metrics.device_timing_every"));
   if (cfg.metrics.textfile_interval < absl::Seconds(1) ||
       cfg.metrics.textfile_interval > absl::Hours(1)) {
     return absl::InvalidArgumentError(

@@ -131,6 +131,16 @@ class CudaApi {
   virtual int ThreadExchangeStreamCaptureMode(CaptureMode* /*mode*/) {
     return kCudaErrorNotSupported;
   }
+  // Device-side timing of the NCCL backend's ops (lib/nccl/stream_order.h, "Device timing").
+  // An event created with timing enabled (cudaEventCreateWithFlags(cudaEventDefault)): it costs
+  // more to record than a cudaEventDisableTiming one, so only sampled ops take them.
+  virtual int EventCreateWithTiming(CudaEvent* /*event*/) { return kCudaErrorNotSupported; }
+  // *ms = the time between two completed events created with timing (cudaEventElapsedTime; about
+  // half a microsecond of resolution). Never waits: kCudaErrorNotReady while either is not
+  // complete, an invalid-handle error for an event created with cudaEventDisableTiming.
+  virtual int EventElapsedTime(float* /*ms*/, CudaEvent /*start*/, CudaEvent /*end*/) {
+    return kCudaErrorNotSupported;
+  }
   // Queues the conversion of `count` elements src -> dst on `stream` (lib/cuda/cast_kernels.cu;
   // the current device must be the memory's). Widening multiplies by `scale` in fp32 (scale 1:
   // exact). `counters`: null, or device memory the cast adds its counts to. src and dst must not

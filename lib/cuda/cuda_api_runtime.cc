@@ -68,6 +68,15 @@ class CudaRuntime final : public CudaApi {
     *event = ev;
     return e;
   }
+  int EventCreateWithTiming(CudaEvent* event) override {
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDefault);
+    *event = ev;
+    return e;
+  }
+  int EventElapsedTime(float* ms, CudaEvent start, CudaEvent end) override {
+    return cudaEventElapsedTime(ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end));
+  }
   int EventRecord(CudaEvent event, CudaStream stream) override {
     return cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
   }

@@ -5,13 +5,16 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "lib/backend/op_checks.h"
 #include "lib/base/block_recycler.h"
 #include "lib/base/log.h"
-#include "lib/backend/op_checks.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
+#include "lib/nccl/alltoall_staging.h"
+#include "lib/nccl/device_timing.h"
 #include "lib/nccl/nccl_backend_class.h"  // IWYU pragma: associated
 #include "lib/nccl/nccl_init.h"
 #include "lib/nccl/nccl_translate.h"
@@ -208,6 +211,59 @@ NcclResult NcclBackend::EnqueueMember(const OpDesc& op, CudaStream stream) {
   return NcclResult::kInvalidArgument;
 }
 
+absl::Status NcclBackend::StageOverlappingInputs(absl::Span<OpDesc> ops, CudaStream stream) {
+  // Each op's part starts on a 256-byte boundary (what cudaMalloc gives the buffer itself).
+  constexpr size_t kAlign = 256;
+  auto part = [](const OpDesc& op) { return (op.input.bytes() + kAlign - 1) / kAlign * kAlign; };
+  size_t total = 0;
+  for (const OpDesc& op : ops) total += NeedsAlltoallStaging(op) ? part(op) : 0;
+  if (total == 0) return absl::OkStatus();
+  const OpDesc& head = ops.front();
+  absl::StatusOr<void*> buffer = staging_.Reserve(total);
+  if (!buffer.ok()) {
+    absl::Status s(buffer.status().code(),
+                   absl::StrCat(What(head), ": ", buffer.status().message()));
+    // Refused under a capture before anything was queued: local to this op.
+    return absl::IsFailedPrecondition(s) ? s : Break(std::move(s));
+  }
+  if (stream != stream_) {
+    // Run on the op's own stream: the ops launched before on the communicator's stream may still
+    // read the buffer (they do not wait for the host), so the copy waits for them.
+    int e = cuda_->EventRecord(event_, stream_);
+    if (e == kCudaSuccess) e = cuda_->StreamWaitEvent(stream, event_);
+    if (e != kCudaSuccess) {
+      return Break(absl::UnavailableError(absl::StrCat(
+          What(head), ": ordering the alltoall staging copy: ", cuda_->ErrorString(e))));
+    }
+  }
+  size_t offset = 0;
+  for (OpDesc& op : ops) {
+    if (!NeedsAlltoallStaging(op)) continue;
+    void* at = static_cast<char*>(*buffer) + offset;
+    if (int e = cuda_->MemcpyAsync(at, op.input.data, op.input.bytes(),
+                                   cuda::MemcpyKind::kDeviceToDevice, stream);
+        e != kCudaSuccess) {
+      return Break(absl::UnavailableError(absl::StrCat(
+          What(op), ": cudaMemcpyAsync of the in-place alltoall's input (", op.input.bytes(),
+          " bytes) to its staging buffer: ", cuda_->ErrorString(e))));
+    }
+    offset += part(op);
+    op.input.data = at;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const OpDesc*> NcclBackend::WithStagedInput(const OpDesc& op, CudaStream stream,
+                                                           OpDesc* staged) {
+  // Copied only for an in-place alltoall: no other op pays for an OpDesc copy.
+  if (!NeedsAlltoallStaging(op)) return &op;
+  *staged = op;
+  if (absl::Status s = StageOverlappingInputs(absl::MakeSpan(staged, 1), stream); !s.ok()) {
+    return s;
+  }
+  return staged;
+}
+
 absl::Status NcclBackend::BeginCall(const OpDesc& op) {
   running_.store(true);
   if (!abort_requested_.load() && !broken_seen_.load()) return absl::OkStatus();
@@ -254,7 +310,11 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
         return s;
       }
     }
-    const NcclResult r = Enqueue(op, stream);
+    // An in-place alltoall sends from a copy of its input (lib/nccl/alltoall_staging.h).
+    OpDesc staged;
+    absl::StatusOr<const OpDesc*> run = WithStagedInput(op, stream, &staged);
+    if (!run.ok()) return run.status();
+    const NcclResult r = Enqueue(**run, stream);
     if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
       // Refused before anything was queued: the communicator is still usable.
       return MapNcclResult(r, What(op), api_->GetLastError(comm_));
@@ -305,10 +365,21 @@ absl::Status NcclBackend::RunGroup(const std::vector<OpDesc>& ops) {
       }
       waited.push_back(s);
     }
+    // In-place alltoalls of the group send from copies of their inputs, each its own part of the
+    // staging buffer, copied on the communicator's stream after the waits above.
+    std::vector<OpDesc> staged;
+    const std::vector<OpDesc>* members = &ops;
+    if (std::any_of(ops.begin(), ops.end(), NeedsAlltoallStaging)) {
+      staged = ops;
+      if (absl::Status s = StageOverlappingInputs(absl::MakeSpan(staged), stream_); !s.ok()) {
+        return s;
+      }
+      members = &staged;
+    }
     // Collectives in issue order, then the sends and receives: NCCL pairs those of two ranks in
     // the order each issued them, so they go by tag (then issue order), as the peer's do.
     std::vector<const OpDesc*> p2p;
-    for (const OpDesc& op : ops) {
+    for (const OpDesc& op : *members) {
       if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) p2p.push_back(&op);
     }
     std::stable_sort(p2p.begin(), p2p.end(),
@@ -321,7 +392,7 @@ absl::Status NcclBackend::RunGroup(const std::vector<OpDesc>& ops) {
     auto note = [&first_error](NcclResult x) {
       if (!InFlight(x) && first_error == NcclResult::kSuccess) first_error = x;
     };
-    for (const OpDesc& op : ops) {
+    for (const OpDesc& op : *members) {
       if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) note(EnqueueMember(op, stream_));
     }
     for (const OpDesc* op : p2p) note(EnqueueMember(*op, stream_));
@@ -445,7 +516,24 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
   }
   if (absl::Status s = BeginCall(op); !s.ok()) return s;
   std::shared_ptr<DeviceCompletion> completion;
+  // The op's device timing events, when it is sampled (lib/nccl/device_timing.h); given back to
+  // their pool on every return that does not hand them to the completion.
+  CudaEvent timing_start = nullptr, timing_end = nullptr;
+  absl::Cleanup give_back_timing = [&] {
+    if (timing_start != nullptr) op_events_->timing.Give(timing_start, timing_end);
+  };
   absl::Status status = FinishCall([&]() -> absl::Status {
+    // Per op, on the device (none of it waits for the host, nor the host for it):
+    //  - the caller's stream: the issue event (MarkIssue), which nothing on it waits for;
+    //  - the communicator's stream waits for the issue event, then runs the in-place alltoall's
+    //    staging copy (if any), the start timing event (sampled ops), the NCCL call, the end
+    //    timing event (sampled ops) and the done event;
+    //  - the caller's stream waits for the done event when the trainer calls Work::Wait
+    //    (MakeStreamWait); no stream ever waits for a timing event.
+    // On abort, ncclCommAbort ends the kernels: the done event completes, Poll() reports the abort
+    // and the op fails; its timing is never read, and its events go back to their pools when the
+    // op's last holder lets go. Under CUDA graph capture nothing gets here: MarkIssue refused the
+    // op before recording anything, and the communicator's stream never captures.
     // Only the library's own threads launch: the device stays current on them between ops.
     ScopedCudaDevice device(*cuda_, options_.device);
     if (int e = device.error(); e != kCudaSuccess) {
@@ -458,7 +546,19 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       return Break(absl::UnavailableError(
           absl::StrCat(What(op), ": cudaStreamWaitEvent: ", cuda_->ErrorString(e))));
     }
-    const NcclResult r = Enqueue(op, stream_);
+    // An in-place alltoall sends from a copy of its input, taken on the communicator's stream
+    // behind the wait above (lib/nccl/alltoall_staging.h).
+    OpDesc staged;
+    absl::StatusOr<const OpDesc*> run = WithStagedInput(op, stream_, &staged);
+    if (!run.ok()) return run.status();
+    if (DeviceTimingSampled(op.seq, options_.device_timing_every)) {
+      TakeTimingEvents(&timing_start, &timing_end);
+      if (timing_start != nullptr && cuda_->EventRecord(timing_start, stream_) != kCudaSuccess) {
+        op_events_->timing.Give(timing_start, timing_end);  // the op runs, untimed
+        timing_start = timing_end = nullptr;
+      }
+    }
+    const NcclResult r = Enqueue(**run, stream_);
     if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
       return MapNcclResult(r, What(op), api_->GetLastError(comm_));
     }
@@ -497,7 +597,12 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       if (!done.ok()) return Break(done.status());
       completion = MakeRecycled<NcclOpEvents>(op_events_, nullptr, *done, launched);
     }
-    const auto* events = static_cast<const NcclOpEvents*>(completion.get());
+    auto* events = static_cast<NcclOpEvents*>(completion.get());
+    // The end timing event, like the done event, only once NCCL says the launch is done.
+    if (timing_start != nullptr && cuda_->EventRecord(timing_end, stream_) == kCudaSuccess) {
+      events->SetTiming(timing_start, timing_end);
+      timing_start = timing_end = nullptr;  // the completion's now
+    }
     if (int e = cuda_->EventRecord(events->done(), stream_); e != kCudaSuccess) {
       completion = nullptr;
       return Break(absl::UnavailableError(
@@ -507,6 +612,18 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
   }());
   if (!status.ok()) return status;
   return completion;
+}
+
+void NcclBackend::TakeTimingEvents(CudaEvent* start, CudaEvent* end) {
+  if (timing_unavailable_.load(std::memory_order_relaxed)) return;
+  if (absl::Status s = op_events_->timing.TakeTwo(start, end); !s.ok()) {
+    // A runtime without timing events (or out of them): ops run untimed from here on; once.
+    *start = *end = nullptr;
+    if (!timing_unavailable_.exchange(true)) {
+      ADAPTCOMM_LOG(kWarning, "nccl backend rank ", options_.rank,
+                    ": no device timing of its ops (", s.message(), ")");
+    }
+  }
 }
 
 absl::Status NcclBackend::WaitDone(const OpDesc& op, CudaStream stream, absl::Time deadline) {

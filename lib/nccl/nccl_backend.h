@@ -48,6 +48,10 @@ struct NcclBackendOptions {
   // stuck kernels). ReleaseNcclComm or the destructor aborts a parked communicator (bounded by
   // abort_timeout). Set only where a shrink can follow: elastic, and NCCL has ncclCommShrink.
   bool keep_comm_for_shrink = false;
+  // Device timing of stream-ordered ops (lib/nccl/device_timing.h): one op in this many is timed
+  // with CUDA events on the device (the same ops on every rank); 0: none. The profile's
+  // metrics.device_timing_every.
+  int device_timing_every = 0;
 };
 
 // Exchanges the unique id, initializes the communicator and waits (polling) for it. Errors:

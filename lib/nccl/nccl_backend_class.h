@@ -13,10 +13,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "lib/base/block_recycler.h"
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
 #include "lib/cuda/device_memory.h"
+#include "lib/nccl/alltoall_staging.h"
 #include "lib/nccl/nccl_backend.h"
 #include "lib/nccl/nccl_init.h"
 #include "lib/nccl/nccl_translate.h"
@@ -58,6 +60,7 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
         stream_(stream),
         scratch_(scratch),
         device_memory_(cuda::MakeCudaDeviceMemory(cuda_)),
+        staging_(cuda_, options_.device),
         op_events_(std::make_shared<OpEventsShared>(cuda_, options_.device, api_, comm_)) {}
   ~NcclBackend() override;
 
@@ -108,6 +111,19 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
   NcclResult Enqueue(const OpDesc& op, CudaStream stream);
   // Enqueue's calls without a group of their own: for a caller that opened one.
   NcclResult EnqueueMember(const OpDesc& op, CudaStream stream);
+  // For each op of `ops` that needs it (an in-place alltoall, NeedsAlltoallStaging), queues on
+  // `stream` the copy of its input into the staging buffer and points its input there, so that the
+  // NCCL call queued next on `stream` sends from the copy. The errors of AlltoallStaging::Reserve
+  // (FailedPrecondition leaves the backend usable; the others break it), Unavailable for a failed
+  // copy (broken).
+  absl::Status StageOverlappingInputs(absl::Span<OpDesc> ops, CudaStream stream);
+  // `op` itself, or for an in-place alltoall *staged: a copy of `op` whose input was staged on
+  // `stream` (StageOverlappingInputs, whose errors it returns).
+  absl::StatusOr<const OpDesc*> WithStagedInput(const OpDesc& op, CudaStream stream,
+                                                OpDesc* staged);
+  // Two timing events for a sampled op, or nulls (then the op runs untimed) when the runtime has
+  // none; after the first failure it no longer asks.
+  void TakeTimingEvents(CudaEvent* start, CudaEvent* end);
   // Waits for the event recorded on `stream` after `op`, polling async errors; the op's status.
   absl::Status WaitDone(const OpDesc& op, CudaStream stream, absl::Time deadline);
   // Records `status` as the reason the backend is broken, aborts the communicator, returns the
@@ -131,11 +147,13 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
   const uint64_t stream_id_ = NextStreamId();
   void* const scratch_;  // barrier's one-element device buffer
   const std::shared_ptr<DeviceMemory> device_memory_;
+  AlltoallStaging staging_;  // used only by the thread running an op (BeginCall .. FinishCall)
   const std::shared_ptr<OpEventsShared> op_events_;  // the event pool and the comm's health
   EventPool& events_ = op_events_->pool;
   CommHealth& health_ = op_events_->health;
 
   std::atomic<bool> abort_requested_{false};
+  std::atomic<bool> timing_unavailable_{false};           // TakeTimingEvents failed once
   std::atomic<CudaStream> last_checked_stream_{nullptr};  // on options_.device (MarkIssue)
   // Device pointers of options_.device that CheckView found valid, by PointerSlot.
   static constexpr size_t kCheckedPointers = 16;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "lib/nccl/device_timing.h"
 #include "lib/nccl/nccl_backend.h"
 
 namespace adaptcomm::nccl {
@@ -33,7 +34,9 @@ absl::StatusOr<CudaEvent> EventPool::Take() {
   ScopedCudaDevice device(*api_, device_);
   CudaEvent event = nullptr;
   int e = device.error();
-  if (e == kCudaSuccess) e = api_->EventCreateDisableTiming(&event);
+  if (e == kCudaSuccess) {
+    e = timing_ ? api_->EventCreateWithTiming(&event) : api_->EventCreateDisableTiming(&event);
+  }
   if (e != kCudaSuccess) {
     return absl::UnavailableError(
         absl::StrCat("cudaEventCreate on cuda:", device_, ": ", api_->ErrorString(e)));
@@ -112,7 +115,14 @@ void CommHealth::Retire(absl::Status why) {
   retired_ = std::move(why);
 }
 
-NcclOpEvents::~NcclOpEvents() { shared_->pool.Give(issued_, done_); }
+NcclOpEvents::~NcclOpEvents() {
+  shared_->pool.Give(issued_, done_);
+  if (timing_start_ != nullptr) shared_->timing.Give(timing_start_, timing_end_);
+}
+
+std::optional<absl::Duration> NcclOpEvents::DeviceTime() {
+  return ReadDeviceTime(shared_->timing.api(), timing_start_, timing_end_);
+}
 
 absl::StatusOr<bool> NcclOpEvents::Poll() {
   // The event first: ncclCommAbort also ends the kernels, so a done event counts only while the

@@ -6,13 +6,15 @@
 // Per op: an event recorded on the caller's stream at issue (MarkIssue), the communicator's
 // stream waiting for it, the NCCL call on that stream, and an event recorded after it (Launch);
 // Work::Wait makes the caller's stream wait for that last event. Four CUDA/NCCL calls, none of
-// which waits for the device.
+// which waits for the device. A sampled op also records two timing events around its NCCL call on
+// the communicator's stream, which nothing waits for (lib/nccl/device_timing.h).
 #ifndef ADAPTCOMM_LIB_NCCL_STREAM_ORDER_H_
 #define ADAPTCOMM_LIB_NCCL_STREAM_ORDER_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,8 +35,9 @@ namespace adaptcomm::nccl {
 // shared by a backend and everything it handed out.
 class EventPool {
  public:
-  EventPool(std::shared_ptr<cuda::CudaApi> api, int device)
-      : api_(std::move(api)), device_(device) {}
+  // `timing`: events created with timing enabled (device timing), else with cudaEventDisableTiming.
+  EventPool(std::shared_ptr<cuda::CudaApi> api, int device, bool timing = false)
+      : api_(std::move(api)), device_(device), timing_(timing) {}
   ~EventPool();
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
@@ -52,6 +55,7 @@ class EventPool {
  private:
   const std::shared_ptr<cuda::CudaApi> api_;
   const int device_;
+  const bool timing_;
   SpinLock mu_;
   std::vector<cuda::CudaEvent> free_ ABSL_GUARDED_BY(mu_);
 };
@@ -103,8 +107,11 @@ class CommHealth {
 struct OpEventsShared {
   OpEventsShared(std::shared_ptr<cuda::CudaApi> cuda, int device, std::shared_ptr<NcclApi> nccl,
                  NcclComm comm)
-      : pool(std::move(cuda), device), health(std::move(nccl), comm) {}
+      : pool(cuda, device),
+        timing(std::move(cuda), device, /*timing=*/true),
+        health(std::move(nccl), comm) {}
   EventPool pool;
+  EventPool timing;  // the sampled ops' timing events (lib/nccl/device_timing.h)
   CommHealth health;
 };
 
@@ -141,13 +148,24 @@ class NcclOpEvents final : public StreamPosition, public DeviceCompletion {
   // retry record's copy made it wait, so the launch right after need not queue the wait again.
   void MarkAwaitedOn(uint64_t stream_id) const { awaited_on_.store(stream_id); }
   bool AwaitedOn(uint64_t stream_id) const { return awaited_on_.load() == stream_id; }
+  // A sampled op's two timing events around its NCCL call (from shared->timing), given back with
+  // the others. REQUIRES: called by the launching thread before the completion is handed out.
+  void SetTiming(cuda::CudaEvent start, cuda::CudaEvent end) {
+    timing_start_ = start;
+    timing_end_ = end;
+  }
+  bool timed() const { return timing_start_ != nullptr; }
   absl::StatusOr<bool> Poll() override;
   absl::Status MakeStreamWait(void* stream) override;
+  // ReadDeviceTime of the timing events; nullopt for an op not sampled.
+  std::optional<absl::Duration> DeviceTime() override;
 
  private:
   const std::shared_ptr<OpEventsShared> shared_;  // its pool and its communicator's health
   const cuda::CudaEvent issued_;
   const cuda::CudaEvent done_;
+  cuda::CudaEvent timing_start_ = nullptr;
+  cuda::CudaEvent timing_end_ = nullptr;
   const LaunchedOp op_;
   mutable std::atomic<bool> launched_{false};
   mutable std::atomic<uint64_t> awaited_on_{0};

@@ -144,6 +144,7 @@ void CommMetrics::OnEnqueue(const OpDesc& op, absl::Time when) {
   t.seq.store(op.seq, std::memory_order_relaxed);
   t.enqueue_ns.store(Nanos(when), std::memory_order_relaxed);
   t.start_ns.store(0, std::memory_order_relaxed);
+  t.device_ns.store(-1, std::memory_order_relaxed);
 }
 
 void CommMetrics::OnStart(const OpDesc& op, absl::Time when) {
@@ -154,6 +155,7 @@ void CommMetrics::OnStart(const OpDesc& op, absl::Time when) {
     t.enqueue_ns.store(Nanos(when), std::memory_order_relaxed);
   }
   t.start_ns.store(Nanos(when), std::memory_order_relaxed);
+  t.device_ns.store(-1, std::memory_order_relaxed);
 }
 
 void CommMetrics::OnEnqueueAndStart(const OpDesc& op, absl::Time when) {
@@ -162,22 +164,36 @@ void CommMetrics::OnEnqueueAndStart(const OpDesc& op, absl::Time when) {
   t.seq.store(op.seq, std::memory_order_relaxed);
   t.enqueue_ns.store(ns, std::memory_order_relaxed);
   t.start_ns.store(ns, std::memory_order_relaxed);
+  t.device_ns.store(-1, std::memory_order_relaxed);
+}
+
+void CommMetrics::OnDeviceTime(const OpDesc& op, absl::Duration executed) {
+  Times& t = times_[op.seq % kTimes];
+  if (t.seq.load(std::memory_order_relaxed) != op.seq) return;  // its entry was reused
+  t.device_ns.store(std::max<int64_t>(absl::ToInt64Nanoseconds(executed), 0),
+                    std::memory_order_relaxed);
 }
 
 void CommMetrics::OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) {
   const int64_t end = Nanos(when);
-  int64_t enqueue = end, start = end;
+  int64_t enqueue = end, start = end, device = -1;
   if (const Times& t = times_[op.seq % kTimes]; t.seq.load(std::memory_order_relaxed) == op.seq) {
     enqueue = t.enqueue_ns.load(std::memory_order_relaxed);
     start = t.start_ns.load(std::memory_order_relaxed);
+    device = t.device_ns.load(std::memory_order_relaxed);
     if (start == 0) start = end;  // failed while queued (an abort): it never ran
+  }
+  if (device >= 0) {
+    // Timed on the device: it moved data for that long before it was found done; the host's
+    // launch-to-found span also held its wait on the stream (never before it was entered).
+    start = std::max(enqueue, end - device);
   }
   if (sampler_ != nullptr) {
     // Point-to-point ops are not matched across ranks: they count only for the next op's gap.
     const bool collective = op.kind != OpKind::kSend && op.kind != OpKind::kRecv;
     sampler_->End(op.seq, status.ok() && collective, enqueue, start, end);
   }
-  const int64_t exec_ns = std::max<int64_t>(end - start, 0);
+  const int64_t exec_ns = device >= 0 ? device : std::max<int64_t>(end - start, 0);
   const uint64_t bytes = MessageBytes(op);
   int bucket = 0;
   while (bucket < kBuckets - 1 && exec_ns > kBucketNs[static_cast<size_t>(bucket)]) ++bucket;

@@ -4,7 +4,10 @@
 // OpenMetrics text (served by lib/trace/metrics_export.h).
 //
 // Per op: count, message bytes, bus bytes (nccl-tests' factors), execution time (start to end)
-// into a histogram, and time queued (enqueue to start), per collective, size band and backend.
+// into a histogram, and time queued (enqueue to start), per collective, size band and backend. A
+// device op its backend timed on the device (OnDeviceTime) counts that time as its execution, and
+// as the data phase of the fail-slow sampler (it started moving data that long before it was
+// found done); the rest of its time on the host counts as queued.
 // Recording an op takes one SpinLock hold and no allocation: the executor's per-op path must not
 // get measurably slower with metrics on.
 #ifndef ADAPTCOMM_LIB_TRACE_METRICS_H_
@@ -55,6 +58,7 @@ class CommMetrics final : public OpObserver {
   void OnStart(const OpDesc& op, absl::Time when) override;
   void OnEnqueueAndStart(const OpDesc& op, absl::Time when) override;
   void OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) override;
+  void OnDeviceTime(const OpDesc& op, absl::Duration executed) override;
 
   // A rebuilt backend (a retry, a degrade, a membership change): later ops count under its name
   // and world size.
@@ -99,6 +103,7 @@ class CommMetrics final : public OpObserver {
     std::atomic<uint64_t> seq{0};
     std::atomic<int64_t> enqueue_ns{0};
     std::atomic<int64_t> start_ns{0};
+    std::atomic<int64_t> device_ns{-1};  // OnDeviceTime's; -1: not timed on the device
   };
   static constexpr size_t kTimes = 2048;
 

@@ -23,6 +23,14 @@ class OpObserver {
     OnStart(op, when);
   }
   virtual void OnEnd(const OpDesc& op, const absl::Status& status, absl::Time when) = 0;
+  // Right before OnEnd of a device op that completed and that its backend timed on the device
+  // (DeviceCompletion::DeviceTime): how long the device executed it. The host times above say when
+  // the op was launched and when the watchdog found it done, which includes the time it waited on
+  // its stream behind earlier work.
+  virtual void OnDeviceTime(const OpDesc& op, absl::Duration executed) {
+    (void)op;
+    (void)executed;
+  }
 };
 
 }  // namespace adaptcomm::trace

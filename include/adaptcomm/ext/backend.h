@@ -114,6 +114,11 @@ class ADAPTCOMM_EXPORT DeviceCompletion {
   // Queues on `stream` (a cudaStream_t) a wait for the op: the caller's later work on that stream
   // runs after it, without the host waiting.
   [[nodiscard]] virtual absl::Status MakeStreamWait(void* stream) = 0;
+  // How long the device executed the op, when the backend timed it there (e.g. timing events
+  // around its launch on the backend's stream) and the device finished it; nullopt otherwise (not
+  // sampled, not finished, or the timing could not be read). Called after Poll() said the op (or
+  // one launched after it) is done. Never blocks, never waits for the device.
+  virtual std::optional<absl::Duration> DeviceTime() { return std::nullopt; }
 };
 
 // A capability (Backend::stream_ordered()): device ops run on the backend's own stream, each

@@ -18,6 +18,8 @@ PartOptions PartOptionsFor(const EffectiveConfig& config) {
   deps.gloo_algorithm = config.gloo.algorithm;
   deps.gloo_max_segment_bytes = config.gloo.max_segment_bytes;
   deps.gloo_max_connections = config.gloo.max_connections;
+  // Device timing feeds only the metrics (and the fail-slow detector, which reads them).
+  deps.device_timing_every = config.metrics.enabled ? config.metrics.device_timing_every : 0;
   deps.tuned_table = config.tuning.loaded;
   deps.elastic = p.elastic.elastic;
   deps.configure_nccl = [&config](int version) {

@@ -319,8 +319,10 @@ void OpExecutor::CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Sta
   End(*work, std::move(status), WallNow());
 }
 
-void OpExecutor::End(WorkImpl& work, absl::Status status, absl::Time when) {
+void OpExecutor::End(WorkImpl& work, absl::Status status, absl::Time when,
+                     std::optional<absl::Duration> device_time) {
   for (const auto& o : observers_) {
+    if (device_time.has_value()) o->OnDeviceTime(work.desc(), *device_time);
     o->OnEnd(work.desc(), status, when);
     for (const std::shared_ptr<WorkImpl>& m : work.group_members()) {
       o->OnEnd(m->desc(), status, when);
@@ -605,7 +607,11 @@ absl::Time OpExecutor::PollInFlightLocked() {
       UnlockAndWake();
       // Completed in order by this thread alone (a device op is finished elsewhere only once it
       // has left in_flight_ through an abort or a device failure, which these left first).
-      for (const std::shared_ptr<WorkImpl>& work : ended) End(*work, absl::OkStatus(), now);
+      // ended[i] is oldest[i]'s op; a sampled one's device time is read here, off mu_ (a few
+      // event queries, never a wait; kept alive by `asked`).
+      for (size_t i = 0; i < ended.size(); ++i) {
+        End(*ended[i], absl::OkStatus(), now, oldest[i]->DeviceTime());
+      }
       ended.clear();
       mu_.Lock();
       ending_ = 0;

@@ -397,9 +397,11 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // Completed here: counts it and tells the observers. REQUIRES: mu_ held.
   void CompleteLocked(const std::shared_ptr<WorkImpl>& work, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tells the observers that `work` ended at `when`, then finishes it; mu_ held or not (the
-  // watchdog ends the ops the device finished after releasing it).
-  void End(WorkImpl& work, absl::Status status, absl::Time when);
+  // Tells the observers that `work` ended at `when` (and, first, how long the device executed it
+  // when its backend timed it there), then finishes it; mu_ held or not (the watchdog ends the ops
+  // the device finished after releasing it).
+  void End(WorkImpl& work, absl::Status status, absl::Time when,
+           std::optional<absl::Duration> device_time = std::nullopt);
   size_t InFlightWindow() const;
   // Empties in_flight_: the ops the device finished are completed, the others returned in order.
   // REQUIRES: mu_ held.

@@ -426,6 +426,7 @@ absl::StatusOr<std::unique_ptr<Backend>> ShrinkAgreed(const CommunicatorOptions&
   no.store = rv.store;
   no.init_timeout = std::max((deadline - absl::Now()) / 2, absl::Milliseconds(1));
   no.keep_comm_for_shrink = deps.elastic;
+  no.device_timing_every = deps.device_timing_every;
   absl::StatusOr<std::unique_ptr<Backend>> shrunk =
       nccl::ShrinkNcclBackend(*deps.previous, deps.lost_ranks, no);
   failed = Exchange(*rv.store, "shrunk", o.rank, o.world_size, shrunk.status(), deadline);
@@ -451,6 +452,7 @@ nccl::NcclBackendOptions NcclOptionsFor(const CommunicatorOptions& o, const Rend
   no.store = rv.store;
   // A peer whose init failed publishes that before the others finish theirs: stop waiting then.
   no.keep_comm_for_shrink = deps.elastic && apis.nccl->has_comm_shrink();
+  no.device_timing_every = deps.device_timing_every;
   no.peers_gave_up = [&rv]() -> absl::Status {
     absl::StatusOr<std::string> who = rv.store->Get(kInitGaveUpKey, absl::ZeroDuration());
     if (who.ok()) return absl::UnavailableError(absl::StrCat("rank ", *who, " failed"));

@@ -72,6 +72,8 @@ struct SelectionDeps {
   std::string gloo_algorithm = "auto";
   size_t gloo_max_segment_bytes = 0;
   int gloo_max_connections = 1024;  // the profile's gloo.max_connections
+  // NCCL: one device op in this many timed on the device (NcclBackendOptions); 0: none.
+  int device_timing_every = 0;
   // The tuned table (EffectiveConfig::tuning.loaded); null: none. Its shm and Gloo values go into
   // the backend's options per size band when its fingerprint is this job's (CurrentFingerprint
   // of the backend chosen) on every rank, agreed through the store ("select/tuned/<backend>/<r>");
