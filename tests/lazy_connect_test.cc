@@ -240,6 +240,21 @@ TEST(LazyConnectTest, AutoRunsBcubeOnlyForSmallAllreducesOnSixteenRanks) {
       config::GlooAutoPicksBcube(1000 * sizeof(float), config::kGlooAutoBcubeMinRanks - 1));
 }
 
+// On 17 ranks (prime) bcube would be one group of every rank, a full mesh: auto keeps the ring.
+TEST(LazyConnectTest, AutoKeepsTheRingWhereBcubeWouldBeAFullMesh) {
+  constexpr int kRanks = 17;
+  ASSERT_TRUE(config::GlooAutoPicksBcube(1000 * sizeof(float), kRanks));
+  const int sockets_before = testing::OpenSockets();
+  Backends b = Connect(kRanks, [](GlooBackendOptions& o) { o.algorithm = "auto"; });
+  for (const auto& x : b) ASSERT_NE(x, nullptr);
+  testing::OnThreads(kRanks, [&](int r) {
+    std::vector<float> v(1000, static_cast<float>(r));
+    ASSERT_TRUE(b[r]->Run(Op(OpKind::kAllreduce, v, v, 1)).ok());
+    EXPECT_EQ(v[999], static_cast<float>(kRanks * (kRanks - 1) / 2)) << "rank " << r;
+  });
+  EXPECT_EQ(testing::OpenSockets() - sockets_before, 2 * kRanks);
+}
+
 // ---- what creation and the ring ops cost ----
 
 // 16 ranks: creation and ring ops open 2 sockets per rank; each rank publishes 2 keys and reads

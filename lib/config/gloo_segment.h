@@ -30,7 +30,9 @@ uint64_t GlooRingSegmentCapInEffect(uint64_t bytes, size_t element_bytes, int ra
 // than a small TCP message, its latency, not bandwidth, sets the time, and bcube's 2 log2(ranks)
 // steps win (the latency and bandwidth terms of Thakur, Rabenseifner and Gropp, "Optimization of
 // Collective Communication Operations in MPICH", 2005). Below kGlooAutoBcubeMinRanks ranks the
-// two differ by a few steps only and ring's order of summation is kept.
+// two differ by a few steps only and ring's order of summation is kept. The Gloo backend also
+// keeps the ring where bcube would need more than 2 log2(ranks) peers on some rank (a world with
+// a large prime factor, such as an odd one after a shrink, makes bcube one full-mesh group).
 inline constexpr int kGlooAutoBcubeMinRanks = 16;
 inline constexpr uint64_t kGlooAutoBcubeMaxBytesPerRank = 4096;
 bool GlooAutoPicksBcube(uint64_t bytes, int ranks);

@@ -104,6 +104,19 @@ void WaitUntil(Clock::time_point deadline, WaitFn&& wait) {
 
 Clock::time_point DeadlineOf(const OpDesc& op) { return Clock::now() + ToMs(op.timeout); }
 
+// Whether bcube needs only a few peers per rank on `size` ranks: at most 2 ceil(log2 size) on
+// every rank (so all ranks agree). Bcube factors the world into groups; a world with a large
+// prime factor (an odd world after a shrink, say 127) makes one group of nearly every rank, a
+// full mesh whose pairs an op would have to connect within its timeout.
+bool BcubeIsNarrow(int size) {
+  int log2 = 0;
+  while ((1 << log2) < size) ++log2;
+  for (int r = 0; r < size; ++r) {
+    if (static_cast<int>(gloo_backend::BcubePeers(r, size).size()) > 2 * log2) return false;
+  }
+  return true;
+}
+
 class GlooBackend final : public BackendBase, public GroupRunner {
  public:
   GlooBackend(std::shared_ptr<LazyContext> context, std::unique_ptr<LazyPairs> pairs,
@@ -116,6 +129,7 @@ class GlooBackend final : public BackendBase, public GroupRunner {
         context_(std::move(context)),
         gloo_context_(context_),
         pairs_(std::move(pairs)),
+        auto_bcube_(BcubeIsNarrow(size())),
         // Bcube's groups hold every rank of an odd world: past the cap, ring instead.
         bcube_fits_(static_cast<int>(gloo_backend::BcubePeers(rank(), size()).size()) <=
                     pairs_->max_connections()),
@@ -188,6 +202,7 @@ class GlooBackend final : public BackendBase, public GroupRunner {
   const std::shared_ptr<::gloo::Context>
       gloo_context_;  // the same object, as Gloo's options take it
   const std::unique_ptr<LazyPairs> pairs_;
+  const bool auto_bcube_;     // gloo.algorithm auto may pick bcube here (BcubeIsNarrow)
   const bool bcube_fits_;     // bcube's peers are within max_connections
   const bool direct_reduce_;  // reduce runs gloo::reduce (else a ring allreduce)
   // Per PeerSetId (set * size + root): its pairs are all connected. Run() thread only.
@@ -492,8 +507,9 @@ void GlooBackend::GlooAllreduce(const OpDesc& op, void* data, bool bcube, uint64
 int64_t GlooBackend::AlgorithmFor(const OpDesc& op, uint64_t bytes) const {
   const int64_t* knob = op.knobs != nullptr ? op.knobs->Find(kKnobSpace, "algorithm") : nullptr;
   if (knob != nullptr) return *knob;
-  const bool bcube = algorithm_ == Algorithm::kBcube ||
-                     (algorithm_ == Algorithm::kAuto && config::GlooAutoPicksBcube(bytes, size()));
+  const bool bcube =
+      algorithm_ == Algorithm::kBcube ||
+      (algorithm_ == Algorithm::kAuto && auto_bcube_ && config::GlooAutoPicksBcube(bytes, size()));
   return config::BandValue(tuned_algorithm_, bytes, bcube ? 1 : 0);
 }
 
