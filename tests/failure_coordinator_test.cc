@@ -124,6 +124,29 @@ TEST(FailureCoordinatorVote, ARankThatNeverVotesIsNamedAndNothingIsBuilt) {
   EXPECT_EQ(results[0].built_generation, -1);
 }
 
+// A failure on a big job: the report names the first 32 silent ranks and counts the rest, so the
+// status stays a line however many ranks there are.
+TEST(FailureCoordinatorReport, ManySilentRanksAreNamedUpToACountAndCounted) {
+  constexpr int kRanks = 40;
+  FailureCoordinatorOptions o;
+  o.rank = 0;
+  o.world_size = kRanks;
+  o.name = "report";
+  o.report_window = absl::Milliseconds(100);
+  // Nobody else listens: the other 39 ranks never acknowledge.
+  FailureCoordinator coordinator(o, CreateHashStore(), nullptr);
+  OpDesc op;
+  op.kind = OpKind::kAllreduce;
+  op.seq = 7;
+  const absl::Status s = coordinator.OnOpFailure(op, absl::InternalError("injected"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  const std::string message(s.message());
+  EXPECT_THAT(message, HasSubstr("rank(s) 1, 2, 3,"));
+  EXPECT_THAT(message, HasSubstr(", 32, and 7 more did not respond within 100ms"));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr(", 33")));
+  EXPECT_LT(message.size(), 600u) << message;
+}
+
 int MedianCalls(int ranks) {
   std::vector<int> calls;
   std::vector<VoteResult> results =
