@@ -240,21 +240,13 @@ bool ParseArgs(int argc, char** argv, Config& config) {
         return false;
       }
       ++i;
-    } else if (arg == "--bound" && value != nullptr) {
+    } else if ((arg == "--bound" || arg == "--loss-window") && value != nullptr) {
       int seconds = 0;
       if (!absl::SimpleAtoi(value, &seconds) || seconds <= 0) {
-        std::fprintf(stderr, "--bound: '%s' is not a number of seconds\n", value);
+        std::fprintf(stderr, "%s: '%s' is not a number of seconds\n", arg.c_str(), value);
         return false;
       }
-      config.bound = absl::Seconds(seconds);
-      ++i;
-    } else if (arg == "--loss-window" && value != nullptr) {
-      int seconds = 0;
-      if (!absl::SimpleAtoi(value, &seconds) || seconds <= 0) {
-        std::fprintf(stderr, "--loss-window: '%s' is not a number of seconds\n", value);
-        return false;
-      }
-      config.loss_window = absl::Seconds(seconds);
+      (arg == "--bound" ? config.bound : config.loss_window) = absl::Seconds(seconds);
       ++i;
     } else {
       std::fprintf(stderr,
