@@ -162,8 +162,12 @@ int MedianCalls(int ranks) {
 TEST(FailureCoordinatorVote, StoreRequestsPerRankDoNotGrowWithTheWorld) {
   const int small = MedianCalls(4);
   const int large = MedianCalls(32);
-  EXPECT_LE(large, small + 4) << "median store requests per rank: 4 ranks " << small
+  // Polls of the gathered votes add a few requests where ranks vote far apart (a slow machine,
+  // a sanitizer): a bound in the world size, not an equality. Reading every member's vote made it
+  // about 6 N (196 at 32 ranks).
+  EXPECT_LE(large, 2 * small) << "median store requests per rank: 4 ranks " << small
                               << ", 32 ranks " << large;
+  EXPECT_LT(large, 32);
 }
 
 }  // namespace
