@@ -45,7 +45,8 @@ struct VoteResult {
 // position is 0 does not vote at all.
 // `calls` (optional): the store requests each rank made.
 std::vector<VoteResult> Vote(const std::vector<uint64_t>& positions,
-                             const std::vector<bool>& wishes, std::vector<int>* calls = nullptr) {
+                             const std::vector<bool>& wishes, std::vector<int>* calls = nullptr,
+                             absl::Duration vote_timeout = absl::Milliseconds(500)) {
   const int n = static_cast<int>(positions.size());
   auto shared = CreateHashStore();
   std::vector<std::shared_ptr<testing::CountingStore>> stores;
@@ -58,7 +59,7 @@ std::vector<VoteResult> Vote(const std::vector<uint64_t>& positions,
     o.name = "vote";
     o.max_attempts = 3;
     o.initial_backoff = absl::Milliseconds(1);
-    o.vote_timeout = absl::Milliseconds(500);
+    o.vote_timeout = vote_timeout;
     stores.push_back(std::make_shared<testing::CountingStore>(shared));
     coordinators.push_back(std::make_unique<FailureCoordinator>(o, stores.back(), nullptr));
     VoteResult* result = &results[static_cast<size_t>(r)];
@@ -151,7 +152,8 @@ int MedianCalls(int ranks) {
   std::vector<int> calls;
   std::vector<VoteResult> results =
       Vote(std::vector<uint64_t>(static_cast<size_t>(ranks), 3),
-           std::vector<bool>(static_cast<size_t>(ranks), false), &calls);
+           std::vector<bool>(static_cast<size_t>(ranks), false), &calls,
+           absl::Seconds(30));  // 32 threads may start far apart (a sanitizer, a loaded host)
   for (const VoteResult& r : results) EXPECT_TRUE(r.plan.ok()) << r.plan.status();
   std::sort(calls.begin(), calls.end());
   return calls[calls.size() / 2];
