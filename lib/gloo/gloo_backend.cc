@@ -1,6 +1,7 @@
 #include "lib/gloo/gloo_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -136,7 +137,7 @@ class GlooBackend final : public BackendBase, public GroupRunner {
         // gloo::reduce gathers to the root directly; past kDirectReduceMaxPeers (or the cap) a
         // ring allreduce does the reduce with two connections per rank.
         direct_reduce_(size() - 1 <= std::min(kDirectReduceMaxPeers, pairs_->max_connections())),
-        ready_(static_cast<size_t>(gloo_backend::kPeerSetCount) * static_cast<size_t>(size()), 0),
+        ready_(static_cast<size_t>(gloo_backend::kPeerSetCount) * static_cast<size_t>(size())),
         algorithm_(o.algorithm == "bcube"  ? Algorithm::kBcube
                    : o.algorithm == "auto" ? Algorithm::kAuto
                                            : Algorithm::kRing),
@@ -205,8 +206,9 @@ class GlooBackend final : public BackendBase, public GroupRunner {
   const bool auto_bcube_;     // gloo.algorithm auto may pick bcube here (BcubeIsNarrow)
   const bool bcube_fits_;     // bcube's peers are within max_connections
   const bool direct_reduce_;  // reduce runs gloo::reduce (else a ring allreduce)
-  // Per PeerSetId (set * size + root): its pairs are all connected. Run() thread only.
-  std::vector<char> ready_;
+  // Per PeerSetId (set * size + root): its pairs are all connected. Written by the thread that
+  // runs ops (EnsurePeers), read also by the issuing thread (Supports -> CheckCap): atomic.
+  std::vector<std::atomic<bool>> ready_;
   enum class Algorithm { kRing, kBcube, kAuto };
   const Algorithm algorithm_;       // profile gloo.algorithm
   const size_t max_segment_bytes_;  // profile gloo.max_segment_bytes (0: Gloo default)
@@ -359,7 +361,8 @@ absl::Status GlooBackend::CheckCap(const OpDesc& op) const {
   if (size() == 1) return absl::OkStatus();
   const PeerSetId id = PeersFor(op);
   if (ready_[static_cast<size_t>(id.set) * static_cast<size_t>(size()) +
-             static_cast<size_t>(id.root)] != 0) {
+             static_cast<size_t>(id.root)]
+          .load(std::memory_order_acquire)) {
     return absl::OkStatus();
   }
   int fresh = 0;
@@ -381,7 +384,7 @@ absl::Status GlooBackend::EnsurePeers(const OpDesc* ops, size_t n, absl::Duratio
   bool all_ready = true;
   for (size_t i = 0; i < n; ++i) {
     const PeerSetId id = PeersFor(ops[i]);
-    if (ready_[slot_of(id)] != 0) continue;
+    if (ready_[slot_of(id)].load(std::memory_order_acquire)) continue;
     all_ready = false;
     const std::vector<int> more = gloo_backend::PeersOf(id, rank(), size());
     peers.insert(peers.end(), more.begin(), more.end());
@@ -393,7 +396,8 @@ absl::Status GlooBackend::EnsurePeers(const OpDesc* ops, size_t n, absl::Duratio
   };
   // The frame breaks the backend on an error: pairs may be half made.
   if (absl::Status s = pairs_->Connect(peers, absl::Now() + timeout, what); !s.ok()) return s;
-  for (size_t i = 0; i < n; ++i) ready_[slot_of(PeersFor(ops[i]))] = 1;
+  for (size_t i = 0; i < n; ++i)
+    ready_[slot_of(PeersFor(ops[i]))].store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 

@@ -87,7 +87,7 @@ LazyPairs::LazyPairs(std::shared_ptr<::gloo::transport::Context> context,
       rank_(context_->rank),
       max_connections_(max_connections),
       context_timeout_(context_timeout),
-      connected_(static_cast<size_t>(context_->size), 0),
+      connected_(static_cast<size_t>(context_->size)),
       own_address_(static_cast<size_t>(context_->size)) {}
 
 absl::Status LazyPairs::AbortedStatus() const {
@@ -158,7 +158,7 @@ absl::Status LazyPairs::ConnectEnd(int peer, const std::string& address, absl::T
   std::string error;
   try {
     context_->getPair(peer)->connect(std::vector<char>(address.begin(), address.end()));
-    connected_[static_cast<size_t>(peer)] = 1;
+    connected_[static_cast<size_t>(peer)].store(true, std::memory_order_release);
     return absl::OkStatus();
   } catch (const std::exception& e) {
     error = e.what();
@@ -181,10 +181,10 @@ absl::Status LazyPairs::Connect(const std::vector<int>& peers, absl::Time deadli
   }
   if (fresh.empty()) return absl::OkStatus();
   const absl::Duration bound = deadline - absl::Now();
-  if (open_ + static_cast<int>(fresh.size()) > max_connections_) {
+  if (open() + static_cast<int>(fresh.size()) > max_connections_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what(), ": rank ", rank_, " would need ", fresh.size(), " more connection(s) (to rank ",
-        RankList(fresh), ") with ", open_, " open, past gloo.max_connections = ", max_connections_,
+        RankList(fresh), ") with ", open(), " open, past gloo.max_connections = ", max_connections_,
         " (raise it for this op's world size)"));
   }
   // Publish every end first (see the header), then read the peers' ends.

@@ -16,6 +16,7 @@
 #ifndef ADAPTCOMM_LIB_GLOO_GLOO_PAIRS_H_
 #define ADAPTCOMM_LIB_GLOO_GLOO_PAIRS_H_
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -49,9 +50,11 @@ class LazyPairs {
   [[nodiscard]] absl::Status Connect(const std::vector<int>& peers, absl::Time deadline,
                                      absl::FunctionRef<std::string()> what);
 
-  bool connected(int peer) const { return connected_[static_cast<size_t>(peer)] != 0; }
+  bool connected(int peer) const {
+    return connected_[static_cast<size_t>(peer)].load(std::memory_order_acquire);
+  }
   // Pairs created so far (connected or being connected).
-  int open() const { return open_; }
+  int open() const { return open_.load(std::memory_order_acquire); }
   int max_connections() const { return max_connections_; }
 
   // Signals an exception on every pair (waking whatever waits on one, closing the sockets, as
@@ -73,9 +76,11 @@ class LazyPairs {
   const int rank_;
   const int max_connections_;
   const std::chrono::milliseconds context_timeout_;
-  std::vector<char> connected_;
+  // Written by the thread that connects (an op's), read also by the issuing thread (the
+  // backend's cap check at submission): atomic.
+  std::vector<std::atomic<bool>> connected_;
   std::vector<std::string> own_address_;
-  int open_ = 0;
+  std::atomic<int> open_{0};
 
   // Serializes creating pairs against signalling them (Gloo's pair table has no lock of its own).
   mutable absl::Mutex mu_;
