@@ -124,6 +124,17 @@ TEST(StoreAllGatherTest, APrefixUsedTwiceIsRefused) {
   EXPECT_THAT(std::string(again.status().message()), HasSubstr("two exchanges share"));
 }
 
+TEST(StoreAllGatherTest, ARankOutsideTheWorldIsRefused) {
+  auto store = CreateHashStore();
+  const absl::Time deadline = absl::Now() + absl::Seconds(1);
+  for (auto [rank, world] : {std::pair{2, 2}, std::pair{-1, 2}, std::pair{0, 0}}) {
+    absl::StatusOr<StoreGathered> g =
+        AllGatherThroughStore(*store, "bad/", rank, world, "x", deadline);
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << rank << " of " << world;
+  }
+  EXPECT_FALSE(store->Get("bad/count", absl::ZeroDuration()).ok());  // nothing written
+}
+
 TEST(StoreAllGatherTest, MalformedGatheredValuesAreAnError) {
   EXPECT_FALSE(internal::DecodeGathered("3:ab", 1).ok());
   EXPECT_FALSE(internal::DecodeGathered("x:ab", 1).ok());

@@ -63,6 +63,10 @@ absl::StatusOr<std::vector<std::string>> DecodeGathered(absl::string_view text, 
 absl::StatusOr<StoreGathered> AllGatherThroughStore(Store& store, const std::string& prefix,
                                                     int rank, int world, const std::string& mine,
                                                     absl::Time deadline) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store exchange '", prefix, "': rank ", rank, " outside a world of ", world));
+  }
   const std::string all_key = absl::StrCat(prefix, "all");
   if (absl::Status s = store.Set(absl::StrCat(prefix, rank), mine); !s.ok()) return s;
   absl::StatusOr<int64_t> count = store.Add(absl::StrCat(prefix, "count"), 1);

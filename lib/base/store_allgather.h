@@ -41,7 +41,7 @@ struct StoreGathered {
 // returned as is. When the deadline passes first, the result is not complete: each rank's key is
 // then read once (the slow path, O(N) requests, taken only when a rank is late or gone) so the
 // caller can name the ranks that never contributed.
-// REQUIRES: 0 <= rank < world; every rank passes the same prefix and world.
+// InvalidArgument unless 0 <= rank < world. REQUIRES: every rank passes the same prefix and world.
 [[nodiscard]] absl::StatusOr<StoreGathered> AllGatherThroughStore(Store& store,
                                                                   const std::string& prefix,
                                                                   int rank, int world,
