@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -82,9 +84,9 @@ TEST(GlooPeersTest, EverySetIsSymmetricAndSmall) {
   for (int n = 1; n <= 40; ++n) {
     const int log2n = static_cast<int>(std::ceil(std::log2(std::max(n, 1))));
     for (int root = 0; root < n; root += std::max(1, n / 5)) {
-      for (gb::PeerSet set :
-           {gb::PeerSet::kRing, gb::PeerSet::kBroadcast, gb::PeerSet::kBarrier, gb::PeerSet::kBcube,
-            gb::PeerSet::kDirectReduce, gb::PeerSet::kAll, gb::PeerSet::kPair}) {
+      for (gb::PeerSet set : {gb::PeerSet::kRing, gb::PeerSet::kBroadcast, gb::PeerSet::kBarrier,
+                              gb::PeerSet::kBcube, gb::PeerSet::kRecursiveDoubling,
+                              gb::PeerSet::kDirectReduce, gb::PeerSet::kAll, gb::PeerSet::kPair}) {
         for (int r = 0; r < n; ++r) {
           const gb::PeerSetId id{set, set == gb::PeerSet::kPair ? (r + 1 + root) % n : root};
           for (const int p : gb::PeersOf(id, r, n)) {
@@ -108,6 +110,8 @@ TEST(GlooPeersTest, EverySetIsSymmetricAndSmall) {
       if ((n & (n - 1)) == 0) {
         EXPECT_EQ(static_cast<int>(gb::BcubePeers(r, n).size()), log2n);
       }
+      const int floor_log2n = static_cast<int>(std::floor(std::log2(std::max(n, 1))));
+      EXPECT_LE(static_cast<int>(gb::RecursiveDoublingPeers(r, n).size()), floor_log2n + 1);
     }
   }
   EXPECT_EQ(gb::RingPeers(0, 5), (std::vector<int>{1, 4}));
@@ -115,6 +119,11 @@ TEST(GlooPeersTest, EverySetIsSymmetricAndSmall) {
   EXPECT_EQ(gb::BroadcastPeers(5, 8, 0), (std::vector<int>{1}));  // its parent in the tree
   EXPECT_EQ(gb::BarrierPeers(0, 8), (std::vector<int>{1, 2, 4, 6, 7}));
   EXPECT_EQ(gb::BcubePeers(5, 12), (std::vector<int>{1, 4, 7, 9}));
+  // 6 = 4 + 2: ranks 0 and 2 fold into 1 and 3, which with 4 and 5 double as 0..3.
+  EXPECT_EQ(gb::RecursiveDoublingPeers(0, 6), (std::vector<int>{1}));
+  EXPECT_EQ(gb::RecursiveDoublingPeers(1, 6), (std::vector<int>{0, 3, 4}));
+  EXPECT_EQ(gb::RecursiveDoublingPeers(5, 6), (std::vector<int>{3, 4}));
+  EXPECT_EQ(gb::RecursiveDoublingPeers(4, 8), (std::vector<int>{0, 5, 6}));
 }
 
 // ---- every op on every pair it needs, values checked ----
@@ -214,7 +223,7 @@ TEST(LazyConnectTest, BcubeAllreduceConnectsItsGroups) {
 // creation); a small one, whose ring steps would be latency-bound, bcube (its groups' pairs).
 TEST(LazyConnectTest, AutoRunsBcubeOnlyForSmallAllreducesOnSixteenRanks) {
   constexpr int kRanks = 16;
-  static_assert(kRanks >= config::kGlooAutoBcubeMinRanks);
+  static_assert(kRanks >= config::kGlooAutoLatencyMinRanks);
   const int sockets_before = testing::OpenSockets();
   Backends b = Connect(kRanks, [](GlooBackendOptions& o) { o.algorithm = "auto"; });
   for (const auto& x : b) ASSERT_NE(x, nullptr);
@@ -229,30 +238,69 @@ TEST(LazyConnectTest, AutoRunsBcubeOnlyForSmallAllreducesOnSixteenRanks) {
       }
     });
   };
-  const size_t large = config::kGlooAutoBcubeMaxBytesPerRank * kRanks / sizeof(float) + 1;
-  ASSERT_FALSE(config::GlooAutoPicksBcube(large * sizeof(float), kRanks));
+  const size_t large = config::kGlooAutoLatencyMaxBytesPerRank * kRanks / sizeof(float) + 1;
+  ASSERT_FALSE(config::GlooAutoIsLatencyBound(large * sizeof(float), kRanks));
   allreduce(large, 1);
   EXPECT_EQ(testing::OpenSockets() - sockets_before, 2 * kRanks);
-  ASSERT_TRUE(config::GlooAutoPicksBcube(1000 * sizeof(float), kRanks));
+  ASSERT_TRUE(config::GlooAutoIsLatencyBound(1000 * sizeof(float), kRanks));
   allreduce(1000, 2);
   EXPECT_GT(testing::OpenSockets() - sockets_before, 2 * kRanks);
   EXPECT_FALSE(
-      config::GlooAutoPicksBcube(1000 * sizeof(float), config::kGlooAutoBcubeMinRanks - 1));
+      config::GlooAutoIsLatencyBound(1000 * sizeof(float), config::kGlooAutoLatencyMinRanks - 1));
 }
 
-// On 17 ranks (prime) bcube would be one group of every rank, a full mesh: auto keeps the ring.
-TEST(LazyConnectTest, AutoKeepsTheRingWhereBcubeWouldBeAFullMesh) {
+TEST(LazyConnectTest, RecursiveDoublingRunsEveryOpAtEveryWorldSizeFrom2To9) {
+  for (int n = 2; n <= 9; ++n) {
+    SCOPED_TRACE(absl::StrCat("world ", n));
+    RunEveryOp(n, "recursive_doubling");
+  }
+}
+
+// On 17 ranks (prime) bcube would be one group of every rank, a full mesh: auto runs recursive
+// doubling, which needs at most floor(log2 17) + 1 = 5 peers per rank, instead of the ring's 32
+// latency-bound steps. Every rank gets the same bits, even from a max over a NaN (the operands
+// of each exchange are ordered by rank on both sides).
+TEST(LazyConnectTest, AutoRunsRecursiveDoublingWhereBcubeWouldBeAFullMesh) {
   constexpr int kRanks = 17;
-  ASSERT_TRUE(config::GlooAutoPicksBcube(1000 * sizeof(float), kRanks));
+  constexpr size_t kCount = 1000;
+  ASSERT_TRUE(config::GlooAutoIsLatencyBound(kCount * sizeof(float), kRanks));
   const int sockets_before = testing::OpenSockets();
   Backends b = Connect(kRanks, [](GlooBackendOptions& o) { o.algorithm = "auto"; });
   for (const auto& x : b) ASSERT_NE(x, nullptr);
-  testing::OnThreads(kRanks, [&](int r) {
-    std::vector<float> v(1000, static_cast<float>(r));
-    ASSERT_TRUE(b[r]->Run(Op(OpKind::kAllreduce, v, v, 1)).ok());
-    EXPECT_EQ(v[999], static_cast<float>(kRanks * (kRanks - 1) / 2)) << "rank " << r;
-  });
   EXPECT_EQ(testing::OpenSockets() - sockets_before, 2 * kRanks);
+  std::vector<std::vector<float>> sums(kRanks), maxima(kRanks);
+  testing::OnThreads(kRanks, [&](int r) {
+    std::vector<float>& v = sums[r];
+    for (size_t i = 0; i < kCount; ++i) v.push_back(0.1f * static_cast<float>(r + i % 13));
+    ASSERT_TRUE(b[r]->Run(Op(OpKind::kAllreduce, v, v, 1)).ok());
+    std::vector<float>& m = maxima[r];
+    m.assign(kCount, static_cast<float>(r));
+    if (r == 3) m[5] = std::numeric_limits<float>::quiet_NaN();
+    OpDesc max = Op(OpKind::kAllreduce, m, m, 2);
+    max.reduce = ReduceOp::kMax;
+    ASSERT_TRUE(b[r]->Run(max).ok());
+  });
+  for (size_t i = 0; i < kCount; ++i) {
+    double exact = 0;
+    for (int r = 0; r < kRanks; ++r) exact += 0.1 * static_cast<double>(r + i % 13);
+    ASSERT_NEAR(sums[0][i], exact, 1e-3) << "[" << i << "]";
+    if (i != 5) {
+      ASSERT_EQ(maxima[0][i], static_cast<float>(kRanks - 1)) << "[" << i << "]";
+    }
+  }
+  for (int r = 1; r < kRanks; ++r) {
+    EXPECT_EQ(std::memcmp(sums[r].data(), sums[0].data(), kCount * sizeof(float)), 0)
+        << "rank " << r << "'s sum differs from rank 0's";
+    EXPECT_EQ(std::memcmp(maxima[r].data(), maxima[0].data(), kCount * sizeof(float)), 0)
+        << "rank " << r << "'s max differs from rank 0's";
+  }
+  const int opened = testing::OpenSockets() - sockets_before;
+  EXPECT_GT(opened, 2 * kRanks);  // the doubling's pairs were made...
+  int most = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    most += static_cast<int>(gb::RecursiveDoublingPeers(r, kRanks).size());
+  }
+  EXPECT_LE(opened, 2 * kRanks + most);  // ...and no more (a full mesh: 272 sockets)
 }
 
 // ---- what creation and the ring ops cost ----

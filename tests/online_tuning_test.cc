@@ -196,6 +196,11 @@ TEST(OnlineTuningSpace, CandidatesAreComparedWithTheTunedValuesOfTheirBand) {
       (std::vector<std::string>{"static", "ring"}));
   EXPECT_EQ(Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(1 << 20), gloo)),
             (std::vector<std::string>{"static", "bcube"}));
+  // Recursive doubling runs where bcube's groups would be a full mesh: only the ring is tried.
+  gloo.static_knobs = [](uint64_t) { return Knobs{{"algorithm", 2}, {"max_segment_bytes", 0}}; };
+  EXPECT_EQ(
+      Names(config::OnlineCandidates("gloo", "allreduce", config::OnlineBand(16 << 10), gloo)),
+      (std::vector<std::string>{"static", "ring"}));
 }
 
 TEST(OnlineTuningSpace, GlooCandidatesThatReorderFloatSumsNeedAllowReorder) {

@@ -273,7 +273,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "  - {backend: gloo, op: allreduce, max_bytes: 1MiB, knob: algorithm, value: "
                 "rign}\n",
                 false, "t.yaml:5:77",
-                "gloo algorithm must be one of ring, bcube (did you mean "
+                "gloo algorithm must be one of ring, bcube, recursive_doubling (did you mean "
                 "'ring'?)"},
         BadCase{"bool",
                 "  - {backend: hier, op: allreduce, max_bytes: 1MiB, knob: enabled, value: 2}\n",

@@ -18,9 +18,9 @@ uint64_t GlooRingSegmentCapInEffect(uint64_t bytes, size_t element_bytes, int ra
   return (bytes + cap - 1) / cap > fewest_segments ? cap : 0;
 }
 
-bool GlooAutoPicksBcube(uint64_t bytes, int ranks) {
-  return ranks >= kGlooAutoBcubeMinRanks &&
-         bytes <= kGlooAutoBcubeMaxBytesPerRank * static_cast<uint64_t>(ranks);
+bool GlooAutoIsLatencyBound(uint64_t bytes, int ranks) {
+  return ranks >= kGlooAutoLatencyMinRanks &&
+         bytes <= kGlooAutoLatencyMaxBytesPerRank * static_cast<uint64_t>(ranks);
 }
 
 }  // namespace adaptcomm::config

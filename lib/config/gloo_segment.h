@@ -25,17 +25,19 @@ uint64_t GlooMaxSegmentBytes(uint64_t max_segment_bytes);
 uint64_t GlooRingSegmentCapInEffect(uint64_t bytes, size_t element_bytes, int ranks,
                                     uint64_t max_segment_bytes);
 
-// gloo.algorithm "auto": whether an allreduce of `bytes` over `ranks` ranks runs bcube rather
-// than ring. Ring takes 2 (ranks - 1) steps of bytes / ranks each: once a step carries no more
-// than a small TCP message, its latency, not bandwidth, sets the time, and bcube's 2 log2(ranks)
-// steps win (the latency and bandwidth terms of Thakur, Rabenseifner and Gropp, "Optimization of
-// Collective Communication Operations in MPICH", 2005). Below kGlooAutoBcubeMinRanks ranks the
-// two differ by a few steps only and ring's order of summation is kept. The Gloo backend also
-// keeps the ring where bcube would need more than 2 log2(ranks) peers on some rank (a world with
-// a large prime factor, such as an odd one after a shrink, makes bcube one full-mesh group).
-inline constexpr int kGlooAutoBcubeMinRanks = 16;
-inline constexpr uint64_t kGlooAutoBcubeMaxBytesPerRank = 4096;
-bool GlooAutoPicksBcube(uint64_t bytes, int ranks);
+// gloo.algorithm "auto": whether an allreduce of `bytes` over `ranks` ranks is latency-bound, so
+// that it runs a tree-like algorithm rather than the ring. Ring takes 2 (ranks - 1) steps of
+// bytes / ranks each: once a step carries no more than a small TCP message, its latency, not
+// bandwidth, sets the time, and an algorithm of about log2(ranks) steps wins (the latency and
+// bandwidth terms of Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication
+// Operations in MPICH", 2005). Below kGlooAutoLatencyMinRanks ranks the two differ by a few steps
+// only and ring's order of summation is kept. The Gloo backend runs bcube where its groups are
+// narrow (at most 2 log2(ranks) peers on every rank) and recursive doubling where they are not (a
+// world with a large prime factor, such as an odd one after a shrink, makes bcube one full-mesh
+// group): lib/gloo/gloo_recursive_doubling.h.
+inline constexpr int kGlooAutoLatencyMinRanks = 16;
+inline constexpr uint64_t kGlooAutoLatencyMaxBytesPerRank = 4096;
+bool GlooAutoIsLatencyBound(uint64_t bytes, int ranks);
 
 }  // namespace adaptcomm::config
 

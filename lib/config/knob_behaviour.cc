@@ -36,7 +36,8 @@ std::string KnobBehaviour(std::string_view backend, const std::map<std::string, 
   if (backend == "gloo") {
     const std::optional<int64_t> algorithm = Value(values, "algorithm");
     if (!algorithm.has_value()) return "";
-    if (*algorithm == 1) return "bcube";  // Gloo's bcube has no segment cap
+    if (*algorithm == 1) return "bcube";  // neither has a segment cap
+    if (*algorithm == 2) return "recursive doubling";
     const std::optional<int64_t> segment = Value(values, "max_segment_bytes");
     if (!segment.has_value()) return "";
     const uint64_t cap = GlooRingSegmentCapInEffect(

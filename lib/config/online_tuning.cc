@@ -47,12 +47,20 @@ void ShmCandidates(std::vector<OnlineCandidate>& out) {
 }
 
 // Gloo: the other algorithm, and the static one with ring segments of 1/4/16 MiB (bcube has no
-// segment cap). With more than two ranks each changes which rank starts an element's sum.
+// segment cap; after recursive doubling, only the ring). With more than two ranks each changes
+// which rank starts an element's sum.
 void GlooCandidates(const std::map<std::string, int64_t>& statics, int world_size,
                     std::vector<OnlineCandidate>& out) {
   const bool reorders = world_size > 2;
   auto algorithm = statics.find("algorithm");
-  const bool bcube = algorithm != statics.end() && algorithm->second == 1;
+  const int64_t static_algorithm = algorithm != statics.end() ? algorithm->second : 0;
+  if (static_algorithm == 2) {
+    // Recursive doubling runs where bcube's groups would be a full mesh: the ring is the only
+    // other algorithm worth a trial, and neither has a segment cap to try.
+    out.push_back({"gloo", "ring", {{"algorithm", 0}}, reorders});
+    return;
+  }
+  const bool bcube = static_algorithm == 1;
   out.push_back({"gloo", bcube ? "ring" : "bcube", {{"algorithm", bcube ? 0 : 1}}, reorders});
   for (uint64_t segment : {1 * kMiB, 4 * kMiB, 16 * kMiB}) {
     out.push_back({"gloo",

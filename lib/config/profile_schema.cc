@@ -165,9 +165,10 @@ std::vector<KeySpec> BackendKeys() {
        Kind::kEnum,
        0,
        0,
-       {"auto", "ring", "bcube"},
+       {"auto", "ring", "bcube", "recursive_doubling"},
        "auto",
-       "Gloo AllreduceOptions::setAlgorithm; auto: bcube where ring's steps are latency-bound"},
+       "allreduce algorithm; auto: bcube (or recursive doubling where bcube's groups are wide) "
+       "where ring's steps are latency-bound"},
       {"gloo.timeout",
        Kind::kDuration,
        0,

@@ -438,7 +438,7 @@ const std::vector<TunedKnobSpec>& TunedKnobs() {
        KnobType::kChoice,
        0,
        0,
-       {"ring", "bcube"},
+       {"ring", "bcube", "recursive_doubling"},
        {"allreduce"},
        "gloo::AllreduceOptions::setAlgorithm"},
       // 0: Gloo's default segment (as the profile's gloo.max_segment_bytes), what a band keeps

@@ -35,8 +35,10 @@
 #include "lib/config/gloo_segment.h"
 #include "lib/gloo/gloo_pairs.h"
 #include "lib/gloo/gloo_peers.h"
+#include "lib/gloo/gloo_recursive_doubling.h"
 #include "lib/gloo/gloo_reduce.h"
 #include "lib/gloo/gloo_sigpipe.h"
+#include "lib/gloo/gloo_wait.h"
 
 namespace adaptcomm {
 namespace {
@@ -47,6 +49,7 @@ using gloo_backend::PeerSet;
 using gloo_backend::PeerSetId;
 using gloo_backend::ReduceFn;
 using gloo_backend::ScopedSigpipeBlock;
+using gloo_backend::WaitUntil;
 using Clock = std::chrono::steady_clock;
 
 // Slots of our own unbound-buffer traffic. Gloo's collectives build slots from prefixes 0x01..0x08
@@ -58,6 +61,8 @@ constexpr uint64_t kSendRecvSlotBase = uint64_t{0x50} << 56;
 constexpr uint64_t kCoalescedSlotBase = uint64_t{0x52} << 56;
 constexpr size_t kCoalesceMaxBytes = size_t{1} << 20;
 constexpr uint64_t kReduceScatterSlotBase = uint64_t{0x51} << 56;
+// The recursive-doubling allreduce's steps, in the low 8 bits, under the op's sequence number.
+constexpr uint64_t kRecursiveDoublingSlotBase = uint64_t{0x53} << 56;
 // reduce_scatter steps are numbered in the low 16 bits of its slot.
 constexpr int kMaxRingSize = 1 << 16;
 // gloo::reduce's root talks to every rank; up to this many peers that costs less latency than a
@@ -94,15 +99,6 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
-// Waits on one unbound-buffer operation within what is left of the op's deadline. Gloo throws
-// IoException ("Timed out waiting ...") on timeout; false means the wait was aborted.
-template <typename WaitFn>
-void WaitUntil(Clock::time_point deadline, WaitFn&& wait) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  if (left.count() < 1) left = std::chrono::milliseconds(1);
-  if (!wait(left)) throw ::gloo::IoException("unbound buffer wait was aborted");
-}
-
 Clock::time_point DeadlineOf(const OpDesc& op) { return Clock::now() + ToMs(op.timeout); }
 
 // Whether bcube needs only a few peers per rank on `size` ranks: at most 2 ceil(log2 size) on
@@ -134,13 +130,17 @@ class GlooBackend final : public BackendBase, public GroupRunner {
         // Bcube's groups hold every rank of an odd world: past the cap, ring instead.
         bcube_fits_(static_cast<int>(gloo_backend::BcubePeers(rank(), size()).size()) <=
                     pairs_->max_connections()),
+        doubling_fits_(
+            static_cast<int>(gloo_backend::RecursiveDoublingPeers(rank(), size()).size()) <=
+            pairs_->max_connections()),
         // gloo::reduce gathers to the root directly; past kDirectReduceMaxPeers (or the cap) a
         // ring allreduce does the reduce with two connections per rank.
         direct_reduce_(size() - 1 <= std::min(kDirectReduceMaxPeers, pairs_->max_connections())),
         ready_(static_cast<size_t>(gloo_backend::kPeerSetCount) * static_cast<size_t>(size())),
-        algorithm_(o.algorithm == "bcube"  ? Algorithm::kBcube
-                   : o.algorithm == "auto" ? Algorithm::kAuto
-                                           : Algorithm::kRing),
+        algorithm_(o.algorithm == "bcube"                ? Algorithm::kBcube
+                   : o.algorithm == "recursive_doubling" ? Algorithm::kRecursiveDoubling
+                   : o.algorithm == "auto"               ? Algorithm::kAuto
+                                                         : Algorithm::kRing),
         max_segment_bytes_(o.max_segment_bytes),
         tuned_algorithm_(o.tuned_algorithm),
         tuned_max_segment_bytes_(o.tuned_max_segment_bytes) {}
@@ -161,12 +161,15 @@ class GlooBackend final : public BackendBase, public GroupRunner {
 
  private:
   friend struct ::adaptcomm::OpDispatch;
+  // The values of AlgorithmFor(), as the tuned table's "algorithm" knob numbers them.
+  enum class Algorithm { kRing = 0, kBcube = 1, kRecursiveDoubling = 2, kAuto };
 
   void Interrupt(const absl::Status& reason) override;
-  // An allreduce's algorithm (0 ring, 1 bcube) and segment cap (0: Gloo's default) for `bytes`:
-  // the op's own value (OpDesc::knobs, online tuning), else a tuned band's, else the profile's.
-  // Both change the order in which a float element's sum is formed once there are more than two
-  // ranks (lib/config/online_tuning.h says which candidates are tried therefore).
+  // An allreduce's algorithm (Algorithm: 0 ring, 1 bcube, 2 recursive doubling) and segment cap (0:
+  // Gloo's default) for `bytes`: the op's own value (OpDesc::knobs, online tuning), else a tuned
+  // band's, else the profile's. Both change the order in which a float element's sum is formed once
+  // there are more than two ranks (lib/config/online_tuning.h says which candidates are tried
+  // therefore).
   int64_t AlgorithmFor(const OpDesc& op, uint64_t bytes) const;
   uint64_t MaxSegmentFor(const OpDesc& op, uint64_t bytes) const;
   // The peers `op` exchanges data with (lib/gloo/gloo_peers.h).
@@ -184,6 +187,9 @@ class GlooBackend final : public BackendBase, public GroupRunner {
   // Each of these throws what Gloo throws; Run() translates at the edge. OpDispatch picks one.
   void Group(const std::vector<OpDesc>& ops, Clock::time_point deadline);
   void Allreduce(const OpDesc& op);
+  // The algorithm an allreduce of `bytes` runs: AlgorithmFor()'s, or the ring where that one
+  // would need pairs past max_connections.
+  Algorithm AllreduceAlgorithm(const OpDesc& op, uint64_t bytes) const;
   // gloo::allreduce of op.output's count and dtype in place at `data`.
   void GlooAllreduce(const OpDesc& op, void* data, bool bcube, uint64_t segment);
   void Broadcast(const OpDesc& op);
@@ -205,11 +211,11 @@ class GlooBackend final : public BackendBase, public GroupRunner {
   const std::unique_ptr<LazyPairs> pairs_;
   const bool auto_bcube_;     // gloo.algorithm auto may pick bcube here (BcubeIsNarrow)
   const bool bcube_fits_;     // bcube's peers are within max_connections
+  const bool doubling_fits_;  // recursive doubling's too
   const bool direct_reduce_;  // reduce runs gloo::reduce (else a ring allreduce)
   // Per PeerSetId (set * size + root): its pairs are all connected. Written by the thread that
   // runs ops (EnsurePeers), read also by the issuing thread (Supports -> CheckCap): atomic.
   std::vector<std::atomic<bool>> ready_;
-  enum class Algorithm { kRing, kBcube, kAuto };
   const Algorithm algorithm_;       // profile gloo.algorithm
   const size_t max_segment_bytes_;  // profile gloo.max_segment_bytes (0: Gloo default)
   // Tuned per size band (GlooBackendOptions); empty: the two above for every size.
@@ -336,9 +342,14 @@ absl::Status GlooBackend::RunGroup(const std::vector<OpDesc>& ops) {
 PeerSetId GlooBackend::PeersFor(const OpDesc& op) const {
   switch (op.kind) {
     case OpKind::kAllreduce:
-      return {AlgorithmFor(op, op.output.bytes()) == 1 && bcube_fits_ ? PeerSet::kBcube
-                                                                      : PeerSet::kRing,
-              0};
+      switch (AllreduceAlgorithm(op, op.output.bytes())) {
+        case Algorithm::kBcube:
+          return {PeerSet::kBcube, 0};
+        case Algorithm::kRecursiveDoubling:
+          return {PeerSet::kRecursiveDoubling, 0};
+        default:
+          return {PeerSet::kRing, 0};
+      }
     case OpKind::kBroadcast:
       return {PeerSet::kBroadcast, op.root};
     case OpKind::kReduce:
@@ -488,7 +499,14 @@ void GlooBackend::Allreduce(const OpDesc& op) {
   const TensorView& v = op.output;
   if (v.count == 0 || size() == 1) return;  // avg over one rank is the identity
   const uint64_t bytes = v.bytes();
-  GlooAllreduce(op, v.data, AlgorithmFor(op, bytes) == 1 && bcube_fits_, MaxSegmentFor(op, bytes));
+  const Algorithm algorithm = AllreduceAlgorithm(op, bytes);
+  if (algorithm == Algorithm::kRecursiveDoubling) {
+    gloo_backend::RecursiveDoublingAllreduce(
+        *context_, v.data, v.count, bytes, GetReduceFn(v.dtype, op.reduce), Scratch(bytes),
+        kRecursiveDoublingSlotBase | ((op.seq & 0xffffffffu) << 8), DeadlineOf(op));
+  } else {
+    GlooAllreduce(op, v.data, algorithm == Algorithm::kBcube, MaxSegmentFor(op, bytes));
+  }
   if (op.reduce == ReduceOp::kAvg) elementwise::DivideInPlace(v.dtype, v.data, v.count, size());
 }
 
@@ -511,10 +529,24 @@ void GlooBackend::GlooAllreduce(const OpDesc& op, void* data, bool bcube, uint64
 int64_t GlooBackend::AlgorithmFor(const OpDesc& op, uint64_t bytes) const {
   const int64_t* knob = op.knobs != nullptr ? op.knobs->Find(kKnobSpace, "algorithm") : nullptr;
   if (knob != nullptr) return *knob;
-  const bool bcube =
-      algorithm_ == Algorithm::kBcube ||
-      (algorithm_ == Algorithm::kAuto && auto_bcube_ && config::GlooAutoPicksBcube(bytes, size()));
-  return config::BandValue(tuned_algorithm_, bytes, bcube ? 1 : 0);
+  Algorithm static_choice = algorithm_;
+  if (algorithm_ == Algorithm::kAuto) {
+    static_choice = !config::GlooAutoIsLatencyBound(bytes, size()) ? Algorithm::kRing
+                    : auto_bcube_                                  ? Algorithm::kBcube
+                                                                   : Algorithm::kRecursiveDoubling;
+  }
+  return config::BandValue(tuned_algorithm_, bytes, static_cast<int64_t>(static_choice));
+}
+
+GlooBackend::Algorithm GlooBackend::AllreduceAlgorithm(const OpDesc& op, uint64_t bytes) const {
+  switch (AlgorithmFor(op, bytes)) {
+    case static_cast<int64_t>(Algorithm::kBcube):
+      return bcube_fits_ ? Algorithm::kBcube : Algorithm::kRing;
+    case static_cast<int64_t>(Algorithm::kRecursiveDoubling):
+      return doubling_fits_ ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+    default:
+      return Algorithm::kRing;
+  }
 }
 
 uint64_t GlooBackend::MaxSegmentFor(const OpDesc& op, uint64_t bytes) const {

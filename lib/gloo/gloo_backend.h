@@ -42,15 +42,15 @@ struct GlooBackendOptions {
   int max_connections = 1024;
   // Context default; every op passes its own OpDesc::timeout anyway.
   absl::Duration default_timeout = absl::Seconds(600);
-  // Allreduce algorithm ("ring", "bcube", or "auto": bcube where ring's steps would be
-  // latency-bound, config::GlooAutoPicksBcube) and segment size (0: Gloo's default), from the
-  // profile's gloo block.
+  // Allreduce algorithm ("ring", "bcube", "recursive_doubling", or "auto": where ring's steps
+  // would be latency-bound, config::GlooAutoIsLatencyBound, bcube if its groups are narrow, else
+  // recursive doubling) and segment size (0: Gloo's default), from the profile's gloo block.
   std::string algorithm = "auto";
   size_t max_segment_bytes = 0;
   // Per message-size band values of the two above for allreduce, from a tuned table
-  // (lib/config/tuned_table.h, `adaptcomm tune`): algorithm 0 ring, 1 bcube (the order of the
-  // knob's choices in TunedKnobs()); a size no band holds uses the static value. Looked up once
-  // per op.
+  // (lib/config/tuned_table.h, `adaptcomm tune`): algorithm 0 ring, 1 bcube, 2 recursive doubling
+  // (the order of the knob's choices in TunedKnobs()); a size no band holds uses the static value.
+  // Looked up once per op.
   config::SizeBands tuned_algorithm;
   config::SizeBands tuned_max_segment_bytes;
 };

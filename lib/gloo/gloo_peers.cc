@@ -74,6 +74,32 @@ std::vector<int> BcubePeers(int rank, int size) {
   return Normalized(std::move(peers), rank);
 }
 
+RecursiveDoublingPlan PlanRecursiveDoubling(int rank, int size) {
+  RecursiveDoublingPlan plan;
+  if (size < 2) return plan;
+  int pof2 = 1;
+  while (pof2 * 2 <= size) pof2 *= 2;
+  const int folded = size - pof2;  // pairs folded into one
+  int new_rank = rank - folded;
+  if (rank < 2 * folded) {
+    plan.fold_peer = rank ^ 1;
+    plan.folds_out = rank % 2 == 0;
+    if (plan.folds_out) return plan;
+    new_rank = rank / 2;
+  }
+  for (int mask = 1; mask < pof2; mask <<= 1) {
+    const int partner = new_rank ^ mask;
+    plan.partners.push_back(partner < folded ? 2 * partner + 1 : partner + folded);
+  }
+  return plan;
+}
+
+std::vector<int> RecursiveDoublingPeers(int rank, int size) {
+  RecursiveDoublingPlan plan = PlanRecursiveDoubling(rank, size);
+  if (plan.fold_peer >= 0) plan.partners.push_back(plan.fold_peer);
+  return Normalized(std::move(plan.partners), rank);
+}
+
 std::vector<int> DirectReducePeers(int rank, int size, int root) {
   if (rank == root) return AllPeers(rank, size);
   std::vector<int> peers = RingPeers(rank, size);
@@ -97,6 +123,8 @@ std::vector<int> PeersOf(PeerSetId id, int rank, int size) {
       return BarrierPeers(rank, size);
     case PeerSet::kBcube:
       return BcubePeers(rank, size);
+    case PeerSet::kRecursiveDoubling:
+      return RecursiveDoublingPeers(rank, size);
     case PeerSet::kDirectReduce:
       return DirectReducePeers(rank, size, id.root);
     case PeerSet::kAll:

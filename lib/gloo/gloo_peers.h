@@ -29,6 +29,20 @@ std::vector<int> BarrierPeers(int rank, int size);
 // log2(size) peers for a power of two; size - 1 for an odd size.
 std::vector<int> BcubePeers(int rank, int size);
 
+// Our recursive-doubling allreduce (gloo_recursive_doubling.h). A world of n = 2^k + m ranks
+// first folds ranks 2i and 2i+1 (i < m) into one: the even one hands its vector to the odd one,
+// which takes part for both and hands the result back. The 2^k that take part are renumbered
+// densely (the odd rank of a pair as i, every rank from 2m on as rank - m) and exchange with the
+// ranks whose new number differs in bit j, for j = 0 .. k-1.
+struct RecursiveDoublingPlan {
+  int fold_peer = -1;         // the other rank of this rank's folded pair; -1: not folded
+  bool folds_out = false;     // this rank hands its vector to fold_peer and takes no other part
+  std::vector<int> partners;  // the exchanges, in order (empty when folds_out)
+};
+RecursiveDoublingPlan PlanRecursiveDoubling(int rank, int size);
+// The plan's peers: at most floor(log2 size) + 1, whatever size's factors.
+std::vector<int> RecursiveDoublingPeers(int rank, int size);
+
 // gloo::reduce: the ring, then every rank sends its chunk to the root (reduce.cc, "Gather to root
 // rank"): the root talks to everyone.
 std::vector<int> DirectReducePeers(int rank, int size, int root);
@@ -38,8 +52,17 @@ std::vector<int> AllPeers(int rank, int size);
 
 // One of the sets above, as an op picks it: `root` is the root of kBroadcast and kDirectReduce,
 // the peer of kPair (send/recv), unused otherwise.
-enum class PeerSet { kRing, kBroadcast, kBarrier, kBcube, kDirectReduce, kAll, kPair };
-constexpr int kPeerSetCount = 7;
+enum class PeerSet {
+  kRing,
+  kBroadcast,
+  kBarrier,
+  kBcube,
+  kRecursiveDoubling,
+  kDirectReduce,
+  kAll,
+  kPair
+};
+constexpr int kPeerSetCount = 8;
 struct PeerSetId {
   PeerSet set = PeerSet::kRing;
   int root = 0;
