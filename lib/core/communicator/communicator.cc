@@ -220,7 +220,12 @@ void CommunicatorImpl::StartFailureListener() {
       BackendRebuilder{
           [this] { return WantsDegrade(); },
           [this](int generation, bool degrade) { return RebuildBackend(generation, degrade); },
-          [this](const MembershipChange& change) { ApplyMembership(change); },
+          [this](const MembershipChange& change) {
+            ApplyMembership(change);
+            // Before the rebuild: every survivor with Split relatives stops here alike, where a
+            // rebuild would race the peers that stopped to a different error.
+            return family_member_->Changed(change.reason);
+          },
           [this](const MembershipChange& change) { MembershipInstalled(change); }});
 }
 
@@ -333,7 +338,6 @@ void CommunicatorImpl::ApplyMembership(const MembershipChange& change) {
 void CommunicatorImpl::MembershipInstalled(const MembershipChange& change) {
   ADAPTCOMM_LOG(kWarning, "communicator '", options_.name, "' goes on as rank ", change.new_rank,
                 " of ", change.new_world, " (", change.reason, ")");
-  family_member_->Changed(change.reason);
   if (options_.elastic.on_change) options_.elastic.on_change(membership());
 }
 
@@ -491,7 +495,11 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
     plan.generation = decision.generation;
     plan.backend = *std::move(backend);
     plan.change = change;
-    plan.on_installed = [this, &change] { MembershipInstalled(change); };
+    plan.on_installed = [this, &change] {
+      // Joiners rendezvous with the new backend, so the family fails only once it is built.
+      (void)family_member_->Changed(change.reason);
+      MembershipInstalled(change);
+    };
     return plan;
   });
   if (!grown.ok()) {

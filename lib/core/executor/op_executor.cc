@@ -293,8 +293,7 @@ void OpExecutor::RunHeadLocked() {
   }
   if (!status.ok()) {
     ADAPTCOMM_LOG(kDebug, OpKindName(desc.kind), " #", desc.seq, " failed: ", status.ToString());
-    if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status) &&
-        !IsMembershipChanged(status) && !IsStepRedo(status)) {
+    if (ReportToPeers(status)) {
       {
         // The backend returned: the watchdog has nothing left to bound; the handler bounds itself.
         ExecutorLock lock(this);

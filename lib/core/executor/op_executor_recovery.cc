@@ -339,8 +339,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
     if (failed.empty()) return;
   }
   const std::shared_ptr<WorkImpl> head = failed.front();
-  if (failure_handler_ != nullptr && !absl::IsInvalidArgument(status) &&
-      !IsMembershipChanged(status)) {
+  if (ReportToPeers(status)) {
     status = failure_handler_->OnOpFailure(head->desc(), std::move(status));
     if (break_hook_) break_hook_(status);
   }

@@ -23,6 +23,24 @@ absl::Status StepRedoStatus(std::string message) {
   return status;
 }
 
+namespace {
+constexpr char kAgreedOutcomePayload[] = "type.adaptcomm.internal/agreed-outcome";
+}  // namespace
+
+absl::Status AgreedOutcome(absl::Status status) {
+  status.SetPayload(kAgreedOutcomePayload, absl::Cord("agreed"));
+  return status;
+}
+
+bool OpExecutor::ReportToPeers(absl::Status& status) const {
+  if (status.GetPayload(kAgreedOutcomePayload).has_value()) {
+    status.ErasePayload(kAgreedOutcomePayload);
+    return false;
+  }
+  return failure_handler_ != nullptr && !absl::IsInvalidArgument(status) &&
+         !IsMembershipChanged(status) && !IsStepRedo(status);
+}
+
 absl::Status OpExecutor::StepFailedLocked(const OpDesc& op) const {
   return StepRedo(absl::StrCat(OpKindName(op.kind), op.seq != 0 ? absl::StrCat(" #", op.seq) : "",
                                " of step ", step_.open, " did not run: the step failed (",

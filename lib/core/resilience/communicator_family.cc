@@ -60,20 +60,20 @@ void FamilyMember::Broke(const absl::Status& cause) const {
            /*self_too=*/false);
 }
 
-void FamilyMember::Changed(const std::string& reason) const {
+absl::Status FamilyMember::Changed(const std::string& reason) const {
   std::shared_ptr<CommunicatorFamily> f = family();
   // Alone (no sub-communicators, or all destroyed): it shrinks and grows as any communicator.
-  if (f == nullptr || f->Relatives(this) == 0) return;
+  if (f == nullptr || f->Relatives(this) == 0) return absl::OkStatus();
   // The other members were built for the old world and cannot follow it on their own, and its
   // peers elsewhere may break rather than change: the family fails as a whole, the same way on
   // every rank, and the trainer rebuilds its groups.
-  f->Break(this,
-           absl::FailedPreconditionError(absl::StrCat(
-               Describe(), " changed membership (", reason,
-               "): the communicators split from one root are not rebuilt member by member, so "
-               "every one of them fails; destroy them and rebuild the groups with Split from a "
-               "communicator of the new world")),
-           /*self_too=*/true);
+  absl::Status failed = absl::FailedPreconditionError(absl::StrCat(
+      Describe(), " changed membership (", reason,
+      "): the communicators split from one root are not rebuilt member by member, so every one "
+      "of them fails; destroy them and rebuild the groups with Split from a communicator of the "
+      "new world"));
+  f->Break(this, failed, /*self_too=*/true);
+  return AgreedOutcome(std::move(failed));
 }
 
 absl::Status CommunicatorFamily::Add(const std::shared_ptr<FamilyMember>& member) {

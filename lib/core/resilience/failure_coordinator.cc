@@ -545,7 +545,6 @@ MembershipChange FailureCoordinator::ChangeMembership(const std::vector<int>& me
     absl::MutexLock lock(&members_mu_);
     members_ = survivors;
   }
-  if (rebuilder_.apply_membership) rebuilder_.apply_membership(c);
   return c;
 }
 
@@ -633,6 +632,11 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
   std::optional<MembershipChange> change;
   if (survivors != members) {
     change = ChangeMembership(members, survivors, generation, cause);
+    if (rebuilder_.apply_membership) {
+      if (absl::Status followed = rebuilder_.apply_membership(*change); !followed.ok()) {
+        return followed;
+      }
+    }
   } else if (absl::Status s = WaitBackoff(attempt, cause); !s.ok()) {
     // A membership change rebuilds at once; otherwise the backoff comes first.
     return s;

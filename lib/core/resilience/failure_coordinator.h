@@ -65,7 +65,10 @@ struct BackendRebuilder {
   std::function<bool()> wants_degrade;
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(int generation, bool degrade)> build;
   // Elastic: a membership change was agreed; `build` is called next for its new rank and world.
-  std::function<void(const MembershipChange&)> apply_membership;
+  // A non-OK status ends the recovery with it before anything is rebuilt: this communicator cannot
+  // follow the change (it has Split relatives), and a rebuild the peers abandon would only race
+  // them to a different error.
+  std::function<absl::Status(const MembershipChange&)> apply_membership;
   // Elastic: the new backend of that change is installed (before any op runs on it).
   std::function<void(const MembershipChange&)> installed;
 };
