@@ -108,7 +108,7 @@ TEST(StoreSelection, BadUrlsAreRefusedNamingWhereTheyCameFrom) {
 CommunicatorOptions ThroughUrl(const RankEnv& env, const std::string& url) {
   CommunicatorOptions o = env.options;
   o.store = nullptr;
-  o.master_port = 0;
+  o.master_port.reset();  // the URL names the server
   o.store_url = url;
   o.store_token = "job-a";
   o.init_timeout = absl::Seconds(60);
