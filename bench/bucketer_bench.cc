@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,7 +40,7 @@ struct Config {
   int ranks = 2;
   int rounds = 5;
   std::vector<std::string> backends = {"shm", "gloo"};
-  size_t bucket_bytes = 0;                // the profile's (25 MiB)
+  std::optional<size_t> bucket_bytes;     // unset: the profile's (25 MiB)
   size_t direct_bytes = size_t{1} << 20;  // BucketerOptions' default
   adaptcomm::DType wire = adaptcomm::DType::kF32;
   // Backward's work before each gradient is ready, as on a GPU: the host sleeps (a busy wait would

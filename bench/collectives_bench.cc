@@ -185,7 +185,7 @@ void RankMain(const Config& cfg, int rank, int world, int port, const Place& pla
   o.rank = rank;
   o.world_size = world;
   o.master_addr = place.master_ip;
-  o.iface = place.iface;
+  if (!place.iface.empty()) o.iface = place.iface;  // loopback: GLOO_SOCKET_IFNAME, else routed
   o.master_port = port;
   o.backend = cfg.backend;
   // Measure the backend asked for, or fail; auto reports what it chose (and why) instead.

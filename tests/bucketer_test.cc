@@ -435,6 +435,15 @@ TEST(Bucketer, BadOptionsAndViewsAreRefused) {
     EXPECT_TRUE(absl::IsUnimplemented(cuda.status())) << cuda.status();
     auto empty = GradientBucketer::Create(*comm, {{"w", 0}}, {});
     EXPECT_TRUE(absl::IsInvalidArgument(empty.status())) << empty.status();
+    // Zero once meant "the profile's" / "the communicator's"; set, it is refused (unset is that).
+    BucketerOptions zero_bytes;
+    zero_bytes.bucket_bytes = 0;
+    auto no_bytes = GradientBucketer::Create(*comm, {{"w", 4}}, zero_bytes);
+    EXPECT_TRUE(absl::IsInvalidArgument(no_bytes.status())) << no_bytes.status();
+    BucketerOptions zero_timeout;
+    zero_timeout.timeout = absl::ZeroDuration();
+    auto no_time = GradientBucketer::Create(*comm, {{"w", 4}}, zero_timeout);
+    EXPECT_THAT(std::string(no_time.status().message()), HasSubstr("timeout must be positive"));
     auto ok = GradientBucketer::Create(*comm, {{"w", 4}}, {});
     ASSERT_TRUE(ok.ok()) << ok.status();
     std::vector<float> three(3);

@@ -48,7 +48,7 @@ TEST(CommunicatorCreate, StoreThatDoesNotAnswerNamesHostAndPort) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
   EXPECT_THAT(std::string(c.status().message()),
-              HasSubstr(absl::StrCat("127.0.0.1:", o.master_port)));
+              HasSubstr(absl::StrCat("127.0.0.1:", *o.master_port)));
   EXPECT_GE(elapsed, 0.9);
   EXPECT_LT(elapsed, 3.0);
 }

@@ -273,8 +273,8 @@ TEST(StorageCheckTest, TinyTmpfsFailsWithAClearMessage) {
 // reports progress; --expect-gpus turns the missing GPU into a failure.
 TEST(PreflightTest, RunsOnThisMachine) {
   DiagnoseOptions o;
-  o.environment = {"PATH=/bin"};
-  o.multi_host = 0;
+  o.environment = std::vector<std::string>{"PATH=/bin"};
+  o.multi_host = false;
   std::vector<std::string> progress;
   o.progress = [&](const std::string& s) { progress.push_back(s); };
   const auto t0 = std::chrono::steady_clock::now();
@@ -296,6 +296,13 @@ TEST(PreflightTest, RunsOnThisMachine) {
     EXPECT_NE(Find(rs, "gpu.count")->detail.find("GPU(s)"), std::string::npos);
     EXPECT_EQ(Find(rs, "gpu.count")->status, CheckStatus::kPass);
   }
+  // Zero GPUs is no expectation that can be meant: unset is how to say none.
+  o.expect_gpus = 0;
+  auto zero = RunPreflightChecks(o);
+  ASSERT_NE(Find(zero, "gpu.count"), nullptr);
+  EXPECT_EQ(Find(zero, "gpu.count")->status, CheckStatus::kFail);
+  EXPECT_NE(Find(zero, "gpu.count")->detail.find("expect_gpus must be at least 1, got 0"),
+            std::string::npos);
 }
 
 TEST(CheckReportTest, TableAndJson) {

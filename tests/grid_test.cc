@@ -107,6 +107,11 @@ TEST(Grid, SizesThatDoNotMakeTheWorldAndRepeatedAxesAreRefused) {
     auto rep = CreateGrid(**parent, twice);
     EXPECT_THAT(std::string(rep.status().message()), HasSubstr("data axis twice"));
     EXPECT_EQ(GridRank(o, 8, 0, 0, 0), -1);
+    GridOptions none;
+    none.data = 0;  // unset is "the rest"; a set 0 is no replicas
+    auto zero = CreateGrid(**parent, none);
+    EXPECT_TRUE(absl::IsInvalidArgument(zero.status())) << zero.status();
+    EXPECT_THAT(std::string(zero.status().message()), HasSubstr("data 0"));
   });
 }
 

@@ -28,11 +28,13 @@
 #include "lib/trace/metrics_export.h"
 #include "tests/harness.h"
 #include "tests/metric_sample.h"
+#include "tests/scoped_env.h"
 
 namespace adaptcomm {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::ScopedEnv;
 
 constexpr auto Sample = testing::MetricSample;
 
@@ -142,17 +144,6 @@ TEST(CommMetricsTest, SizeBandsAndBusFactors) {
   EXPECT_DOUBLE_EQ(trace::BusFactor(OpKind::kAllgather, 4), 0.75);
   EXPECT_DOUBLE_EQ(trace::BusFactor(OpKind::kBroadcast, 4), 1);
 }
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
 
 TEST(MetricsExportTest, CommunicatorCountsItsOpsAndServesThemOverHttp) {
   const int port = testing::PickFreePort();

@@ -60,8 +60,8 @@ TEST(Rendezvous, LocalJobServesItsStoreOnLoopbackOnly) {
   o.backend = BackendChoice::kGloo;
   auto comm = Communicator::Create(o);
   ASSERT_TRUE(comm.ok()) << comm.status();
-  EXPECT_TRUE(Accepts("127.0.0.1", o.master_port));
-  EXPECT_FALSE(Accepts(external, o.master_port))
+  EXPECT_TRUE(Accepts("127.0.0.1", *o.master_port));
+  EXPECT_FALSE(Accepts(external, *o.master_port))
       << "the store of a job on 127.0.0.1 is reachable through " << external;
 }
 
@@ -173,7 +173,7 @@ TEST(Rendezvous, ExternalStoreMakesRankZeroAClientAndItsAbsenceIsNamed) {
   EXPECT_TRUE(absl::IsUnavailable(comm.status())) << comm.status();
   EXPECT_THAT(std::string(comm.status().message()),
               ::testing::HasSubstr(
-                  absl::StrCat("cannot reach the TCP store at 127.0.0.1:", o.master_port)));
+                  absl::StrCat("cannot reach the TCP store at 127.0.0.1:", *o.master_port)));
   EXPECT_THAT(std::string(comm.status().message()),
               ::testing::HasSubstr("ADAPTCOMM_STORE_EXTERNAL=1 says that the process that started "
                                    "the ranks (e.g. `adaptcomm launch --elastic`) serves the "

@@ -23,6 +23,7 @@
 #include "tests/fake_nccl_api.h"
 #include "tests/harness.h"
 #include "tests/profile_test_util.h"
+#include "tests/scoped_env.h"
 
 namespace adaptcomm {
 namespace {
@@ -30,19 +31,7 @@ namespace {
 using testing::FakeNcclApi;
 using testing::FakeNcclFaults;
 using ::testing::HasSubstr;
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 std::string FreshDir() {
   char dir[] = "/tmp/adaptcomm_settings_XXXXXX";

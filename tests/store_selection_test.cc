@@ -108,7 +108,7 @@ TEST(StoreSelection, BadUrlsAreRefusedNamingWhereTheyCameFrom) {
 CommunicatorOptions ThroughUrl(const RankEnv& env, const std::string& url) {
   CommunicatorOptions o = env.options;
   o.store = nullptr;
-  o.master_port = 0;
+  o.master_port.reset();  // the URL names the server
   o.store_url = url;
   o.store_token = "job-a";
   o.init_timeout = absl::Seconds(60);
@@ -184,6 +184,7 @@ TEST(CommunicatorOverRedis, WrongPasswordIsRefusedAtCreationNamingIt) {
   // The right one, through the environment.
   ASSERT_EQ(setenv("ADAPTCOMM_STORE", redis.Url(":right-pw@").c_str(), 1), 0);
   CommunicatorOptions o = ThroughUrl(env, "");
+  o.store_url.reset();  // unset: the environment decides ("" would mean rank 0's TCP store)
   comm = Communicator::Create(o);
   unsetenv("ADAPTCOMM_STORE");
   ASSERT_TRUE(comm.ok()) << comm.status();

@@ -123,7 +123,7 @@ TEST(Teardown, IdleConnectionFloodAgainstRankZeroAtExit) {
             int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
             sockaddr_in a{};
             a.sin_family = AF_INET;
-            a.sin_port = htons(static_cast<uint16_t>(env.options.master_port));
+            a.sin_port = htons(static_cast<uint16_t>(*env.options.master_port));
             a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
             if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
               flood.push_back(fd);

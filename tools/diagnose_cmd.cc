@@ -26,7 +26,8 @@ namespace {
 
 struct DiagnoseArgs {
   bool json = false;
-  int expect_gpus = -1;
+  std::optional<int> expect_gpus;  // unset: no expectation
+  int expect_gpus_flag = 0;
   std::string checkpoint_dir;
   double checkpoint_mib = 64;
   bool ranks = false;
@@ -43,9 +44,9 @@ int RunDiagnose(const DiagnoseArgs& a) {
   const bool tty = isatty(STDERR_FILENO) != 0;
   DiagnoseOptions o;
   o.expect_gpus = a.expect_gpus;
-  o.checkpoint_dir = a.checkpoint_dir;
+  if (!a.checkpoint_dir.empty()) o.checkpoint_dir = a.checkpoint_dir;
   o.checkpoint_bytes = static_cast<uint64_t>(a.checkpoint_mib * 1048576);
-  o.multi_host = a.multi_host == "auto" ? -1 : a.multi_host == "yes" ? 1 : 0;
+  if (a.multi_host != "auto") o.multi_host = a.multi_host == "yes";
   // One progress line, rewritten in place on a terminal.
   o.progress = [tty](const std::string& what) {
     std::fprintf(stderr, tty ? "\r\033[K[diagnose] %s..." : "[diagnose] %s...\n", what.c_str());
@@ -111,7 +112,8 @@ int RunDiagnose(const DiagnoseArgs& a) {
 std::function<int()> SetupDiagnose(CLI::App& sub) {
   auto a = std::make_shared<DiagnoseArgs>();
   sub.add_flag("--json", a->json, "Machine-readable output");
-  sub.add_option("--expect-gpus", a->expect_gpus, "GPUs this node must have (fail if fewer)");
+  CLI::Option* expect_gpus = sub.add_option("--expect-gpus", a->expect_gpus_flag,
+                                            "GPUs this node must have (fail if fewer)");
   sub.add_option("--checkpoint-dir", a->checkpoint_dir,
                  "Measure write/fsync/read of this checkpoint directory");
   sub.add_option("--checkpoint-mib", a->checkpoint_mib, "Bytes written by the storage check (MiB)")
@@ -136,8 +138,9 @@ std::function<int()> SetupDiagnose(CLI::App& sub) {
   sub.add_flag("--topology", a->topology,
                "Print the GPU topology matrix (like nvidia-smi topo -m)");
   sub.footer("Exit code: 1 if any check failed, 0 otherwise (warnings included).");
-  return [a, min_busbw] {
+  return [a, min_busbw, expect_gpus] {
     if (min_busbw->count() > 0) a->min_busbw = a->min_busbw_flag;
+    if (expect_gpus->count() > 0) a->expect_gpus = a->expect_gpus_flag;
     return RunDiagnose(*a);
   };
 }

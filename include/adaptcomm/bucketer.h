@@ -51,6 +51,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,8 +89,9 @@ enum class UnusedPolicy : uint8_t {
 struct BucketerOptions {
   ReduceOp op = ReduceOp::kAvg;  // gradients are usually averaged over the ranks
   // Bytes per bucket (a bucket closes once it holds at least this many; a larger tensor is a
-  // bucket of its own). Zero: the profile's buckets.bytes (built-in default 25 MiB).
-  size_t bucket_bytes = 0;
+  // bucket of its own). Unset: the profile's buckets.bytes (built-in default 25 MiB). Set:
+  // positive (InvalidArgument otherwise).
+  std::optional<size_t> bucket_bytes = std::nullopt;
   // A host tensor of at least this many bytes is a bucket of its own, reduced in place in the
   // caller's view: fusing it would save one op's fixed cost but cost two copies of its bytes
   // (measured on shared memory, 2 ranks: copies made a 100 MiB step 2.5x slower than one
@@ -101,8 +103,9 @@ struct BucketerOptions {
   DType wire = DType::kF32;
   OverflowPolicy overflow = OverflowPolicy::kFromProfile;  // fp16 wire only
   UnusedPolicy unused = UnusedPolicy::kError;
-  // Per bucket allreduce, counted from when it starts running; zero: the communicator's.
-  absl::Duration timeout = absl::ZeroDuration();
+  // Per bucket allreduce, counted from when it starts running. Unset: the communicator's. Set:
+  // positive (InvalidArgument otherwise).
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 // What one step did (Wait()'s result).

@@ -126,8 +126,10 @@ struct SlowRankEvent {
 };
 
 struct CommunicatorOptions {
-  int rank = -1;        // -1: from the launcher's environment
-  int world_size = -1;  // -1: from the launcher's environment
+  // Unset: from the launcher's environment (DetectLaunchEnvironment), as are master_addr and
+  // master_port when those are unset too.
+  std::optional<int> rank;
+  std::optional<int> world_size;
   // Distinguishes communicators that share one store; two live communicators may not share a name.
   std::string name = "default";
   // Every setting below that is a std::optional, when set, wins over the environment and the
@@ -152,15 +154,18 @@ struct CommunicatorOptions {
   // master_addr:master_port (unless ADAPTCOMM_STORE_EXTERNAL=1: another process serves it) and
   // every rank connects to it.
   std::shared_ptr<Store> store;
-  std::string master_addr;  // empty: MASTER_ADDR / ADAPTCOMM_MASTER_ADDR, else 127.0.0.1
-  int master_port = 0;      // 0: MASTER_PORT / ADAPTCOMM_MASTER_PORT
-  std::string store_token;  // empty: ADAPTCOMM_STORE_TOKEN (empty there too: no token)
+  // Unset: MASTER_ADDR / ADAPTCOMM_MASTER_ADDR, else 127.0.0.1. Set: not empty.
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;  // unset: MASTER_PORT / ADAPTCOMM_MASTER_PORT; set: 1..65535
+  // Unset: ADAPTCOMM_STORE_TOKEN (unset there too: no token). Set to "": no token.
+  std::optional<std::string> store_token;
   // A Redis or etcd server instead of rank 0's TCP store (docs/stores.md):
-  // "redis://[user:password@]host:port" or "etcd://[user:password@]host:port". Empty:
-  // ADAPTCOMM_STORE, else the profile's store.url, else the TCP store. Every key goes under the
+  // "redis://[user:password@]host:port" or "etcd://[user:password@]host:port". Unset:
+  // ADAPTCOMM_STORE, else the profile's store.url, else the TCP store; set to "": the TCP store,
+  // whatever the environment and the profile say. Every key goes under the
   // job's token (store_token), so jobs sharing one server never see each other's keys. Rank 0
   // serves nothing then: its loss does not end an elastic job.
-  std::string store_url;
+  std::optional<std::string> store_url;
 
   // Flight recorder: the last `flight_recorder_entries` ops of this rank, dumped as JSON to
   // flight_recorder_dir/flight.rank<R>.json on a timeout or fatal error, or by DumpFlightRecord().
@@ -195,26 +200,30 @@ struct CommunicatorOptions {
   // metric and the flight-record event happen either way).
   std::function<void(const SlowRankEvent&)> on_slow_rank;
 
-  // Network interface for the Gloo transport. Empty: GLOO_SOCKET_IFNAME; if unset too, the local
-  // address that routes to master_addr (loopback when the master is local).
-  std::string iface;
+  // Network interface for the Gloo transport. Unset: GLOO_SOCKET_IFNAME; if unset too (or set
+  // to ""), the local address that routes to master_addr (loopback when the master is local).
+  std::optional<std::string> iface;
 };
 
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
-  absl::Duration timeout = absl::ZeroDuration();  // zero: the communicator's default
+  // Bound of this op, counted from when it starts running. Unset: the communicator's default
+  // (CommunicatorOptions::timeout, or the long-operation bound inside a LongOperationScope). Set:
+  // positive (InvalidArgument otherwise). The explicit initializer keeps {ReduceOp::kMax} free of
+  // -Wmissing-field-initializers, as in every options struct a trainer brace-initializes.
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 struct BroadcastOptions {
   int root = 0;
-  absl::Duration timeout = absl::ZeroDuration();
+  std::optional<absl::Duration> timeout = std::nullopt;  // as AllreduceOptions::timeout
 };
 struct ReduceOptions {
   int root = 0;
   ReduceOp op = ReduceOp::kSum;
-  absl::Duration timeout = absl::ZeroDuration();
+  std::optional<absl::Duration> timeout = std::nullopt;  // as AllreduceOptions::timeout
 };
 struct AllgatherOptions {
-  absl::Duration timeout = absl::ZeroDuration();
+  std::optional<absl::Duration> timeout = std::nullopt;  // as AllreduceOptions::timeout
   // A promise that saves the retry's copy of the input (one memcpy per op while retries are on):
   // the caller leaves the input unchanged until this op and the next op on this communicator have
   // both completed. A coordinated retry can re-run an op only until every rank has entered the
@@ -224,19 +233,19 @@ struct AllgatherOptions {
 };
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
-  absl::Duration timeout = absl::ZeroDuration();
-  bool stable_input = false;  // as AllgatherOptions::stable_input
+  std::optional<absl::Duration> timeout = std::nullopt;  // as AllreduceOptions::timeout
+  bool stable_input = false;                             // as AllgatherOptions::stable_input
 };
 struct AlltoallOptions {
-  absl::Duration timeout = absl::ZeroDuration();
-  bool stable_input = false;  // as AllgatherOptions::stable_input
+  std::optional<absl::Duration> timeout = std::nullopt;  // as AllreduceOptions::timeout
+  bool stable_input = false;                             // as AllgatherOptions::stable_input
 };
 struct BarrierOptions {
-  absl::Duration timeout = absl::ZeroDuration();
+  std::optional<absl::Duration> timeout = std::nullopt;  // as AllreduceOptions::timeout
 };
 struct P2POptions {
   uint32_t tag = 0;  // a send matches the recv of the same tag between the same two ranks
-  absl::Duration timeout = absl::ZeroDuration();
+  std::optional<absl::Duration> timeout = std::nullopt;  // as AllreduceOptions::timeout
 };
 
 // Communicator::Split's choices for the child.
@@ -245,9 +254,9 @@ struct SplitOptions {
   // child's own ranks (shared memory for a group on one host, NCCL for CUDA tensors, ...),
   // whatever the parent runs.
   std::optional<BackendChoice> backend;
-  // The child's name on the store (flight records and logs name it); empty:
-  // "<parent name>/split<n>/color<c>", n counting this communicator's splits.
-  std::string name;
+  // The child's name on the store (flight records and logs name it); unset:
+  // "<parent name>/split<n>/color<c>", n counting this communicator's splits. Set: not empty.
+  std::optional<std::string> name = std::nullopt;
 };
 
 namespace internal {

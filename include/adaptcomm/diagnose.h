@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,26 +34,26 @@ struct CheckResult {
 };
 
 struct DiagnoseOptions {
-  // GPUs this node must have: -1 = no expectation (no GPU passes, as on a CPU job); N > 0 makes
-  // fewer than N (or no NVML at all) a failure.
-  int expect_gpus = -1;
+  // GPUs this node must have. Unset: no expectation (no GPU passes, as on a CPU job). Set to
+  // N >= 1: fewer than N (or no NVML at all) is a failure; a set value below 1 fails gpu.count.
+  std::optional<int> expect_gpus = std::nullopt;
   // The job spans several hosts (the hostname must not resolve to loopback). Unset: inferred
   // from WORLD_SIZE > LOCAL_WORLD_SIZE.
-  int multi_host = -1;  // -1 infer, 0 no, 1 yes
+  std::optional<bool> multi_host = std::nullopt;
 
-  // Storage: empty skips the checks. `checkpoint_bytes` are written, fsynced and read back.
-  std::string checkpoint_dir;
+  // Storage: unset skips the checks. `checkpoint_bytes` are written, fsynced and read back.
+  std::optional<std::string> checkpoint_dir = std::nullopt;
   uint64_t checkpoint_bytes = 64ull << 20;
   double min_write_mbps = 200;  // below: warn; below a tenth of it: fail
   double min_read_mbps = 200;   // same
   double max_fsync_ms = 100;    // above: warn; above ten times it: fail
 
-  // Data files; empty = found in the configuration directory (configs/).
-  std::string compat_matrix_file;  // compat_matrix.yaml
-  std::string nccl_params_file;    // nccl_params.yaml
+  // Data files. Unset: found in the configuration directory (configs/).
+  std::optional<std::string> compat_matrix_file = std::nullopt;  // compat_matrix.yaml
+  std::optional<std::string> nccl_params_file = std::nullopt;    // nccl_params.yaml
 
-  // The environment to lint, "NAME=value" entries; empty = this process's environment.
-  std::vector<std::string> environment;
+  // The environment to lint, "NAME=value" entries. Unset: this process's environment.
+  std::optional<std::vector<std::string>> environment = std::nullopt;
 
   // Called with a short line before each group of checks starts ("checking GPUs...").
   std::function<void(const std::string&)> progress;

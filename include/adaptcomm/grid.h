@@ -21,6 +21,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "adaptcomm/communicator.h"
@@ -33,7 +34,8 @@ enum class GridAxis : uint8_t { kTensor, kPipeline, kData };
 struct GridOptions {
   int tensor = 1;    // ranks per tensor-parallel group
   int pipeline = 1;  // pipeline stages
-  int data = 0;      // data-parallel replicas; 0: the parent's size / (tensor x pipeline)
+  // Data-parallel replicas. Unset: the parent's size / (tensor x pipeline).
+  std::optional<int> data = std::nullopt;
   // The axes from fastest- to slowest-varying in the parent's rank order; each exactly once.
   std::array<GridAxis, 3> order = {GridAxis::kTensor, GridAxis::kPipeline, GridAxis::kData};
   // The children's backend (kAuto chooses per group: shared memory inside one host, ...).

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -124,7 +125,8 @@ struct MixedOptions {
   float scale = 1.0f;  // multiplied in fp32 after the reduction (allreduce, reduce_scatter)
   BarrierLevel barrier = BarrierLevel::kHost;
   OverflowPolicy overflow = OverflowPolicy::kFromProfile;
-  absl::Duration timeout = absl::ZeroDuration();  // per collective; zero: the communicator's
+  // Per collective. Unset: the communicator's. Set: positive (InvalidArgument otherwise).
+  std::optional<absl::Duration> timeout = std::nullopt;
   // Scratch, hooks and sequence numbers. Null: a temporary context is made for this call (its
   // scratch is allocated and first-touched every time: pass a context in a training loop).
   MixedPrecisionContext* context = nullptr;

@@ -31,11 +31,17 @@ void Add(std::vector<CheckResult>& out, std::string check, CheckStatus st, std::
 }
 
 void CheckGpus(const DiagnoseOptions& o, const GpuProbe& probe, std::vector<CheckResult>& out) {
-  const bool expect = o.expect_gpus > 0;
+  if (o.expect_gpus.has_value() && *o.expect_gpus < 1) {
+    Add(out, "gpu.count", CheckStatus::kFail,
+        absl::StrCat("expect_gpus must be at least 1, got ", *o.expect_gpus),
+        "leave it unset for no expectation");
+    return;
+  }
+  const bool expect = o.expect_gpus.has_value();
   if (!probe.nvml_loaded) {
     Add(out, "gpu.count", expect ? CheckStatus::kFail : CheckStatus::kPass,
         absl::StrCat("no GPU: ", probe.nvml_error),
-        expect ? absl::StrCat("this job expects ", o.expect_gpus,
+        expect ? absl::StrCat("this job expects ", *o.expect_gpus,
                               " GPU(s): install the driver or schedule on a GPU node")
                : "");
     return;
@@ -49,8 +55,8 @@ void CheckGpus(const DiagnoseOptions& o, const GpuProbe& probe, std::vector<Chec
   const std::string detail =
       absl::StrCat(n, " GPU(s)", n ? ": " + models : "",
                    probe.driver_version.empty() ? "" : ", driver " + probe.driver_version);
-  if (expect && n < o.expect_gpus) {
-    Add(out, "gpu.count", CheckStatus::kFail, absl::StrCat(detail, "; expected ", o.expect_gpus),
+  if (expect && n < *o.expect_gpus) {
+    Add(out, "gpu.count", CheckStatus::kFail, absl::StrCat(detail, "; expected ", *o.expect_gpus),
         "check `nvidia-smi` for missing GPUs (Xid 79 'fallen off the bus', disabled devices) and "
         "CUDA_VISIBLE_DEVICES");
   } else {
@@ -135,9 +141,9 @@ std::vector<CheckResult> RunPreflightChecks(const DiagnoseOptions& o) {
   CheckGpus(o, probe, out);
 
   progress("checking CUDA driver, CUDA runtime and NCCL versions");
-  const std::string matrix_path = o.compat_matrix_file.empty()
-                                      ? diag::FindConfigFile("compat_matrix.yaml")
-                                      : o.compat_matrix_file;
+  const std::string matrix_path = o.compat_matrix_file.has_value()
+                                      ? *o.compat_matrix_file
+                                      : diag::FindConfigFile("compat_matrix.yaml");
   auto matrix = diag::CompatMatrix::Load(matrix_path.empty() ? "compat_matrix.yaml" : matrix_path);
   if (!matrix.ok()) {
     Add(out, "version.matrix", CheckStatus::kWarn, std::string(matrix.status().message()),
@@ -145,15 +151,16 @@ std::vector<CheckResult> RunPreflightChecks(const DiagnoseOptions& o) {
   } else {
     auto versions =
         diag::CheckVersions(*matrix, diag::ProbeCudaDriver(), probe.driver_version,
-                            diag::ProbeCudaRuntime(), diag::ProbeNccl(), o.expect_gpus > 0);
+                            diag::ProbeCudaRuntime(), diag::ProbeNccl(), o.expect_gpus.has_value());
     out.insert(out.end(), versions.begin(), versions.end());
   }
 
   progress("linting NCCL_*/GLOO_*/ADAPTCOMM_* environment");
   diag::EnvLintInput lint;
-  lint.environment = o.environment.empty() ? ProcessEnvironment() : o.environment;
-  const std::string params_path =
-      o.nccl_params_file.empty() ? diag::FindConfigFile("nccl_params.yaml") : o.nccl_params_file;
+  lint.environment = o.environment.has_value() ? *o.environment : ProcessEnvironment();
+  const std::string params_path = o.nccl_params_file.has_value()
+                                      ? *o.nccl_params_file
+                                      : diag::FindConfigFile("nccl_params.yaml");
   absl::StatusOr<std::shared_ptr<const config::NcclRegistry>> registry =
       absl::NotFoundError("configs/nccl_params.yaml not found");
   if (!params_path.empty()) registry = config::NcclRegistry::LoadCached(params_path);
@@ -164,7 +171,7 @@ std::vector<CheckResult> RunPreflightChecks(const DiagnoseOptions& o) {
         "set ADAPTCOMM_CONFIG_DIR to the directory holding nccl_params.yaml");
   }
   lint.interfaces = diag::ListInterfaces();
-  lint.multi_host = o.multi_host >= 0 ? o.multi_host == 1 : InferMultiHost(lint.environment);
+  lint.multi_host = o.multi_host.has_value() ? *o.multi_host : InferMultiHost(lint.environment);
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) {
     lint.hostname = host;
@@ -173,8 +180,8 @@ std::vector<CheckResult> RunPreflightChecks(const DiagnoseOptions& o) {
   auto env = diag::LintEnvironment(lint);
   out.insert(out.end(), env.begin(), env.end());
 
-  if (!o.checkpoint_dir.empty()) {
-    progress(absl::StrCat("measuring checkpoint storage in ", o.checkpoint_dir));
+  if (o.checkpoint_dir.has_value()) {
+    progress(absl::StrCat("measuring checkpoint storage in ", *o.checkpoint_dir));
     auto storage = diag::CheckStorage(o);
     out.insert(out.end(), storage.begin(), storage.end());
   }

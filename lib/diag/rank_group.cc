@@ -41,8 +41,11 @@ std::optional<std::string> RandomToken() {
 // launched job would use it; with none, a fresh one, since only this process's threads ever need
 // to reach that store and any local process could otherwise join or rewrite it.
 absl::StatusOr<std::string> LoopbackStoreToken(const CommunicatorOptions& options) {
-  if (!options.store_token.empty()) return options.store_token;
-  if (const char* env = std::getenv("ADAPTCOMM_STORE_TOKEN"); env != nullptr && *env != '\0') {
+  if (options.store_token.has_value()) {
+    if (!options.store_token->empty()) return *options.store_token;
+    // Set to "" (no job token): only this process's threads reach the store, so a fresh one.
+  } else if (const char* env = std::getenv("ADAPTCOMM_STORE_TOKEN");
+             env != nullptr && *env != '\0') {
     return std::string(env);
   }
   std::optional<std::string> fresh = RandomToken();

@@ -18,8 +18,8 @@ struct RankGroupOptions {
   // fresh random token.
   int local_ranks = 0;
   // Every rank's options (backend, timeouts, profile...). With local_ranks, rank, world_size,
-  // store and master_addr are filled in per thread; otherwise they stay as given (-1: from the
-  // launcher's environment). init_timeout zero: 60 s here, so that creation is always bounded.
+  // store and master_addr are filled in per thread; otherwise they stay as given (unset: from the
+  // launcher's environment). init_timeout unset: 60 s here, so that creation is always bounded.
   CommunicatorOptions comm;
 };
 

@@ -43,7 +43,7 @@ constexpr size_t kBlock = 4 << 20;
 // Writes o.checkpoint_bytes to `fd` and syncs it; whether that worked (the result is in `out`).
 bool CheckWrite(const DiagnoseOptions& o, int fd, std::vector<char>& block, uint64_t& written,
                 std::vector<CheckResult>& out) {
-  const std::string& dir = o.checkpoint_dir;
+  const std::string dir = o.checkpoint_dir.value_or("");
   int write_errno = 0;
   const auto t0 = Clock::now();
   while (written < o.checkpoint_bytes) {
@@ -144,7 +144,7 @@ void CheckSmallSyncs(const DiagnoseOptions& o, int fd, std::vector<char>& block,
 
 std::vector<CheckResult> CheckStorage(const DiagnoseOptions& o) {
   std::vector<CheckResult> out;
-  const std::string& dir = o.checkpoint_dir;
+  const std::string dir = o.checkpoint_dir.value_or("");
   struct statvfs vfs {};
   if (statvfs(dir.c_str(), &vfs) != 0) {
     Add(out, "storage.access", CheckStatus::kFail, absl::StrCat(dir, ": ", std::strerror(errno)),

@@ -10,7 +10,7 @@
 
 namespace adaptcomm::diag {
 
-// Writes options.checkpoint_bytes to a scratch file in options.checkpoint_dir (removed after),
+// Writes options.checkpoint_bytes to a scratch file in options.checkpoint_dir (set; removed after),
 // fsyncs, reads it back with the page cache dropped for it, and times 8 small write+fsync rounds.
 std::vector<CheckResult> CheckStorage(const DiagnoseOptions& options);
 

@@ -290,6 +290,13 @@ absl::Status ValidateOptions(const std::vector<GradientSpec>& specs, const Bucke
                                                  comm.backend_name(),
                                                  ") is not supported yet; use wire f32"));
   }
+  if (o.bucket_bytes.has_value() && *o.bucket_bytes == 0) {
+    return absl::InvalidArgumentError("gradient bucketer: bucket_bytes must be positive");
+  }
+  if (o.timeout.has_value() && *o.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient bucketer: timeout must be positive, got ", absl::FormatDuration(*o.timeout)));
+  }
   if (o.wire != DType::kF32 && o.wire != DType::kBF16 && o.wire != DType::kF16) {
     return absl::InvalidArgumentError(
         absl::StrCat("gradient bucketer: wire must be f32, bf16 or f16, not ", DTypeName(o.wire)));
@@ -420,10 +427,9 @@ absl::StatusOr<std::unique_ptr<GradientBucketer>> GradientBucketer::Create(
   if (absl::Status s = ValidateOptions(tensors, options, comm); !s.ok()) return s;
   auto state = std::make_unique<State>(comm, std::move(tensors), options);
   State& st = *state;
-  const size_t cap = options.bucket_bytes != 0 ? options.bucket_bytes
-                                               : static_cast<size_t>(comm.config().buckets.bytes);
-  st.op_timeout =
-      options.timeout > absl::ZeroDuration() ? options.timeout : comm.config().timeouts.collective;
+  const size_t cap =
+      options.bucket_bytes.value_or(static_cast<size_t>(comm.config().buckets.bytes));
+  st.op_timeout = options.timeout.value_or(comm.config().timeouts.collective);
   const Capabilities caps = comm.capabilities();
   st.host_exchange = caps.host_memory;
   const auto cuda_tensor = std::find_if(st.specs.begin(), st.specs.end(),

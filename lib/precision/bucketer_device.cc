@@ -88,7 +88,7 @@ absl::Status DeviceScratch::HostWait(const char* what) {
 }
 
 absl::Status DeviceScratch::Allgather(const int64_t* mine, size_t count, int64_t* all,
-                                      absl::Duration timeout) {
+                                      std::optional<absl::Duration> timeout) {
   const size_t world = static_cast<size_t>(comm_.size());
   cuda::ScopedCudaDevice on(*api_, device_);
   if (absl::Status s = Cuda(on.error(), "cudaSetDevice"); !s.ok()) return s;
@@ -123,7 +123,8 @@ absl::Status DeviceScratch::Allgather(const int64_t* mine, size_t count, int64_t
   return absl::OkStatus();
 }
 
-absl::Status DeviceScratch::AllreduceMax(int64_t* data, size_t count, absl::Duration timeout) {
+absl::Status DeviceScratch::AllreduceMax(int64_t* data, size_t count,
+                                         std::optional<absl::Duration> timeout) {
   cuda::ScopedCudaDevice on(*api_, device_);
   if (absl::Status s = Cuda(on.error(), "cudaSetDevice"); !s.ok()) return s;
   if (absl::Status s = Grow(count); !s.ok()) return s;

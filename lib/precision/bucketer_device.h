@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,10 +32,12 @@ class DeviceScratch {
   DeviceScratch& operator=(const DeviceScratch&) = delete;
 
   // As Communicator::Allgather / Allreduce(kMax) of int64 host arrays: copied up, collected on the
-  // scratch's stream, copied back, waited for (bounded).
+  // scratch's stream, copied back, waited for (bounded). timeout: as the *Options' (unset: the
+  // communicator's).
   [[nodiscard]] absl::Status Allgather(const int64_t* mine, size_t count, int64_t* all,
-                                       absl::Duration timeout);
-  [[nodiscard]] absl::Status AllreduceMax(int64_t* data, size_t count, absl::Duration timeout);
+                                       std::optional<absl::Duration> timeout);
+  [[nodiscard]] absl::Status AllreduceMax(int64_t* data, size_t count,
+                                          std::optional<absl::Duration> timeout);
 
   // A device buffer of `bytes` for tensor `index`, zeroed on the scratch's stream (queued: work on
   // that stream after it sees zeros). Kept for the next step that leaves the tensor unmarked.

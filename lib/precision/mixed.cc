@@ -384,13 +384,13 @@ struct MixedOpRunner {
     d.input = output;
     d.output = output;
     d.reduce = ReduceOp::kSum;
-    d.timeout = opts.timeout;
     d.wire = wire;
     d.wire_scale = Factor();
     WireStats ws;
     d.wire_stats = &ws;
     const absl::Time t0 = absl::Now();
-    if (absl::Status s = internal::SubmitOp(comm, std::move(d)).Wait(); !s.ok()) return s;
+    if (absl::Status s = internal::SubmitOp(comm, std::move(d), opts.timeout).Wait(); !s.ok())
+      return s;
     stats.collective_time = absl::Now() - t0;
     stats.cast_overflow = ws.cast_overflow;
     stats.nonfinite_inputs = ws.nonfinite_inputs;
@@ -763,6 +763,10 @@ absl::Status Validate(Communicator& comm, OpKind kind, const TensorView& in, con
   if (kind == OpKind::kAllgather && out.count != in.count * n) {
     return absl::InvalidArgumentError(absl::StrCat("mixed allgather: output count ", out.count,
                                                    " != input count ", in.count, " x ", n));
+  }
+  if (opts.timeout.has_value() && *opts.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mixed ", name, ": timeout must be positive, got ", absl::FormatDuration(*opts.timeout)));
   }
   if (opts.context != nullptr && &opts.context->communicator() != &comm) {
     return absl::InvalidArgumentError(

@@ -94,8 +94,7 @@ class DeviceOp {
         !s.ok()) {
       return s;
     }
-    const absl::Duration bound =
-        o_.timeout > absl::ZeroDuration() ? o_.timeout : kDefaultStreamWait;
+    const absl::Duration bound = o_.timeout.value_or(kDefaultStreamWait);
     const absl::Time deadline = absl::Now() + bound;
     for (int i = 0;; ++i) {
       const int q = api_.EventQuery(ds_.host_wait);

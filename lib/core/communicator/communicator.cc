@@ -39,8 +39,8 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   elastic_ = parts.elastic;
   InitMembership(joined);
   trace::FlightRecorderOptions& fr = parts.recorder;
-  fr.rank = options_.rank;
-  fr.world_size = options_.world_size;
+  fr.rank = *options_.rank;
+  fr.world_size = *options_.world_size;
   fr.communicator = options_.name;
   fr.job = rendezvous_.job_id;
   fr.backend = backend->name();
@@ -73,33 +73,33 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
 }
 
 void CommunicatorImpl::InitMembership(const std::optional<JoinedAs>& joined) {
-  id_ = joined.has_value() ? joined->id : options_.rank;
-  next_id_ = options_.world_size;
+  id_ = joined.has_value() ? joined->id : *options_.rank;
+  next_id_ = *options_.world_size;
   // A joiner's world size is the admitted one: the ids given so far go up to its own.
   if (joined.has_value()) {
     for (int id : joined->ids) next_id_ = std::max(next_id_, id + 1);
     joiners_handled_ = joined->tickets_handled;
   }
   absl::MutexLock lock(&membership_mu_);
-  membership_.rank = options_.rank;
-  membership_.world_size = options_.world_size;
+  membership_.rank = *options_.rank;
+  membership_.world_size = *options_.world_size;
   if (joined.has_value()) {
     membership_.initial_ranks = joined->ids;
     membership_.joined = true;
-    membership_.joined_ranks = {options_.rank};
+    membership_.joined_ranks = {*options_.rank};
     membership_.reason =
-        absl::StrCat("joined as rank ", options_.rank, " of ", options_.world_size,
+        absl::StrCat("joined as rank ", *options_.rank, " of ", *options_.world_size,
                      " at generation ", joined->generation, " (id ", joined->id, ")");
   } else {
-    for (int r = 0; r < options_.world_size; ++r) membership_.initial_ranks.push_back(r);
+    for (int r = 0; r < *options_.world_size; ++r) membership_.initial_ranks.push_back(r);
   }
 }
 
 void CommunicatorImpl::StartMetrics() {
   trace::CommMetricsOptions mo;
   mo.comm_name = options_.name;
-  mo.rank = options_.rank;
-  mo.nranks = options_.world_size;
+  mo.rank = *options_.rank;
+  mo.nranks = *options_.world_size;
   mo.backend = executor_->backend().name();
   mo.slow_samples = config_.monitor.enabled && rendezvous_.store != nullptr;
   metrics_ = std::make_shared<trace::CommMetrics>(std::move(mo));
@@ -110,13 +110,13 @@ void CommunicatorImpl::StartMetrics() {
     return e != nullptr ? e->unprotected_ops() : 0;
   });
   trace::RegisterMetrics(metrics_);
-  metrics_export_ = StartMetricsExportFor(config_.metrics, options_.rank, options_.world_size);
+  metrics_export_ = StartMetricsExportFor(config_.metrics, *options_.rank, *options_.world_size);
 }
 
 void CommunicatorImpl::StartTimeline() {
   trace::TimelineOptions to;
-  to.rank = options_.rank;
-  to.world_size = options_.world_size;
+  to.rank = *options_.rank;
+  to.world_size = *options_.world_size;
   to.dir = config_.trace.dir;
   to.communicator = options_.name;
   to.backend = executor_->backend().name();
@@ -133,15 +133,15 @@ void CommunicatorImpl::StartTimeline() {
 void CommunicatorImpl::StartCoordinator(FailureCoordinatorOptions fc,
                                         const std::optional<JoinedAs>& joined) {
   fc.rank = id_;
-  fc.world_size = options_.world_size;
+  fc.world_size = *options_.world_size;
   if (joined.has_value()) fc.initial_members = joined->ids;
   fc.name = options_.name;
   fc.rank0_serves_store = rendezvous_.store_server == StoreServer::kRankZero;
   coordinator_ = std::make_shared<FailureCoordinator>(fc, rendezvous_.store, recorder_.get());
   executor_->SetFailureHandler(coordinator_);
   if (config_.debug.check_collectives && !joined.has_value()) {
-    auto check = std::make_shared<CollectiveCheck>(rendezvous_.store, options_.rank,
-                                                   options_.world_size, options_.name);
+    auto check = std::make_shared<CollectiveCheck>(rendezvous_.store, *options_.rank,
+                                                   *options_.world_size, options_.name);
     executor_->SetPreRunCheck([check](const OpDesc& op, const std::string& fingerprint) {
       return check->Check(op, fingerprint);
     });
@@ -156,7 +156,7 @@ void CommunicatorImpl::StartCoordinator(FailureCoordinatorOptions fc,
 
 void CommunicatorImpl::WatchHeartbeat() {
   HeartbeatMonitor::Watch watch;
-  watch.name = absl::StrCat("communicator '", options_.name, "' rank ", options_.rank);
+  watch.name = absl::StrCat("communicator '", options_.name, "' rank ", *options_.rank);
   watch.timeout = config_.timeouts.heartbeat;
   watch.on_dump = [recorder = recorder_](const std::string& why) { (void)recorder->Dump(why); };
   watch.on_stall = [recorder = recorder_](const std::string& why) {
@@ -178,11 +178,11 @@ void CommunicatorImpl::StartStatusRecord() {
   sources.comm = options_.name;
   sources.recorder = recorder_;
   sources.metrics = metrics_;
-  sources.rank = [executor, rank = options_.rank] {
+  sources.rank = [executor, rank = *options_.rank] {
     auto e = executor.lock();
     return e != nullptr ? e->membership().rank : rank;
   };
-  sources.world_size = [executor, world = options_.world_size] {
+  sources.world_size = [executor, world = *options_.world_size] {
     auto e = executor.lock();
     return e != nullptr ? e->membership().world_size : world;
   };
@@ -200,7 +200,7 @@ void CommunicatorImpl::StartSlownessMonitor() {
   mo.settings = config_.monitor;
   mo.metrics = metrics_;
   mo.recorder = recorder_;
-  mo.membership = [executor = std::weak_ptr<OpExecutor>(executor_), rank = options_.rank] {
+  mo.membership = [executor = std::weak_ptr<OpExecutor>(executor_), rank = *options_.rank] {
     auto e = executor.lock();
     return e != nullptr ? e->membership() : OpExecutor::MembershipSnapshot{0, rank, 1, 0};
   };
@@ -284,11 +284,10 @@ std::string CommunicatorImpl::ProtectionText() const {
       "; ", unprotected, " op(s) outside a step ran unprotected so far");
 }
 
-Work CommunicatorImpl::Submit(OpDesc&& desc) {
-  if (desc.timeout == absl::ZeroDuration()) {
-    desc.timeout = long_operation_scopes_.load() > 0 ? config_.timeouts.long_operation
+Work CommunicatorImpl::Submit(OpDesc&& desc, std::optional<absl::Duration> timeout) {
+  desc.timeout = timeout.has_value()                 ? *timeout
+                 : long_operation_scopes_.load() > 0 ? config_.timeouts.long_operation
                                                      : config_.timeouts.collective;
-  }
   const OpExecutor::MembershipSnapshot members = executor_->membership();
   absl::Status valid = ValidateOp(desc, members.rank, members.world_size);
   if (valid.ok() && desc.wire.has_value() && !executor_->backend().capabilities().wire_cast) {
@@ -388,7 +387,8 @@ absl::StatusOr<int64_t> CommunicatorImpl::AnnounceJoiners(int rank,
   bcast.kind = OpKind::kBroadcast;
   bcast.input = bcast.output = HostView(announced, 2);
   bcast.root = 0;
-  if (absl::Status s = Submit(std::move(bcast)).Wait(); !s.ok()) return s;
+  const absl::Duration bound = bcast.timeout;  // OpDesc's own, not the collective default
+  if (absl::Status s = Submit(std::move(bcast), bound).Wait(); !s.ok()) return s;
   joiners_handled_ = announced[1];
   return announced[0];
 }
@@ -677,79 +677,77 @@ absl::StatusOr<std::string> Communicator::DumpFlightRecord(const std::string& re
 }
 
 namespace {
-OpDesc InPlace(OpKind kind, TensorView data, absl::Duration timeout) {
+OpDesc InPlace(OpKind kind, TensorView data) {
   OpDesc d;
   d.kind = kind;
   d.input = data;
   d.output = data;
-  d.timeout = timeout;
   return d;
 }
-OpDesc InOut(OpKind kind, TensorView input, TensorView output, absl::Duration timeout) {
+OpDesc InOut(OpKind kind, TensorView input, TensorView output) {
   OpDesc d;
   d.kind = kind;
   d.input = input;
   d.output = output;
-  d.timeout = timeout;
   return d;
 }
 }  // namespace
 
 Work Communicator::Allreduce(TensorView data, const AllreduceOptions& options) {
-  OpDesc d = InPlace(OpKind::kAllreduce, data, options.timeout);
+  OpDesc d = InPlace(OpKind::kAllreduce, data);
   d.reduce = options.op;
-  return impl_->Submit(std::move(d));
+  return impl_->Submit(std::move(d), options.timeout);
 }
 
 Work Communicator::Broadcast(TensorView data, const BroadcastOptions& options) {
-  OpDesc d = InPlace(OpKind::kBroadcast, data, options.timeout);
+  OpDesc d = InPlace(OpKind::kBroadcast, data);
   d.root = options.root;
-  return impl_->Submit(std::move(d));
+  return impl_->Submit(std::move(d), options.timeout);
 }
 
 Work Communicator::Reduce(TensorView data, const ReduceOptions& options) {
-  OpDesc d = InPlace(OpKind::kReduce, data, options.timeout);
+  OpDesc d = InPlace(OpKind::kReduce, data);
   d.root = options.root;
   d.reduce = options.op;
-  return impl_->Submit(std::move(d));
+  return impl_->Submit(std::move(d), options.timeout);
 }
 
 Work Communicator::Allgather(TensorView input, TensorView output, const AllgatherOptions& options) {
-  OpDesc d = InOut(OpKind::kAllgather, input, output, options.timeout);
+  OpDesc d = InOut(OpKind::kAllgather, input, output);
   d.stable_input = options.stable_input;
-  return impl_->Submit(std::move(d));
+  return impl_->Submit(std::move(d), options.timeout);
 }
 
 Work Communicator::ReduceScatter(TensorView input, TensorView output,
                                  const ReduceScatterOptions& options) {
-  OpDesc d = InOut(OpKind::kReduceScatter, input, output, options.timeout);
+  OpDesc d = InOut(OpKind::kReduceScatter, input, output);
   d.reduce = options.op;
   d.stable_input = options.stable_input;
-  return impl_->Submit(std::move(d));
+  return impl_->Submit(std::move(d), options.timeout);
 }
 
 Work Communicator::Alltoall(TensorView input, TensorView output, const AlltoallOptions& options) {
-  OpDesc d = InOut(OpKind::kAlltoall, input, output, options.timeout);
+  OpDesc d = InOut(OpKind::kAlltoall, input, output);
   d.stable_input = options.stable_input;
-  return impl_->Submit(std::move(d));
+  return impl_->Submit(std::move(d), options.timeout);
 }
 
 Work Communicator::Barrier(const BarrierOptions& options) {
-  return impl_->Submit(InPlace(OpKind::kBarrier, TensorView{}, options.timeout));
+  return impl_->Submit(InPlace(OpKind::kBarrier, TensorView{}), options.timeout);
 }
 
 Work Communicator::Send(TensorView data, int peer, const P2POptions& options) {
-  OpDesc d = InOut(OpKind::kSend, data, TensorView{}, options.timeout);
+  OpDesc d = InOut(OpKind::kSend, data, TensorView{});
   d.peer = peer;
   d.tag = options.tag;
-  return impl_->Submit(std::move(d));
+  return impl_->Submit(std::move(d), options.timeout);
 }
 
 Work Communicator::Recv(TensorView data, int peer, const P2POptions& options) {
-  OpDesc d = InOut(OpKind::kRecv, TensorView{}, data, options.timeout);
+  OpDesc d = InOut(OpKind::kRecv, TensorView{}, data);
   d.peer = peer;
   d.tag = options.tag;
-  return impl_->Submit(std::move(d));
+  return impl_->Submit(std::move(d), options.timeout);
 }
 
 }  // namespace adaptcomm

@@ -29,24 +29,33 @@ namespace {
 
 absl::Status ResolveOptions(CommunicatorOptions& o, std::string& launch_source) {
   launch_source = "options";
-  if (o.rank < 0 || o.world_size < 0) {
+  if (!o.rank.has_value() || !o.world_size.has_value()) {
     absl::StatusOr<LaunchInfo> launch = DetectLaunchEnvironment();
     if (!launch.ok()) return launch.status();
-    if (o.rank < 0) o.rank = launch->rank;
-    if (o.world_size < 0) o.world_size = launch->world_size;
-    if (o.master_addr.empty()) o.master_addr = launch->master_addr;
-    if (o.master_port == 0) o.master_port = launch->master_port;
+    if (!o.rank.has_value()) o.rank = launch->rank;
+    if (!o.world_size.has_value()) o.world_size = launch->world_size;
+    if (!o.master_addr.has_value() && !launch->master_addr.empty()) {
+      o.master_addr = launch->master_addr;
+    }
+    if (!o.master_port.has_value() && launch->master_port != 0) o.master_port = launch->master_port;
     launch_source = launch->source;
   }
-  if (o.world_size < 1) {
+  if (*o.world_size < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("world size must be at least 1, got ", o.world_size));
+        absl::StrCat("world size must be at least 1, got ", *o.world_size));
   }
-  if (o.rank >= o.world_size) {
+  if (*o.rank < 0 || *o.rank >= *o.world_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank ", o.rank, " is out of range for world size ", o.world_size));
+        absl::StrCat("rank ", *o.rank, " is out of range for world size ", *o.world_size));
   }
   if (o.name.empty()) return absl::InvalidArgumentError("communicator name must not be empty");
+  if (o.master_addr.has_value() && o.master_addr->empty()) {
+    return absl::InvalidArgumentError("CommunicatorOptions::master_addr is set but empty");
+  }
+  if (o.master_port.has_value() && (*o.master_port < 1 || *o.master_port > 65535)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommunicatorOptions::master_port ", *o.master_port, " is not a TCP port"));
+  }
   return absl::OkStatus();
 }
 
@@ -55,7 +64,7 @@ absl::Status ResolveOptions(CommunicatorOptions& o, std::string& launch_source) 
 ProfileRequest RequestFor(const CommunicatorOptions& o) {
   ProfileRequest req;
   req.model_size = o.model_size.value_or("");
-  req.world_size = o.world_size;
+  req.world_size = *o.world_size;
   req.file = o.profile_file.value_or("");
   req.strict = o.profile_strict;
   ProfileOverrides& v = req.overrides;
@@ -66,8 +75,7 @@ ProfileRequest RequestFor(const CommunicatorOptions& o) {
   v.max_retry_attempts = o.max_retry_attempts;
   v.replay = o.replay;
   v.failure_report_window = o.failure_report_window;
-  // The one string setting whose empty value means unset (a URL is never empty).
-  if (!o.store_url.empty()) v.store_url = o.store_url;
+  v.store_url = o.store_url;  // "": rank 0's TCP store, whatever the environment says
   v.flight_recorder_entries = o.flight_recorder_entries;
   v.flight_recorder_dir = o.flight_recorder_dir;
   v.check_collectives = o.check_collectives;
@@ -92,7 +100,13 @@ absl::StatusOr<EffectiveConfig> ApplyProfile(CommunicatorOptions& o, bool store)
   o.fallback = cfg->backend.allow_fallback ? Fallback::kAllow : Fallback::kDeny;
   o.timeout = cfg->timeouts.collective;
   o.init_timeout = cfg->timeouts.init;
-  o.store_url = cfg->store.url;
+  // The effective URL, unset for rank 0's TCP store: a Split child starts from these options and
+  // takes an unset store.url from the same sources its parent did.
+  if (cfg->store.url.empty()) {
+    o.store_url.reset();
+  } else {
+    o.store_url = cfg->store.url;
+  }
   for (const std::string& w : cfg->warnings) ADAPTCOMM_LOG(kWarning, "profile: ", w);
   ADAPTCOMM_LOG(kDebug, cfg->Explain());
   return cfg;
@@ -152,7 +166,7 @@ absl::StatusOr<BackendSelection> CreateBackendAgreed(const CommunicatorOptions& 
     absl::StatusOr<BackendSelection> selected =
         SelectBackend(o, config, attempt > 1 ? retry : rv, deadline, deps);
     if (attempts <= 1) return selected;
-    absl::Status agreed = AgreeOnInit(*rv.store, o.rank, o.world_size, attempt, selected.status(),
+    absl::Status agreed = AgreeOnInit(*rv.store, *o.rank, *o.world_size, attempt, selected.status(),
                                       config.retry.retryable, deadline);
     if (agreed.ok()) return selected;
     // A backend that works here is useless when a peer's failed: drop it and go again together.
@@ -238,14 +252,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
   const absl::Time deadline = absl::Now() + config.timeouts.init;
   const ElasticPolicy elastic = ElasticPolicyOf(config.elastic);
   const std::string what =
-      absl::StrCat("replacement for rank ", o.rank, " of communicator '", o.name, "'");
+      absl::StrCat("replacement for rank ", *o.rank, " of communicator '", o.name, "'");
   if (!elastic.elastic) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": joining a running job needs elastic.on_loss shrink or wait_for_replacement"));
   }
   absl::StatusOr<StoreServer> server = ResolveStoreServer(o);
   if (!server.ok()) return server.status();
-  if (o.rank == 0 && *server == StoreServer::kRankZero) {
+  if (*o.rank == 0 && *server == StoreServer::kRankZero) {
     return absl::InvalidArgumentError(absl::StrCat(
         what,
         ": rank 0 cannot be replaced (it serves the store; its loss ends the job): serve the "
@@ -260,7 +274,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
   JoinerIdentity me;
   me.who = absl::StrCat(host, ":", getpid());
   me.build = BuildVersion();
-  me.claimed_rank = o.rank;
+  me.claimed_rank = *o.rank;
   me.limits = ElasticLimits(elastic);
   absl::StatusOr<Admission> admitted = RequestAdmission(*rv->store, config, me, deadline);
   if (!admitted.ok()) {
@@ -269,7 +283,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
   }
   o.rank = admitted->rank;
   o.world_size = static_cast<int>(admitted->ids.size());
-  log::SetProcessRank(o.rank);
+  log::SetProcessRank(*o.rank);
   absl::StatusOr<BackendSelection> selected =
       SelectBackend(o, config, GenerationRendezvous(*rv, admitted->generation), deadline, deps);
   if (!selected.ok()) {
@@ -277,10 +291,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> JoinRunningCommunicator(
                         absl::StrCat(what, ": admitted, but building the backend failed: ",
                                      selected.status().message()));
   }
-  ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "': ", what, " joined as rank ", o.rank, " of ",
-                o.world_size, " at generation ", admitted->generation, " (id ", admitted->id,
-                ", admitted after ", absl::FormatDuration(absl::Now() - asked), "): backend ",
-                selected->backend->name());
+  ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "': ", what, " joined as rank ", *o.rank,
+                " of ", *o.world_size, " at generation ", admitted->generation, " (id ",
+                admitted->id, ", admitted after ", absl::FormatDuration(absl::Now() - asked),
+                "): backend ", selected->backend->name());
   JoinedAs joined;
   joined.id = admitted->id;
   joined.generation = admitted->generation;
@@ -297,7 +311,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
   CommunicatorOptions o = options;
   std::string launch_source;
   if (absl::Status s = ResolveOptions(o, launch_source); !s.ok()) return s;
-  log::SetProcessRank(o.rank);
+  log::SetProcessRank(*o.rank);
   absl::StatusOr<EffectiveConfig> config = ApplyProfile(o, /*store=*/true);
   if (!config.ok()) return config.status();
   const absl::Time deadline = absl::Now() + config->timeouts.init;
@@ -311,7 +325,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
   absl::StatusOr<Rendezvous> rv = JoinRendezvous(o, config->timeouts.store_connect, deadline);
   if (!rv.ok()) return rv.status();
   if (absl::Status same =
-          CheckSameConfigOnAllRanks(*rv->store, o.rank, o.world_size, *config,
+          CheckSameConfigOnAllRanks(*rv->store, *o.rank, *o.world_size, *config,
                                     std::max(deadline - absl::Now(), absl::Milliseconds(1)));
       !same.ok()) {
     LeaveRendezvous(std::move(*rv), o, /*healthy=*/false, config->timeouts.abort);
@@ -322,7 +336,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWith(
     LeaveRendezvous(std::move(*rv), o, /*healthy=*/false, config->timeouts.abort);
     return selected.status();
   }
-  ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "' rank ", o.rank, " of ", o.world_size,
+  ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "' rank ", *o.rank, " of ", *o.world_size,
                 ": backend ", selected->backend->name(), " (", selected->reason, "), ",
                 rv->description, ", rank/world from ", launch_source, ", profile tier '",
                 config->tier, "' (", config->file, "), op timeout ",
@@ -350,8 +364,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateCommunicatorWithBackend(
       std::move(o), std::move(*config), Rendezvous{}, std::move(backend), std::move(reason), deps));
 }
 
-Work SubmitOp(Communicator& comm, OpDesc desc) {
-  return CommunicatorAccess::Impl(comm).Submit(std::move(desc));
+Work SubmitOp(Communicator& comm, OpDesc desc, std::optional<absl::Duration> timeout) {
+  return CommunicatorAccess::Impl(comm).Submit(std::move(desc), timeout);
 }
 
 absl::StatusOr<std::shared_ptr<cuda::CudaApi>> CommunicatorCudaApi(const Communicator& comm) {

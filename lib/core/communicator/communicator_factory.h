@@ -7,8 +7,10 @@
 #define ADAPTCOMM_LIB_CORE_COMMUNICATOR_COMMUNICATOR_FACTORY_H_
 
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "adaptcomm/communicator.h"
 #include "adaptcomm/ext/backend.h"
 #include "lib/cuda/cuda_api.h"
@@ -40,11 +42,11 @@ struct CommunicatorDeps {
     std::unique_ptr<Backend> backend, const CommunicatorOptions& options,
     const CommunicatorDeps& deps);
 
-// Queues `desc` on `comm` exactly as its public collectives do (default timeout, validation,
-// order): for ops the public API has no words for, such as the OpDesc::wire allreduce of the
-// mixed-precision collectives (lib/precision). kind, views and the op's own fields are the
-// caller's; seq is assigned here.
-Work SubmitOp(Communicator& comm, OpDesc desc);
+// Queues `desc` on `comm` exactly as its public collectives do (timeout: as the *Options'
+// timeout, unset for the default; validation, order): for ops the public API has no words for,
+// such as the OpDesc::wire allreduce of the mixed-precision collectives (lib/precision). kind,
+// views and the op's own fields are the caller's; seq and timeout are assigned here.
+Work SubmitOp(Communicator& comm, OpDesc desc, std::optional<absl::Duration> timeout);
 
 // The CUDA runtime `comm` was built with: the one given, else the process's (cuda::LoadCudaApi).
 // FailedPrecondition when there is none.

@@ -49,9 +49,10 @@ class CommunicatorImpl {
                    CommunicatorDeps deps, std::optional<JoinedAs> joined = std::nullopt);
   ~CommunicatorImpl();
 
-  // Validates `desc` (generic rules, then the backend's), fills in the default timeout, queues it
-  // (or adds it to the open group).
-  Work Submit(OpDesc&& desc);
+  // Sets desc.timeout to `timeout`, or when unset to the default (collective, or long-operation
+  // inside a LongOperationScope); validates `desc` (generic rules: a timeout that is not positive
+  // is refused; then the backend's), queues it (or adds it to the open group).
+  Work Submit(OpDesc&& desc, std::optional<absl::Duration> timeout);
   // Communicator::GroupStart / GroupEnd (communicator_groups.cc).
   absl::Status GroupStart();
   absl::Status GroupEnd();

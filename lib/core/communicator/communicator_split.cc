@@ -15,9 +15,9 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "adaptcomm/communicator.h"
+#include "lib/base/store_allgather.h"
 #include "lib/core/communicator/communicator_factory.h"
 #include "lib/core/communicator/communicator_impl.h"
-#include "lib/base/store_allgather.h"
 
 namespace adaptcomm {
 
@@ -76,8 +76,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
       std::find_if(members.begin(), members.end(), [&](const Member& m) { return m.rank == me; }) -
       members.begin());
   child.world_size = static_cast<int>(members.size());
-  child.name =
-      split.name.empty() ? absl::StrCat(parent.name, "/split", n, "/color", color) : split.name;
+  // A set empty name is refused by creation, as any empty communicator name.
+  child.name = split.name.value_or(absl::StrCat(parent.name, "/split", n, "/color", color));
   child.backend = split.backend;
   // Its own flight records, beside the parent's: the files are named by rank only.
   if (const std::string& dir = impl.config().flight_recorder.dump_dir; !dir.empty()) {

@@ -27,13 +27,12 @@ struct Shape {
 };
 
 absl::StatusOr<Shape> ShapeOf(const GridOptions& o, int world) {
-  Shape s{{o.tensor, o.pipeline, o.data}, o.order};
-  if (o.tensor < 1 || o.pipeline < 1 || o.data < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("grid: sizes must be positive (tensor ",
-                                                   o.tensor, ", pipeline ", o.pipeline, ", data ",
-                                                   o.data, ")"));
+  if (o.tensor < 1 || o.pipeline < 1 || o.data.value_or(1) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grid: sizes must be positive (tensor ", o.tensor, ", pipeline ", o.pipeline,
+                     ", data ", o.data.has_value() ? absl::StrCat(*o.data) : "unset", ")"));
   }
-  if (s.size[2] == 0) s.size[2] = world / (o.tensor * o.pipeline);
+  Shape s{{o.tensor, o.pipeline, o.data.value_or(world / (o.tensor * o.pipeline))}, o.order};
   if (s.size[0] * s.size[1] * s.size[2] != world) {
     return absl::InvalidArgumentError(
         absl::StrCat("grid: tensor ", s.size[0], " x pipeline ", s.size[1], " x data ", s.size[2],
@@ -95,7 +94,6 @@ absl::StatusOr<Grid> CreateGrid(Communicator& parent, const GridOptions& options
   for (int axis = 0; axis < 3; ++axis) {
     const int u = (axis + 1) % 3, v = (axis + 2) % 3;
     const int color = c[u] * n[v] + c[v];
-    split.name = "";
     absl::StatusOr<std::unique_ptr<Communicator>> child = parent.Split(color, c[axis], split);
     if (!child.ok()) {
       return absl::Status(child.status().code(),

@@ -14,13 +14,13 @@
 #include "absl/strings/str_join.h"
 #include "lib/base/cpu_binding.h"
 #include "lib/base/log.h"
+#include "lib/base/store_allgather.h"
 #include "lib/gloo/gloo_backend.h"
 #include "lib/hier/hier_backend.h"
 #include "lib/hier/host_identity.h"
 #include "lib/nccl/nccl_backend.h"
 #include "lib/nccl/staged_backend.h"
 #include "lib/shm/shm_backend.h"
-#include "lib/base/store_allgather.h"
 
 namespace adaptcomm::internal::selection {
 namespace {
@@ -184,7 +184,7 @@ absl::StatusOr<AppliedTuning> AgreeTuning(const CommunicatorOptions& o, const Re
   const absl::Status mine =
       config::CheckFingerprint(*table, CurrentFingerprint(backend, hosts, per_host));
   absl::StatusOr<std::vector<std::pair<int, std::string>>> failed =
-      Exchange(*rv.store, absl::StrCat("tuned/", backend), o.rank, o.world_size, mine, deadline);
+      Exchange(*rv.store, absl::StrCat("tuned/", backend), *o.rank, *o.world_size, mine, deadline);
   if (!failed.ok()) return failed.status();
   if (!failed->empty()) {
     t.note = absl::StrCat("; tuned table refused: ", DescribeFailures(*failed),
@@ -214,9 +214,9 @@ absl::StatusOr<AppliedTuning> AgreeGlooTuning(const CommunicatorOptions& o, cons
   if (deps.tuned_table == nullptr) return AppliedTuning{};
   const std::string mine = deps.host_identity.empty() ? LocalHostIdentity() : deps.host_identity;
   absl::StatusOr<std::vector<std::string>> ids = ExchangeHostIdentities(
-      *CreatePrefixStore("select/tuned-host", rv.store), o.rank, o.world_size, mine, deadline);
+      *CreatePrefixStore("select/tuned-host", rv.store), *o.rank, *o.world_size, mine, deadline);
   if (!ids.ok()) return ids.status();
-  const HostAssignment hosts = AssignHosts(*ids, o.rank);
+  const HostAssignment hosts = AssignHosts(*ids, *o.rank);
   return AgreeTuning(o, rv, deadline, deps, "gloo", hosts.hosts, hosts.max_local);
 }
 
@@ -250,7 +250,7 @@ absl::StatusOr<std::unique_ptr<Backend>> BuildShm(const CommunicatorOptions& o,
                                                   const Apis& apis, const AppliedTuning& tuning,
                                                   std::string* staging_note) {
   absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateShm(o.rank, o.world_size, CreatePrefixStore("shm", rv.store), deadline, tuning);
+      CreateShm(*o.rank, *o.world_size, CreatePrefixStore("shm", rv.store), deadline, tuning);
   if (!backend.ok()) return backend.status();
   return MaybeStaged(std::move(*backend), apis, staging_note);
 }
@@ -283,7 +283,7 @@ absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
                                                    const Apis& apis, const SelectionDeps& deps,
                                                    const AppliedTuning& tuning, std::string* note) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateGlooBackend(GlooOptionsFor(
-      o, rv, deadline, deps, tuning, o.rank, o.world_size, CreatePrefixStore("gloo", rv.store)));
+      o, rv, deadline, deps, tuning, *o.rank, *o.world_size, CreatePrefixStore("gloo", rv.store)));
   if (!backend.ok()) return backend.status();
   backend = MaybeStaged(std::move(*backend), apis, note);
   if (backend.ok() && AllowedCpuCount() == 1) {
@@ -297,7 +297,7 @@ absl::StatusOr<std::unique_ptr<Backend>> BuildGloo(const CommunicatorOptions& o,
         "every op: small ops run several times slower (`adaptcomm launch --bind-to none`, or 2 or "
         "more CPUs per rank)";
     static std::once_flag logged;  // a process may create many communicators (adaptcomm tune)
-    std::call_once(logged, [&] { ADAPTCOMM_LOG(kWarning, "rank ", o.rank, ": ", warning); });
+    std::call_once(logged, [&] { ADAPTCOMM_LOG(kWarning, "rank ", *o.rank, ": ", warning); });
     absl::StrAppend(note, "; ", warning);
   }
   return backend;
@@ -325,20 +325,20 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
   const bool forced = ChoiceOf(o) == BackendChoice::kShm;
   const std::string mine = deps.host_identity.empty() ? LocalHostIdentity() : deps.host_identity;
   absl::StatusOr<std::vector<std::string>> ids = ExchangeHostIdentities(
-      *CreatePrefixStore("select/host", rv.store), o.rank, o.world_size, mine, deadline);
+      *CreatePrefixStore("select/host", rv.store), *o.rank, *o.world_size, mine, deadline);
   if (!ids.ok()) return ids.status();
-  const HostAssignment hosts = AssignHosts(*ids, o.rank);
+  const HostAssignment hosts = AssignHosts(*ids, *o.rank);
   std::string differs;
-  for (int r = 0; r < o.world_size && differs.empty(); ++r) {
+  for (int r = 0; r < *o.world_size && differs.empty(); ++r) {
     if ((*ids)[static_cast<size_t>(r)] != mine) {
       differs = absl::StrCat("rank ", r, " is on '", (*ids)[static_cast<size_t>(r)], "', rank ",
-                             o.rank, " on '", mine, "' (boot id/host name/network namespace)");
+                             *o.rank, " on '", mine, "' (boot id/host name/network namespace)");
     }
   }
   std::string not_shm;
-  if (hosts.hosts == 1 && o.world_size > 1 && !forced && !deps.intra_host_shm) {
+  if (hosts.hosts == 1 && *o.world_size > 1 && !forced && !deps.intra_host_shm) {
     not_shm = "; backend.intra_host is gloo";
-  } else if (hosts.hosts == 1 && (o.world_size > 1 || forced)) {
+  } else if (hosts.hosts == 1 && (*o.world_size > 1 || forced)) {
     absl::StatusOr<AppliedTuning> tuning =
         AgreeTuning(o, rv, deadline, deps, "shm", hosts.hosts, hosts.max_local);
     if (!tuning.ok()) return tuning.status();
@@ -346,7 +346,7 @@ absl::StatusOr<SelectedBackend> ShmOrGloo(const CommunicatorOptions& o, const Re
         BuildShm(o, rv, deadline, apis, *tuning, &staging);
     if (shm.ok()) {
       return SelectedBackend{
-          std::move(*shm), absl::StrCat(asked, forced ? "" : ": shm", ": all ", o.world_size,
+          std::move(*shm), absl::StrCat(asked, forced ? "" : ": shm", ": all ", *o.world_size,
                                         " ranks on one host", why_not_nccl, staging, tuning->note)};
     }
     if (forced && o.fallback == Fallback::kDeny) {
@@ -412,7 +412,7 @@ absl::StatusOr<std::unique_ptr<Backend>> ShrinkAgreed(const CommunicatorOptions&
                                                       const SelectionDeps& deps) {
   const absl::Status mine = nccl::CanShrinkNccl(*deps.previous);
   absl::StatusOr<std::vector<std::pair<int, std::string>>> failed =
-      Exchange(*rv.store, "shrink", o.rank, o.world_size, mine, deadline);
+      Exchange(*rv.store, "shrink", *o.rank, *o.world_size, mine, deadline);
   if (!failed.ok()) return failed.status();
   if (!failed->empty()) {
     ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "': no ncclCommShrink (",
@@ -420,8 +420,8 @@ absl::StatusOr<std::unique_ptr<Backend>> ShrinkAgreed(const CommunicatorOptions&
     return nullptr;
   }
   nccl::NcclBackendOptions no;
-  no.rank = o.rank;
-  no.size = o.world_size;
+  no.rank = *o.rank;
+  no.size = *o.world_size;
   no.device = ChooseDevice(deps);
   no.store = rv.store;
   no.init_timeout = std::max((deadline - absl::Now()) / 2, absl::Milliseconds(1));
@@ -429,7 +429,7 @@ absl::StatusOr<std::unique_ptr<Backend>> ShrinkAgreed(const CommunicatorOptions&
   no.device_timing_every = deps.device_timing_every;
   absl::StatusOr<std::unique_ptr<Backend>> shrunk =
       nccl::ShrinkNcclBackend(*deps.previous, deps.lost_ranks, no);
-  failed = Exchange(*rv.store, "shrunk", o.rank, o.world_size, shrunk.status(), deadline);
+  failed = Exchange(*rv.store, "shrunk", *o.rank, *o.world_size, shrunk.status(), deadline);
   if (!failed.ok()) return failed.status();
   if (!failed->empty()) {
     ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "': ncclCommShrink failed (",
@@ -446,8 +446,8 @@ nccl::NcclBackendOptions NcclOptionsFor(const CommunicatorOptions& o, const Rend
                                         absl::Time deadline, const Apis& apis,
                                         const SelectionDeps& deps, int device) {
   nccl::NcclBackendOptions no;
-  no.rank = o.rank;
-  no.size = o.world_size;
+  no.rank = *o.rank;
+  no.size = *o.world_size;
   no.device = device;
   no.store = rv.store;
   // A peer whose init failed publishes that before the others finish theirs: stop waiting then.
@@ -508,7 +508,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
           *std::move(shrunk),
           absl::StrCat(asked, ": nccl shrunk with ncclCommShrink on every survivor (ranks ",
                        absl::StrJoin(deps.lost_ranks, ", "), " of the previous ",
-                       o.world_size + static_cast<int>(deps.lost_ranks.size()),
+                       *o.world_size + static_cast<int>(deps.lost_ranks.size()),
                        " excluded; cuda:", device, ")")};
     }
   }
@@ -516,7 +516,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   std::string found;
   const absl::Status mine = LocalCapability(apis, deps, device, &found);
   absl::StatusOr<std::vector<std::pair<int, std::string>>> failed =
-      Exchange(*rv.store, "cap", o.rank, o.world_size, mine, deadline);
+      Exchange(*rv.store, "cap", *o.rank, *o.world_size, mine, deadline);
   if (!failed.ok()) return failed.status();
 
   std::unique_ptr<Backend> nccl_backend;
@@ -529,7 +529,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
         nccl::CreateNcclBackend(apis.nccl, apis.cuda, no);
     init = created.status();
     if (created.ok()) nccl_backend = std::move(*created);
-    failed = Exchange(*rv.store, "init", o.rank, o.world_size, init, deadline);
+    failed = Exchange(*rv.store, "init", *o.rank, *o.world_size, init, deadline);
     if (!failed.ok()) return failed.status();
     if (failed->empty()) {
       return SelectedBackend{std::move(nccl_backend), absl::StrCat(asked, ": nccl on every rank (",
@@ -576,7 +576,7 @@ absl::StatusOr<SelectedBackend> CreateHierarchicalWith(const CommunicatorOptions
   if (rv.store == nullptr) return absl::InvalidArgumentError("hierarchical backend: no store");
   const std::string mine = hier.host_identity.empty() ? LocalHostIdentity() : hier.host_identity;
   absl::StatusOr<std::vector<std::string>> ids = ExchangeHostIdentities(
-      *CreatePrefixStore("hier", rv.store), o.rank, o.world_size, mine, deadline);
+      *CreatePrefixStore("hier", rv.store), *o.rank, *o.world_size, mine, deadline);
   if (!ids.ok()) return ids.status();
   return BuildHierarchical(o, rv, deadline, deps, AppliedTuning{}, hier, *ids);
 }
@@ -589,8 +589,8 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
                                                   const AppliedTuning& tuning,
                                                   const HierarchicalDeps& hier,
                                                   const std::vector<std::string>& ids) {
-  const HostAssignment a = AssignHosts(ids, o.rank);
-  const int host = a.host_of[static_cast<size_t>(o.rank)];
+  const HostAssignment a = AssignHosts(ids, *o.rank);
+  const int host = a.host_of[static_cast<size_t>(*o.rank)];
   IntraHostGroup group;
   group.host = host;
   group.local_rank = a.local_rank;
@@ -598,7 +598,7 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
   group.store = CreatePrefixStore(absl::StrCat("hier/intra/", host), rv.store);
   group.deadline = deadline;
   HierBackendOptions h;
-  h.topology = {o.rank, o.world_size, a.host_of, a.local_rank};
+  h.topology = {*o.rank, *o.world_size, a.host_of, a.local_rank};
   std::string intra_name = "gloo";
   if (hier.intra) {
     absl::StatusOr<std::unique_ptr<Backend>> intra = hier.intra(group);
@@ -626,7 +626,7 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
     // pair, made when the pair first talks (only those two ranks run a send/recv, and a full mesh
     // of every rank up front would cost every job connections most never use).
     const GlooBackendOptions base = GlooOptionsFor(o, rv, deadline, deps, tuning, 0, 2, nullptr);
-    h.pair_transport = [base, store = rv.store, me = o.rank](
+    h.pair_transport = [base, store = rv.store, me = *o.rank](
                            int peer,
                            absl::Duration bound) -> absl::StatusOr<std::unique_ptr<Backend>> {
       GlooBackendOptions g = base;
@@ -641,7 +641,7 @@ absl::StatusOr<SelectedBackend> BuildHierarchical(const CommunicatorOptions& o,
   if (!backend.ok()) return backend.status();
   return SelectedBackend{
       *std::move(backend),
-      absl::StrCat("hierarchical: ", o.world_size, " ranks on ", a.hosts,
+      absl::StrCat("hierarchical: ", *o.world_size, " ranks on ", a.hosts,
                    a.hosts == 1 ? " host" : " hosts", " (at most ", a.max_local,
                    " per host; this rank is local rank ", a.local_rank, " of ", a.local_size,
                    " on host ", host, "); ", intra_name, " within each host, gloo among the ",

@@ -77,7 +77,7 @@ std::string StoreBindAddress(const std::string& master) {
 }
 
 std::string ClaimKey(const CommunicatorOptions& o) {
-  return absl::StrCat("adaptcomm/claims/", o.name, "/", o.rank);
+  return absl::StrCat("adaptcomm/claims/", o.name, "/", *o.rank);
 }
 // Who holds the claim ("host:pid"), for the message that refuses a second claimant.
 std::string ClaimantKey(const CommunicatorOptions& o) { return ClaimKey(o) + "/by"; }
@@ -95,11 +95,11 @@ std::string ThisProcess() {
 absl::StatusOr<std::string> JoinAllRanks(Store& store, const CommunicatorOptions& o,
                                          const std::string& me, absl::Time deadline) {
   absl::StatusOr<StoreGathered> joined =
-      AllGatherThroughStore(store, "join/", o.rank, o.world_size, me, deadline);
+      AllGatherThroughStore(store, "join/", *o.rank, *o.world_size, me, deadline);
   if (!joined.ok()) return joined.status();
   if (joined->complete) return *joined->values[0];
   return absl::DeadlineExceededError(
-      absl::StrCat("rank(s) ", absl::StrJoin(joined->Missing(), ", "), " of ", o.world_size,
+      absl::StrCat("rank(s) ", absl::StrJoin(joined->Missing(), ", "), " of ", *o.world_size,
                    " did not join communicator '", o.name, "' within the init timeout of ",
                    absl::FormatDuration(o.init_timeout.value_or(absl::ZeroDuration()))));
 }
@@ -112,7 +112,7 @@ std::string ExternalStorePrefix(const std::string& token) {
 
 absl::StatusOr<StoreServer> ResolveStoreServer(const CommunicatorOptions& o) {
   if (o.store != nullptr) return StoreServer::kCaller;
-  if (!o.store_url.empty()) return StoreServer::kUrl;
+  if (!o.store_url.value_or("").empty()) return StoreServer::kUrl;
   const char* external = Env("ADAPTCOMM_STORE_EXTERNAL");
   if (external == nullptr || std::string(external) == "0") return StoreServer::kRankZero;
   if (std::string(external) == "1") return StoreServer::kExternal;
@@ -145,7 +145,7 @@ absl::Status ConnectUrlStore(const CommunicatorOptions& o, const std::string& to
                              std::string& master) {
   // A server that other jobs may share: this job's keys live under its token.
   ExternalStoreOptions external;
-  external.url = o.store_url;
+  external.url = *o.store_url;
   external.prefix = ExternalStorePrefix(token);
   external.connect_timeout =
       std::max(std::min(store_connect, deadline - absl::Now()), absl::Milliseconds(1));
@@ -153,7 +153,7 @@ absl::Status ConnectUrlStore(const CommunicatorOptions& o, const std::string& to
   absl::StatusOr<std::shared_ptr<Store>> client = ConnectExternalStore(external);
   if (!client.ok()) return client.status();
   rv.root_store = *std::move(client);
-  absl::StatusOr<StoreUrl> url = ParseStoreUrl(o.store_url);
+  absl::StatusOr<StoreUrl> url = ParseStoreUrl(*o.store_url);
   if (!url.ok()) return url.status();  // ConnectExternalStore accepted it: not reached
   rv.description = absl::StrCat(url->scheme, " store ", RedactedStoreUrl(*url),
                                 token.empty() ? " (no job token: keys under 'default')" : "");
@@ -167,15 +167,15 @@ absl::Status ConnectUrlStore(const CommunicatorOptions& o, const std::string& to
 absl::Status ConnectTcpStoreOf(const CommunicatorOptions& o, const std::string& token,
                                absl::Duration store_connect, absl::Time deadline, Rendezvous& rv,
                                std::string& master) {
-  int port = o.master_port;
-  if (port == 0) {
+  int port = o.master_port.value_or(0);
+  if (!o.master_port.has_value()) {
     const char* env =
         Env("ADAPTCOMM_MASTER_PORT") ? Env("ADAPTCOMM_MASTER_PORT") : Env("MASTER_PORT");
     if (env != nullptr && (!absl::SimpleAtoi(env, &port) || port <= 0 || port > 65535)) {
       return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT='", env, "' is not a TCP port"));
     }
   }
-  if (port == 0) {
+  if (port == 0) {  // neither the option nor the environment names one
     return absl::InvalidArgumentError(
         "no rendezvous: set CommunicatorOptions::store, or master_port (or MASTER_PORT), e.g. "
         "by starting ranks with `adaptcomm launch -n N -- ...` or torchrun");
@@ -190,7 +190,7 @@ absl::Status ConnectTcpStoreOf(const CommunicatorOptions& o, const std::string& 
   // A request the store has not answered this long past its own wait is lost (a cut link, a
   // dead rank 0): the profile's store bound, not TCP's minutes of retransmissions.
   tcp.io_timeout = std::max(store_connect, absl::Seconds(1));
-  if (o.rank == 0 && rv.store_server == StoreServer::kRankZero) {
+  if (*o.rank == 0 && rv.store_server == StoreServer::kRankZero) {
     TcpStoreOptions serve = tcp;
     serve.host = StoreBindAddress(master);
     absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = StartTcpStoreServer(serve);
@@ -285,8 +285,8 @@ absl::StatusOr<Joined> ClaimAndJoin(const CommunicatorOptions& o, absl::Time dea
     const std::string holder = rv.root_store->Get(ClaimantKey(o), kClaimantBound)
                                    .value_or("a process that did not say who it is");
     return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", o.rank, " of communicator '", o.name, "' is already held by ", holder,
-        "; this process (", me, ") is refused: two processes were started as rank ", o.rank,
+        "rank ", *o.rank, " of communicator '", o.name, "' is already held by ", holder,
+        "; this process (", me, ") is refused: two processes were started as rank ", *o.rank,
         " (check the launcher's RANK), or two communicators sharing a store have the same "
         "CommunicatorOptions::name (give each its own); a process replacing a lost rank joins "
         "with ElasticOptions::join (ADAPTCOMM_ELASTIC_JOIN=1)"));
@@ -299,7 +299,7 @@ absl::StatusOr<Joined> ClaimAndJoin(const CommunicatorOptions& o, absl::Time dea
   // creations is an incarnation number all ranks agree on; it keeps the keys of a communicator
   // apart from those of an earlier one of the same name on the same store.
   absl::StatusOr<int64_t> created =
-      rv.root_store->Add(absl::StrCat("adaptcomm/incarnations/", o.name, "/", o.rank), 1);
+      rv.root_store->Add(absl::StrCat("adaptcomm/incarnations/", o.name, "/", *o.rank), 1);
   if (!created.ok()) return created.status();
   joined.incarnation = *created;
   rv.store = CreatePrefixStore(absl::StrCat("adaptcomm/comm/", o.name, "/", joined.incarnation),
@@ -317,8 +317,9 @@ absl::StatusOr<Joined> ClaimAndJoin(const CommunicatorOptions& o, absl::Time dea
 // GLOO_SOCKET_IFNAME, else the local address that routes to the master.
 absl::Status ChooseTransport(const CommunicatorOptions& o, const std::string& master,
                              Rendezvous& rv) {
-  rv.transport_iface = o.iface;
-  if (rv.transport_iface.empty() && Env("GLOO_SOCKET_IFNAME") != nullptr) {
+  if (o.iface.has_value()) {
+    rv.transport_iface = *o.iface;  // "": the routed address, whatever GLOO_SOCKET_IFNAME says
+  } else if (Env("GLOO_SOCKET_IFNAME") != nullptr) {
     rv.transport_iface = Env("GLOO_SOCKET_IFNAME");
   }
   if (rv.transport_iface.empty()) {
@@ -341,13 +342,13 @@ absl::StatusOr<Rendezvous> JoinRendezvous(const CommunicatorOptions& o,
   absl::StatusOr<StoreServer> server_kind = ResolveStoreServer(o);
   if (!server_kind.ok()) return server_kind.status();
   rv.store_server = *server_kind;
-  std::string master = o.master_addr;
-  if (master.empty()) {
+  std::string master = o.master_addr.value_or("");
+  if (!o.master_addr.has_value()) {
     const char* env =
         Env("ADAPTCOMM_MASTER_ADDR") ? Env("ADAPTCOMM_MASTER_ADDR") : Env("MASTER_ADDR");
     if (env != nullptr) master = env;
   }
-  const std::string token = !o.store_token.empty()                    ? o.store_token
+  const std::string token = o.store_token.has_value()                 ? *o.store_token
                             : Env("ADAPTCOMM_STORE_TOKEN") != nullptr ? Env("ADAPTCOMM_STORE_TOKEN")
                                                                       : "";
   if (o.store != nullptr) {
@@ -383,8 +384,8 @@ void LeaveRendezvous(Rendezvous rendezvous, const CommunicatorOptions& o, bool h
   auto departure = std::make_shared<Departure>();
   departure->rv = std::move(rendezvous);
   departure->claim = ClaimKey(o);
-  departure->rank = o.rank;
-  departure->world_size = o.world_size;
+  departure->rank = *o.rank;
+  departure->world_size = *o.world_size;
   departure->serve_for =
       healthy ? std::min(o.init_timeout.value_or(absl::Seconds(30)), absl::Seconds(30))
               : absl::Seconds(1);
@@ -410,7 +411,7 @@ void LeaveRendezvous(Rendezvous rendezvous, const CommunicatorOptions& o, bool h
     departure->done.Notify();
   }).detach();
   if (!departure->done.WaitForNotificationWithTimeout(bound)) {
-    ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "' rank ", o.rank,
+    ADAPTCOMM_LOG(kWarning, "communicator '", o.name, "' rank ", *o.rank,
                   ": leaving the rendezvous did not finish within ", absl::FormatDuration(bound),
                   " (the store is unreachable or overloaded); not waiting for it");
   }

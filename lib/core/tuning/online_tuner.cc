@@ -507,8 +507,8 @@ std::shared_ptr<OnlineTuner> StartOnlineTuner(const CommunicatorOptions& options
                                               const std::shared_ptr<OpExecutor>& executor) {
   OnlineTunerOptions t;
   t.settings = config.tuning.online;
-  t.rank = options.rank;
-  t.world_size = options.world_size;
+  t.rank = *options.rank;  // resolved at creation
+  t.world_size = *options.world_size;
   t.communicator = options.name;
   t.backend = executor->backend().name();
   t.knob_space = executor->backend().capabilities().per_op_knobs;
