@@ -1,27 +1,34 @@
 // What metrics cost a small shared-memory allreduce, and what a flood of requests to the metrics
 // endpoint costs the job: every rank runs two communicators on shm, one with metrics.enabled
 // false and one with metrics on and the endpoint served, in alternating rounds; a third kind of
-// round runs the metrics communicator while a forked client sends `--flood-rate` requests a
-// second to rank 0's endpoint.
+// round runs the metrics communicator while a forked client opens `--flood-rate` connections a
+// second to rank 0's endpoint (open loop: whether or not earlier ones were answered), each
+// sending one request.
 //
 //   metrics_bench [--ranks 2] [--bytes 4096] [--ops 2000] [--rounds 15] [--flood-rate 1000]
-//                 [--port BASE] [--control 0|1] [--monitor 0|1] [--bind-to auto|core|none]
+//                 [--port BASE] [--control 0|1] [--monitor 0|1] [--backend shm|gloo]
+//                 [--max-scrapes N] [--bind-to auto|core|none]
 //
 // --monitor 1 creates both communicators through the store (Communicator::Create, shm forced) so
 // that the metrics one also runs fail-slow detection (monitor.enabled, at its default interval).
+// --backend gloo does the same with Gloo communicators (loopback TCP).
 // --control 1 turns metrics off in the second communicator too: the A/A difference that its
 // position alone makes. METRICS_BENCH_OBSERVER_ONLY=1 times the observer's callbacks alone.
 //
 // float32 sum allreduce through Communicator::Allreduce().Wait(); ranks are forked processes
 // sharing a file store, bound like `adaptcomm launch` binds. Prints the median over rounds of each
 // round's mean op time, and the ratios.
+#include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -34,7 +41,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "adaptcomm/adaptcomm.h"
-#include "httplib.h"
 #include "lib/base/cpu_binding.h"
 #include "lib/base/wall_clock.h"
 #include "lib/shm/shm_backend.h"
@@ -55,6 +61,9 @@ struct Config {
   bool control = false;
   // Both communicators rendezvous through the store: the metrics one runs the fail-slow monitor.
   bool monitor = false;
+  // gloo: both communicators are Gloo ones made through the store (with the fail-slow monitor).
+  bool gloo = false;
+  int max_scrapes = 0;  // metrics.max_scrapes_per_second of the "on" profile; 0: its default
   adaptcomm::CpuBindMode bind = adaptcomm::CpuBindMode::kAuto;
 };
 
@@ -62,6 +71,7 @@ struct Config {
 struct Shared {
   std::atomic<int> flood{0};
   std::atomic<int> stop{0};
+  std::atomic<long> attempts{0};
   std::atomic<long> ok{0};
   std::atomic<long> refused{0};
   std::atomic<long> failed{0};
@@ -88,11 +98,11 @@ std::unique_ptr<adaptcomm::Communicator> Make(const Config& cfg, int rank,
   o.name = name;
   o.profile_file = profile;
   absl::StatusOr<std::unique_ptr<adaptcomm::Communicator>> comm;
-  if (cfg.monitor) {
+  if (cfg.monitor || cfg.gloo) {
     o.rank = rank;
     o.world_size = cfg.ranks;
     o.store = store;
-    o.backend = adaptcomm::BackendChoice::kShm;
+    o.backend = cfg.gloo ? adaptcomm::BackendChoice::kGloo : adaptcomm::BackendChoice::kShm;
     o.fallback = adaptcomm::Fallback::kDeny;
     comm = adaptcomm::Communicator::Create(o);
   } else {
@@ -131,11 +141,15 @@ void RankMain(const Config& cfg, int rank, const std::string& dir, Shared* share
   auto store = adaptcomm::CreateFileStore(dir);
   if (!store.ok()) std::_Exit(1);
   auto off = Make(cfg, rank, *store, "off", Profile(dir, "off", rank, "    enabled: false\n"));
-  auto on =
-      Make(cfg, rank, *store, "on",
-           Profile(dir, "on", rank,
-                   cfg.control ? std::string("    enabled: false\n")
-                               : absl::StrCat("    enabled: true\n    port: ", cfg.port, "\n")));
+  auto on = Make(
+      cfg, rank, *store, "on",
+      Profile(dir, "on", rank,
+              cfg.control
+                  ? std::string("    enabled: false\n")
+                  : absl::StrCat("    enabled: true\n    port: ", cfg.port, "\n",
+                                 cfg.max_scrapes > 0 ? absl::StrCat("    max_scrapes_per_second: ",
+                                                                    cfg.max_scrapes, "\n")
+                                                     : std::string())));
   std::vector<float> data(cfg.bytes / sizeof(float), 1.0f);
   Round(*off, data, 50);
   Round(*on, data, 50);
@@ -162,41 +176,116 @@ void RankMain(const Config& cfg, int rank, const std::string& dir, Shared* share
   if (rank != 0) return;
   const double m_off = Median(t_off), m_on = Median(t_on), m_flood = Median(t_flood);
   std::printf(
-      "%d ranks shm allreduce %zu B, %d ops x %d rounds: metrics off %.3f us, on %.3f us%s "
+      "%d ranks %s allreduce %zu B, %d ops x %d rounds: metrics off %.3f us, on %.3f us%s "
       "(on/off %.4f), on + %d req/s flood %.3f us (flood/on %.4f)\n",
-      cfg.ranks, cfg.bytes, cfg.ops, cfg.rounds, m_off, m_on,
+      cfg.ranks, cfg.gloo ? "gloo" : "shm", cfg.bytes, cfg.ops, cfg.rounds, m_off, m_on,
       cfg.control ? " (control: off too)" : "", m_on / m_off, cfg.flood_rate, m_flood,
       m_flood / m_on);
   std::fflush(stdout);
 }
 
+// One connection attempt of the flood, open until answered or a second old.
+struct Attempt {
+  int fd;
+  Clock::time_point started;
+  bool sent = false;
+};
+
+// Ends `a`: counts what it got. True when it is over.
+bool Advance(Attempt& a, short revents, Shared* shared) {
+  if (!a.sent && (revents & POLLOUT) != 0) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(a.fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      shared->failed.fetch_add(1);
+      return true;
+    }
+    static constexpr char kRequest[] =
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    a.sent = send(a.fd, kRequest, sizeof(kRequest) - 1, MSG_NOSIGNAL) > 0;
+    if (!a.sent) {
+      shared->failed.fetch_add(1);
+      return true;
+    }
+  }
+  if (a.sent && (revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+    char head[16] = {};
+    const ssize_t n = recv(a.fd, head, sizeof(head) - 1, 0);
+    if (n >= 12 && std::string(head, 12) == "HTTP/1.1 200") {
+      shared->ok.fetch_add(1);
+    } else if (n > 0) {
+      shared->refused.fetch_add(1);
+    } else {
+      shared->failed.fetch_add(1);
+    }
+    return true;
+  }
+  if (Clock::now() - a.started > std::chrono::seconds(1)) {
+    shared->failed.fetch_add(1);  // not accepted (the listen queue was full) or not answered
+    return true;
+  }
+  return false;
+}
+
+// Open loop: a new connection attempt every 1/rate s whatever became of the earlier ones, as many
+// independent clients would send them (a client that waits for each answer is paced by the server).
 void Flood(const Config& cfg, Shared* shared) {
-  // The scraper stands for a client on another machine: on this one it must not take the ranks'
+  // The scraper stands for clients on other machines: on this one it must not take the ranks'
   // cores itself (its own CPU is not what the job pays for a flood).
   sched_param param{};
   (void)sched_setscheduler(0, SCHED_IDLE, &param);
-  httplib::Client client("127.0.0.1", cfg.port);
-  client.set_connection_timeout(1);
-  client.set_read_timeout(1);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(cfg.port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   const auto period = std::chrono::nanoseconds(1000000000L / std::max(cfg.flood_rate, 1));
+  std::vector<Attempt> open;
   auto next = Clock::now();
   while (shared->stop.load() == 0) {
     if (shared->flood.load() == 0) {
+      for (Attempt& a : open) {
+        shared->failed.fetch_add(1);  // still waiting when the flood round ended
+        close(a.fd);
+      }
+      open.clear();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       next = Clock::now();
       continue;
     }
-    auto res = client.Get("/metrics");
-    if (!res) {
-      shared->failed.fetch_add(1);
-    } else if (res->status == 200) {
-      shared->ok.fetch_add(1);
-    } else {
-      shared->refused.fetch_add(1);
+    while (Clock::now() >= next && open.size() < 4096) {
+      next += period;
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      shared->attempts.fetch_add(1);
+      if (connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) != 0 &&
+          errno != EINPROGRESS) {
+        shared->failed.fetch_add(1);
+        close(fd);
+        continue;
+      }
+      open.push_back({fd, Clock::now()});
     }
-    next += period;
-    std::this_thread::sleep_until(next);
+    std::vector<pollfd> fds;
+    for (const Attempt& a : open) {
+      fds.push_back({a.fd, static_cast<short>(a.sent ? POLLIN : POLLOUT), 0});
+    }
+    // Sleeps to the next attempt at nanosecond precision: a millisecond poll would spin at 1000/s.
+    const int64_t wait_ns = std::max<int64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(next - Clock::now()).count(), 0);
+    const timespec wait{static_cast<time_t>(wait_ns / 1000000000),
+                        static_cast<long>(wait_ns % 1000000000)};
+    (void)ppoll(fds.data(), fds.size(), &wait, nullptr);
+    std::vector<Attempt> still;
+    for (size_t i = 0; i < open.size(); ++i) {
+      if (Advance(open[i], fds[i].revents, shared)) {
+        close(open[i].fd);
+      } else {
+        still.push_back(open[i]);
+      }
+    }
+    open.swap(still);
   }
+  for (Attempt& a : open) close(a.fd);
 }
 
 // The observer's own cost per op: the three callbacks with the clock reads the executor takes;
@@ -264,6 +353,12 @@ bool Parse(int argc, char** argv, Config& cfg) {
       int m = 0;
       ok = absl::SimpleAtoi(v, &m) && (m == 0 || m == 1);
       cfg.monitor = m == 1;
+    } else if (a == "--max-scrapes") {
+      ok = absl::SimpleAtoi(v, &cfg.max_scrapes) && cfg.max_scrapes >= 1;
+    } else if (a == "--backend") {
+      const std::string backend = v;
+      ok = backend == "shm" || backend == "gloo";
+      cfg.gloo = backend == "gloo";
     } else if (a == "--bind-to") {
       absl::StatusOr<adaptcomm::CpuBindMode> mode = adaptcomm::ParseCpuBindMode(v);
       ok = mode.ok();
@@ -283,8 +378,8 @@ int main(int argc, char** argv) {
   if (!Parse(argc, argv, cfg)) {
     std::fprintf(stderr,
                  "usage: metrics_bench [--ranks N] [--bytes B] [--ops N] [--rounds N] "
-                 "[--flood-rate N] [--port BASE] [--control 0|1] [--monitor 0|1] [--bind-to "
-                 "auto|core|none]\n");
+                 "[--flood-rate N] [--port BASE] [--control 0|1] [--monitor 0|1] [--backend "
+                 "shm|gloo] [--max-scrapes N] [--bind-to auto|core|none]\n");
     return 2;
   }
   if (getenv("METRICS_BENCH_OBSERVER_ONLY") != nullptr) {
@@ -325,7 +420,9 @@ int main(int argc, char** argv) {
   }
   shared->stop.store(1);
   waitpid(flooder, nullptr, 0);
-  std::printf("flood requests: %ld answered 200, %ld answered 429, %ld failed\n", shared->ok.load(),
-              shared->refused.load(), shared->failed.load());
+  std::printf(
+      "flood: %ld connection attempts, %ld answered 200, %ld answered otherwise, %ld refused, "
+      "dropped or unanswered (within 1 s, or by the end of their round)\n",
+      shared->attempts.load(), shared->ok.load(), shared->refused.load(), shared->failed.load());
   return failed == 0 ? 0 : 1;
 }

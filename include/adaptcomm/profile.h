@@ -208,7 +208,7 @@ struct MetricsSettings {
   std::string address = "0.0.0.0";
   std::string textfile;  // "{rank}" becomes the rank; empty: none
   absl::Duration textfile_interval = absl::Seconds(15);
-  int max_scrapes_per_second = 50;
+  int max_scrapes_per_second = 10;
   // NCCL device ops timed on the device with CUDA events (docs/monitoring.md): one in this many,
   // the same ops on every rank; 0: none (their times are the host's: launch to found done).
   int device_timing_every = 16;

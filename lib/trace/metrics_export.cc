@@ -6,9 +6,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -51,6 +53,27 @@ absl::Status WriteAtomically(const std::string& path, const std::string& text) {
   }
   return absl::OkStatus();
 }
+
+// The listener hands each accepted connection to two workers, then accepts the next one no
+// sooner than 1/per_second later. Pacing the accepts rather than answering the excess (429) is
+// what keeps a flood cheap: an unaccepted connection costs this process nothing, and once the
+// listen queue is full the kernel drops further SYNs (the clients' TCP retries them).
+class PacedTaskQueue final : public httplib::TaskQueue {
+ public:
+  explicit PacedTaskQueue(int per_second)
+      : interval_(absl::Seconds(1) / std::max(per_second, 1)), workers_(2) {}
+
+  void enqueue(std::function<void()> fn) override {
+    workers_.enqueue(std::move(fn));
+    // At most 1 s (per_second >= 1): Server::stop() ends the listener once it is over.
+    absl::SleepFor(interval_);
+  }
+  void shutdown() override { workers_.shutdown(); }
+
+ private:
+  const absl::Duration interval_;
+  httplib::ThreadPool workers_;
+};
 
 class Exporter {
  public:
@@ -96,18 +119,13 @@ class Exporter {
  private:
   void StartServerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto server = std::make_unique<httplib::Server>();
-    server->new_task_queue = [] { return new httplib::ThreadPool(2); };
-    server->set_keep_alive_timeout(1);
+    const int per_second = options_.max_scrapes_per_second;
+    server->new_task_queue = [per_second] { return new PacedTaskQueue(per_second); };
+    server->set_keep_alive_max_count(1);  // every request is an accepted connection: paced
     server->set_read_timeout(2);
     server->set_write_timeout(2);
-    const int limit = options_.max_scrapes_per_second;
-    server->Get("/metrics", [this, limit](const httplib::Request& req, httplib::Response& res) {
+    server->Get("/metrics", [](const httplib::Request& req, httplib::Response& res) {
       LowerThreadPriority();
-      if (!Admit(limit)) {
-        res.status = 429;
-        res.set_content("too many requests\n", "text/plain");
-        return;
-      }
       const bool om = absl::StrContains(req.get_header_value("Accept"), "openmetrics-text");
       res.set_content(RenderMetrics(om),
                       om ? "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -136,17 +154,6 @@ class Exporter {
       LowerThreadPriority();
       s->listen_after_bind();
     });
-  }
-
-  // At most `limit` renders in any one-second window.
-  bool Admit(int limit) {
-    absl::MutexLock lock(&rate_mu_);
-    const absl::Time now = absl::Now();
-    if (now - window_start_ >= absl::Seconds(1)) {
-      window_start_ = now;
-      window_count_ = 0;
-    }
-    return ++window_count_ <= limit;
   }
 
   void TextfileLoop() {
@@ -182,9 +189,6 @@ class Exporter {
   std::thread listener_ ABSL_GUARDED_BY(mu_);
   std::thread textfile_thread_ ABSL_GUARDED_BY(mu_);
   int port_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Mutex rate_mu_;
-  absl::Time window_start_ ABSL_GUARDED_BY(rate_mu_);
-  int window_count_ ABSL_GUARDED_BY(rate_mu_) = 0;
 
   friend class ExportHandle;
 };

@@ -5,8 +5,10 @@
 //
 // Exporting never fails the job: a port that is taken or out of range is logged once and the
 // process runs without the server. The server runs two worker threads at the lowest CPU priority
-// and answers at most max_scrapes_per_second renders (429 beyond), so that a flood of requests
-// cannot take the ranks' CPU.
+// and accepts at most max_scrapes_per_second connections a second, one request each: past that
+// pace connections wait in the kernel's listen queue, and the kernel drops attempts past that
+// queue before this process spends anything on them, so that a flood of requests cannot take the
+// ranks' CPU.
 #ifndef ADAPTCOMM_LIB_TRACE_METRICS_EXPORT_H_
 #define ADAPTCOMM_LIB_TRACE_METRICS_EXPORT_H_
 
@@ -25,7 +27,7 @@ struct MetricsExportOptions {
   // Written every textfile_interval (and at the end) when not empty; "{rank}" becomes `rank`.
   std::string textfile;
   absl::Duration textfile_interval = absl::Seconds(15);
-  int max_scrapes_per_second = 50;
+  int max_scrapes_per_second = 10;
   int rank = 0;
 };
 
