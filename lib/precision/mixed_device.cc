@@ -162,8 +162,9 @@ class DeviceOp {
   const std::string name_;
 };
 
-// mixed.cc's Exchange over device scratch: this rank's fingerprint is copied up, allgathered on
-// the communication stream and copied back. Same checks, same messages, same result on all ranks.
+// MixedOpRunner::Exchange (mixed_runner.cc) over device scratch: this rank's fingerprint is copied
+// up, allgathered on the communication stream and copied back. Same checks, same messages, same
+// result on all ranks.
 absl::Status DeviceOp::Exchange(DType wire, bool* resend) {
   const size_t n = static_cast<size_t>(comm_.size());
   const size_t need = kFpFields * (n + 1);

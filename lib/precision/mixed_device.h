@@ -47,7 +47,7 @@
 
 namespace adaptcomm {
 
-// What mixed.cc's runner hands the device path.
+// What the host runner (mixed_runner.h) hands the device path.
 struct DeviceMixedCall {
   // The context's device state slot (MixedPrecisionContext::State::device; its call_mu is held).
   std::shared_ptr<void>* device_state = nullptr;

@@ -1,7 +1,7 @@
 // The fingerprint a mixed-precision op exchanges at the global barrier (and before an fp16 overflow
 // decision): what each rank is calling, whether its hooks failed, and its cast counts. Shared by
-// the host path (mixed.cc) and the device path (mixed_device.cc), so both judge alike and give the
-// same messages.
+// the host path (mixed_runner.cc) and the device path (mixed_device.cc), so both judge alike and
+// give the same messages.
 #ifndef ADAPTCOMM_LIB_PRECISION_MIXED_FINGERPRINT_H_
 #define ADAPTCOMM_LIB_PRECISION_MIXED_FINGERPRINT_H_
 

@@ -1,5 +1,6 @@
 // Internal to lib/precision/mixed*.cc: the hook registry, the context state, and the helpers the
-// host runner (mixed.cc) and the device path (mixed_device.cc) share; defined in mixed_hooks.cc.
+// host runner (mixed_runner.h) and the device path (mixed_device.cc) share; defined in
+// mixed_hooks.cc.
 #ifndef ADAPTCOMM_LIB_PRECISION_MIXED_INTERNAL_H_
 #define ADAPTCOMM_LIB_PRECISION_MIXED_INTERNAL_H_
 
