@@ -1,4 +1,4 @@
-// The options of `adaptcomm launch` and their command line (tools/launch_cmd.cc runs the job).
+// The options of `adaptcomm launch` and their command line (tools/launcher.h runs the job).
 #ifndef ADAPTCOMM_TOOLS_LAUNCH_OPTIONS_H_
 #define ADAPTCOMM_TOOLS_LAUNCH_OPTIONS_H_
 
