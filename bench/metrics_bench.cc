@@ -96,7 +96,7 @@ std::unique_ptr<adaptcomm::Communicator> Make(const Config& cfg, int rank,
                                               const char* name, const std::string& profile) {
   adaptcomm::CommunicatorOptions o;
   o.name = name;
-  o.profile_file = profile;
+  if (!profile.empty()) o.profile_file = profile;
   absl::StatusOr<std::unique_ptr<adaptcomm::Communicator>> comm;
   if (cfg.monitor || cfg.gloo) {
     o.rank = rank;

@@ -83,7 +83,7 @@ std::unique_ptr<Communicator> Create(const Config& c, int rank,
   o.world_size = c.ranks;
   o.store = std::move(store);
   o.name = name;
-  o.profile_file = profile;
+  if (!profile.empty()) o.profile_file = profile;
   o.backend = adaptcomm::BackendChoice::kShm;
   o.fallback = adaptcomm::Fallback::kDeny;
   o.timeout = absl::Seconds(120);

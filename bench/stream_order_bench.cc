@@ -177,7 +177,7 @@ std::unique_ptr<Communicator> FakeCommunicator(const Seams& seams,
                                                std::optional<int> retry_attempts,
                                                const std::string& profile = "") {
   CommunicatorOptions o;
-  o.profile_file = profile;
+  if (!profile.empty()) o.profile_file = profile;
   o.rank = 0;
   o.world_size = 1;
   o.store = CreateHashStore();

@@ -204,7 +204,7 @@ TEST(Bucketer, BucketSizeComesFromTheProfile) {
                          << "tiers:\n  - name: test\n    params: any\n";
   testing::RunRanks(RankMode::kThreads, 1, [&](const RankEnv& env) {
     CommunicatorOptions o = env.options;
-    o.profile_file = profile;
+    if (!profile.empty()) o.profile_file = profile;
     auto comm = Communicator::Create(o);
     ASSERT_TRUE(comm.ok()) << comm.status();
     EXPECT_EQ((*comm)->config().buckets.bytes, 8192u);

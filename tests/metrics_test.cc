@@ -304,13 +304,13 @@ TEST(MetricsProfileTest, OutOfRangeRefusedAtLoadWithFileAndLine) {
   req.file = WriteProfile("  metrics:\n    enabled: true\n    port: 70000\n");
   absl::StatusOr<EffectiveConfig> cfg = ResolveProfile(req);
   ASSERT_FALSE(cfg.ok());
-  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr(req.file + ":5"));
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr(*req.file + ":5"));
   EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("metrics.port"));
 
   req.file = WriteProfile("  metrics:\n    textfile_interval: 100ms\n");
   cfg = ResolveProfile(req);
   ASSERT_FALSE(cfg.ok());
-  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr(req.file + ":4"));
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr(*req.file + ":4"));
 
   req.file = WriteProfile("  metrics:\n    max_scrapes_per_second: 0\n");
   EXPECT_FALSE(ResolveProfile(req).ok());
@@ -318,7 +318,7 @@ TEST(MetricsProfileTest, OutOfRangeRefusedAtLoadWithFileAndLine) {
   req.file = WriteProfile("  metrics:\n    device_timing_every: -1\n");
   cfg = ResolveProfile(req);
   ASSERT_FALSE(cfg.ok());
-  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr(req.file + ":4"));
+  EXPECT_THAT(std::string(cfg.status().message()), HasSubstr(*req.file + ":4"));
   EXPECT_THAT(std::string(cfg.status().message()), HasSubstr("metrics.device_timing_every"));
   req.file = WriteProfile("  metrics:\n    device_timing_every: 4\n");
   cfg = ResolveProfile(req);

@@ -315,7 +315,7 @@ TEST(DeviceTiming, MetricsCountTheDeviceTime) {
         CommunicatorOptions o = env.options;
         o.name = "device_timed";
         o.backend = BackendChoice::kAuto;
-        o.profile_file = profile;
+        if (!profile.empty()) o.profile_file = profile;
         o.timeout = absl::Seconds(30);
         auto comm = internal::CreateCommunicatorWith(
             o, testing::FakeSeams(apis[static_cast<size_t>(env.rank)]));

@@ -105,7 +105,7 @@ ShrinkRun KillOneOfFour(bool fake_has_comm_shrink) {
         auto store = std::make_shared<CuttableStore>(env.options.store);
         CommunicatorOptions o = env.options;
         o.store = store;
-        o.profile_file = profile;
+        if (!profile.empty()) o.profile_file = profile;
         o.backend = BackendChoice::kNccl;
         o.fallback = Fallback::kDeny;
         o.timeout = absl::Seconds(1);  // how long the survivors wait for the dead rank's part
@@ -228,7 +228,7 @@ void TearDownWithBadPeer(Peer peer, Teardown how) {
         auto store = std::make_shared<CuttableStore>(env.options.store);
         CommunicatorOptions o = env.options;
         o.store = store;
-        o.profile_file = profile;
+        if (!profile.empty()) o.profile_file = profile;
         o.backend = BackendChoice::kNccl;
         o.fallback = Fallback::kDeny;
         o.timeout = how == Teardown::kDestroy ? absl::Seconds(1) : absl::Seconds(60);

@@ -93,7 +93,7 @@ std::vector<std::shared_ptr<FakeNcclApi>> FakesWithFailingRank(const FakeNcclFau
 CommunicatorOptions RankOptions(const testing::RankEnv& env, const std::string& profile,
                                 BackendChoice backend) {
   CommunicatorOptions o = env.options;
-  o.profile_file = profile;
+  if (!profile.empty()) o.profile_file = profile;
   o.backend = backend;
   return o;
 }

@@ -87,7 +87,7 @@ absl::StatusOr<HeldRank> StartHeld(FakeRanks& fakes, const testing::RankEnv& env
   held.fake = &fakes.api(env.rank);
   held.fake->HoldStreams(true);
   CommunicatorOptions o = Options(env, retries, absl::Seconds(30));
-  o.profile_file = profile;
+  if (!profile.empty()) o.profile_file = profile;
   auto comm = fakes.Create(env.rank, o);
   if (!comm.ok()) return comm.status();
   held.comm = *std::move(comm);

@@ -337,7 +337,7 @@ std::vector<absl::Status> OnRanks(int n, const RankSetup& setup,
                     : store;
       o.master_addr = "127.0.0.1";
       o.name = setup.name;
-      o.profile_file = setup.profile;
+      if (!setup.profile.empty()) o.profile_file = setup.profile;
       o.backend = setup.backend;
       o.fallback = Fallback::kDeny;
       if (setup.elastic) o.elastic.on_loss = LossPolicy::kShrink;

@@ -32,7 +32,7 @@ using testing::RunRanks;
 std::unique_ptr<Communicator> MakeComm(const RankEnv& env, const std::string& profile = "",
                                        BackendChoice backend = BackendChoice::kGloo) {
   CommunicatorOptions o = env.options;
-  o.profile_file = profile;
+  if (!profile.empty()) o.profile_file = profile;
   o.backend = backend;
   o.fallback = Fallback::kDeny;
   o.timeout = absl::Seconds(30);

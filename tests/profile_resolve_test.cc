@@ -26,7 +26,7 @@ class ProfileResolve : public ::testing::Test {
   absl::StatusOr<EffectiveConfig> Resolve(const std::string& size, int world,
                                           const std::string& file = "profiles.yaml") {
     ProfileRequest req;
-    req.model_size = size;
+    if (!size.empty()) req.model_size = size;  // "": unset
     req.world_size = world;
     req.file = ConfigPath(file);
     return ResolveProfile(req);
@@ -116,6 +116,32 @@ TEST_F(ProfileResolve, SelectionByNameEnvAndDefault) {
   unsetenv("ADAPTCOMM_PROFILE");
   ASSERT_TRUE(from_profile_env.ok()) << from_profile_env.status();
   EXPECT_EQ(from_profile_env->tier, "optimized-7b");
+}
+
+// Unset is an empty std::optional; a field set to "" is a mistake, named, not the default.
+TEST_F(ProfileResolve, RequestFieldSetButEmptyIsRefusedNamingIt) {
+  for (const char* field : {"model_size", "file"}) {
+    ProfileRequest req;
+    req.world_size = 8;
+    (std::string(field) == "file" ? req.file : req.model_size) = "";
+    auto cfg = ResolveProfile(req);
+    ASSERT_FALSE(cfg.ok()) << field;
+    EXPECT_EQ(cfg.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_TRUE(absl::StrContains(cfg.status().message(),
+                                  absl::StrCat("ProfileRequest::", field, " is set but empty")))
+        << cfg.status();
+  }
+  CommunicatorOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  o.model_size = "";
+  o.store = CreateHashStore();
+  auto comm = Communicator::Create(o);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), absl::StatusCode::kInvalidArgument) << comm.status();
+  EXPECT_TRUE(absl::StrContains(comm.status().message(),
+                                "CommunicatorOptions::model_size is set but empty"))
+      << comm.status();
 }
 
 TEST_F(ProfileResolve, WorldScalingIsMonotoneAndCapped) {

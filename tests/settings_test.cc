@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -171,7 +172,7 @@ TEST(Settings, EveryOptionFromEverySourceRunsAsExplained) {
     SCOPED_TRACE(absl::StrCat(layers, " source(s)"));
     std::vector<std::unique_ptr<ScopedEnv>> env;
     CommunicatorOptions o;
-    o.profile_file = profile;
+    if (!profile.empty()) o.profile_file = profile;
     for (const Case& c : cases) {
       if (layers >= 2 && c.env != nullptr)
         env.push_back(std::make_unique<ScopedEnv>(c.env, c.env_value));
@@ -239,7 +240,7 @@ FailingRun RunFailingOp(const std::string& profile, const FakeNcclFaults& faults
       testing::RankMode::kThreads, kWorld,
       [&](const testing::RankEnv& env) {
         CommunicatorOptions o = env.options;
-        o.profile_file = profile;
+        if (!profile.empty()) o.profile_file = profile;
         o.backend = BackendChoice::kNccl;
         o.fallback = Fallback::kDeny;
         // Bounds for the rank whose op waits on the failing one when nothing retries.
@@ -344,10 +345,15 @@ TEST(Settings, OpTimeoutAppliedIsTheExplainedOne) {
               absl::StrCat(ProfileLine(profile, "timeouts.collective", "30s"), " said 30s"));
     EXPECT_FALSE(run.status[static_cast<size_t>(r)].ok());
   }
-  // The rank whose device hangs is the one its own watchdog fails.
-  EXPECT_TRUE(absl::IsDeadlineExceeded(run.status[kFailingRank])) << run.status[kFailingRank];
-  EXPECT_GE(run.took[kFailingRank], absl::Milliseconds(400));
-  EXPECT_LT(run.took[kFailingRank], absl::Seconds(10));
+  // Both ranks' ops wait on the hanging device under the same 400 ms bound: whichever watchdog
+  // fires first fails its rank with DeadlineExceeded and its report fails the other, so at least
+  // one rank timed out, after the explained bound and long before the profile's 30 s.
+  EXPECT_TRUE(absl::IsDeadlineExceeded(run.status[0]) || absl::IsDeadlineExceeded(run.status[1]))
+      << run.status[0] << " / " << run.status[1];
+  EXPECT_GE(std::max(run.took[0], run.took[1]), absl::Milliseconds(400));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_LT(run.took[static_cast<size_t>(r)], absl::Seconds(10)) << "rank " << r;
+  }
 }
 
 // ---- the three regressions that need no failing op ----

@@ -85,7 +85,7 @@ SlowJobResult RunSlowJob(const SlowJobSpec& spec) {
     CommunicatorOptions o = env.options;
     o.name = spec.name;
     o.backend = spec.backend;
-    o.profile_file = profile;
+    if (!profile.empty()) o.profile_file = profile;
     o.flight_recorder_dir = absl::StrCat(::testing::TempDir(), "/", spec.name);
     o.on_slow_rank = [&, r](const SlowRankEvent& e) {
       absl::MutexLock lock(&mu);

@@ -86,7 +86,7 @@ TEST(Teardown, StoreThatStopsAnsweringDoesNotHoldTheProcess) {
       2,
       [&](const testing::RankEnv& env) {
         testing::RankEnv e = env;
-        e.options.profile_file = profile;
+        if (!profile.empty()) e.options.profile_file = profile;
         TcpStoreOptions o;
         o.host = "127.0.0.1";
         o.port = store_port;
@@ -115,7 +115,7 @@ TEST(Teardown, IdleConnectionFloodAgainstRankZeroAtExit) {
       2,
       [&](const testing::RankEnv& env) {
         testing::RankEnv e = env;
-        e.options.profile_file = profile;
+        if (!profile.empty()) e.options.profile_file = profile;
         std::vector<int> flood;
         RunAndTearDown(e, [&] {
           if (env.rank != 1) return;
@@ -205,7 +205,7 @@ TEST_P(TeardownMatrix, EndsWithinTheAbortBound) {
       kWorld,
       [&](const testing::RankEnv& env) {
         CommunicatorOptions o = env.options;
-        o.profile_file = profile;
+        if (!profile.empty()) o.profile_file = profile;
         o.backend = c.backend;
         o.fallback = Fallback::kDeny;
         o.timeout = absl::Seconds(20);                // the op would hang this long
@@ -268,7 +268,7 @@ TEST_P(TeardownLinkDown, EndsWithinTheAbortBound) {
         close(fd);
         CommunicatorOptions o = env.options;
         o.master_addr = net.Ip(0);
-        o.profile_file = profile;
+        if (!profile.empty()) o.profile_file = profile;
         o.backend = BackendChoice::kGloo;
         o.fallback = Fallback::kDeny;
         o.timeout = absl::Seconds(20);                // the op would hang this long

@@ -623,7 +623,7 @@ int RunBench(const BenchArgs& a) {
   if (plan->backend == BackendChoice::kNccl || plan->backend == BackendChoice::kShm) {
     g.comm.fallback = Fallback::kDeny;
   }
-  g.comm.model_size = a.model;
+  if (!a.model.empty()) g.comm.model_size = a.model;
   g.comm.timeout = absl::Seconds(a.timeout_s);
   g.comm.init_timeout = absl::Seconds(a.timeout_s);
   RankReport report;

@@ -58,11 +58,11 @@ int RunDiagnose(const DiagnoseArgs& a) {
     o.progress("checking ranks: store, versions, allreduce latency and bandwidth");
     diag::RankCheckOptions ro;
     ro.versions = diag::LocalVersionFingerprint();
-    ro.comm.model_size = a.model;
-    ro.comm.profile_file = a.profile;
     ProfileRequest req;
-    req.model_size = a.model;
-    req.file = a.profile;
+    if (!a.model.empty()) req.model_size = a.model;
+    if (!a.profile.empty()) req.file = a.profile;
+    ro.comm.model_size = req.model_size;
+    ro.comm.profile_file = req.file;
     if (const char* world = std::getenv("WORLD_SIZE"); world != nullptr) {
       (void)absl::SimpleAtoi(world, &req.world_size);
       req.world_size = std::max(1, req.world_size);

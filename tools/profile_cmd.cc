@@ -19,9 +19,9 @@ struct ExplainArgs {
 
 int RunExplain(const ExplainArgs& args) {
   adaptcomm::ProfileRequest req;
-  req.model_size = args.model;
+  if (!args.model.empty()) req.model_size = args.model;
   req.world_size = args.world;
-  req.file = args.file;
+  if (!args.file.empty()) req.file = args.file;
   req.strict = args.strict;
   absl::StatusOr<adaptcomm::EffectiveConfig> cfg = adaptcomm::ResolveProfile(req);
   if (!cfg.ok()) {

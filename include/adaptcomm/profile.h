@@ -114,15 +114,16 @@ struct ProfileOverrides {
 };
 
 struct ProfileRequest {
-  // "7B", "235B", "1.5T", "7000000000", or a tier name. Empty: ADAPTCOMM_MODEL_SIZE, else the
-  // smallest tier.
-  std::string model_size;
+  // "7B", "235B", "1.5T", "7000000000", or a tier name. Unset: ADAPTCOMM_MODEL_SIZE, else the
+  // smallest tier. Set: not empty (InvalidArgument otherwise).
+  std::optional<std::string> model_size;
   int world_size = 1;
-  // Profile file. Empty: ADAPTCOMM_PROFILE, else profiles.yaml in the configuration directory
+  // Profile file. Set: not empty (InvalidArgument otherwise). Unset: ADAPTCOMM_PROFILE, else
+  // profiles.yaml in the configuration directory
   // (DefaultConfigDir(): ADAPTCOMM_CONFIG_DIR, else share/adaptcomm/configs of the prefix the
   // loaded libadaptcomm.so is installed in, wherever it was moved; the source tree's configs/
   // only for the build tree's own library).
-  std::string file;
+  std::optional<std::string> file;
   // Refuse profiles naming variables NCCL never reads or does not know. Also
   // ADAPTCOMM_PROFILE_STRICT=1.
   bool strict = false;

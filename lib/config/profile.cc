@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -112,9 +115,16 @@ namespace config {
 
 absl::StatusOr<EffectiveConfig> ResolveSettings(const ProfileRequest& request,
                                                 const RunContext& run) {
+  for (const auto& [name, value] :
+       {std::pair{"model_size", &request.model_size}, std::pair{"file", &request.file}}) {
+    if (value->has_value() && (*value)->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ProfileRequest::", name, " is set but empty: leave it unset for the default"));
+    }
+  }
   config::ResolveInputs in;
   std::string file_origin = "request";
-  in.file = request.file;
+  in.file = request.file.value_or("");
   if (in.file.empty()) {
     in.file = Env("ADAPTCOMM_PROFILE");
     file_origin = "ADAPTCOMM_PROFILE";
@@ -140,7 +150,7 @@ absl::StatusOr<EffectiveConfig> ResolveSettings(const ProfileRequest& request,
   auto registry = config::NcclRegistry::LoadCached(*registry_path);
   if (!registry.ok()) return registry.status();
 
-  std::string size = request.model_size;
+  std::string size = request.model_size.value_or("");
   std::string size_origin;
   if (size.empty()) {
     size = Env("ADAPTCOMM_MODEL_SIZE");

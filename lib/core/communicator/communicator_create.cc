@@ -49,8 +49,13 @@ absl::Status ResolveOptions(CommunicatorOptions& o, std::string& launch_source) 
         absl::StrCat("rank ", *o.rank, " is out of range for world size ", *o.world_size));
   }
   if (o.name.empty()) return absl::InvalidArgumentError("communicator name must not be empty");
-  if (o.master_addr.has_value() && o.master_addr->empty()) {
-    return absl::InvalidArgumentError("CommunicatorOptions::master_addr is set but empty");
+  for (const auto& [name, value] :
+       {std::pair{"master_addr", &o.master_addr}, std::pair{"model_size", &o.model_size},
+        std::pair{"profile_file", &o.profile_file}}) {
+    if (value->has_value() && (*value)->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CommunicatorOptions::", name, " is set but empty: leave it unset for the default"));
+    }
   }
   if (o.master_port.has_value() && (*o.master_port < 1 || *o.master_port > 65535)) {
     return absl::InvalidArgumentError(
@@ -63,9 +68,9 @@ absl::Status ResolveOptions(CommunicatorOptions& o, std::string& launch_source) 
 // the profile and the tuned table (config::ResolveSettings), the one place a setting is decided.
 ProfileRequest RequestFor(const CommunicatorOptions& o) {
   ProfileRequest req;
-  req.model_size = o.model_size.value_or("");
+  req.model_size = o.model_size;
   req.world_size = *o.world_size;
-  req.file = o.profile_file.value_or("");
+  req.file = o.profile_file;
   req.strict = o.profile_strict;
   ProfileOverrides& v = req.overrides;
   v.backend = o.backend;
