@@ -983,7 +983,8 @@ std::shared_ptr<FakeOp> Launch(FakeComm* c, const FakeNcclFaults& faults, std::v
       theirs.pop_front();
       const Message& s = is_send ? a : b;
       const Message& r = is_send ? b : a;
-      std::memcpy(r.recv, s.send, std::min(s.bytes, r.bytes));
+      // A zero-byte message may carry null buffers, which memcpy must not be given.
+      if (const size_t n = std::min(s.bytes, r.bytes); n > 0) std::memcpy(r.recv, s.send, n);
       --a.fop->pending;
       --b.fop->pending;
     }
