@@ -132,13 +132,6 @@ std::string GroupFingerprint(const WorkImpl& head);
 // Aborted with the step-redo payload (IsStepRedo): a step's op, or the step, to be redone.
 absl::Status StepRedoStatus(std::string message);
 
-// `status`, marked as an outcome every rank reaches on its own from what they all agreed (a
-// RecoveryHandler's answer after a vote: a membership change that fails a Split family). Such a
-// failure is not reported to the peers (FailureHandler::OnOpFailure): the report would reach
-// them before their own answer and end them with a different error. The mark is dropped before
-// the status reaches the trainer.
-absl::Status AgreedOutcome(absl::Status status);
-
 class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
  public:
   OpExecutor(std::unique_ptr<Backend> backend, ExecutorOptions options);
@@ -363,9 +356,8 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::Status RecoverStep(const OpDesc* op, const absl::Status& cause);
   // The status of `op` in the open step that failed. REQUIRES: mu_ held.
   absl::Status StepFailedLocked(const OpDesc& op) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Whether an op's failure goes to the FailureHandler (and so to the peers); drops the mark of
-  // an AgreedOutcome, which does not.
-  bool ReportToPeers(absl::Status& status) const;
+  // Whether an op's failure goes to the FailureHandler (and so to the peers).
+  bool ReportToPeers(const absl::Status& status) const;
   // Polls (every 100 us, mu_ released meanwhile) until `quiet` holds or `deadline`; for the
   // step boundaries, which wait only on the failure path.
   absl::Status AwaitQuiet(bool (OpExecutor::*quiet)() const, absl::Time deadline, const char* what);

@@ -23,20 +23,7 @@ absl::Status StepRedoStatus(std::string message) {
   return status;
 }
 
-namespace {
-constexpr char kAgreedOutcomePayload[] = "type.adaptcomm.internal/agreed-outcome";
-}  // namespace
-
-absl::Status AgreedOutcome(absl::Status status) {
-  status.SetPayload(kAgreedOutcomePayload, absl::Cord("agreed"));
-  return status;
-}
-
-bool OpExecutor::ReportToPeers(absl::Status& status) const {
-  if (status.GetPayload(kAgreedOutcomePayload).has_value()) {
-    status.ErasePayload(kAgreedOutcomePayload);
-    return false;
-  }
+bool OpExecutor::ReportToPeers(const absl::Status& status) const {
   return failure_handler_ != nullptr && !absl::IsInvalidArgument(status) &&
          !IsMembershipChanged(status) && !IsStepRedo(status);
 }

@@ -73,7 +73,7 @@ absl::Status FamilyMember::Changed(const std::string& reason) const {
       "of them fails; destroy them and rebuild the groups with Split from a communicator of the "
       "new world"));
   f->Break(this, failed, /*self_too=*/true);
-  return AgreedOutcome(std::move(failed));
+  return failed;
 }
 
 absl::Status CommunicatorFamily::Add(const std::shared_ptr<FamilyMember>& member) {

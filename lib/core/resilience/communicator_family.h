@@ -58,8 +58,7 @@ class FamilyMember : public std::enable_shared_from_this<FamilyMember> {
   // The communicator broke with `cause` (the executor's break hook).
   void Broke(const absl::Status& cause) const;
   // Its membership changed (elastic shrink or admitted joiners), `reason` in words. With
-  // relatives it fails the whole family, itself included, and returns that FailedPrecondition (an
-  // AgreedOutcome: every survivor of the change fails its own family alike, unreported);
+  // relatives it fails the whole family, itself included, and returns that FailedPrecondition;
   // alone it returns OK (it follows the change as any communicator).
   absl::Status Changed(const std::string& reason) const;
 

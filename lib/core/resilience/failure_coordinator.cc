@@ -634,6 +634,7 @@ absl::StatusOr<RecoveryPlan> FailureCoordinator::Recover(int generation, uint64_
     change = ChangeMembership(members, survivors, generation, cause);
     if (rebuilder_.apply_membership) {
       if (absl::Status followed = rebuilder_.apply_membership(*change); !followed.ok()) {
+        change_refused_.store(true);
         return followed;
       }
     }

@@ -158,6 +158,10 @@ class FailureCoordinator final : public FailureHandler, public RecoveryHandler {
   BackendRebuilder rebuilder_;
   std::atomic<bool> reported_{false};     // only the first failure is coordinated
   std::atomic<bool> vote_failed_{false};  // a retry vote ran out: the missing ranks are known
+  // apply_membership refused an agreed change: every survivor read the same vote and fails alike,
+  // so the failure is not reported (a report would reach slower survivors before their own
+  // answer and end them with a different error).
+  std::atomic<bool> change_refused_{false};
   // The store decided that the job cannot go on with this rank (below the minimum world, or this
   // rank was left out): every survivor reads that same decision, so waking them to abort would
   // only replace its reason with "rank N reported a failure".

@@ -57,8 +57,9 @@ void FailureCoordinator::Announce(const absl::Status& cause) {
 }
 
 absl::Status FailureCoordinator::OnOpFailure(const OpDesc& op, absl::Status status) {
-  // Later ops fail fast on the broken backend; the group already knows.
-  if (reported_.exchange(true)) return status;
+  // Later ops fail fast on the broken backend; the group already knows. A refused membership
+  // change was agreed by every survivor's vote: each fails on its own.
+  if (change_refused_.load() || reported_.exchange(true)) return status;
   const std::string cause = absl::StrCat(OpKindName(op.kind), " #", op.seq, ": ", status.message());
   if (recorder_ != nullptr) (void)recorder_->Dump(cause);
   // A store this rank cannot reach takes each request its full I/O bound to fail: try nothing
