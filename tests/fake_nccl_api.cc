@@ -959,6 +959,9 @@ std::shared_ptr<FakeOp> Launch(FakeComm* c, const FakeNcclFaults& faults, std::v
     return fop;
   }
   fop->pending = static_cast<int>(parts.size() + p2p.size());
+  if (c->index == 1 && c->launches == faults.completion_lost_at_launch) {
+    ++fop->pending;  // one that never comes
+  }
   Group& g = *c->group;
   for (Part& p : parts) {
     p.fop = fop;

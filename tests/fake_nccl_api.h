@@ -71,6 +71,10 @@ struct FakeNcclFaults {
   int async_error_on_comm = 0;
   nccl::NcclResult async_error = nccl::NcclResult::kRemoteError;
   int hang_at_launch = 0;  // 1-based launch that never completes, without any error
+  // 1-based launch whose collective runs (the peers complete it, this rank's buffers get the
+  // result) but whose completion this rank never sees, without any error: a rank the others
+  // finished an op with, then lost. On this fake's first NCCL communicator only.
+  int completion_lost_at_launch = 0;
   absl::Duration abort_hangs_for = absl::ZeroDuration();    // ncclCommAbort blocks this long
   absl::Duration event_query_takes = absl::ZeroDuration();  // a slow driver: each cudaEventQuery
   bool host_alloc_fails = false;

@@ -99,14 +99,12 @@ CommunicatorOptions RankOptions(const testing::RankEnv& env, const std::string& 
 }
 
 // Runs `body(env, comm)` on every rank, each with its communicator on its fake (a 1 s op timeout,
-// timeouts retried, no degrading), where rank kFailingRank's device never finishes its
-// `hang_at_launch`-th launch (counted per NCCL communicator). Returns the fakes, for their counts.
-// `record_bytes`: the profile's retry.record_bytes (empty: its default).
+// timeouts retried, no degrading), where rank kFailingRank's fake has `faults`. Returns the fakes,
+// for their counts. `record_bytes`: the profile's retry.record_bytes (empty: its default).
 template <typename Body>
-std::vector<std::shared_ptr<FakeNcclApi>> RunWithHangingDevice(
-    int hang_at_launch, Body body, const std::string& record_bytes = "") {
-  const std::vector<std::shared_ptr<FakeNcclApi>> fakes =
-      FakesWithFailingRank(FakeNcclFaults{.hang_at_launch = hang_at_launch});
+std::vector<std::shared_ptr<FakeNcclApi>> RunWithFaultyDevice(
+    const FakeNcclFaults& faults, Body body, const std::string& record_bytes = "") {
+  const std::vector<std::shared_ptr<FakeNcclApi>> fakes = FakesWithFailingRank(faults);
   const std::string profile = WriteProfile("deny", /*retry_timeouts=*/true, record_bytes);
   testing::RunRanks(
       testing::RankMode::kThreads, kWorld,
@@ -120,6 +118,15 @@ std::vector<std::shared_ptr<FakeNcclApi>> RunWithHangingDevice(
       },
       absl::Seconds(90));
   return fakes;
+}
+
+// RunWithFaultyDevice where rank kFailingRank's device never finishes its `hang_at_launch`-th
+// launch (counted per NCCL communicator).
+template <typename Body>
+std::vector<std::shared_ptr<FakeNcclApi>> RunWithHangingDevice(
+    int hang_at_launch, Body body, const std::string& record_bytes = "") {
+  return RunWithFaultyDevice(FakeNcclFaults{.hang_at_launch = hang_at_launch}, std::move(body),
+                             record_bytes);
 }
 
 struct StreamRun {
@@ -387,6 +394,50 @@ TEST(NcclRetry, OpQueuedBehindAHungOneIsReRunFromItsRecordExactly) {
 
 TEST(NcclRetry, WindowOfOpsBehindAHungOneIsReRunFromTheirRecordsExactly) {
   ExpectOpsBehindAHungOneReRunFromTheirRecords(7);
+}
+
+// Rank 1 loses the completion of op #2 after its data moved: rank 0 completed it, so the vote
+// restarts at #2 and rank 0 re-runs it for rank 1 from its record, into scratch. That scratch copy
+// is queued on the communicator's stream behind the op's position; the re-run must be queued there
+// behind it (Launch), not on the caller's stream (Run), where it read the scratch before the copy
+// and rank 1 received its own input (2000) as the sum. Both ranks end with the exact sums.
+TEST(NcclRetry, OpAPeerCompletedIsReRunForItBehindItsScratchCopy) {
+  constexpr int kOpsHere = 4;
+  const std::vector<std::shared_ptr<FakeNcclApi>> fakes = RunWithFaultyDevice(
+      FakeNcclFaults{.completion_lost_at_launch = 2},
+      [&](const testing::RankEnv& env, Communicator& comm) {
+        std::vector<std::vector<float>> bufs(kOpsHere, std::vector<float>(256));
+        for (int op = 0; op < kOpsHere; ++op) {
+          std::vector<float>& buf = bufs[static_cast<size_t>(op)];
+          for (size_t i = 0; i < buf.size(); ++i) buf[i] = Input(env.rank, op, i);
+          absl::Status s =
+              comm.Allreduce(TensorView{buf.data(), buf.size(), DType::kF32, Device::Cuda(0)})
+                  .Synchronize(absl::Seconds(10));
+          ASSERT_TRUE(s.ok()) << "rank " << env.rank << " op " << op << ": " << s;
+          for (size_t i = 0; i < buf.size(); ++i) {
+            float want = 0;
+            for (int r = 0; r < kWorld; ++r) want += Input(r, op, i);
+            ASSERT_EQ(buf[i], want) << "rank " << env.rank << " op " << op << " element " << i;
+          }
+        }
+      });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(fakes[static_cast<size_t>(r)]->init_calls(), 2) << "rank " << r << " rebuilt once";
+  }
+  // Rank 0's re-run: its scratch copy and then its collective, both on the rebuilt communicator's
+  // stream (the caller's stream here is the legacy default stream, null).
+  const std::vector<testing::FakeCall> calls = fakes[0]->calls();
+  void* rebuilt_stream = nullptr;
+  for (size_t i = 2; i < calls.size() && rebuilt_stream == nullptr; ++i) {
+    if (calls[i].name == "MemcpyAsync" && calls[i - 1].name == "StreamWaitEvent" &&
+        calls[i - 2].name == "StreamWaitEvent") {
+      rebuilt_stream = calls[i].stream;
+      ASSERT_LT(i + 1, calls.size());
+      EXPECT_EQ(calls[i + 1].name, "AllReduce");
+      EXPECT_EQ(calls[i + 1].stream, rebuilt_stream) << "the re-run is not behind its copy";
+    }
+  }
+  EXPECT_NE(rebuilt_stream, nullptr) << "rank 0 re-ran nothing from scratch";
 }
 
 // NCCL init fails on rank 1 at the first attempt only; with fallback deny the whole creation

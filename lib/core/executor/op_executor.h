@@ -369,6 +369,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // the replay log. Called while busy_, without mu_.
   absl::Status RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
                            const absl::Status& cause);
+  // Re-runs `op`, an op this rank completed already (a ReplayLog::DetachedCopy), to completion for
+  // the ranks that did not. Called while busy_, without mu_.
+  absl::Status RerunCompleted(const OpDesc& op);
   // The worker's recovery when another rank asked for one while this rank was idle.
   void RecoverIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `work`'s op on the current backend: Launch for a stream-ordered device op (its result in

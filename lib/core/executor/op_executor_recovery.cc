@@ -1,6 +1,7 @@
 // OpExecutor's recovery: coordinated retry of a failed op (RunWithRetry, RecoverFrom), the
 // worker's part in a retry another rank started (RecoverIdleLocked), the device-failure path of
 // stream-ordered ops, and the installation of a rebuilt backend or a new membership.
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -166,9 +167,38 @@ absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& finge
       if (!renumbered.ok()) continue;
       copy = std::move(renumbered);
     }
-    if (absl::Status s = backend().Run(*copy); !s.ok()) return s;
+    if (absl::Status s = RerunCompleted(*copy); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status OpExecutor::RerunCompleted(const OpDesc& op) {
+  StreamOrdered* ordered = op.issued_at != nullptr ? backend().stream_ordered() : nullptr;
+  if (ordered == nullptr) return backend().Run(op);
+  // A device op's scratch input was queued by CopyAt, behind the op's stream position on the
+  // backend's stream: only an op that Launch queues there is ordered behind that copy. Run would
+  // put the collective on the caller's stream (the trainer's, whose later work it would also
+  // delay), where it could read the scratch before the copy landed and hand the peers a wrong sum.
+  absl::StatusOr<std::shared_ptr<DeviceCompletion>> completion = ordered->Launch(op);
+  if (!completion.ok()) return completion.status();
+  const absl::Time deadline = absl::Now() + op.timeout;
+  absl::Duration pause = absl::Microseconds(20);
+  while (true) {
+    absl::StatusOr<bool> done = (*completion)->Poll();
+    if (!done.ok()) return done.status();
+    if (*done) return absl::OkStatus();
+    if (absl::Now() >= deadline) {
+      absl::Status late = absl::DeadlineExceededError(absl::StrCat(
+          OpKindName(op.kind), " #", op.seq, " on rank ", backend().rank(),
+          ", re-run during a coordinated retry for the ranks that had not completed it, did not "
+          "complete on the device within its timeout of ",
+          absl::FormatDuration(op.timeout), "; aborting the ", backend().name(), " backend"));
+      backend().Abort(late);
+      return late;
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(1));
+  }
 }
 
 void OpExecutor::InstallBackend(std::unique_ptr<Backend> backend, int generation,
