@@ -42,13 +42,14 @@ void SlowSampler::End(uint64_t seq, bool keep, int64_t entered_ns, int64_t start
     Slot& s = rings_[l][n % kSlots];
     // A sequence lock (Boehm, "Can seqlocks get along with programming language memory
     // models?"): the seq is 0 while the fields change, and a reader that saw it before and after
-    // unchanged read one sample whole.
+    // unchanged read one sample whole. The fields are stored with release (and read with acquire)
+    // rather than fenced: a reader that reads any new field then sees the 0 too. On x86 both are
+    // plain moves, and TSan, which does not model fences, checks it.
     s.seq.store(0, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    s.wait_ns.store(std::max<int64_t>(wait, 0), std::memory_order_relaxed);
-    s.data_ns.store(std::max<int64_t>(data, 0), std::memory_order_relaxed);
-    s.gap_ns.store(std::max<int64_t>(gap, 0), std::memory_order_relaxed);
-    s.idle_ns.store(std::max<int64_t>(idle, 0), std::memory_order_relaxed);
+    s.wait_ns.store(std::max<int64_t>(wait, 0), std::memory_order_release);
+    s.data_ns.store(std::max<int64_t>(data, 0), std::memory_order_release);
+    s.gap_ns.store(std::max<int64_t>(gap, 0), std::memory_order_release);
+    s.idle_ns.store(std::max<int64_t>(idle, 0), std::memory_order_release);
     s.seq.store(seq, std::memory_order_release);
   }
   if (seq > last_seq_.load(std::memory_order_relaxed)) {
@@ -64,11 +65,10 @@ std::vector<SlowSample> SlowSampler::Collect(int level, uint64_t after) const {
     if (seq == 0 || seq <= after) continue;
     SlowSample sample;
     sample.seq = seq;
-    sample.wait_ns = s.wait_ns.load(std::memory_order_relaxed);
-    sample.data_ns = s.data_ns.load(std::memory_order_relaxed);
-    sample.gap_ns = s.gap_ns.load(std::memory_order_relaxed);
-    sample.idle_ns = s.idle_ns.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
+    sample.wait_ns = s.wait_ns.load(std::memory_order_acquire);
+    sample.data_ns = s.data_ns.load(std::memory_order_acquire);
+    sample.gap_ns = s.gap_ns.load(std::memory_order_acquire);
+    sample.idle_ns = s.idle_ns.load(std::memory_order_acquire);
     if (s.seq.load(std::memory_order_relaxed) != seq) continue;  // overwritten meanwhile
     out.push_back(sample);
   }
