@@ -228,6 +228,13 @@ double ReduceAt(const std::vector<std::optional<Part>>& parts, size_t base, size
   return acc;
 }
 
+// Whether rank r's part of a collective still writes its result: a rank whose communicator was
+// aborted (ncclCommAbort ended its kernel) receives nothing, though its peers, whose data it had
+// sent, may still complete.
+bool Receives(const std::vector<std::optional<Part>>& parts, size_t r) {
+  return !parts[r]->fop->aborted;
+}
+
 void Execute(std::vector<std::optional<Part>>& parts) {
   const Part& p0 = *parts[0];
   const size_t n = parts.size();
@@ -239,6 +246,7 @@ void Execute(std::vector<std::optional<Part>>& parts) {
       for (size_t i = 0; i < p0.count; ++i) out[i] = ReduceAt(parts, 0, i);
       for (size_t r = 0; r < n; ++r) {
         if (p0.kind == Kind::kReduce && static_cast<int>(r) != p0.root) continue;
+        if (!Receives(parts, r)) continue;
         for (size_t i = 0; i < p0.count; ++i) Store(p0.dtype, parts[r]->recv, i, out[i]);
       }
       break;
@@ -246,14 +254,18 @@ void Execute(std::vector<std::optional<Part>>& parts) {
     case Kind::kBroadcast: {
       std::vector<char> data(p0.count * es);
       std::memcpy(data.data(), parts[static_cast<size_t>(p0.root)]->send, data.size());
-      for (size_t r = 0; r < n; ++r) std::memcpy(parts[r]->recv, data.data(), data.size());
+      for (size_t r = 0; r < n; ++r) {
+        if (Receives(parts, r)) std::memcpy(parts[r]->recv, data.data(), data.size());
+      }
       break;
     }
     case Kind::kAllGather: {
       const size_t block = p0.count * es;
       std::vector<char> data(block * n);
       for (size_t r = 0; r < n; ++r) std::memcpy(data.data() + r * block, parts[r]->send, block);
-      for (size_t r = 0; r < n; ++r) std::memcpy(parts[r]->recv, data.data(), data.size());
+      for (size_t r = 0; r < n; ++r) {
+        if (Receives(parts, r)) std::memcpy(parts[r]->recv, data.data(), data.size());
+      }
       break;
     }
     case Kind::kAllToAll: {
@@ -266,7 +278,9 @@ void Execute(std::vector<std::optional<Part>>& parts) {
                       static_cast<const char*>(parts[src]->send) + dst * block, block);
         }
       }
-      for (size_t r = 0; r < n; ++r) std::memcpy(parts[r]->recv, out[r].data(), block * n);
+      for (size_t r = 0; r < n; ++r) {
+        if (Receives(parts, r)) std::memcpy(parts[r]->recv, out[r].data(), block * n);
+      }
       break;
     }
     case Kind::kReduceScatter: {
@@ -275,6 +289,7 @@ void Execute(std::vector<std::optional<Part>>& parts) {
         for (size_t i = 0; i < p0.count; ++i) out[r][i] = ReduceAt(parts, r * p0.count, i);
       }
       for (size_t r = 0; r < n; ++r) {
+        if (!Receives(parts, r)) continue;
         for (size_t i = 0; i < p0.count; ++i) Store(p0.dtype, parts[r]->recv, i, out[r][i]);
       }
       break;
@@ -987,7 +1002,9 @@ std::shared_ptr<FakeOp> Launch(FakeComm* c, const FakeNcclFaults& faults, std::v
       const Message& s = is_send ? a : b;
       const Message& r = is_send ? b : a;
       // A zero-byte message may carry null buffers, which memcpy must not be given.
-      if (const size_t n = std::min(s.bytes, r.bytes); n > 0) std::memcpy(r.recv, s.send, n);
+      if (const size_t n = std::min(s.bytes, r.bytes); n > 0 && !r.fop->aborted) {
+        std::memcpy(r.recv, s.send, n);
+      }
       --a.fop->pending;
       --b.fop->pending;
     }
