@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/harness.h"
+#include "tests/sanitizer_build.h"
 
 namespace adaptcomm {
 namespace {
@@ -66,7 +67,8 @@ TEST(Grid, EightRanksAsTensor2Pipeline2Data2InMegatronOrder) {
       },
       absl::Seconds(90));
   std::printf("grid of 8 ranks created in %.0f ms (slowest rank)\n", slowest_us.load() / 1e3);
-  EXPECT_LT(slowest_us.load(), 1'000'000);
+  // One second, or five with a sanitizer's instrumentation (TSan: 1.06 s on 2 cores).
+  EXPECT_LT(slowest_us.load(), testing::kUnderSanitizer ? 5'000'000 : 1'000'000);
 }
 
 TEST(Grid, AnotherOrderPutsDataFastest) {

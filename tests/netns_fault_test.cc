@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "lib/trace/culprit.h"
 #include "tests/harness.h"
+#include "tests/sanitizer_build.h"
 
 namespace adaptcomm {
 namespace {
@@ -242,7 +243,8 @@ TEST(NetnsFault, RankCutOffForGoodSaysSoAndExitsPromptly) {
     std::getline(in >> std::ws, message);
     std::printf("rank %d: %s\n", r, message.c_str());
     ASSERT_GT(error_ms, 0) << "rank " << r << " wrote no error";
-    EXPECT_LT(exited[r] - absl::FromUnixMillis(error_ms), kAbortBound + absl::Seconds(2))
+    EXPECT_LT(exited[r] - absl::FromUnixMillis(error_ms),
+              kAbortBound + absl::Seconds(testing::kUnderSanitizer ? 6 : 2))
         << "rank " << r << " lingered after returning its error";
     if (r == 1) {
       EXPECT_NE(message.find("rank 1 cannot reach the store"), std::string::npos) << message;
