@@ -64,6 +64,12 @@ class CountingStore final : public Store {
     ++counts_->del;
     return base_->Delete(k);
   }
+  // One call, as the store sees it (Redis: one MGET).
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& k,
+                                                    absl::Duration t) override {
+    ++counts_->get;
+    return base_->MultiGet(k, t);
+  }
 
  private:
   std::shared_ptr<Store> base_;

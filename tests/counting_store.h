@@ -46,6 +46,16 @@ class CountingStore final : public Store {
     Count(&others_);
     return base_->Delete(k);
   }
+  // One request (Redis: one MGET) that reads every key.
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& k,
+                                                    absl::Duration t) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++gets_;
+      read_.insert(k.begin(), k.end());
+    }
+    return base_->MultiGet(k, t);
+  }
   int sets() const {
     absl::MutexLock lock(&mu_);
     return sets_;

@@ -163,6 +163,46 @@ TEST_P(StoreContractTest, WaitOnSeveralKeys) {
   EXPECT_TRUE(store_->Wait({}, absl::ZeroDuration()).ok());
 }
 
+TEST_P(StoreContractTest, MultiGetReadsInOrderAndNamesWhatIsMissing) {
+  ASSERT_TRUE(store_->Set("mg/b", "2").ok());
+  ASSERT_TRUE(store_->Set("mg/a", "").ok());
+  ASSERT_TRUE(store_->Set("mg/c", std::string("\0x", 2)).ok());
+  absl::StatusOr<std::vector<std::string>> v =
+      store_->MultiGet({"mg/c", "mg/a", "mg/b"}, absl::ZeroDuration());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_THAT(*v, ::testing::ElementsAre(std::string("\0x", 2), "", "2"));
+  EXPECT_THAT(*store_->MultiGet({}, absl::ZeroDuration()), ::testing::IsEmpty());
+
+  v = store_->MultiGet({"mg/a", "mg/lost1", "mg/b", "mg/lost2"}, absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsNotFound(v.status())) << v.status();
+  EXPECT_THAT(std::string(v.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("mg/lost1"), ::testing::HasSubstr("mg/lost2")));
+
+  const absl::Duration timeout = absl::Milliseconds(150);
+  const absl::Time start = absl::Now();
+  v = store_->MultiGet({"mg/a", "mg/lost1", "mg/lost2"}, timeout);
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(v.status())) << v.status();
+  const std::string msg(v.status().message());
+  EXPECT_THAT(msg,
+              ::testing::AllOf(::testing::HasSubstr("mg/lost1"), ::testing::HasSubstr("mg/lost2")));
+  EXPECT_THAT(msg, ::testing::Not(::testing::HasSubstr("mg/a")));
+  EXPECT_GE(elapsed, timeout);
+  EXPECT_LT(elapsed, timeout + kSlack);
+
+  auto other = fixture_->Another();
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(other->Set("mg/lost2", "late2").ok());
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(other->Set("mg/lost1", "late1").ok());
+  });
+  v = store_->MultiGet({"mg/lost1", "mg/b", "mg/lost2"}, absl::Seconds(5));
+  setter.join();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_THAT(*v, ::testing::ElementsAre("late1", "2", "late2"));
+}
+
 TEST_P(StoreContractTest, DeleteReportsExistence) {
   ASSERT_TRUE(store_->Set("d", "1").ok());
   EXPECT_TRUE(*store_->Delete("d"));

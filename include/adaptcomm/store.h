@@ -39,6 +39,12 @@ class ADAPTCOMM_EXPORT Store {
                                           absl::Duration timeout) = 0;
   // Deletes key; returns whether it existed.
   [[nodiscard]] virtual absl::StatusOr<bool> Delete(const std::string& key) = 0;
+  // The values of `keys`, in their order, waiting up to `timeout` in all for every one to be set.
+  // DeadlineExceeded names the keys still missing; a zero timeout checks once (NotFound naming
+  // them). A store that can read many keys in one request overrides it (Redis: MGET); this
+  // default reads them one after the other through Get.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> MultiGet(
+      const std::vector<std::string>& keys, absl::Duration timeout);
 };
 
 // ---- TCP store ----

@@ -79,12 +79,13 @@ absl::StatusOr<StoreGathered> AllGatherThroughStore(Store& store, const std::str
   StoreGathered gathered;
   gathered.values.resize(static_cast<size_t>(world));
   if (*count == world) {
-    std::vector<std::string> values;
-    for (int r = 0; r < world; ++r) {
-      absl::StatusOr<std::string> v = store.Get(absl::StrCat(prefix, r), kContributionBound);
-      if (!v.ok()) return v.status();
-      values.push_back(*std::move(v));
-    }
+    // Every contribution in one read where the store can (Redis: one MGET, not one GET per rank).
+    std::vector<std::string> keys;
+    keys.reserve(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(prefix, r));
+    absl::StatusOr<std::vector<std::string>> read = store.MultiGet(keys, kContributionBound);
+    if (!read.ok()) return read.status();
+    std::vector<std::string> values = *std::move(read);
     if (absl::Status s = store.Set(all_key, EncodeGathered(values)); !s.ok()) return s;
     for (int r = 0; r < world; ++r) gathered.values[r] = std::move(values[r]);
     gathered.complete = true;

@@ -95,6 +95,13 @@ class PrefixStore final : public Store {
     return base_->Wait(full, timeout);
   }
   absl::StatusOr<bool> Delete(const std::string& key) override { return base_->Delete(Key(key)); }
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    absl::Duration timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(Key(k));
+    return base_->MultiGet(full, timeout);
+  }
 
  private:
   std::string Key(const std::string& key) const { return absl::StrCat(prefix_, key); }
