@@ -10,6 +10,7 @@
 #include "lib/base/log.h"
 #include "lib/base/wall_clock.h"
 #include "lib/core/executor/op_executor.h"  // IWYU pragma: associated
+#include "lib/cuda/cuda_api.h"
 
 namespace adaptcomm::internal {
 
@@ -182,8 +183,7 @@ absl::Status OpExecutor::RerunCompleted(const OpDesc& op) {
   absl::StatusOr<std::shared_ptr<DeviceCompletion>> completion = ordered->Launch(op);
   if (!completion.ok()) return completion.status();
   const absl::Time deadline = absl::Now() + op.timeout;
-  absl::Duration pause = absl::Microseconds(20);
-  while (true) {
+  for (int i = 0;; ++i) {
     absl::StatusOr<bool> done = (*completion)->Poll();
     if (!done.ok()) return done.status();
     if (*done) return absl::OkStatus();
@@ -196,8 +196,7 @@ absl::Status OpExecutor::RerunCompleted(const OpDesc& op) {
       backend().Abort(late);
       return late;
     }
-    absl::SleepFor(pause);
-    pause = std::min(pause * 2, absl::Milliseconds(1));
+    cuda::PollPause(i);
   }
 }
 
