@@ -38,6 +38,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::Kind;
+using ::testing::Not;
 using testing::StoreContractTest;
 using testing::StoreFixture;
 
@@ -379,6 +380,72 @@ TEST_F(TcpStoreTest, TooLargeValues) {
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_TRUE((*lax)->Set("after", "1").ok());
   EXPECT_TRUE(absl::IsNotFound((*client)->Get("big", absl::ZeroDuration()).status()));
+}
+
+TEST_F(TcpStoreTest, MultiGetIsOneRequestAnsweredInKeyOrder) {
+  auto client = ConnectTcpStore(TcpOptions(port_));
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->Set("m/1", "one").ok());
+  ASSERT_TRUE((*client)->Set("m/2", "").ok());
+  RawConn raw(port_);
+  raw.Hello("job-token-123");
+  raw.Send(store_wire::FrameWriter(store_wire::kMultiGet)
+               .Int(0)
+               .Field("m/2")
+               .Field("m/1")
+               .Field("m/2")
+               .Finish());
+  std::string reply = raw.ReadSome(absl::Seconds(2));
+  ASSERT_GE(reply.size(), 5u);
+  store_wire::FrameReader r(std::string_view(reply).substr(4));
+  EXPECT_EQ(r.first_byte(), 0);
+  std::string_view a, b, c;
+  ASSERT_TRUE(r.Field(&a) && r.Field(&b) && r.Field(&c));
+  EXPECT_TRUE(r.AtEnd());
+  EXPECT_EQ(a, "");
+  EXPECT_EQ(b, "one");
+  EXPECT_EQ(c, "");
+  // One missing key, no wait: NotFound naming it, and the connection stays open.
+  raw.Send(
+      store_wire::FrameWriter(store_wire::kMultiGet).Int(0).Field("m/1").Field("m/9").Finish());
+  reply = raw.ReadSome(absl::Seconds(2));
+  ASSERT_GE(reply.size(), 5u);
+  EXPECT_EQ(reply[4], static_cast<char>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(reply, HasSubstr("m/9"));
+  EXPECT_THAT(reply, Not(HasSubstr("m/1")));
+  EXPECT_FALSE(raw.ClosedWithin(absl::Milliseconds(100)));
+}
+
+TEST_F(TcpStoreTest, MultiGetSplitsBatchesAndRereadsRepliesOverTheFrameLimit) {
+  TcpStoreOptions small = TcpOptions(port_);
+  small.max_frame_bytes = 1024;
+  auto client = ConnectTcpStore(small);
+  ASSERT_TRUE(client.ok()) << client.status();
+  // 60 keys of 40 bytes: three requests at least; 300-byte values: every batch's reply is over
+  // the client's limit, so it is read again key by key.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 60; ++i) {
+    keys.push_back(absl::StrCat("batch/", std::string(30, 'k'), absl::Dec(i, absl::kZeroPad3)));
+    ASSERT_TRUE(
+        (*client)->Set(keys.back(), std::string(300, static_cast<char>('a' + i % 26))).ok());
+  }
+  absl::StatusOr<std::vector<std::string>> v = (*client)->MultiGet(keys, absl::Seconds(5));
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ(v->size(), keys.size());
+  for (int i = 0; i < 60; ++i) {
+    EXPECT_EQ((*v)[i], std::string(300, static_cast<char>('a' + i % 26))) << "key " << i;
+  }
+  // Small values fit: batches answered by the server in one reply each, in order.
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE((*client)->Set(keys[i], absl::StrCat(i)).ok());
+  v = (*client)->MultiGet(keys, absl::Seconds(5));
+  ASSERT_TRUE(v.ok()) << v.status();
+  for (int i = 0; i < 60; ++i) EXPECT_EQ((*v)[i], absl::StrCat(i)) << "key " << i;
+  // A key missing from the last batch is named, not one of the first batch's.
+  keys.push_back("batch/never");
+  v = (*client)->MultiGet(keys, absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsNotFound(v.status())) << v.status();
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("batch/never"));
+  EXPECT_THAT(std::string(v.status().message()), Not(HasSubstr(keys[0])));
 }
 
 TEST(TcpStoreConnectTest, NobodyListening) {

@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "adaptcomm/store.h"
+#include "lib/base/store_multi_get.h"
 #include "lib/store/tcp_wire.h"
 
 namespace adaptcomm {
@@ -180,6 +181,58 @@ class TcpStoreClient final : public Store {
     return Call(w, keys.empty() ? std::string() : keys[0], absl::Microseconds(us)).status();
   }
 
+  // One MGET per batch of keys (a batch is as many as fit one request frame), which the server
+  // answers once every key of it is set: the completing rank of a store exchange reads every
+  // rank's contribution in one round trip instead of one per rank. A reply over this client's
+  // max_frame_bytes is read again key by key.
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    std::vector<std::string> values;
+    values.reserve(keys.size());
+    size_t next = 0;
+    while (next < keys.size()) {
+      const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+      const int64_t us = wire::TimeoutToMicros(left);
+      wire::FrameWriter w(wire::kMultiGet);
+      w.Int(us);
+      const size_t first = next;
+      // Fields are u32 length + bytes; the first key always goes, so an oversized one is refused
+      // by Call with its name.
+      size_t bytes = w.body_size();
+      do {
+        bytes += 4 + keys[next].size();
+        w.Field(keys[next++]);
+      } while (next < keys.size() && bytes + 4 + keys[next].size() <= options_.max_frame_bytes);
+      const std::vector<std::string> batch(keys.begin() + first, keys.begin() + next);
+      absl::StatusOr<std::string> body = Call(w, batch.front(), absl::Microseconds(us));
+      if (absl::IsResourceExhausted(body.status())) {
+        absl::StatusOr<std::vector<std::string>> one_by_one = Store::MultiGet(batch, left);
+        if (!one_by_one.ok()) return one_by_one.status();
+        for (std::string& v : *one_by_one) values.push_back(std::move(v));
+        continue;
+      }
+      if (absl::IsNotFound(body.status()) || absl::IsDeadlineExceeded(body.status())) {
+        std::vector<std::string> missing;
+        // Name every key still missing, this batch's and the later ones' (looked up once).
+        for (size_t i = first; i < keys.size(); ++i) {
+          if (!Get(keys[i], absl::ZeroDuration()).ok()) missing.push_back(keys[i]);
+        }
+        if (missing.empty()) return body.status();  // all set since the server answered
+        return MultiGetMissing(missing, timeout);
+      }
+      if (!body.ok()) return body.status();
+      wire::FrameReader r(*body);
+      std::string_view value;
+      for (size_t i = first; i < next; ++i) {
+        if (!r.Field(&value)) return Malformed("MGET");
+        values.emplace_back(value);
+      }
+      if (!r.AtEnd()) return Malformed("MGET");
+    }
+    return values;
+  }
+
   absl::StatusOr<bool> Delete(const std::string& key) override {
     wire::FrameWriter w(wire::kDelete);
     w.Field(key);
@@ -297,6 +350,8 @@ class TcpStoreClient final : public Store {
     }
     if (!s.ok()) {
       ::close(*fd);
+      // A reply over max_frame_bytes (MGET of large values): the caller may read less at once.
+      if (absl::IsResourceExhausted(s)) return s;
       if (absl::IsDeadlineExceeded(s)) {
         return absl::DeadlineExceededError(
             absl::StrCat("TCP store request for key '", key, "' got no reply within ",

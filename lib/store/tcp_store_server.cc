@@ -58,6 +58,7 @@
 #include "adaptcomm/store.h"
 #include "lib/base/log.h"
 #include "lib/base/log_throttle.h"
+#include "lib/base/store_multi_get.h"
 #include "lib/store/tcp_wire.h"
 
 namespace adaptcomm {
@@ -471,9 +472,9 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       case wire::kGet: {
         if (!r.Field(&key) || !r.Int(&n) || !r.AtEnd()) return malformed("GET");
         std::string k(key);
-        std::string found;
-        absl::Status s = WaitFor(fd, {k}, n, &found);
-        if (s.ok()) return wire::FrameWriter(0).Field(found).Finish();
+        std::vector<std::string> found;
+        absl::Status s = WaitFor(fd, {k}, n, &found, nullptr);
+        if (s.ok()) return wire::FrameWriter(0).Field(found[0]).Finish();
         if (absl::IsCancelled(s)) *close_after = true;
         if (absl::IsDeadlineExceeded(s)) {
           s = n == 0 ? absl::NotFoundError(absl::StrCat("store key '", k, "' is not set"))
@@ -507,9 +508,27 @@ class TcpStoreServerImpl final : public TcpStoreServer {
           if (!r.Field(&key)) return malformed("WAIT");
           keys.emplace_back(key);
         }
-        absl::Status s = WaitFor(fd, keys, n, nullptr);
+        absl::Status s = WaitFor(fd, keys, n, nullptr, nullptr);
         if (absl::IsCancelled(s)) *close_after = true;
         return s.ok() ? wire::FrameWriter(0).Finish() : ErrorResponse(s);
+      }
+      case wire::kMultiGet: {
+        if (!r.Int(&n)) return malformed("MGET");
+        std::vector<std::string> keys;
+        while (!r.AtEnd()) {
+          if (!r.Field(&key)) return malformed("MGET");
+          keys.emplace_back(key);
+        }
+        std::vector<std::string> found, missing;
+        absl::Status s = WaitFor(fd, keys, n, &found, &missing);
+        if (s.ok()) {
+          wire::FrameWriter w(0);
+          for (const std::string& v : found) w.Field(v);
+          return w.Finish();
+        }
+        if (absl::IsCancelled(s)) *close_after = true;
+        if (absl::IsDeadlineExceeded(s)) s = MultiGetMissing(missing, absl::Microseconds(n));
+        return ErrorResponse(s);
       }
       case wire::kDelete: {
         if (!r.Field(&key) || !r.AtEnd()) return malformed("DELETE");
@@ -528,15 +547,17 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     }
   }
 
-  // Waits until every key is set. DeadlineExceeded names the missing keys; Unavailable when the
-  // server stops; Cancelled when the client hung up (nobody to answer).
+  // Waits until every key is set, then copies their values into *values (optional). Past the
+  // deadline: DeadlineExceeded naming the keys still missing, which go to *missing (optional).
+  // Unavailable when the server stops; Cancelled when the client hung up (nobody to answer).
   //
   // Why per-key waiting: at creation every rank waits on keys that the other ranks set one by
   // one. Woken by every set and rechecking every key, N waiters of N keys cost the server N^3
   // map lookups under its one lock (and N^2 thread wake-ups); waiting on the first missing key
   // only, and never rechecking a key already seen, costs N lookups per waiter.
   absl::Status WaitFor(int fd, const std::vector<std::string>& keys, int64_t timeout_us,
-                       std::string* value) ABSL_LOCKS_EXCLUDED(mu_) {
+                       std::vector<std::string>* values, std::vector<std::string>* missing_out)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::Time deadline = absl::Now() + absl::Microseconds(timeout_us);
     absl::MutexLock lock(&mu_);
     size_t seen = 0;  // keys[0, seen) were set at some point during this wait
@@ -544,7 +565,11 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       if (stopping_) return absl::UnavailableError("the store server is shutting down");
       while (seen < keys.size() && data_.count(keys[seen]) != 0) ++seen;
       if (seen == keys.size()) {
-        if (value != nullptr) *value = data_[keys[0]];
+        if (values != nullptr) {
+          values->clear();
+          values->reserve(keys.size());
+          for (const std::string& k : keys) values->push_back(data_[k]);
+        }
         return absl::OkStatus();
       }
       absl::Time now = absl::Now();
@@ -553,6 +578,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
         for (size_t i = seen; i < keys.size(); ++i) {
           if (data_.count(keys[i]) == 0) missing.push_back(keys[i]);
         }
+        if (missing_out != nullptr) *missing_out = missing;
         return absl::DeadlineExceededError(absl::StrCat(
             "store keys not set within ", absl::FormatDuration(absl::Microseconds(timeout_us)),
             ": ", absl::StrJoin(missing, ", ")));

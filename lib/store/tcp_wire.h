@@ -11,6 +11,8 @@
 //   ADD    key, delta                 -> OK new_value
 //   WAIT   timeout_us, key...         -> OK | DeadlineExceeded(message naming the missing keys)
 //   DELETE key                        -> OK u8 existed
+//   MGET   timeout_us, key...         -> OK value... (in key order) | NotFound (timeout 0) |
+//                                        DeadlineExceeded (both naming every missing key)
 //
 // A frame longer than the receiver's max_frame_bytes, a malformed frame or an unknown opcode
 // makes the server close that connection (after an error response where the framing is intact).
@@ -29,7 +31,9 @@
 namespace adaptcomm::store_wire {
 
 inline constexpr char kMagic[] = "adaptcomm-store";
-inline constexpr int64_t kVersion = 1;
+// Version 2 added MGET; a server of version 1 refuses a version 2 client at its HELLO, by name,
+// rather than closing the connection at the first MGET.
+inline constexpr int64_t kVersion = 2;
 
 enum Op : uint8_t {
   kHello = 1,
@@ -38,6 +42,7 @@ enum Op : uint8_t {
   kAdd = 4,
   kWait = 5,
   kDelete = 6,
+  kMultiGet = 7,  // since version 2
 };
 
 // Builds a frame: header placeholder first, patched by Finish().
