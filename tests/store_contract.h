@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "adaptcomm/store.h"
 #include "gmock/gmock.h"
@@ -201,6 +202,26 @@ TEST_P(StoreContractTest, MultiGetReadsInOrderAndNamesWhatIsMissing) {
   setter.join();
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_THAT(*v, ::testing::ElementsAre("late1", "2", "late2"));
+}
+
+// More keys than one request of a batching store holds (etcd: 128 ranges to a transaction).
+TEST_P(StoreContractTest, MultiGetOfManyKeysKeepsTheirOrderAcrossBatches) {
+  constexpr int kKeys = 300;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kKeys; ++i) {
+    keys.push_back(absl::StrCat("many/", i));
+    ASSERT_TRUE(store_->Set(keys.back(), absl::StrCat("v", i * 7)).ok());
+  }
+  absl::StatusOr<std::vector<std::string>> v = store_->MultiGet(keys, absl::ZeroDuration());
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ(v->size(), keys.size());
+  for (int i = 0; i < kKeys; ++i) EXPECT_EQ((*v)[i], absl::StrCat("v", i * 7)) << "key " << i;
+  keys.insert(keys.begin() + 250, "many/never");
+  v = store_->MultiGet(keys, absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsNotFound(v.status())) << v.status();
+  EXPECT_THAT(std::string(v.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("many/never"),
+                               ::testing::Not(::testing::HasSubstr("many/2"))));
 }
 
 TEST_P(StoreContractTest, DeleteReportsExistence) {

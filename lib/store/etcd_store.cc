@@ -3,10 +3,10 @@
 //
 // Keys and values travel base64-encoded, as the gateway wants them. Add is a compare-and-swap
 // transaction on the key's mod_revision (absent: 0) whose failure branch returns the current
-// value, retried until it wins. Get and Wait poll (PollBackoff) until their deadline: a watch
-// over the gateway is a long-lived stream per waiter, which costs the server more than a
-// bounded poll for the few keys a rank waits on. With credentials, the client gets a token from
-// /v3/auth/authenticate and sends it with each request, fetching a new one when the server
+// value, retried after a random sleep until it wins. Get and Wait poll (PollBackoff) until their
+// deadline: a watch over the gateway is a long-lived stream per waiter, which costs the server more
+// than a bounded poll for the few keys a rank waits on. With credentials, the client gets a token
+// from /v3/auth/authenticate and sends it with each request, fetching a new one when the server
 // says it expired.
 #include <curl/curl.h>
 #include <fcntl.h>
@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "lib/base/store_multi_get.h"
 #include "lib/store/external_store.h"
 #include "nlohmann/json.hpp"
 
@@ -32,6 +34,16 @@ namespace {
 using Json = nlohmann::json;
 // Handles (each with its open connection) kept for reuse, as the Redis store keeps connections.
 constexpr size_t kMaxIdleHandles = 8;
+// etcd refuses a transaction of more operations than its --max-txn-ops, 128 by default.
+constexpr size_t kMaxTxnRanges = 128;
+// The window of the random sleep after an add lost its compare-and-swap to another client's.
+constexpr absl::Duration kFirstAddWindow = absl::Milliseconds(1);
+constexpr absl::Duration kMaxAddWindow = absl::Milliseconds(64);
+
+std::minstd_rand& Rng() {
+  thread_local std::minstd_rand rng(std::random_device{}());
+  return rng;
+}
 
 struct CurlDeleter {
   void operator()(CURL* c) const { curl_easy_cleanup(c); }
@@ -123,6 +135,7 @@ class EtcdStore final : public Store {
 
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
     const absl::Time deadline = absl::Now() + options_.io_timeout;
+    absl::Duration window = kFirstAddWindow;
     absl::StatusOr<Found> current = Range(key);
     for (;;) {
       if (!current.ok()) return current.status();
@@ -158,6 +171,12 @@ class EtcdStore final : public Store {
                                                    absl::FormatDuration(options_.io_timeout)));
       }
       current = FirstKv(*range);
+      // Ranks that retried at once would collide again: of n contenders one wins per round, so
+      // the server would serve n^2/2 transactions for n adds. A sleep drawn uniformly below a
+      // doubling window ("full jitter") spreads them out.
+      std::uniform_int_distribution<int64_t> draw(0, absl::ToInt64Microseconds(window));
+      absl::SleepFor(std::min(absl::Microseconds(draw(Rng())), deadline - absl::Now()));
+      window = std::min(window * 2, kMaxAddWindow);
     }
   }
 
@@ -166,15 +185,38 @@ class EtcdStore final : public Store {
     std::vector<std::string> missing = keys;
     PollBackoff backoff;
     for (;;) {
+      absl::StatusOr<std::vector<Found>> found = RangeMany(missing);
+      if (!found.ok()) return found.status();
       std::vector<std::string> still;
-      for (const std::string& key : missing) {
-        absl::StatusOr<Found> f = Range(key);
-        if (!f.ok()) return f.status();
-        if (!f->present) still.push_back(key);
+      for (size_t i = 0; i < missing.size(); ++i) {
+        if (!(*found)[i].present) still.push_back(missing[i]);
       }
       missing.swap(still);
       if (missing.empty()) return absl::OkStatus();
       if (absl::Now() >= deadline) return WaitMissing(missing, timeout);
+      backoff.Sleep(deadline);
+    }
+  }
+
+  // One transaction per kMaxTxnRanges keys per poll: the completing rank of a store exchange reads
+  // every rank's contribution in a few round trips instead of one per rank.
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    PollBackoff backoff;
+    for (;;) {
+      absl::StatusOr<std::vector<Found>> found = RangeMany(keys);
+      if (!found.ok()) return found.status();
+      std::vector<std::string> values, missing;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if ((*found)[i].present) {
+          values.push_back(std::move((*found)[i].value));
+        } else {
+          missing.push_back(keys[i]);
+        }
+      }
+      if (missing.empty()) return values;
+      if (absl::Now() >= deadline) return MultiGetMissing(missing, timeout);
       backoff.Sleep(deadline);
     }
   }
@@ -190,6 +232,42 @@ class EtcdStore final : public Store {
     absl::StatusOr<Json> r = Post("/v3/kv/range", {{"key", B64(key)}});
     if (!r.ok()) return r.status();
     return FirstKv(*r);
+  }
+
+  // Reads every key, kMaxTxnRanges to a transaction (a transaction without compares runs its
+  // success branch: one range per key, answered in order).
+  absl::StatusOr<std::vector<Found>> RangeMany(const std::vector<std::string>& keys) {
+    std::vector<Found> found;
+    found.reserve(keys.size());
+    for (size_t first = 0; first < keys.size(); first += kMaxTxnRanges) {
+      const size_t end = std::min(keys.size(), first + kMaxTxnRanges);
+      if (end - first == 1) {
+        absl::StatusOr<Found> f = Range(keys[first]);
+        if (!f.ok()) return f.status();
+        found.push_back(*std::move(f));
+        continue;
+      }
+      Json ranges = Json::array();
+      for (size_t i = first; i < end; ++i) {
+        ranges.push_back({{"request_range", {{"key", B64(keys[i])}}}});
+      }
+      absl::StatusOr<Json> r = Post("/v3/kv/txn", {{"success", std::move(ranges)}});
+      if (!r.ok()) return r.status();
+      auto rs = r->is_object() ? r->find("responses") : r->end();
+      if (!r->is_object() || rs == r->end() || !rs->is_array() || rs->size() != end - first) {
+        return absl::InternalError(absl::StrCat("etcd store ", where_, ": a txn of ", end - first,
+                                                " ranges returned another number of responses"));
+      }
+      for (const Json& one : *rs) {
+        auto range = one.is_object() ? one.find("response_range") : one.end();
+        // An empty range comes back as an empty object, or without the field at all.
+        absl::StatusOr<Found> f =
+            FirstKv(one.is_object() && range != one.end() ? *range : Json::object());
+        if (!f.ok()) return f.status();
+        found.push_back(*std::move(f));
+      }
+    }
+    return found;
   }
 
   absl::Status Authenticate() {
