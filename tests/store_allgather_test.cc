@@ -69,6 +69,44 @@ TEST(StoreAllGatherTest, EveryRankGetsEveryValueInRankOrder) {
   EXPECT_EQ(completing, 1);
 }
 
+// Past 16 ranks, arrivals are counted in groups of 16 (a compare-and-swap add, as etcd's, costs
+// the square of the ranks adding to one key): 40 ranks are groups of 16, 16 and 8. The last of
+// each group makes one more request, and one rank completes the exchange.
+TEST(StoreAllGatherTest, ManyRanksCountTheirArrivalsInGroups) {
+  constexpr int kRanks = 40;
+  auto shared = CreateHashStore();
+  auto views = CountingViews(kRanks, shared);
+  std::vector<StoreGathered> got(kRanks);
+  testing::OnThreads(kRanks, [&](int r) {
+    absl::StatusOr<StoreGathered> g = AllGatherThroughStore(
+        *views[r], "grp/", r, kRanks, absl::StrCat("v", r), absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(g.ok()) << g.status();
+    got[r] = *std::move(g);
+  });
+  std::map<int, int> ranks_by_calls;
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(got[r].complete) << "rank " << r;
+    for (int q = 0; q < kRanks; ++q) {
+      EXPECT_EQ(got[r].values[q].value_or("?"), absl::StrCat("v", q)) << "rank " << r;
+    }
+    ++ranks_by_calls[views[r]->calls()];
+  }
+  // 3 requests each; the two group-last ranks that did not complete 4; the completing rank 5
+  // (its group's count, the top count, the MultiGet and the publishing set).
+  EXPECT_EQ(ranks_by_calls, (std::map<int, int>{{3, 37}, {4, 2}, {5, 1}}));
+  for (int g = 0; g < 3; ++g) {
+    EXPECT_EQ(*shared->Get(absl::StrCat("grp/count/", g), absl::ZeroDuration()),
+              g < 2 ? "16" : "8");
+  }
+  EXPECT_EQ(*shared->Get("grp/count", absl::ZeroDuration()), "3");
+  // The same prefix again: refused by the first group count it overflows.
+  absl::StatusOr<StoreGathered> again =
+      AllGatherThroughStore(*shared, "grp/", 5, kRanks, "x", absl::Now() + absl::Seconds(5));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.status().message()),
+              ::testing::AllOf(HasSubstr("two exchanges share"), HasSubstr("grp/count/0")));
+}
+
 // A rank that never comes: the others return within their deadline, not complete, naming it.
 TEST(StoreAllGatherTest, ARankThatNeverComesIsNamedAtTheDeadline) {
   constexpr int kRanks = 4;
