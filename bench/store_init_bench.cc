@@ -6,6 +6,9 @@
 //   store_init_bench --ranks N --store tcp                 a TCP store served in this process
 //   store_init_bench --ranks N --store redis://127.0.0.1:6379   (or etcd://...)
 //   --timeout S: bound of creation and of the allreduce (600 s)
+//   store_init_bench --read-keys N --store ...   no ranks: the completing rank's read of N
+//       contributions, one MultiGet against N Gets (Store::MultiGet's key-by-key default), median
+//       of 7 rounds each, interleaved
 //
 // Every rank has a client of its own, as ranks that are processes do. The counts are the calls
 // the communicator made on its Store (a waiting Get or Wait is one call); the Redis and etcd
@@ -14,6 +17,7 @@
 // in /proc/self/fd while every rank still holds its communicator, less those open once the
 // store clients were connected (so the store's own sockets are not counted). Memory: resident
 // set growth from before the ranks started, per rank (threads' stacks included).
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -91,14 +95,60 @@ int64_t ResidentKiB() {
   return kib;
 }
 
+absl::StatusOr<std::shared_ptr<Store>> ConnectClient(const std::string& store_arg,
+                                                     const TcpStoreOptions& tcp,
+                                                     const std::string& token) {
+  if (store_arg == "tcp") return ConnectTcpStore(tcp);
+  ExternalStoreOptions e;
+  e.url = store_arg;
+  e.prefix = absl::StrCat("adaptcomm/job/", token);
+  return ConnectExternalStore(e);
+}
+
+// N keys of 64-byte values (an address and a little more, as a rank's contribution), read back by
+// one client both ways.
+int ReadKeys(Store& store, int n) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) {
+    keys.push_back(absl::StrCat("read/", i));
+    if (absl::Status s = store.Set(keys.back(), std::string(64, 'a' + i % 26)); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  std::vector<double> batched, one_by_one;
+  for (int round = 0; round < 7; ++round) {
+    for (const bool batch : {round % 2 == 0, round % 2 != 0}) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<std::vector<std::string>> v =
+          batch ? store.MultiGet(keys, absl::Seconds(60))
+                : store.Store::MultiGet(keys, absl::Seconds(60));
+      const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+      if (!v.ok() || v->size() != keys.size() ||
+          (*v)[n - 1] != std::string(64, 'a' + (n - 1) % 26)) {
+        std::fprintf(stderr, "read failed: %s\n", v.status().ToString().c_str());
+        return 1;
+      }
+      (batch ? batched : one_by_one).push_back(ms);
+    }
+  }
+  std::sort(batched.begin(), batched.end());
+  std::sort(one_by_one.begin(), one_by_one.end());
+  std::printf("keys=%d multiget_ms=%.2f gets_ms=%.2f gets/multiget=%.1f\n", n, batched[3],
+              one_by_one[3], one_by_one[3] / batched[3]);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   int ranks = 0;
+  int read_keys = 0;
   int timeout_s = 600;
   std::string store_arg;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--ranks" && absl::SimpleAtoi(argv[i + 1], &ranks)) continue;
     if (flag == "--timeout" && absl::SimpleAtoi(argv[i + 1], &timeout_s)) continue;
+    if (flag == "--read-keys" && absl::SimpleAtoi(argv[i + 1], &read_keys)) continue;
     if (flag == "--store") {
       store_arg = argv[i + 1];
       continue;
@@ -106,10 +156,11 @@ int Main(int argc, char** argv) {
     ranks = 0;
     break;
   }
-  if (ranks < 1 || store_arg.empty()) {
+  if ((ranks < 1 && read_keys < 1) || store_arg.empty()) {
     std::fprintf(stderr,
                  "usage: store_init_bench --ranks N --store tcp|redis://...|etcd://... "
-                 "[--timeout SECONDS]\n");
+                 "[--timeout SECONDS]\n"
+                 "       store_init_bench --read-keys N --store tcp|redis://...|etcd://...\n");
     return 2;
   }
   const std::string token = absl::StrCat("bench-", absl::ToUnixNanos(absl::Now()));
@@ -124,6 +175,14 @@ int Main(int argc, char** argv) {
     }
     server = *std::move(s);
     tcp.port = server->port();
+  }
+  if (read_keys > 0) {
+    absl::StatusOr<std::shared_ptr<Store>> client = ConnectClient(store_arg, tcp, token);
+    if (!client.ok()) {
+      std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+      return 1;
+    }
+    return ReadKeys(**client, read_keys);
   }
   std::vector<Counts> counts(ranks);
   std::vector<absl::Status> status(ranks);
@@ -140,15 +199,7 @@ int Main(int argc, char** argv) {
     threads.emplace_back([&, r] {
       // Returns the communicator (null on failure), which the rank holds until main has counted.
       auto run = [&]() -> std::unique_ptr<Communicator> {
-        absl::StatusOr<std::shared_ptr<Store>> client;
-        if (server != nullptr) {
-          client = ConnectTcpStore(tcp);
-        } else {
-          ExternalStoreOptions e;
-          e.url = store_arg;
-          e.prefix = absl::StrCat("adaptcomm/job/", token);
-          client = ConnectExternalStore(e);
-        }
+        absl::StatusOr<std::shared_ptr<Store>> client = ConnectClient(store_arg, tcp, token);
         if (clients_up->Block()) delete clients_up;
         if (!client.ok()) {
           status[r] = client.status();
