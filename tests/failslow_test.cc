@@ -296,5 +296,39 @@ TEST(SlownessScorer, StartingDataLateIsCommSlow) {
   EXPECT_THAT(std::vector<bool>({v[0].changed, v[1].changed}), ElementsAre(false, true));
 }
 
+// Ops queued back to back (a bucketer's allreduces, a trainer that waits once per step): every
+// rank enters them microseconds apart, and each one's data phase starts when the previous op
+// completes on that rank, a few microseconds apart between ranks. The job's time per op is the
+// transfer, not the microseconds between entries: a few microseconds of lag are no slowness.
+TEST(SlownessScorer, QueuedOpsScoreLagAgainstTheTransferNotTheIssueGap) {
+  trace::SlownessScorerOptions o;
+  o.world_size = 2;
+  o.min_ticks = 1;
+  constexpr int64_t kUs = 1000;
+  auto queued = [&](int64_t lag_us) {
+    trace::SlownessScorer scorer(o);
+    for (int r = 0; r < 2; ++r) {
+      std::vector<trace::SlowSample> s;
+      for (uint64_t seq = 1; seq <= 100; ++seq) {
+        // Entered 2 us after the previous op; queued for seq ms behind it; a 2 ms data phase,
+        // rank 1's starting lag_us later (both leave together).
+        const int64_t wait = static_cast<int64_t>(seq) * 2000 * kUs;
+        const int64_t data = (2000 - (r == 1 ? lag_us : 0)) * kUs;
+        s.push_back({seq, wait, data, 2 * kUs, 0});
+      }
+      scorer.Add(r, s);
+    }
+    return scorer.Tick(absl::UnixEpoch() + absl::Hours(1));
+  };
+  std::vector<trace::RankSlowness> v = queued(5);
+  EXPECT_FALSE(v[1].slow) << v[1].score;
+  EXPECT_NEAR(v[1].comm, 5.0 / 1995.0, 1e-9);  // against the 1,995 us transfer once both were in
+  EXPECT_FALSE(v[0].slow);
+  // A rank that starts every queued transfer 1 ms late is slow: 1 ms lost per 1 ms transfer.
+  v = queued(1000);
+  EXPECT_TRUE(v[1].slow);
+  EXPECT_NEAR(v[1].comm, 1000.0 / 1000.0, 1e-9);
+}
+
 }  // namespace
 }  // namespace adaptcomm

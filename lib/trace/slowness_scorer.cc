@@ -83,7 +83,10 @@ std::vector<RankSlowness> SlownessScorer::Tick(absl::Time now) {
     for (size_t r = 0; r < world; ++r) {
       const Sums& s = sums_[r];
       const double extra = s.idle - min_idle;
-      const double den = std::max({s.gap - extra - s.data_lag, 0.05 * s.gap, 1.0});
+      // Ops queued back to back are entered microseconds apart: the job's time per op is then
+      // their transfer, which bounds the denominator from below (ops run one at a time, so the
+      // op-to-op time of ops that are not queued is at least the transfer too).
+      const double den = std::max({s.gap - extra - s.data_lag, s.transfer, 0.05 * s.gap, 1.0});
       TickScore t;
       t.at = now;
       t.compute = extra / den;

@@ -7,7 +7,7 @@
 // over the ops every rank sampled since the last look, with X_r the sum of rank r's idle times
 // and X_min the smallest sum over the ranks:
 //
-//   compute part  = (X_r - X_min) / (G_r - (X_r - X_min) - D_r)
+//   compute part  = (X_r - X_min) / max(G_r - (X_r - X_min) - D_r, T)
 //   comm part     = D_r / (same)
 //
 // G_r is the sum of its op-to-op times (entered the previous op to entered this one), so the
@@ -18,7 +18,9 @@
 // data, beyond how much later it entered (max_q data_q - data_r - (max_q wait_q - wait_r), never
 // below 0; ranks leave a collective at about the same time, so these durations compare across
 // ranks without clock sync): it entered in time but started late (its queue, its device stream or
-// its own previous transfer was behind): comm-slow.
+// its own previous transfer was behind): comm-slow. T sums the ops' transfers (data phase once
+// every rank was in): ops queued back to back are entered microseconds apart, so their op-to-op
+// time says nothing of the job's time per op, which is then the transfer.
 //
 // Sums over many ops, not per-op maxima, so that one op's jitter does not lift every rank, and
 // idle times rather than per-op arrival lag, which a pipeline of queued ops would count once per
