@@ -33,6 +33,11 @@ absl::Status BackendBase::Refused(const OpDesc& op) const {
 }
 
 absl::Status BackendBase::Fail(absl::Status failure) {
+  if (!aborted() && absl::IsInvalidArgument(failure)) return failure;
+  return Break(std::move(failure));
+}
+
+absl::Status BackendBase::Break(absl::Status failure) {
   if (aborted()) {
     absl::MutexLock lock(&mu_);
     // An op that failed because of Abort() reports the abort, and where it was interrupted.
@@ -40,7 +45,6 @@ absl::Status BackendBase::Fail(absl::Status failure) {
     return absl::Status(broken_.code(),
                         absl::StrCat(broken_.message(), "; interrupted in ", failure.message()));
   }
-  if (absl::IsInvalidArgument(failure)) return failure;
   bool first = false;
   {
     absl::MutexLock lock(&mu_);
@@ -58,13 +62,14 @@ void BackendBase::Abort(const absl::Status& reason) {
   {
     absl::MutexLock lock(&mu_);
     if (aborted_flag_.load(std::memory_order_relaxed)) return;
-    aborted_flag_.store(true, std::memory_order_release);
     if (broken_.ok()) {
       broken_ = absl::AbortedError(absl::StrCat(
           id_.label,
           " backend aborted: ", reason.ok() ? std::string("no reason given") : reason.ToString()));
       broken_flag_.store(true, std::memory_order_release);
     }
+    // After broken_flag_: whoever sees aborted() sees the backend broken (Refused() refuses).
+    aborted_flag_.store(true);  // sequentially consistent: see aborted()
   }
   ADAPTCOMM_LOG(kInfo, id_.label, " backend rank ", id_.rank, " aborting: ", reason.ToString());
   Interrupt(reason);

@@ -92,8 +92,13 @@ class BackendBase : public Backend {
   // where it interrupted the op; InvalidArgument as it is; anything else breaks the backend
   // (the first failure stays its health; OnBroken() runs once) and is returned.
   absl::Status Fail(absl::Status failure);
-  // True once Abort() was called. Cheap: an atomic load.
-  bool aborted() const { return aborted_flag_.load(std::memory_order_acquire); }
+  // Fail() for a failure that breaks the backend whatever its code: a transport whose call may
+  // already have reached the peers (NCCL's invalid usage at a launch) cannot be used again.
+  absl::Status Break(absl::Status failure);
+  // True once Abort() was called. Sequentially consistent, with the store in Abort(): a backend
+  // may pair it with a flag of its own (set "an op is running", then read aborted(); Abort() sets
+  // this, then Interrupt() reads that flag) so that at least one of the two sees the other.
+  bool aborted() const { return aborted_flag_.load(); }
 
   const BackendIdentity& identity() const { return id_; }
 

@@ -24,11 +24,10 @@ namespace adaptcomm::nccl {
 
 NcclBackend::~NcclBackend() {
   bool aborted = false;
-  bool broken = false;
+  const bool broken = !health().ok();
   {
     absl::MutexLock lock(&mu_);
     aborted = comm_aborted_;
-    broken = !broken_.ok();
   }
   health_.Retire(absl::FailedPreconditionError(absl::StrCat(
       "nccl backend of rank ", options_.rank, " was destroyed before the op completed")));
@@ -266,19 +265,16 @@ absl::StatusOr<const OpDesc*> NcclBackend::WithStagedInput(const OpDesc& op, Cud
 
 absl::Status NcclBackend::BeginCall(const OpDesc& op) {
   running_.store(true);
-  if (!abort_requested_.load() && !broken_seen_.load()) return absl::OkStatus();
-  absl::Status refused;
-  {
-    absl::MutexLock lock(&mu_);  // after Abort() or Break() set broken_ (they hold mu_ meanwhile)
-    refused = BrokenBackendRefusal("nccl", op, broken_);
-  }
+  const bool abort_seen = aborted();   // after running_ is set: see running_
+  absl::Status refused = Refused(op);  // after an Abort(), never OK (BackendBase::Abort)
+  if (refused.ok() && !abort_seen) return refused;
   (void)FinishCall(refused);  // an Abort() that saw this call running left ncclCommAbort to it
   return refused;
 }
 
 absl::Status NcclBackend::FinishCall(absl::Status result) {
   running_.store(false);
-  if (!abort_requested_.load()) return result;
+  if (!aborted()) return result;
   bool abort_now = false;
   {
     absl::MutexLock lock(&mu_);
@@ -568,7 +564,7 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
     // first answer is "in progress"): a launch NCCL finished at once reads none.
     absl::Time deadline = absl::InfiniteFuture();
     for (int i = 0; r == NcclResult::kInProgress; ++i) {
-      if (abort_requested_.load()) return health();
+      if (aborted()) return health();
       NcclResult state = NcclResult::kSuccess;
       NcclResult q = api_->CommGetAsyncError(comm_, &state);
       if (q != NcclResult::kSuccess) state = q;
@@ -631,7 +627,7 @@ absl::Status NcclBackend::WaitDone(const OpDesc& op, CudaStream stream, absl::Ti
   // event may only be recorded once the communicator says the launch is done.
   bool recorded = false;
   for (int i = 0;; ++i) {
-    if (abort_requested_.load()) {
+    if (aborted()) {
       AbortCommOnce();
       return health();
     }
@@ -653,7 +649,7 @@ absl::Status NcclBackend::WaitDone(const OpDesc& op, CudaStream stream, absl::Ti
       const int q = cuda_->EventQuery(event_);
       // An abort that raced the check above also completes the event (ncclCommAbort ends the
       // kernels): the op must then fail, not pass as done.
-      if (q == kCudaSuccess && !abort_requested_.load()) return absl::OkStatus();
+      if (q == kCudaSuccess && !aborted()) return absl::OkStatus();
       if (q == kCudaSuccess) continue;
       if (q != kCudaErrorNotReady) {
         return Break(absl::UnavailableError(
@@ -669,38 +665,13 @@ absl::Status NcclBackend::WaitDone(const OpDesc& op, CudaStream stream, absl::Ti
   }
 }
 
-absl::Status NcclBackend::Break(absl::Status status) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (abort_requested_.load() && !broken_.ok()) {
-      status = broken_;  // Abort() came first: report it, not the error it caused
-    } else if (broken_.ok()) {
-      broken_ = status;
-      broken_seen_.store(true);
-    }
-  }
-  AbortCommOnce();
-  return status;
+void NcclBackend::Interrupt(const absl::Status& /*reason*/) {
+  // A running op aborts the communicator from its own polling loop, so that no NCCL call on the
+  // communicator races with its destruction by ncclCommAbort.
+  if (!running_.load()) AbortCommOnce();
 }
 
-void NcclBackend::Abort(const absl::Status& reason) {
-  bool abort_here = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (abort_requested_.exchange(true)) return;
-    const std::string why = reason.ok() ? std::string("no reason given") : reason.ToString();
-    broken_ = broken_.ok()
-                  ? absl::AbortedError(absl::StrCat("nccl backend aborted: ", why))
-                  : absl::AbortedError(absl::StrCat("nccl backend aborted: ", why,
-                                                    " (already broken: ", broken_.ToString(), ")"));
-    // A running op aborts the communicator from its own polling loop, so that no NCCL call on
-    // the communicator races with its destruction by ncclCommAbort.
-    broken_seen_.store(true);
-    abort_here = !running_.load();
-  }
-  ADAPTCOMM_LOG(kInfo, "nccl backend rank ", options_.rank, " aborting: ", reason.ToString());
-  if (abort_here) AbortCommOnce();
-}
+void NcclBackend::OnBroken(const absl::Status& /*failure*/) { AbortCommOnce(); }
 
 void NcclBackend::AbortCommOnce(bool allow_park) {
   const bool park = allow_park && options_.keep_comm_for_shrink;

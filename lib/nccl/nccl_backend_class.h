@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "lib/backend/backend_base.h"
 #include "lib/base/block_recycler.h"
 #include "lib/base/log.h"
 #include "lib/base/op_views.h"
@@ -46,12 +47,20 @@ inline uint64_t NextStreamId() {
   return next.fetch_add(1);
 }
 
-class NcclBackend final : public Backend, public StreamOrdered, public GroupRunner {
+// Its health, its refusal of ops once broken and its Abort() come from BackendBase; what is its own
+// is the communicator's abort, which must not race with an NCCL call on it: a call in flight
+// (BeginCall .. FinishCall) aborts the communicator itself after an Abort(), an idle backend in
+// Interrupt().
+class NcclBackend final : public BackendBase, public StreamOrdered, public GroupRunner {
  public:
   NcclBackend(std::shared_ptr<NcclApi> api, std::shared_ptr<CudaApi> cuda,
               const NcclBackendOptions& options, NcclComm comm, int device_count, CudaEvent event,
               CudaStream stream, void* scratch)
-      : api_(std::move(api)),
+      : BackendBase(BackendIdentity{.name = "nccl",
+                                    .rank = options.rank,
+                                    .size = options.size,
+                                    .capabilities = NcclCapabilities()}),
+        api_(std::move(api)),
         cuda_(std::move(cuda)),
         options_(options),
         comm_(comm),
@@ -64,10 +73,7 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
         op_events_(std::make_shared<OpEventsShared>(cuda_, options_.device, api_, comm_)) {}
   ~NcclBackend() override;
 
-  const char* name() const override { return "nccl"; }
-  int rank() const override { return options_.rank; }
-  int size() const override { return options_.size; }
-  Capabilities capabilities() const override {
+  static Capabilities NcclCapabilities() {
     Capabilities c;
     c.host_memory = false;
     c.device_memory = true;
@@ -80,11 +86,6 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
   }
   absl::Status Supports(const OpDesc& op) const override;
   absl::Status Run(const OpDesc& op) override;
-  void Abort(const absl::Status& reason) override;
-  absl::Status health() const override {
-    absl::MutexLock lock(&mu_);
-    return broken_;
-  }
   std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
   StreamOrdered* stream_ordered() override { return this; }
   GroupRunner* groups() override { return this; }
@@ -102,6 +103,11 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
   void ReleaseComm() { AbortCommOnce(/*allow_park=*/false); }
 
  private:
+  // BackendBase's: aborts the communicator unless a call is in flight (it does so in FinishCall).
+  void Interrupt(const absl::Status& reason) override;
+  // BackendBase's: the first failure that broke the backend aborts the communicator, so that the
+  // peers waiting in the op fail too.
+  void OnBroken(const absl::Status& failure) override;
   // Marks the op running (or refuses it on a broken backend); FinishCall undoes it, aborting the
   // communicator if an Abort() came meanwhile, and returns what the caller should see.
   absl::Status BeginCall(const OpDesc& op);
@@ -126,9 +132,6 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
   void TakeTimingEvents(CudaEvent* start, CudaEvent* end);
   // Waits for the event recorded on `stream` after `op`, polling async errors; the op's status.
   absl::Status WaitDone(const OpDesc& op, CudaStream stream, absl::Time deadline);
-  // Records `status` as the reason the backend is broken, aborts the communicator, returns the
-  // status the caller should see (the abort's, if Abort() came first).
-  absl::Status Break(absl::Status status);
   // Aborts the communicator once; with keep_comm_for_shrink and `allow_park`, only parks it (the
   // ops end through health_, ncclCommAbort waits for a shrink or ReleaseComm).
   void AbortCommOnce(bool allow_park = true);
@@ -152,7 +155,6 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
   EventPool& events_ = op_events_->pool;
   CommHealth& health_ = op_events_->health;
 
-  std::atomic<bool> abort_requested_{false};
   std::atomic<bool> timing_unavailable_{false};           // TakeTimingEvents failed once
   std::atomic<CudaStream> last_checked_stream_{nullptr};  // on options_.device (MarkIssue)
   // Device pointers of options_.device that CheckView found valid, by PointerSlot.
@@ -163,14 +165,13 @@ class NcclBackend final : public Backend, public StreamOrdered, public GroupRunn
   mutable std::array<std::atomic<const void*>, kCheckedPointers> checked_pointers_{};
   // An op (or a shrink) is making NCCL calls on comm_: Abort() then leaves ncclCommAbort to it
   // (FinishCall). Set and cleared by the executing thread without mu_ (BeginCall, FinishCall: every
-  // op); Abort() sets abort_requested_ before it reads running_, and a call sets running_ before
-  // it reads abort_requested_, so that (both sequentially consistent) at least one of them sees the
+  // op); Abort() sets aborted() before Interrupt() reads running_, and a call sets running_ before
+  // it reads aborted(), so that (both sequentially consistent) at least one of them sees the
   // other.
   std::atomic<bool> running_{false};
-  // Set with broken_ (never cleared): BeginCall's check without mu_.
-  std::atomic<bool> broken_seen_{false};
+  // The communicator's state. BackendBase's lock may be taken under it (health()), never the
+  // reverse: the base calls Interrupt() and OnBroken() without its lock.
   mutable absl::Mutex mu_;
-  absl::Status broken_ ABSL_GUARDED_BY(mu_);
   bool comm_aborted_ ABSL_GUARDED_BY(mu_) = false;
   bool comm_parked_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -85,8 +85,9 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Shrink(const std::vector<i
           absl::StrCat(who, ": the parent communicator is busy or aborted"));
     }
     running_.store(true);  // Abort() meanwhile must not call ncclCommAbort under ncclCommShrink
-    broken = !broken_.ok() || comm_parked_;
+    broken = comm_parked_;
   }
+  broken = broken || !health().ok();
   ScopedCudaDevice device(*cuda_, options_.device);
   NcclBackendOptions o = options;
   o.config.blocking = 0;
@@ -107,13 +108,11 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Shrink(const std::vector<i
   {
     absl::MutexLock lock(&mu_);
     running_.store(false);
-    broken_seen_.store(true);
-    if (broken_.ok()) {
-      broken_ = absl::FailedPreconditionError(
-          absl::StrCat("nccl backend of rank ", options_.rank,
-                       " was replaced by its shrunk communicator (ncclCommShrink)"));
-    }
   }
+  // Kept as its health when it had none to report (an earlier failure or abort stays).
+  (void)Break(absl::FailedPreconditionError(
+      absl::StrCat("nccl backend of rank ", options_.rank,
+                   " was replaced by its shrunk communicator (ncclCommShrink)")));
   // The parent's part is done (its ops ended with NCCL_SHRINK_ABORT, or it is superseded): its
   // resources go now rather than when the communicator ends.
   AbortCommOnce(/*allow_park=*/false);
