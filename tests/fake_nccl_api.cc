@@ -163,6 +163,16 @@ struct Group {
   std::map<std::pair<int, int>, std::deque<Message>> recvs;
   // Groups made by ncclCommShrink from this one, by the (sorted) excluded ranks.
   std::map<std::vector<int>, std::shared_ptr<Group>> shrunk;
+  // The ncclCommSplit calls on this group, by their number on each rank: per parent rank its
+  // (color, key) and the communicator it was handed (null for kSplitNoColor).
+  struct SplitCall {
+    int color = 0, key = 0;
+    FakeComm* child = nullptr;
+  };
+  std::map<int, std::map<int, SplitCall>> splits;
+  // A group of ncclCommSplit with a member whose init failed: the others' init fails too, as
+  // NCCL's bootstrap sees the lost peer.
+  bool peer_failed = false;
 };
 
 // The library sends only the eight dtypes of DType (lib/nccl maps them one to one); the fake
@@ -311,6 +321,7 @@ struct FakeComm {
   int index = 0;  // 1-based: which communicator of its fake
   std::string last_error;
   std::vector<std::weak_ptr<FakeOp>> ops;  // launched here, for CommAbort
+  int splits = 0;                          // ncclCommSplit calls made on it
 };
 
 }  // namespace
@@ -362,6 +373,7 @@ struct FakeNcclApi::State {
   std::map<void*, std::deque<Deferred>> deferred;  // per stream
   std::vector<FakeCall> calls;
   std::vector<int> shrink_flags;
+  std::vector<std::pair<int, int>> split_args;
   std::map<void*, int> stream_devices;  // streams from StreamCreateNonBlocking
   bool holding = false;                 // HoldStreams(true): collectives wait on their stream
   int held_starts = 0;                  // collectives that may start while held (StepHeldDevice)
@@ -868,7 +880,10 @@ NcclResult FakeNcclApi::CommGetAsyncError(NcclComm comm, NcclResult* async_error
   if (c->init_failed) {
     c->last_error = "fake: init failed (injected)";
     *async_error = NcclResult::kSystemError;
-  } else if (c->init_never || c->group->joined < c->nranks) {
+  } else if (c->group != nullptr && c->group->peer_failed) {
+    c->last_error = "fake: a peer of this ncclCommSplit failed";
+    *async_error = NcclResult::kRemoteError;
+  } else if (c->init_never || c->group == nullptr || c->group->joined < c->nranks) {
     *async_error = NcclResult::kInProgress;
   } else {
     *async_error = c->async;
@@ -941,6 +956,58 @@ NcclResult FakeNcclApi::CommShrink(NcclComm comm, const std::vector<int>& exclud
   c->index = static_cast<int>(state_->comms.size()) + 1;
   state_->comms.push_back(std::move(c));
   return NcclResult::kInProgress;
+}
+std::vector<std::pair<int, int>> FakeNcclApi::split_args() const {
+  absl::MutexLock lock(&world_->mu);
+  return state_->split_args;
+}
+NcclResult FakeNcclApi::CommSplit(NcclComm comm, int color, int key, NcclComm* newcomm,
+                                  const nccl::NcclCommConfig* config) {
+  *newcomm = nullptr;
+  if (!faults_.has_comm_split) return NcclResult::kInvalidUsage;  // no such symbol
+  split_calls_.fetch_add(1);
+  absl::MutexLock lock(&world_->mu);
+  state_->split_args.emplace_back(color, key);
+  if (config != nullptr) state_->last_config = *config;
+  FakeComm* parent = Comm(comm);
+  if (parent == nullptr || parent->aborted || parent->group == nullptr) {
+    return NcclResult::kInvalidUsage;
+  }
+  if (color < nccl::kSplitNoColor) return NcclResult::kInvalidArgument;
+  std::map<int, Group::SplitCall>& round = parent->group->splits[parent->splits++];
+  FakeComm* child = nullptr;
+  if (color != nccl::kSplitNoColor) {
+    auto c = std::make_unique<FakeComm>();  // joins its group once every parent rank called
+    c->init_failed = faults_.split_fails;
+    c->index = static_cast<int>(state_->comms.size()) + 1;
+    child = c.get();
+    state_->comms.push_back(std::move(c));
+    *newcomm = reinterpret_cast<NcclComm>(child);
+  }
+  round[parent->rank] = Group::SplitCall{color, key, child};
+  // A rank without a color has nothing to wait for (its part is its call).
+  const NcclResult returned =
+      color == nccl::kSplitNoColor ? NcclResult::kSuccess : NcclResult::kInProgress;
+  if (static_cast<int>(round.size()) < parent->nranks) return returned;
+  // Every rank of the parent called: one group per color, ranked by key, then parent rank.
+  std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, parent rank)
+  for (const auto& [rank, call] : round) {
+    if (call.color != nccl::kSplitNoColor) by_color[call.color].emplace_back(call.key, rank);
+  }
+  for (auto& [c, members] : by_color) {
+    std::sort(members.begin(), members.end());
+    auto g = std::make_shared<Group>();
+    g->nranks = static_cast<int>(members.size());
+    for (size_t i = 0; i < members.size(); ++i) {
+      FakeComm* made = round[members[i].second].child;
+      made->group = g;
+      made->rank = static_cast<int>(i);
+      made->nranks = g->nranks;
+      if (!made->init_failed) ++g->joined;
+      g->peer_failed = g->peer_failed || made->init_failed;
+    }
+  }
+  return returned;
 }
 std::string FakeNcclApi::GetErrorString(NcclResult result) { return nccl::NcclResultName(result); }
 std::string FakeNcclApi::GetLastError(NcclComm comm) {

@@ -85,6 +85,12 @@ struct FakeNcclFaults {
   // Without the flag a parent in error refuses (ncclInvalidUsage).
   bool has_comm_shrink = false;
   bool shrink_fails = false;  // the new communicator's asynchronous result is ncclSystemError
+  // ncclCommSplit (NCCL 2.18+): advertised (has_comm_split) and implemented: the i-th split of a
+  // parent communicator completes once every rank of the parent called its i-th split; each color
+  // is then a new group, ranked by key, then parent rank. kSplitNoColor gets no communicator.
+  bool has_comm_split = true;
+  // The new communicator's asynchronous result is ncclSystemError, and its peers' ncclRemoteError.
+  bool split_fails = false;
   // ncclAlltoAll (NCCL 2.28+): advertised (has_alltoall) and implemented as a collective.
   bool has_alltoall = false;
   // cudaEventElapsedTime between two complete timing events: this many milliseconds (the fake
@@ -112,6 +118,9 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   int destroy_calls() const { return destroy_calls_.load(); }
   int init_calls() const { return init_calls_.load(); }
   int shrink_calls() const { return shrink_calls_.load(); }
+  int split_calls() const { return split_calls_.load(); }
+  // (color, key) of every ncclCommSplit this rank made, in order.
+  std::vector<std::pair<int, int>> split_args() const;
   std::vector<int> last_shrink_flags() const;  // shrinkFlags of every ncclCommShrink, in order
   int memcpy_calls() const { return memcpy_calls_.load(); }
   int malloc_calls() const { return malloc_calls_.load(); }
@@ -218,6 +227,9 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   bool has_alltoall() const override { return faults_.has_alltoall; }
   nccl::NcclResult AlltoAll(const void* send, void* recv, size_t count, nccl::NcclDataType dtype,
                             nccl::NcclComm comm, cuda::CudaStream stream) override;
+  bool has_comm_split() const override { return faults_.has_comm_split; }
+  nccl::NcclResult CommSplit(nccl::NcclComm comm, int color, int key, nccl::NcclComm* newcomm,
+                             const nccl::NcclCommConfig* config) override;
   bool has_comm_shrink() const override { return faults_.has_comm_shrink; }
   nccl::NcclResult CommShrink(nccl::NcclComm comm, const std::vector<int>& exclude_ranks,
                               nccl::NcclComm* newcomm, const nccl::NcclCommConfig* config,
@@ -234,6 +246,7 @@ class FakeNcclApi final : public cuda::CudaApi, public nccl::NcclApi {
   std::atomic<int> destroy_calls_{0};
   std::atomic<int> init_calls_{0};
   std::atomic<int> shrink_calls_{0};
+  std::atomic<int> split_calls_{0};
   std::atomic<int> memcpy_calls_{0};
   std::atomic<int> malloc_calls_{0};
   std::atomic<int> cast_calls_{0};

@@ -409,7 +409,11 @@ class ADAPTCOMM_EXPORT Communicator {
   // rank that never calls Split is named in the DeadlineExceeded of the others, within the init
   // timeout); then each child rendezvouses under its own name through the same store and builds
   // its own backend, with this communicator's options (profile, timeouts, retry, elastic policy)
-  // but its own op sequence, flight record and Explain(). Children of one Split are independent:
+  // but its own op sequence, flight record and Explain(). On NCCL, where every rank's NCCL has
+  // ncclCommSplit and no rank asked its child for another backend, the ops issued here before
+  // Split end first and NCCL splits this communicator's (a child on NCCL is built on that, without
+  // a fresh init); otherwise, or where a rank's split failed, the child inits NCCL afresh.
+  // Children of one Split are independent:
   // their ops may be issued in any order relative to each other and to this communicator's.
   // Failures (docs/groups.md, "Failure semantics"): the communicators split from one root,
   // recursively, form a family in each process. When one member breaks (health() turns non-OK: an

@@ -76,6 +76,9 @@ struct NcclCommConfig {
 // with a collective stuck on an excluded rank), then shrinks.
 inline constexpr int kShrinkDefault = 0;
 inline constexpr int kShrinkAbort = 1;
+// ncclCommSplit's color for a rank that takes part in the split and joins no child
+// (NCCL_SPLIT_NOCOLOR).
+inline constexpr int kSplitNoColor = -1;
 
 // NCCL's calls. Methods mirror nccl.h one to one; the CUDA runtime NCCL runs on is a separate seam
 // (lib/cuda/cuda_api.h) that callers receive alongside.
@@ -129,6 +132,20 @@ class NcclApi {
     (void)stream;
     return NcclResult::kInvalidUsage;
   }
+  // ncclCommSplit (NCCL 2.18+): a collective over every rank of `comm`; the ranks passing the same
+  // `color` build `*newcomm`, ranked by `key`, then by their rank in `comm`; kSplitNoColor gives
+  // a null `*newcomm`. `config` null: the parent's. Nonblocking: poll CommGetAsyncError(*newcomm).
+  // Without the symbol: ncclInvalidUsage.
+  virtual bool has_comm_split() const { return false; }
+  virtual NcclResult CommSplit(NcclComm comm, int color, int key, NcclComm* newcomm,
+                               const NcclCommConfig* config) {
+    (void)comm;
+    (void)color;
+    (void)key;
+    (void)config;
+    *newcomm = nullptr;
+    return NcclResult::kInvalidUsage;
+  }
   virtual bool has_comm_shrink() const { return false; }
   virtual NcclResult CommShrink(NcclComm comm, const std::vector<int>& exclude_ranks,
                                 NcclComm* newcomm, const NcclCommConfig* config, int shrink_flags) {
@@ -157,8 +174,9 @@ int NormalizeNcclVersion(int code);
                                             absl::Duration bound);
 
 // dlopen()s NCCL once per process: `path` if given, else $ADAPTCOMM_NCCL_LIBRARY, else
-// "libnccl.so.2". Every required symbol is checked (optional ones, ncclCommShrink and
-// ncclAlltoAll, are resolved when present: has_comm_shrink(), has_alltoall()); errors:
+// "libnccl.so.2". Every required symbol is checked (optional ones, ncclCommSplit, ncclCommShrink
+// and ncclAlltoAll, are resolved when present: has_comm_split(), has_comm_shrink(),
+// has_alltoall()); errors:
 // FailedPrecondition "NCCL backend not built: ..." (no CUDA at build time), Unavailable with
 // dlerror()'s text ("libnccl.so.2: cannot open shared object file: ..."), or Unavailable naming the
 // first missing symbol. A successful load is cached per path; a failed one is retried on the next

@@ -50,6 +50,8 @@ struct NcclSymbols {
                                 cudaStream_t);
   ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  // Optional (null when the loaded NCCL lacks it): ncclCommSplit, NCCL 2.18+.
+  ncclResult_t (*CommSplit)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
   // Optional (null when the loaded NCCL lacks it): ncclCommShrink, NCCL 2.27+.
   ncclResult_t (*CommShrink)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
   // Optional: ncclAlltoAll, NCCL 2.28+ (typed here, not taken from nccl.h, which older NCCLs
@@ -57,6 +59,9 @@ struct NcclSymbols {
   ncclResult_t (*AlltoAll)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
 };
 
+#ifdef NCCL_SPLIT_NOCOLOR
+static_assert(kSplitNoColor == NCCL_SPLIT_NOCOLOR);
+#endif
 #if NCCL_VERSION_CODE >= 22700
 static_assert(kShrinkDefault == NCCL_SHRINK_DEFAULT);
 static_assert(kShrinkAbort == NCCL_SHRINK_ABORT);
@@ -157,6 +162,18 @@ class DlopenNcclApi final : public NcclApi {
                   cuda::CudaStream stream) override {
     return R(sym_.Recv(recv, count, D(dtype), peer, C(comm), S(stream)));
   }
+  bool has_comm_split() const override { return sym_.CommSplit != nullptr; }
+  NcclResult CommSplit(NcclComm comm, int color, int key, NcclComm* newcomm,
+                       const NcclCommConfig* c) override {
+    *newcomm = nullptr;
+    if (sym_.CommSplit == nullptr) return NcclResult::kInvalidUsage;
+    ncclConfig_t config;
+    if (c != nullptr) config = ToConfig(*c);
+    ncclComm_t out = nullptr;
+    ncclResult_t r = sym_.CommSplit(C(comm), color, key, &out, c != nullptr ? &config : nullptr);
+    *newcomm = reinterpret_cast<NcclComm>(out);
+    return R(r);
+  }
   bool has_alltoall() const override { return sym_.AlltoAll != nullptr; }
   NcclResult AlltoAll(const void* send, void* recv, size_t count, NcclDataType dtype, NcclComm comm,
                       cuda::CudaStream stream) override {
@@ -230,6 +247,7 @@ absl::StatusOr<std::shared_ptr<NcclApi>> Open(const std::string& name) {
   Resolve(handle, "ncclSend", &s.Send, &missing);
   Resolve(handle, "ncclRecv", &s.Recv, &missing);
   std::string optional_missing;  // optional symbols: a null slot is what has_comm_shrink() reads
+  Resolve(handle, "ncclCommSplit", &s.CommSplit, &optional_missing);
   Resolve(handle, "ncclCommShrink", &s.CommShrink, &optional_missing);
   Resolve(handle, "ncclAlltoAll", &s.AlltoAll, &optional_missing);
   if (!missing.empty()) {

@@ -75,6 +75,53 @@ absl::Status CanShrinkNccl(const Backend& parent);
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> ShrinkNcclBackend(
     Backend& parent, const std::vector<int>& exclude_ranks, const NcclBackendOptions& options);
 
+// A communicator that ncclCommSplit made from an NCCL backend's (SplitNcclComm), waiting to become
+// a child communicator's backend (AdoptNcclSplitComm). Destroying it unadopted aborts it (bounded).
+// Thread safety: one thread at a time.
+class NcclSplitComm {
+ public:
+  NcclSplitComm(std::shared_ptr<NcclApi> api, std::shared_ptr<cuda::CudaApi> cuda, NcclComm comm,
+                int device, int device_count, absl::Duration abort_timeout);
+  ~NcclSplitComm();
+  NcclSplitComm(const NcclSplitComm&) = delete;
+  NcclSplitComm& operator=(const NcclSplitComm&) = delete;
+
+  // Not adopted or released yet.
+  bool available() const { return comm_ != nullptr; }
+  int device() const { return device_; }
+  // Aborts the communicator now (every rank of the child must then build its backend afresh).
+  void Release();
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<Backend>> AdoptNcclSplitComm(
+      NcclSplitComm& split, const NcclBackendOptions& options);
+  const std::shared_ptr<NcclApi> api_;
+  const std::shared_ptr<cuda::CudaApi> cuda_;
+  NcclComm comm_;
+  const int device_;
+  const int device_count_;
+  const absl::Duration abort_timeout_;
+};
+
+// Whether `parent` can be split with ncclCommSplit: an NCCL backend, healthy, whose NCCL has the
+// symbol. The reason if not.
+absl::Status CanSplitNccl(const Backend& parent);
+
+// ncclCommSplit of `parent`'s communicator: a collective over every rank of the parent, each
+// calling it once per split, in the same order, with no op of the parent running (the caller
+// drains it first). `color` kSplitNoColor takes part and returns null; the others get the
+// communicator of the ranks with their color, ranked by `key`, then parent rank. The child's
+// ncclConfig_t is the parent's (the same profile). Waits (polling) at most `bound`; then the new
+// communicator is aborted (DeadlineExceeded). A failure leaves the parent usable.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<NcclSplitComm>> SplitNcclComm(Backend& parent,
+                                                                           int color, int key,
+                                                                           absl::Duration bound);
+
+// The backend over `split`'s communicator. REQUIRES: split.available(); options.rank and size are
+// the child's (the split's ordering), options.device the parent's. `split` is used up either way.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> AdoptNcclSplitComm(
+    NcclSplitComm& split, const NcclBackendOptions& options);
+
 // Aborts the NCCL communicator of `backend` if it is parked (keep_comm_for_shrink) or still live
 // and the backend is broken, bounded by its abort_timeout: a rebuild that does not shrink frees
 // it before a fresh init. No-op for other backends.

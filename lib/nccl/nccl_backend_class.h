@@ -101,6 +101,9 @@ class NcclBackend final : public BackendBase, public StreamOrdered, public Group
   absl::StatusOr<std::unique_ptr<Backend>> Shrink(const std::vector<int>& exclude_ranks,
                                                   const NcclBackendOptions& options);
   void ReleaseComm() { AbortCommOnce(/*allow_park=*/false); }
+  // SplitNcclComm / CanSplitNccl (nccl_backend.h; nccl_split.cc).
+  absl::Status CanSplit() const;
+  absl::StatusOr<std::shared_ptr<NcclSplitComm>> Split(int color, int key, absl::Duration bound);
 
  private:
   // BackendBase's: aborts the communicator unless a call is in flight (it does so in FinishCall).

@@ -17,6 +17,7 @@
 
 namespace adaptcomm::nccl {
 class NcclApi;  // lib/nccl/nccl_api.h: only the composition root (backend_selection.*) calls it
+class NcclSplitComm;  // lib/nccl/nccl_backend.h
 }  // namespace adaptcomm::nccl
 
 namespace adaptcomm::internal {
@@ -30,6 +31,9 @@ struct CommunicatorDeps {
   bool use_given_apis = false;
   std::shared_ptr<cuda::CudaApi> cuda;
   std::shared_ptr<nccl::NcclApi> nccl;
+  // At creation only (Communicator::Split): the communicator ncclCommSplit made for this child
+  // from its parent's; the backend is built on it where NCCL is chosen (SelectionDeps::nccl_split).
+  std::shared_ptr<nccl::NcclSplitComm> nccl_split;
 };
 
 // Communicator::Create, with `deps`.

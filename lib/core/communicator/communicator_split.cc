@@ -5,6 +5,8 @@
 // parent's backend is in, and a rank that never calls Split is named by the key it never wrote.
 // Each child is then an ordinary communicator of the job, created under its own name on the job's
 // store: its own rendezvous, backend choice, op sequence, failure coordination and flight record.
+// On NCCL, where every rank can, the parent's NCCL communicator is split first (ncclCommSplit, a
+// collective over the parent) and a child on NCCL is built on that (docs/groups.md).
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -15,9 +17,12 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "adaptcomm/communicator.h"
+#include "lib/base/log.h"
 #include "lib/base/store_allgather.h"
 #include "lib/core/communicator/communicator_factory.h"
 #include "lib/core/communicator/communicator_impl.h"
+#include "lib/nccl/nccl_api.h"
+#include "lib/nccl/nccl_backend.h"
 
 namespace adaptcomm {
 
@@ -38,12 +43,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
     return absl::FailedPreconditionError(
         absl::StrCat(what(), ": the communicator has no store (CreateWithBackend)"));
   }
+  // ncclCommSplit where the parent runs on NCCL and the child may (SplitOptions::backend unset,
+  // auto or nccl): a collective over the parent, so every rank must be able to, which each one
+  // says with its color.
+  Backend& parent_backend = impl.executor().backend();
+  const bool may_split_nccl =
+      (!split.backend.has_value() || *split.backend == BackendChoice::kAuto ||
+       *split.backend == BackendChoice::kNccl) &&
+      nccl::CanSplitNccl(parent_backend).ok();
   const int n = impl.NextSplit();
   // Keyed by the membership too: after a shrink the same rank numbers name other processes.
   const std::string prefix = absl::StrCat("split/", n, "/e", membership().changes, "/");
   const absl::Duration bound = impl.config().timeouts.init;
   absl::StatusOr<internal::StoreGathered> gathered = internal::AllGatherThroughStore(
-      *store, prefix, me, world, absl::StrCat(color, " ", key), absl::Now() + bound);
+      *store, prefix, me, world, absl::StrCat(color, " ", key, " ", may_split_nccl ? 1 : 0),
+      absl::Now() + bound);
   if (!gathered.ok()) {
     return absl::Status(gathered.status().code(),
                         absl::StrCat(what(), ": exchanging colors: ", gathered.status().message()));
@@ -57,15 +71,38 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
     int color, key, rank;
   };
   std::vector<Member> members;
+  bool every_rank_splits_nccl = true;
   for (int r = 0; r < world; ++r) {
     const std::string& value = *gathered->values[static_cast<size_t>(r)];
     std::vector<std::string> parts = absl::StrSplit(value, ' ');
     Member m{0, 0, r};
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &m.color) ||
-        !absl::SimpleAtoi(parts[1], &m.key)) {
+    int nccl_ok = 0;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &m.color) ||
+        !absl::SimpleAtoi(parts[1], &m.key) || !absl::SimpleAtoi(parts[2], &nccl_ok)) {
       return absl::InternalError(absl::StrCat(what(), ": rank ", r, " published '", value, "'"));
     }
+    every_rank_splits_nccl = every_rank_splits_nccl && nccl_ok == 1;
     if (m.color == color) members.push_back(m);
+  }
+  std::shared_ptr<nccl::NcclSplitComm> nccl_split;
+  if (every_rank_splits_nccl) {
+    // Nothing of the parent's may run on its communicator meanwhile: its ops issued before end
+    // first. A failure here leaves this rank without a split communicator; the child's ranks then
+    // agree to init NCCL afresh (SelectionDeps::nccl_split).
+    // Half the bound at most: a rank whose split failed still has time to create the child.
+    const absl::Time deadline = absl::Now() + bound / 2;
+    absl::Status drained = impl.executor().AwaitDrained(deadline, "Split (ncclCommSplit)");
+    absl::StatusOr<std::shared_ptr<nccl::NcclSplitComm>> made =
+        drained.ok()
+            ? nccl::SplitNcclComm(parent_backend, color == kNoColor ? nccl::kSplitNoColor : color,
+                                  key, std::max(deadline - absl::Now(), absl::ZeroDuration()))
+            : absl::StatusOr<std::shared_ptr<nccl::NcclSplitComm>>(drained);
+    if (made.ok()) {
+      nccl_split = *std::move(made);
+    } else {
+      ADAPTCOMM_LOG(kWarning, what(), ": ", made.status().message(),
+                    "; the child's NCCL backend is initialized afresh");
+    }
   }
   if (color == kNoColor) return std::unique_ptr<Communicator>();
   std::stable_sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
@@ -88,8 +125,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
   child.elastic.join = false;
   // With the parent's seams: an injected CUDA runtime and NCCL (the fake in tests) serve the
   // child too.
+  internal::CommunicatorDeps deps = impl.deps();
+  deps.nccl_split = nccl_split;
   absl::StatusOr<std::unique_ptr<Communicator>> made =
-      internal::CreateCommunicatorWith(child, impl.deps());
+      internal::CreateCommunicatorWith(child, deps);
+  // Not adopted (the child chose another backend, or some rank had none): freed now, not with the
+  // child.
+  if (nccl_split != nullptr) nccl_split->Release();
   // One family from the root down: a break of any member fails the others (communicator_family.h).
   if (made.ok()) {
     (*made)->impl_->family_member().JoinFamily(impl.family_member().family(), parent.name);

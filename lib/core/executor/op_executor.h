@@ -255,6 +255,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
     uint64_t max_position = 0;
   };
   absl::StatusOr<StepOutcome> EndStep(absl::Duration bound);
+  // Waits until every op issued before has ended (device ops included) and no recovery runs, or
+  // the executor is aborted or stopping: then nothing runs on the backend until the next op is
+  // issued. DeadlineExceeded naming `what` past `deadline`.
+  absl::Status AwaitDrained(absl::Time deadline, const char* what);
   // Fails every queued op with `reason`, aborts the running one. Idempotent.
   void Abort(const absl::Status& reason);
   // Lets queued and in-flight ops finish for half the abort bound, aborts those still pending,

@@ -53,6 +53,10 @@ bool OpExecutor::Drained() const {
   return DrainedLocked() || !aborted_.ok() || stopping_;
 }
 
+absl::Status OpExecutor::AwaitDrained(absl::Time deadline, const char* what) {
+  return AwaitQuiet(&OpExecutor::Drained, deadline, what);
+}
+
 absl::Status OpExecutor::AwaitQuiet(bool (OpExecutor::*quiet)() const, absl::Time deadline,
                                     const char* what) {
   while (!(this->*quiet)()) {

@@ -440,6 +440,42 @@ absl::StatusOr<std::unique_ptr<Backend>> ShrinkAgreed(const CommunicatorOptions&
   return shrunk;
 }
 
+// A Split child's backend on the communicator ncclCommSplit made for it, when every rank of the
+// child holds one (agreed first) and built its backend on it (agreed after); null when there is
+// none or some rank could not, every rank's split communicator then released, so that every rank
+// goes on to a fresh init alike.
+absl::StatusOr<std::unique_ptr<Backend>> SplitAgreed(const CommunicatorOptions& o,
+                                                     const Rendezvous& rv, absl::Time deadline,
+                                                     const SelectionDeps& deps,
+                                                     const nccl::NcclBackendOptions& no) {
+  if (deps.nccl_split == nullptr) return nullptr;
+  const absl::Status mine = deps.nccl_split->available()
+                                ? absl::OkStatus()
+                                : absl::FailedPreconditionError("no split communicator");
+  absl::StatusOr<std::vector<std::pair<int, std::string>>> failed =
+      Exchange(*rv.store, "split", *o.rank, *o.world_size, mine, deadline);
+  if (!failed.ok()) return failed.status();
+  if (!failed->empty()) {
+    deps.nccl_split->Release();
+    ADAPTCOMM_LOG(kInfo, "communicator '", o.name, "': no ncclCommSplit communicator (",
+                  DescribeFailures(*failed), "); every rank inits NCCL afresh");
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> adopted = nccl::AdoptNcclSplitComm(*deps.nccl_split, no);
+  failed = Exchange(*rv.store, "split/adopted", *o.rank, *o.world_size, adopted.status(), deadline);
+  if (!failed.ok()) return failed.status();
+  if (!failed->empty()) {
+    ADAPTCOMM_LOG(kWarning, "communicator '", o.name,
+                  "': a backend on the ncclCommSplit "
+                  "communicator failed (",
+                  DescribeFailures(*failed), "); every rank inits NCCL afresh");
+    if (adopted.ok())
+      (*adopted)->Abort(absl::CancelledError("another rank's split backend failed"));
+    return nullptr;
+  }
+  return adopted;
+}
+
 // The NCCL backend's options for this rank on `device`, with the profile's ncclConfig_t values
 // translated for the loaded NCCL.
 nccl::NcclBackendOptions NcclOptionsFor(const CommunicatorOptions& o, const Rendezvous& rv,
@@ -525,8 +561,10 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
   if (failed->empty()) {
     init_phase = true;
     const nccl::NcclBackendOptions no = NcclOptionsFor(o, rv, deadline, apis, deps, device);
-    absl::StatusOr<std::unique_ptr<Backend>> created =
-        nccl::CreateNcclBackend(apis.nccl, apis.cuda, no);
+    absl::StatusOr<std::unique_ptr<Backend>> created = SplitAgreed(o, rv, deadline, deps, no);
+    if (created.ok() && *created == nullptr) {
+      created = nccl::CreateNcclBackend(apis.nccl, apis.cuda, no);
+    }
     init = created.status();
     if (created.ok()) nccl_backend = std::move(*created);
     failed = Exchange(*rv.store, "init", *o.rank, *o.world_size, init, deadline);

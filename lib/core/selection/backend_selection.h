@@ -37,6 +37,7 @@
 #include "lib/core/selection/rendezvous.h"
 #include "lib/cuda/cuda_api.h"
 #include "lib/nccl/nccl_api.h"
+#include "lib/nccl/nccl_backend.h"
 
 namespace adaptcomm::internal::selection {
 
@@ -93,6 +94,11 @@ struct SelectionDeps {
   bool elastic = false;
   Backend* previous = nullptr;
   std::vector<int> lost_ranks;
+  // A child of Communicator::Split whose parent's NCCL communicator was split for it
+  // (ncclCommSplit, nccl::SplitNcclComm): where NCCL is chosen and every rank of the child still
+  // holds its split communicator (agreed under "select/split/<rank>"), the backend is built on it
+  // instead of a fresh init; otherwise every rank releases its own and inits afresh.
+  std::shared_ptr<nccl::NcclSplitComm> nccl_split;
   // CUDA device of this rank; -1: $ADAPTCOMM_CUDA_DEVICE, else the launcher's local rank
   // (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID), else 0.
   int device = -1;
