@@ -439,6 +439,44 @@ void Barrier(RankState& r, const std::string& name) {
   if (!s.ok()) r.Fail(absl::StrCat("store barrier '", name, "': ", s.ToString()));
 }
 
+// ncclCommSplit on the real NCCL: a child of both ranks in reverse order, built on the split of
+// the parent's communicator (its selection reason says so), whose allreduce must give the
+// fault-free sum element by element.
+void SplitVariant(RankState& r) {
+  auto comm = Communicator::Create(Options(r, "two_rank_split", ReplayMode::kAuto));
+  if (!comm.ok()) {
+    r.Fail(absl::StrCat("split: communicator: ", comm.status().ToString()));
+    return;
+  }
+  if (WarmUp(r, **comm, "split") == absl::ZeroDuration()) return;
+  absl::StatusOr<std::unique_ptr<Communicator>> child = (*comm)->Split(0, 1 - r.rank);
+  if (!child.ok() || *child == nullptr) {
+    r.Fail(absl::StrCat("split: ", child.ok() ? "no child" : child.status().ToString()));
+    return;
+  }
+  const std::string& reason = (*child)->selection_reason();
+  if ((*child)->rank() != 1 - r.rank || (*child)->size() != 2 ||
+      reason.find("ncclCommSplit") == std::string::npos) {
+    r.Fail(absl::StrCat("split: child rank ", (*child)->rank(), " of ", (*child)->size(),
+                        ", selection '", reason, "'"));
+    return;
+  }
+  constexpr int kStep = 7;
+  if (!r.Fill(kStep)) return;
+  const absl::Status s =
+      (*child)->Allreduce(r.View(), {.timeout = kDeviceBound}).Synchronize(kDeviceBound);
+  if (!s.ok()) {
+    r.Fail(absl::StrCat("split: child's allreduce: ", s.ToString()));
+    return;
+  }
+  if (const size_t bad = r.Differences(*r.buf, kStep); bad != 0) {
+    r.Fail(absl::StrCat("split: ", bad, " of ", r.n, " elements differ from the sum"));
+    return;
+  }
+  std::printf("  rank %d split: child rank %d of 2 built by ncclCommSplit, allreduce exact\n",
+              r.rank, (*child)->rank());
+}
+
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
@@ -495,6 +533,8 @@ int RunRank() {
   StepsVariant(r);
   Barrier(r, "steps");
   CopyVariant(r);
+  Barrier(r, "copy");
+  SplitVariant(r);
   Barrier(r, "done");
   (void)Drain(r.stream);
   r.buf.reset();

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "adaptcomm/communicator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -83,6 +84,7 @@ TEST(NcclSplit, ChildrenComeFromNcclCommSplitOfTheirGroupOnly) {
     // One ncclCommSplit with this rank's color and key; the parent's init is the only one.
     EXPECT_THAT(fake.split_args(), ElementsAre(Pair(color, env.rank)));
     EXPECT_EQ(fake.init_calls(), 1);
+    EXPECT_THAT((*child)->selection_reason(), ::testing::HasSubstr("ncclCommSplit"));
     child->reset();
   });
 }
@@ -151,6 +153,7 @@ TEST(NcclSplit, WhereARankCannotSplitOrItsSplitFailsTheChildInitsAfresh) {
       // do all four when rank 3 could not split at all.
       const bool fresh = missing_symbol || color == 1;
       EXPECT_EQ(fake.init_calls(), fresh ? 2 : 1) << "rank " << env.rank;
+      EXPECT_EQ(absl::StrContains((*child)->selection_reason(), "ncclCommSplit"), !fresh);
       child->reset();
     });
   }

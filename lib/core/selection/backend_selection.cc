@@ -562,6 +562,7 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     init_phase = true;
     const nccl::NcclBackendOptions no = NcclOptionsFor(o, rv, deadline, apis, deps, device);
     absl::StatusOr<std::unique_ptr<Backend>> created = SplitAgreed(o, rv, deadline, deps, no);
+    const bool from_split = created.ok() && *created != nullptr;
     if (created.ok() && *created == nullptr) {
       created = nccl::CreateNcclBackend(apis.nccl, apis.cuda, no);
     }
@@ -570,8 +571,11 @@ absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
     failed = Exchange(*rv.store, "init", *o.rank, *o.world_size, init, deadline);
     if (!failed.ok()) return failed.status();
     if (failed->empty()) {
-      return SelectedBackend{std::move(nccl_backend), absl::StrCat(asked, ": nccl on every rank (",
-                                                                   found, ", cuda:", device, ")")};
+      return SelectedBackend{
+          std::move(nccl_backend),
+          absl::StrCat(asked, ": nccl on every rank (", found, ", cuda:", device,
+                       from_split ? "; built by ncclCommSplit of the parent's communicator" : "",
+                       ")")};
     }
     if (nccl_backend != nullptr) {
       // Peers failed: abort rather than finalize, which would wait for them.
