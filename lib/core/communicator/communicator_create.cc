@@ -149,7 +149,7 @@ absl::StatusOr<BackendSelection> SelectBackend(const CommunicatorOptions& o,
   deps.cuda = seams.cuda;
   deps.nccl = seams.nccl;
   deps.nccl_split = seams.nccl_split;  // a Split child's first selection (used up after)
-  deps.previous = previous;  // a rebuild after a shrink: ncclCommShrink where NCCL can
+  deps.previous = previous;            // a rebuild after a shrink: ncclCommShrink where NCCL can
   deps.lost_ranks = std::move(shrink_lost);
   absl::StatusOr<selection::SelectedBackend> selected =
       selection::SelectBackendWith(o, rv, deadline, deps);
