@@ -135,9 +135,10 @@ TEST(StoreAllGatherTest, ARankThatNeverComesIsNamedAtTheDeadline) {
 // every value on its slow path at the deadline and completes.
 TEST(StoreAllGatherTest, EveryValueInButNeverGatheredStillCompletes) {
   auto store = CreateHashStore();
+  auto view = std::make_shared<CountingStore>(store);
   absl::StatusOr<StoreGathered> got = absl::UnknownError("not run");
   std::thread waiting([&] {
-    got = AllGatherThroughStore(*store, "gone/", 0, 2, "a", absl::Now() + absl::Milliseconds(400));
+    got = AllGatherThroughStore(*view, "gone/", 0, 2, "a", absl::Now() + absl::Milliseconds(400));
   });
   absl::SleepFor(absl::Milliseconds(100));
   // Rank 1 as it would be had it died right after completing the count.
@@ -149,6 +150,8 @@ TEST(StoreAllGatherTest, EveryValueInButNeverGatheredStillCompletes) {
   EXPECT_EQ(got->values[0].value_or("?"), "a");
   EXPECT_EQ(got->values[1].value_or("?"), "b");
   EXPECT_FALSE(store->Get("gone/all", absl::ZeroDuration()).ok());
+  // Its value, its count, the wait for the gathered values, then every value in one read.
+  EXPECT_EQ(view->calls(), 4);
 }
 
 TEST(StoreAllGatherTest, APrefixUsedTwiceIsRefused) {

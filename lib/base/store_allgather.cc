@@ -44,6 +44,14 @@ absl::StatusOr<bool> CountArrival(Store& store, const std::string& prefix, int r
   return add(absl::StrCat(prefix, "count"), groups);
 }
 
+// Every rank's contribution key, in rank order.
+std::vector<std::string> ContributionKeys(const std::string& prefix, int world) {
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(prefix, r));
+  return keys;
+}
+
 absl::Duration Left(absl::Time deadline) {
   return std::max(deadline - absl::Now(), absl::ZeroDuration());
 }
@@ -103,10 +111,8 @@ absl::StatusOr<StoreGathered> AllGatherThroughStore(Store& store, const std::str
   gathered.values.resize(static_cast<size_t>(world));
   if (*last) {
     // Every contribution in one read where the store can (Redis: one MGET, not one GET per rank).
-    std::vector<std::string> keys;
-    keys.reserve(static_cast<size_t>(world));
-    for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat(prefix, r));
-    absl::StatusOr<std::vector<std::string>> read = store.MultiGet(keys, kContributionBound);
+    absl::StatusOr<std::vector<std::string>> read =
+        store.MultiGet(ContributionKeys(prefix, world), kContributionBound);
     if (!read.ok()) return read.status();
     std::vector<std::string> values = *std::move(read);
     if (absl::Status s = store.Set(all_key, EncodeGathered(values)); !s.ok()) return s;
@@ -126,7 +132,18 @@ absl::StatusOr<StoreGathered> AllGatherThroughStore(Store& store, const std::str
     return all.status();
   }
   // Late or gone ranks: read each contribution once to name them. Every value may be there after
-  // all (the completing rank died before publishing them together); then the exchange is done.
+  // all (the completing rank died before publishing them together); then the exchange is done,
+  // found in one read where the store can.
+  absl::StatusOr<std::vector<std::string>> every =
+      store.MultiGet(ContributionKeys(prefix, world), absl::ZeroDuration());
+  if (every.ok()) {
+    for (int r = 0; r < world; ++r) gathered.values[r] = std::move((*every)[r]);
+    gathered.complete = true;
+    return gathered;
+  }
+  if (!absl::IsNotFound(every.status()) && !absl::IsDeadlineExceeded(every.status())) {
+    return every.status();
+  }
   gathered.complete = true;
   for (int r = 0; r < world; ++r) {
     absl::StatusOr<std::string> v = store.Get(absl::StrCat(prefix, r), absl::ZeroDuration());
