@@ -21,8 +21,7 @@
 #include "lib/base/store_allgather.h"
 #include "lib/core/communicator/communicator_factory.h"
 #include "lib/core/communicator/communicator_impl.h"
-#include "lib/nccl/nccl_api.h"
-#include "lib/nccl/nccl_backend.h"
+#include "lib/core/selection/backend_selection.h"
 
 namespace adaptcomm {
 
@@ -50,7 +49,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
   const bool may_split_nccl =
       (!split.backend.has_value() || *split.backend == BackendChoice::kAuto ||
        *split.backend == BackendChoice::kNccl) &&
-      nccl::CanSplitNccl(parent_backend).ok();
+      internal::selection::CanSplitParentNccl(parent_backend).ok();
   const int n = impl.NextSplit();
   // Keyed by the membership too: after a shrink the same rank numbers name other processes.
   const std::string prefix = absl::StrCat("split/", n, "/e", membership().changes, "/");
@@ -93,10 +92,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
     const absl::Time deadline = absl::Now() + bound / 2;
     absl::Status drained = impl.executor().AwaitDrained(deadline, "Split (ncclCommSplit)");
     absl::StatusOr<std::shared_ptr<nccl::NcclSplitComm>> made =
-        drained.ok()
-            ? nccl::SplitNcclComm(parent_backend, color == kNoColor ? nccl::kSplitNoColor : color,
-                                  key, std::max(deadline - absl::Now(), absl::ZeroDuration()))
-            : absl::StatusOr<std::shared_ptr<nccl::NcclSplitComm>>(drained);
+        drained.ok() ? internal::selection::SplitParentNccl(
+                           parent_backend, color == kNoColor, color, key,
+                           std::max(deadline - absl::Now(), absl::ZeroDuration()))
+                     : absl::StatusOr<std::shared_ptr<nccl::NcclSplitComm>>(drained);
     if (made.ok()) {
       nccl_split = *std::move(made);
     } else {
@@ -131,7 +130,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int color, int
       internal::CreateCommunicatorWith(child, deps);
   // Not adopted (the child chose another backend, or some rank had none): freed now, not with the
   // child.
-  if (nccl_split != nullptr) nccl_split->Release();
+  if (nccl_split != nullptr) internal::selection::ReleaseSplitComm(*nccl_split);
   // One family from the root down: a break of any member fails the others (communicator_family.h).
   if (made.ok()) {
     (*made)->impl_->family_member().JoinFamily(impl.family_member().family(), parent.name);

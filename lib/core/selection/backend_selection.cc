@@ -508,6 +508,16 @@ nccl::NcclBackendOptions NcclOptionsFor(const CommunicatorOptions& o, const Rend
 
 }  // namespace
 
+absl::Status CanSplitParentNccl(const Backend& parent) { return nccl::CanSplitNccl(parent); }
+
+absl::StatusOr<std::shared_ptr<nccl::NcclSplitComm>> SplitParentNccl(Backend& parent, bool no_color,
+                                                                     int color, int key,
+                                                                     absl::Duration bound) {
+  return nccl::SplitNcclComm(parent, no_color ? nccl::kSplitNoColor : color, key, bound);
+}
+
+void ReleaseSplitComm(nccl::NcclSplitComm& split) { split.Release(); }
+
 absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& o,
                                                   const Rendezvous& rv, absl::Time deadline,
                                                   const SelectionDeps& deps) {

@@ -104,6 +104,15 @@ struct SelectionDeps {
   int device = -1;
 };
 
+// Communicator::Split's part on NCCL (nccl::SplitNcclComm), here in the composition root:
+// whether `parent` (a communicator's backend) can be split with ncclCommSplit; the split
+// communicator for a child (`no_color` true: this rank takes part and gets none, null), within
+// `bound`; and the release of one that no child adopted.
+[[nodiscard]] absl::Status CanSplitParentNccl(const Backend& parent);
+[[nodiscard]] absl::StatusOr<std::shared_ptr<nccl::NcclSplitComm>> SplitParentNccl(
+    Backend& parent, bool no_color, int color, int key, absl::Duration bound);
+void ReleaseSplitComm(nccl::NcclSplitComm& split);
+
 // REQUIRES: options.rank/world_size resolved, `rendezvous` joined. Bounded by `deadline`.
 [[nodiscard]] absl::StatusOr<SelectedBackend> SelectBackendWith(const CommunicatorOptions& options,
                                                                 const Rendezvous& rendezvous,
