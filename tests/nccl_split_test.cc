@@ -40,18 +40,17 @@ std::vector<std::shared_ptr<FakeNcclApi>> Fakes(int world_size,
 // communicator on that rank's fake.
 template <typename Body>
 void OnNcclParents(const std::vector<std::shared_ptr<FakeNcclApi>>& fakes, Body&& body) {
-  testing::RunRanks(testing::RankMode::kThreads, static_cast<int>(fakes.size()),
-                    [&](const testing::RankEnv& env) {
-                      CommunicatorOptions o = env.options;
-                      o.backend = BackendChoice::kNccl;
-                      internal::CommunicatorDeps deps;
-                      deps.use_given_apis = true;
-                      deps.cuda = fakes[static_cast<size_t>(env.rank)];
-                      deps.nccl = fakes[static_cast<size_t>(env.rank)];
-                      auto parent = internal::CreateCommunicatorWith(o, deps);
-                      ASSERT_TRUE(parent.ok()) << parent.status();
-                      body(env, *fakes[static_cast<size_t>(env.rank)], **parent);
-                    });
+  testing::RunRanks(
+      testing::RankMode::kThreads, static_cast<int>(fakes.size()),
+      [&](const testing::RankEnv& env) {
+        CommunicatorOptions o = env.options;
+        o.backend = BackendChoice::kNccl;
+        const std::shared_ptr<FakeNcclApi>& fake = fakes[static_cast<size_t>(env.rank)];
+        auto parent = internal::CreateCommunicatorWith(o, testing::FakeSeams(fake));
+        ASSERT_TRUE(parent.ok()) << parent.status();
+        body(env, *fake, **parent);
+      },
+      absl::Seconds(60));
 }
 
 // A device allreduce on `child` whose ranks are `parent_ranks` (child rank order): element i of
