@@ -413,6 +413,12 @@ TEST_F(TcpStoreTest, MultiGetIsOneRequestAnsweredInKeyOrder) {
   EXPECT_EQ(reply[4], static_cast<char>(absl::StatusCode::kNotFound));
   EXPECT_THAT(reply, HasSubstr("m/9"));
   EXPECT_THAT(reply, Not(HasSubstr("m/1")));
+  // The message, then each missing key as a field of its own (the client names them from it).
+  store_wire::FrameReader missing(std::string_view(reply).substr(4));
+  std::string_view message, named;
+  ASSERT_TRUE(missing.Field(&message) && missing.Field(&named));
+  EXPECT_EQ(named, "m/9");
+  EXPECT_TRUE(missing.AtEnd());
   EXPECT_FALSE(raw.ClosedWithin(absl::Milliseconds(100)));
 }
 

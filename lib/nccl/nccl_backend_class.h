@@ -114,6 +114,10 @@ class NcclBackend final : public BackendBase, public StreamOrdered, public Group
   // Marks the op running (or refuses it on a broken backend); FinishCall undoes it, aborting the
   // communicator if an Abort() came meanwhile, and returns what the caller should see.
   absl::Status BeginCall(const OpDesc& op);
+  // For a call on the communicator that is not an op (ncclCommShrink, ncclCommSplit): marks it
+  // running, or refuses (FailedPrecondition naming `who`) while an op runs or once the communicator
+  // was aborted. Returns whether the communicator is parked for a shrink.
+  absl::StatusOr<bool> BeginCommCall(const std::string& who);
   absl::Status FinishCall(absl::Status result);
   absl::Status CheckView(const OpDesc& op, const TensorView& v, const char* which) const;
   // Queues `op` on `stream`; the raw NCCL result of the call (or of the group).

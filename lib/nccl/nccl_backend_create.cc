@@ -38,6 +38,16 @@ absl::StatusOr<std::unique_ptr<Backend>> FinishNcclBackend(std::shared_ptr<NcclA
       std::move(api), std::move(cuda), o, comm, device_count, event, stream, scratch));
 }
 
+absl::StatusOr<bool> NcclBackend::BeginCommCall(const std::string& who) {
+  absl::MutexLock lock(&mu_);
+  if (running_.load() || comm_aborted_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": the parent communicator is busy or aborted"));
+  }
+  running_.store(true);  // Abort() meanwhile must not call ncclCommAbort under the call
+  return comm_parked_;
+}
+
 absl::Status NcclBackend::CanShrink() const {
   if (!api_->has_comm_shrink()) {
     return absl::FailedPreconditionError(
@@ -77,17 +87,9 @@ absl::StatusOr<std::unique_ptr<Backend>> NcclBackend::Shrink(const std::vector<i
   if (absl::Status s = CanShrink(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
   }
-  bool broken = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (running_.load() || comm_aborted_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(who, ": the parent communicator is busy or aborted"));
-    }
-    running_.store(true);  // Abort() meanwhile must not call ncclCommAbort under ncclCommShrink
-    broken = comm_parked_;
-  }
-  broken = broken || !health().ok();
+  absl::StatusOr<bool> parked = BeginCommCall(who);
+  if (!parked.ok()) return parked.status();
+  const bool broken = *parked || !health().ok();
   ScopedCudaDevice device(*cuda_, options_.device);
   NcclBackendOptions o = options;
   o.config.blocking = 0;

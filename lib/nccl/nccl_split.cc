@@ -57,14 +57,8 @@ absl::StatusOr<std::shared_ptr<NcclSplitComm>> NcclBackend::Split(int color, int
   if (absl::Status s = CanSplit(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (running_.load() || comm_aborted_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(who, ": the parent communicator is busy or aborted"));
-    }
-    running_.store(true);  // Abort() meanwhile leaves ncclCommAbort to FinishCall below
-  }
+  // Abort() meanwhile leaves ncclCommAbort to FinishCall below.
+  if (absl::StatusOr<bool> parked = BeginCommCall(who); !parked.ok()) return parked.status();
   ScopedCudaDevice device(*cuda_, options_.device);
   NcclCommConfig config = options_.config;
   config.blocking = 0;

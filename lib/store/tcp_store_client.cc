@@ -182,13 +182,13 @@ class TcpStoreClient final : public Store {
   }
 
   // One MGET per batch of keys (a batch is as many as fit one request frame), which the server
-  // answers once every key of it is set: the completing rank of a store exchange reads every
-  // rank's contribution in one round trip instead of one per rank. A reply over this client's
-  // max_frame_bytes is read again key by key.
+  // answers once every key of it is set, or at the deadline with the keys still missing: the
+  // completing rank of a store exchange reads every rank's contribution in one round trip instead
+  // of one per rank. A reply over this client's max_frame_bytes is read again key by key.
   absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
                                                     absl::Duration timeout) override {
     const absl::Time deadline = absl::Now() + timeout;
-    std::vector<std::string> values;
+    std::vector<std::string> values, missing;
     values.reserve(keys.size());
     size_t next = 0;
     while (next < keys.size()) {
@@ -204,24 +204,29 @@ class TcpStoreClient final : public Store {
         bytes += 4 + keys[next].size();
         w.Field(keys[next++]);
       } while (next < keys.size() && bytes + 4 + keys[next].size() <= options_.max_frame_bytes);
-      const std::vector<std::string> batch(keys.begin() + first, keys.begin() + next);
-      absl::StatusOr<std::string> body = Call(w, batch.front(), absl::Microseconds(us));
+      std::string error_reply;
+      absl::StatusOr<std::string> body = Call(w, keys[first], absl::Microseconds(us), &error_reply);
       if (absl::IsResourceExhausted(body.status())) {
+        const std::vector<std::string> batch(keys.begin() + first, keys.begin() + next);
         absl::StatusOr<std::vector<std::string>> one_by_one = Store::MultiGet(batch, left);
         if (!one_by_one.ok()) return one_by_one.status();
         for (std::string& v : *one_by_one) values.push_back(std::move(v));
         continue;
       }
       if (absl::IsNotFound(body.status()) || absl::IsDeadlineExceeded(body.status())) {
-        std::vector<std::string> missing;
-        // Name every key still missing, this batch's and the later ones' (looked up once).
-        for (size_t i = first; i < keys.size(); ++i) {
-          if (!Get(keys[i], absl::ZeroDuration()).ok()) missing.push_back(keys[i]);
+        // The reply names this batch's missing keys after its message; the later batches are
+        // read too (without waiting: the deadline has passed), so that every missing key is named.
+        wire::FrameReader r(error_reply);
+        std::string_view field;
+        const size_t named = missing.size();
+        if (r.Field(&field)) {
+          while (!r.AtEnd() && r.Field(&field)) missing.emplace_back(field);
         }
-        if (missing.empty()) return body.status();  // all set since the server answered
-        return MultiGetMissing(missing, timeout);
+        if (!r.ok() || missing.size() == named) return body.status();
+        continue;
       }
       if (!body.ok()) return body.status();
+      if (!missing.empty()) continue;  // values are not returned: skip parsing
       wire::FrameReader r(*body);
       std::string_view value;
       for (size_t i = first; i < next; ++i) {
@@ -230,6 +235,7 @@ class TcpStoreClient final : public Store {
       }
       if (!r.AtEnd()) return Malformed("MGET");
     }
+    if (!missing.empty()) return MultiGetMissing(missing, timeout);
     return values;
   }
 
@@ -330,8 +336,10 @@ class TcpStoreClient final : public Store {
   // Sends a request and returns the reply body of a successful request (its fields follow the
   // status byte, which FrameReader skips); a reply with an error becomes that status.
   // `wait` is how long the server may legitimately hold the request (GET/WAIT).
+  // `error_reply` (optional) gets the body of a reply with an error, for requests whose errors
+  // carry fields after the message (MGET).
   absl::StatusOr<std::string> Call(wire::FrameWriter& request, const std::string& key,
-                                   absl::Duration wait) {
+                                   absl::Duration wait, std::string* error_reply = nullptr) {
     if (request.body_size() > options_.max_frame_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "TCP store request for key '", key, "' is ", request.body_size(),
@@ -364,7 +372,10 @@ class TcpStoreClient final : public Store {
     Release(*fd);
     wire::FrameReader r(*reply);
     absl::Status status = ParseStatus(&r);
-    if (!status.ok()) return status;
+    if (!status.ok()) {
+      if (error_reply != nullptr) *error_reply = std::move(*reply);
+      return status;
+    }
     return std::move(*reply);
   }
 

@@ -502,23 +502,15 @@ class TcpStoreServerImpl final : public TcpStoreServer {
         return wire::FrameWriter(0).Int(v).Finish();
       }
       case wire::kWait: {
-        if (!r.Int(&n)) return malformed("WAIT");
         std::vector<std::string> keys;
-        while (!r.AtEnd()) {
-          if (!r.Field(&key)) return malformed("WAIT");
-          keys.emplace_back(key);
-        }
+        if (!r.Int(&n) || !ReadKeys(r, &keys)) return malformed("WAIT");
         absl::Status s = WaitFor(fd, keys, n, nullptr, nullptr);
         if (absl::IsCancelled(s)) *close_after = true;
         return s.ok() ? wire::FrameWriter(0).Finish() : ErrorResponse(s);
       }
       case wire::kMultiGet: {
-        if (!r.Int(&n)) return malformed("MGET");
         std::vector<std::string> keys;
-        while (!r.AtEnd()) {
-          if (!r.Field(&key)) return malformed("MGET");
-          keys.emplace_back(key);
-        }
+        if (!r.Int(&n) || !ReadKeys(r, &keys)) return malformed("MGET");
         std::vector<std::string> found, missing;
         absl::Status s = WaitFor(fd, keys, n, &found, &missing);
         if (s.ok()) {
@@ -527,8 +519,13 @@ class TcpStoreServerImpl final : public TcpStoreServer {
           return w.Finish();
         }
         if (absl::IsCancelled(s)) *close_after = true;
-        if (absl::IsDeadlineExceeded(s)) s = MultiGetMissing(missing, absl::Microseconds(n));
-        return ErrorResponse(s);
+        if (!absl::IsDeadlineExceeded(s)) return ErrorResponse(s);
+        // The missing keys follow the message, so that the client names them without asking again.
+        s = MultiGetMissing(missing, absl::Microseconds(n));
+        wire::FrameWriter w(static_cast<uint8_t>(s.code()));
+        w.Field(std::string(s.message()));
+        for (const std::string& k : missing) w.Field(k);
+        return w.Finish();
       }
       case wire::kDelete: {
         if (!r.Field(&key) || !r.AtEnd()) return malformed("DELETE");
@@ -545,6 +542,16 @@ class TcpStoreServerImpl final : public TcpStoreServer {
         return ErrorResponse(s);
       }
     }
+  }
+
+  // The key fields that end a WAIT or MGET request; false on a truncated one.
+  static bool ReadKeys(wire::FrameReader& r, std::vector<std::string>* keys) {
+    std::string_view key;
+    while (!r.AtEnd()) {
+      if (!r.Field(&key)) return false;
+      keys->emplace_back(key);
+    }
+    return true;
   }
 
   // Waits until every key is set, then copies their values into *values (optional). Past the

@@ -12,7 +12,7 @@
 //   WAIT   timeout_us, key...         -> OK | DeadlineExceeded(message naming the missing keys)
 //   DELETE key                        -> OK u8 existed
 //   MGET   timeout_us, key...         -> OK value... (in key order) | NotFound (timeout 0) |
-//                                        DeadlineExceeded (both naming every missing key)
+//                                        DeadlineExceeded (both: message, then each missing key)
 //
 // A frame longer than the receiver's max_frame_bytes, a malformed frame or an unknown opcode
 // makes the server close that connection (after an error response where the framing is intact).
