@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace adaptcomm {
