@@ -145,7 +145,8 @@ struct Message {
 struct FakeComm;
 struct HeldCollective {
   FakeComm* comm = nullptr;
-  Part part;
+  std::vector<Part> parts;  // one collective, or a group's collectives
+  std::vector<std::pair<Message, std::pair<int, int>>> p2p;  // a group's: message, (peer, is_send)
   const FakeNcclFaults* faults = nullptr;
 };
 
@@ -406,6 +407,24 @@ struct FakeNcclApi::State {
     return allowed;
   }
 
+  // Queues `held` on `stream` (see Post); returns the op its launch becomes.
+  std::shared_ptr<FakeOp> DeferCollective(void* stream, HeldCollective held) {
+    auto fop = std::make_shared<FakeOp>();
+    fop->pending = 1;
+    fop->marker_stream = stream;
+    fop->on_stream = true;
+    deferred[stream].push_back(Deferred{Deferred::Kind::kCollective,
+                                        {},
+                                        nullptr,
+                                        nullptr,
+                                        0,
+                                        1.0f,
+                                        nullptr,
+                                        fop,
+                                        std::make_shared<HeldCollective>(std::move(held))});
+    return fop;
+  }
+
   void Log(const char* name, void* stream, void* event = nullptr, std::string detail = "") {
     calls.push_back(FakeCall{name, stream, event, std::move(detail)});
   }
@@ -438,7 +457,7 @@ struct FakeNcclApi::State {
         if (holding && held_starts == 0) return false;
         if (holding) --held_starts;
         ++collectives_started;
-        Launch(d.held->comm, *d.held->faults, {d.held->part}, {}, d.op);
+        Launch(d.held->comm, *d.held->faults, d.held->parts, d.held->p2p, d.op);
         // Later work of this stream runs after the collective: wait for it in its place.
         it->second.front() =
             Deferred{Deferred::Kind::kWait, {}, nullptr, nullptr, 0, 1.0f, nullptr, d.op, nullptr};
@@ -1088,10 +1107,17 @@ NcclResult FakeNcclApi::GroupEnd() {
   State& st = *state_;
   st.in_group = false;
   if (st.group_comm != nullptr && st.CaptureOf(st.group_stream) == nullptr) {
-    st.Flush(world_->mu, st.group_stream, /*blocking=*/true);
-    ++st.collectives_started;
-    st.stream_last[st.group_stream] =
-        Launch(st.group_comm, faults_, std::move(st.group_collectives), std::move(st.group_p2p));
+    if (st.holding) {
+      // Queued on the stream as one launch, as a single collective is (Post).
+      st.stream_last[st.group_stream] = st.DeferCollective(
+          st.group_stream, HeldCollective{st.group_comm, std::move(st.group_collectives),
+                                          std::move(st.group_p2p), &faults_});
+    } else {
+      st.Flush(world_->mu, st.group_stream, /*blocking=*/true);
+      ++st.collectives_started;
+      st.stream_last[st.group_stream] =
+          Launch(st.group_comm, faults_, std::move(st.group_collectives), std::move(st.group_p2p));
+    }
   }
   st.group_collectives.clear();
   st.group_p2p.clear();
@@ -1117,14 +1143,8 @@ NcclResult Post([[maybe_unused]] absl::Mutex& mu, FakeNcclApi::State& st,
   if (st.holding || !st.deferred[stream].empty()) {
     // Behind deferred work (or while held): queued on the stream, as a GPU queues it, and
     // launched when the stream is forced. Enqueuing never waits for the stream.
-    auto fop = std::make_shared<FakeOp>();
-    fop->pending = 1;
-    fop->marker_stream = stream;
-    fop->on_stream = true;
-    auto held = std::make_shared<HeldCollective>(HeldCollective{c, std::move(part), &faults});
-    st.deferred[stream].push_back(
-        Deferred{Deferred::Kind::kCollective, {}, nullptr, nullptr, 0, 1.0f, nullptr, fop, held});
-    st.stream_last[stream] = fop;
+    st.stream_last[stream] =
+        st.DeferCollective(stream, HeldCollective{c, {std::move(part)}, {}, &faults});
     return NcclResult::kInProgress;
   }
   st.deferred.erase(stream);
@@ -1194,6 +1214,7 @@ NcclResult FakeNcclApi::Send(const void* send, size_t count, NcclDataType dtype,
                              NcclComm comm, cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   if (!state_->in_group) return NcclResult::kInvalidUsage;  // the backend always groups p2p
+  state_->Log("Send", stream, nullptr, absl::StrCat(static_cast<int>(dtype)));
   state_->group_comm = Comm(comm);
   state_->group_stream = stream;
   state_->group_p2p.push_back(
@@ -1204,6 +1225,7 @@ NcclResult FakeNcclApi::Recv(void* recv, size_t count, NcclDataType dtype, int p
                              cuda::CudaStream stream) {
   absl::MutexLock lock(&world_->mu);
   if (!state_->in_group) return NcclResult::kInvalidUsage;
+  state_->Log("Recv", stream, nullptr, absl::StrCat(static_cast<int>(dtype)));
   state_->group_comm = Comm(comm);
   state_->group_stream = stream;
   state_->group_p2p.push_back(

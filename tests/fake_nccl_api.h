@@ -21,20 +21,20 @@
 // sender's buffer then: an alltoall built from them with its output on its input overwrites
 // blocks a peer has yet to read, as on a GPU. The native ncclAlltoAll refuses overlapping
 // buffers (ncclInvalidArgument): NCCL does not document it in place.
-// HoldStreams(true) models a GPU that has not run anything yet: collectives too are queued on
-// their stream and none starts, whatever forces the stream, until HoldStreams(false); then a
-// forced stream (EventQuery, StreamSynchronize, ...) launches them in order. StepHeldDevice()
-// models the device's own progress while held: one more collective runs, as a GPU would finish it
-// whether or not the host asks.
-// CUDA graph capture (stream capture, CUDA C++ Programming Guide), as far as these calls go:
-// BeginCapture(stream) puts a stream in capture mode on the calling thread. Work queued on a
-// capturing stream (copies, casts, memsets, host functions, collectives, event records) is
-// recorded in the capture and never runs. A stream that waits on an event recorded in a capture
-// joins that capture. What CUDA forbids fails as CUDA fails it, and invalidates the capture
-// (EndCapture then returns kCudaErrorStreamCaptureInvalidated): querying an event recorded in a
-// capture (kCudaErrorCapturedEvent), synchronizing a capturing stream, a capturing stream waiting
-// on an event recorded outside its capture (kCudaErrorStreamCaptureIsolation), and the
-// "potentially unsafe" calls EventQuery and Malloc made by a thread whose capture mode
+// HoldStreams(true) models a GPU that has not run anything yet: collectives too (and groups, as
+// one launch at ncclGroupEnd) are queued on their stream and none starts, whatever forces the
+// stream, until HoldStreams(false); then a forced stream (EventQuery, StreamSynchronize, ...)
+// launches them in order. StepHeldDevice() models the device's own progress while held: one more
+// collective runs, as a GPU would finish it whether or not the host asks. CUDA graph capture
+// (stream capture, CUDA C++ Programming Guide), as far as these calls go: BeginCapture(stream) puts
+// a stream in capture mode on the calling thread. Work queued on a capturing stream (copies, casts,
+// memsets, host functions, collectives, event records) is recorded in the capture and never runs. A
+// stream that waits on an event recorded in a capture joins that capture. What CUDA forbids fails
+// as CUDA fails it, and invalidates the capture (EndCapture then returns
+// kCudaErrorStreamCaptureInvalidated): querying an event recorded in a capture
+// (kCudaErrorCapturedEvent), synchronizing a capturing stream, a capturing stream waiting on an
+// event recorded outside its capture (kCudaErrorStreamCaptureIsolation), and the "potentially
+// unsafe" calls EventQuery and Malloc made by a thread whose capture mode
 // (ThreadExchangeStreamCaptureMode, per thread) forbids them while a capture is open
 // (kCudaErrorStreamCaptureUnsupported): in kGlobal mode (the default) any capture in kGlobal mode,
 // in kThreadLocal mode only the thread's own.

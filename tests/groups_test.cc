@@ -145,8 +145,9 @@ void RunGroupAndCheck(Communicator& comm, Kind kind, std::vector<P2p>& ops) {
                            : comm.Recv(v, p.peer, {.tag = p.tag}));
   }
   ASSERT_TRUE(comm.GroupEnd().ok());
+  // Synchronize: on NCCL a group is stream-ordered, and Wait() would only order the stream.
   for (size_t i = 0; i < works.size(); ++i) {
-    ASSERT_TRUE(works[i].Wait().ok()) << works[i].status();
+    ASSERT_TRUE(works[i].Synchronize(kOpTimeout).ok()) << works[i].status();
   }
   for (const P2p& p : ops) {
     if (p.send) continue;
@@ -242,7 +243,7 @@ TEST_P(GroupsTest, CollectivesMixWithSendsAndReceives) {
     if (r % 2 == 0) recv = comm->Recv(ViewOf(in, p.kind), prev);
     ASSERT_TRUE(comm->GroupEnd().ok());
     for (Work* w : {&send, &recv, &allreduce, &broadcast}) {
-      ASSERT_TRUE(w->Wait().ok()) << w->status();
+      ASSERT_TRUE(w->Synchronize(kOpTimeout).ok()) << w->status();
     }
     // The group's number (its sends and receives), then one per collective in issue order: the
     // same on every rank whatever order it issued its ops in.
@@ -345,9 +346,10 @@ TEST(GroupsFailureTest, DeviceFailureFailsEveryOpOfTheGroupAlike) {
     works.push_back(comm->Allreduce(ViewOf(sum, Kind::kNccl)));
     works.push_back(comm->Send(ViewOf(out, Kind::kNccl), peer));
     ASSERT_TRUE(comm->GroupEnd().ok());
-    const absl::Status first = works[0].Wait();
+    // Stream-ordered: Wait() only orders the caller's stream; Synchronize() sees the device's end.
+    const absl::Status first = works[0].Synchronize(kOpTimeout);
     EXPECT_FALSE(first.ok());
-    for (Work& w : works) EXPECT_EQ(w.Wait(), first);
+    for (Work& w : works) EXPECT_EQ(w.Synchronize(kOpTimeout), first);
     if (env.rank == 1) {
       EXPECT_THAT(std::string(first.message()), HasSubstr("injected")) << first;
     }
@@ -390,9 +392,12 @@ TEST(GroupsFailureTest, FailedGroupIsRedoneNeverReRunAlone) {
         ASSERT_TRUE(comm.BeginStep().ok());
       }
       ASSERT_TRUE(exchange(&s, &r).ok());
-      const absl::Status failed = s.Wait();
+      // Synchronize, not Wait: a Wait would let the caller's stream past the group, which then
+      // cannot be redone outside a step
+      // (NcclGroup.DeviceFailureAfterWaitReleasedTheStreamIsDataLoss).
+      const absl::Status failed = s.Synchronize(kOpTimeout);
       EXPECT_TRUE(IsStepRedo(failed)) << failed;
-      EXPECT_EQ(r.Wait(), failed);
+      EXPECT_EQ(r.Synchronize(kOpTimeout), failed);
       if (in_step) {
         absl::Status commit = comm.CommitStep();
         EXPECT_TRUE(IsStepRedo(commit)) << commit;
@@ -400,8 +405,8 @@ TEST(GroupsFailureTest, FailedGroupIsRedoneNeverReRunAlone) {
       }
       // Redone on the rebuilt communicator.
       ASSERT_TRUE(exchange(&s, &r).ok());
-      ASSERT_TRUE(s.Wait().ok()) << s.status();
-      ASSERT_TRUE(r.Wait().ok()) << r.status();
+      ASSERT_TRUE(s.Synchronize(kOpTimeout).ok()) << s.status();
+      ASSERT_TRUE(r.Synchronize(kOpTimeout).ok()) << r.status();
       if (in_step) {
         ASSERT_TRUE(comm.CommitStep().ok());
       }

@@ -352,13 +352,19 @@ class ADAPTCOMM_EXPORT Communicator {
   // receives progress concurrently, so matching ones complete whatever order each rank issued them
   // in (a ring shift, a pipeline exchange, an all-to-all as pairs); collectives run in issue order.
   // No other order holds inside a group: no op may read a buffer that another op of the group
-  // writes. On NCCL the launches are one ncclGroupStart/ncclGroupEnd. Each op has its own Work;
+  // writes. On NCCL the launches are one ncclGroupStart/ncclGroupEnd, stream-ordered as one op:
+  // each op's place in its view's stream is taken at GroupEnd (a stream under CUDA graph capture is
+  // refused there, FailedPrecondition, and the group takes no sequence number), the group runs
+  // behind all of them on the communicator's stream, and Wait() on any of its ops makes that op's
+  // stream wait for the whole group without blocking the caller (Synchronize() waits for the
+  // device). Each op has its own Work;
   // the group completes or fails as a whole: a failure (an op refused at issue included) fails
   // every op of the group with the same status. Waiting on an op of a group that has not ended
   // fails at once with FailedPrecondition (it would never start otherwise). The group runs within
   // the largest timeout of its ops. Its ops are never re-run alone by a coordinated retry: inside
   // BeginStep/CommitStep a failure redoes the step; outside a step the ops fail with the redo
-  // status (IsStepRedo) after the ranks' vote, as any op without a replay record.
+  // status (IsStepRedo) after the ranks' vote, as any op without a replay record (on NCCL, once a
+  // Wait let a stream past the group, DataLoss: the stream may have read an incomplete result).
   // Ownership: the open group belongs to the communicator, not to a thread: ops that any thread
   // issues while it is open join it. Groups do not nest.
   // REQUIRES: every rank issues the same groups in the same order relative to its other ops, each

@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <typeinfo>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -320,92 +319,6 @@ absl::Status NcclBackend::Run(const OpDesc& op) {
   }());
 }
 
-absl::Status NcclBackend::RunGroup(const std::vector<OpDesc>& ops) {
-  if (ops.empty()) return absl::OkStatus();
-  const OpDesc& head = ops.front();
-  if (absl::Status s = BeginCall(head); !s.ok()) return s;
-  return FinishCall([&]() -> absl::Status {
-    absl::Duration bound = head.timeout;
-    for (const OpDesc& op : ops) {
-      if (absl::Status s = Supports(op); !s.ok()) return s;
-      bound = std::max(bound, op.timeout);
-    }
-    const absl::Time deadline = absl::Now() + bound;
-    ScopedCudaDevice device(*cuda_, options_.device);
-    if (int e = device.error(); e != kCudaSuccess) {
-      return Break(absl::UnavailableError(absl::StrCat(
-          What(head), ": cudaSetDevice(", options_.device, "): ", cuda_->ErrorString(e))));
-    }
-    // The group runs on the communicator's stream, behind the work queued on each op's stream
-    // (one NCCL group, one stream); the host then waits for it, so the callers' streams see the
-    // results without waiting on it.
-    std::vector<CudaStream> waited;
-    for (const OpDesc& op : ops) {
-      const bool output = UsesOutput(op.kind);
-      const CudaStream s = op.kind == OpKind::kBarrier ? stream_
-                           : output                    ? op.output.stream
-                                                       : op.input.stream;
-      if (s == stream_ || std::find(waited.begin(), waited.end(), s) != waited.end()) continue;
-      if (absl::Status r =
-              RefuseIfCapturing(*cuda_, s, output ? "output" : "input", [&] { return What(op); });
-          !r.ok()) {
-        return r;
-      }
-      if (int e = cuda_->EventRecord(event_, s); e != kCudaSuccess) {
-        return Break(absl::UnavailableError(
-            absl::StrCat(What(op), ": cudaEventRecord: ", cuda_->ErrorString(e))));
-      }
-      if (int e = cuda_->StreamWaitEvent(stream_, event_); e != kCudaSuccess) {
-        return Break(absl::UnavailableError(
-            absl::StrCat(What(op), ": cudaStreamWaitEvent: ", cuda_->ErrorString(e))));
-      }
-      waited.push_back(s);
-    }
-    // In-place alltoalls of the group send from copies of their inputs, each its own part of the
-    // staging buffer, copied on the communicator's stream after the waits above.
-    std::vector<OpDesc> staged;
-    const std::vector<OpDesc>* members = &ops;
-    if (std::any_of(ops.begin(), ops.end(), NeedsAlltoallStaging)) {
-      staged = ops;
-      if (absl::Status s = StageOverlappingInputs(absl::MakeSpan(staged), stream_); !s.ok()) {
-        return s;
-      }
-      members = &staged;
-    }
-    // Collectives in issue order, then the sends and receives: NCCL pairs those of two ranks in
-    // the order each issued them, so they go by tag (then issue order), as the peer's do.
-    std::vector<const OpDesc*> p2p;
-    for (const OpDesc& op : *members) {
-      if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) p2p.push_back(&op);
-    }
-    std::stable_sort(p2p.begin(), p2p.end(),
-                     [](const OpDesc* a, const OpDesc* b) { return a->tag < b->tag; });
-    NcclResult r = api_->GroupStart();
-    if (r != NcclResult::kSuccess) {
-      return Break(MapNcclResult(r, What(head), api_->GetLastError(comm_)));
-    }
-    NcclResult first_error = NcclResult::kSuccess;
-    auto note = [&first_error](NcclResult x) {
-      if (!InFlight(x) && first_error == NcclResult::kSuccess) first_error = x;
-    };
-    for (const OpDesc& op : *members) {
-      if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) note(EnqueueMember(op, stream_));
-    }
-    for (const OpDesc* op : p2p) note(EnqueueMember(*op, stream_));
-    r = api_->GroupEnd();  // closed even when a member was refused
-    if (first_error != NcclResult::kSuccess) r = first_error;
-    const std::string what = absl::StrCat("nccl group of ", ops.size(), " op(s) #", head.seq, "-#",
-                                          ops.back().seq, " on rank ", options_.rank);
-    if (r == NcclResult::kInvalidArgument || r == NcclResult::kInvalidUsage) {
-      return MapNcclResult(r, what, api_->GetLastError(comm_));
-    }
-    if (!InFlight(r)) return Break(MapNcclResult(r, what, api_->GetLastError(comm_)));
-    OpDesc group = head;
-    group.timeout = bound;
-    return WaitDone(group, stream_, deadline);
-  }());
-}
-
 absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(const OpDesc& op) {
   const bool output = UsesOutput(op.kind);
   const TensorView& view = output ? op.output : op.input;
@@ -447,19 +360,6 @@ absl::StatusOr<std::shared_ptr<const StreamPosition>> NcclBackend::MarkIssue(con
   // A recycled block: a trainer holds a step's Works, and with them their ops' events.
   return MakeRecycled<NcclOpEvents>(op_events_, issued, done, Launched(op));
 }
-
-namespace {
-
-// The events behind a position MarkIssue made (null for another kind of position). NcclOpEvents is
-// final: a typeid check is a pointer compare where a dynamic_cast through its two bases walks the
-// class hierarchy on every op.
-const NcclOpEvents* EventsOf(const StreamPosition* position) {
-  return position != nullptr && typeid(*position) == typeid(NcclOpEvents)
-             ? static_cast<const NcclOpEvents*>(position)
-             : nullptr;
-}
-
-}  // namespace
 
 absl::Status NcclBackend::CopyAt(const StreamPosition& at, void* dst, const void* src,
                                  size_t bytes) {
@@ -559,40 +459,10 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
       return MapNcclResult(r, What(op), api_->GetLastError(comm_));
     }
     if (!InFlight(r)) return Break(MapNcclResult(r, What(op), api_->GetLastError(comm_)));
-    // A nonblocking communicator may still be launching: the event may be recorded only once it
-    // says the launch is done. The clock is read only if it is not (the deadline is set when the
-    // first answer is "in progress"): a launch NCCL finished at once reads none.
-    absl::Time deadline = absl::InfiniteFuture();
-    for (int i = 0; r == NcclResult::kInProgress; ++i) {
-      if (aborted()) return health();
-      NcclResult state = NcclResult::kSuccess;
-      NcclResult q = api_->CommGetAsyncError(comm_, &state);
-      if (q != NcclResult::kSuccess) state = q;
-      if (state == NcclResult::kSuccess) break;
-      if (state != NcclResult::kInProgress) {
-        return Break(MapNcclResult(state, absl::StrCat(What(op), " (asynchronous error)"),
-                                   api_->GetLastError(comm_)));
-      }
-      if (i == 0) {
-        deadline = absl::Now() + op.timeout;
-      } else if (absl::Now() > deadline) {
-        return Break(absl::DeadlineExceededError(
-            absl::StrCat(What(op), " was still being launched after ",
-                         absl::FormatDuration(op.timeout), "; the NCCL communicator was aborted")));
-      }
-      cuda::PollPause(i);
-    }
-    const LaunchedOp launched = Launched(op);
-    if (issued->ClaimLaunch(launched)) {
-      // The position's own done event: the completion shares its allocation. The object was made
-      // non-const (MarkIssue); OpDesc only hands it out as a const position.
-      completion =
-          std::shared_ptr<DeviceCompletion>(op.issued_at, const_cast<NcclOpEvents*>(issued));
-    } else {
-      absl::StatusOr<CudaEvent> done = events_.Take();
-      if (!done.ok()) return Break(done.status());
-      completion = MakeRecycled<NcclOpEvents>(op_events_, nullptr, *done, launched);
-    }
+    if (absl::Status s = AwaitLaunchDone(r, op); !s.ok()) return s;
+    absl::StatusOr<std::shared_ptr<DeviceCompletion>> claimed = CompletionOf(op);
+    if (!claimed.ok()) return claimed.status();
+    completion = *std::move(claimed);
     auto* events = static_cast<NcclOpEvents*>(completion.get());
     // The end timing event, like the done event, only once NCCL says the launch is done.
     if (timing_start != nullptr && cuda_->EventRecord(timing_end, stream_) == kCudaSuccess) {
@@ -608,6 +478,46 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::Launch(const OpDe
   }());
   if (!status.ok()) return status;
   return completion;
+}
+
+absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::CompletionOf(const OpDesc& op) {
+  const NcclOpEvents* issued = EventsOf(op.issued_at.get());
+  const LaunchedOp launched = Launched(op);
+  if (issued != nullptr && issued->ClaimLaunch(launched)) {
+    // The position's own done event: the completion shares its allocation. The object was made
+    // non-const (MarkIssue); OpDesc only hands it out as a const position.
+    return std::shared_ptr<DeviceCompletion>(op.issued_at, const_cast<NcclOpEvents*>(issued));
+  }
+  absl::StatusOr<CudaEvent> done = events_.Take();
+  if (!done.ok()) return Break(done.status());
+  return MakeRecycled<NcclOpEvents>(op_events_, nullptr, *done, launched);
+}
+
+absl::Status NcclBackend::AwaitLaunchDone(NcclResult r, const OpDesc& op) {
+  // A nonblocking communicator may still be launching: the event may be recorded only once it
+  // says the launch is done. The clock is read only if it is not (the deadline is set when the
+  // first answer is "in progress"): a launch NCCL finished at once reads none.
+  absl::Time deadline = absl::InfiniteFuture();
+  for (int i = 0; r == NcclResult::kInProgress; ++i) {
+    if (aborted()) return health();
+    NcclResult state = NcclResult::kSuccess;
+    NcclResult q = api_->CommGetAsyncError(comm_, &state);
+    if (q != NcclResult::kSuccess) state = q;
+    if (state == NcclResult::kSuccess) break;
+    if (state != NcclResult::kInProgress) {
+      return Break(MapNcclResult(state, absl::StrCat(What(op), " (asynchronous error)"),
+                                 api_->GetLastError(comm_)));
+    }
+    if (i == 0) {
+      deadline = absl::Now() + op.timeout;
+    } else if (absl::Now() > deadline) {
+      return Break(absl::DeadlineExceededError(
+          absl::StrCat(What(op), " was still being launched after ",
+                       absl::FormatDuration(op.timeout), "; the NCCL communicator was aborted")));
+    }
+    cuda::PollPause(i);
+  }
+  return absl::OkStatus();
 }
 
 void NcclBackend::TakeTimingEvents(CudaEvent* start, CudaEvent* end) {

@@ -89,11 +89,16 @@ class NcclBackend final : public BackendBase, public StreamOrdered, public Group
   std::shared_ptr<DeviceMemory> device_memory() const override { return device_memory_; }
   StreamOrdered* stream_ordered() override { return this; }
   GroupRunner* groups() override { return this; }
-  // The group's ops in one ncclGroupStart/ncclGroupEnd on the communicator's stream; returns once
-  // the device finished them (not stream-ordered).
+  // The group's ops in one ncclGroupStart/ncclGroupEnd on the communicator's stream, behind the
+  // work queued on each op's stream when it runs; returns once the device finished them. For a
+  // group whose ops have no stream positions (nccl_group.cc).
   absl::Status RunGroup(const std::vector<OpDesc>& ops) override;
   absl::StatusOr<std::shared_ptr<const StreamPosition>> MarkIssue(const OpDesc& op) override;
   absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(const OpDesc& op) override;
+  // The group's ops in one ncclGroupStart/ncclGroupEnd on the communicator's stream, behind each
+  // op's issue point; returns once queued (nccl_group.cc).
+  absl::StatusOr<std::shared_ptr<DeviceCompletion>> LaunchGroup(
+      const std::vector<OpDesc>& ops) override;
   absl::Status CopyAt(const StreamPosition& at, void* dst, const void* src, size_t bytes) override;
 
   // ShrinkNcclBackend / CanShrinkNccl / ReleaseNcclComm (nccl_backend.h).
@@ -137,6 +142,19 @@ class NcclBackend final : public BackendBase, public StreamOrdered, public Group
   // Two timing events for a sampled op, or nulls (then the op runs untimed) when the runtime has
   // none; after the first failure it no longer asks.
   void TakeTimingEvents(CudaEvent* start, CudaEvent* end);
+  // RunGroup's and LaunchGroup's part once the communicator's stream waits for the callers' work:
+  // stages in-place alltoalls, then queues the collectives in issue order and the sends and
+  // receives by tag in one ncclGroupStart/ncclGroupEnd. OK once queued (*queued: kSuccess or, on a
+  // nonblocking communicator, kInProgress); a refusal as Launch's.
+  absl::Status EnqueueGroup(const std::vector<OpDesc>& ops, NcclResult* queued);
+  // The first op of a group named with the group's extent, for messages.
+  std::string WhatGroup(const std::vector<OpDesc>& ops) const;
+  // The completion of `op` once launched: its position's done event when the position is its own
+  // (MarkIssue's, not claimed by an earlier launch), else a fresh one. Errors break the backend.
+  absl::StatusOr<std::shared_ptr<DeviceCompletion>> CompletionOf(const OpDesc& op);
+  // After a launch that returned `r`: waits (bounded by op.timeout) until a nonblocking
+  // communicator says the launch is done. Errors break the backend.
+  absl::Status AwaitLaunchDone(NcclResult r, const OpDesc& op);
   // Waits for the event recorded on `stream` after `op`, polling async errors; the op's status.
   absl::Status WaitDone(const OpDesc& op, CudaStream stream, absl::Time deadline);
   // Aborts the communicator once; with keep_comm_for_shrink and `allow_park`, only parks it (the

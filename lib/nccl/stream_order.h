@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -170,6 +171,15 @@ class NcclOpEvents final : public StreamPosition, public DeviceCompletion {
   mutable std::atomic<bool> launched_{false};
   mutable std::atomic<uint64_t> awaited_on_{0};
 };
+
+// The events behind a position MarkIssue made (null for another kind of position). NcclOpEvents is
+// final: a typeid check is a pointer compare where a dynamic_cast through its two bases walks the
+// class hierarchy on every op.
+inline const NcclOpEvents* EventsOf(const StreamPosition* position) {
+  return position != nullptr && typeid(*position) == typeid(NcclOpEvents)
+             ? static_cast<const NcclOpEvents*>(position)
+             : nullptr;
+}
 
 }  // namespace adaptcomm::nccl
 

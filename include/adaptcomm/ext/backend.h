@@ -137,6 +137,13 @@ class ADAPTCOMM_EXPORT StreamOrdered {
   // op.timeout. Errors as Run's; InvalidArgument leaves the backend usable.
   [[nodiscard]] virtual absl::StatusOr<std::shared_ptr<DeviceCompletion>> Launch(
       const OpDesc& op) = 0;
+  // Queues the ops of a group (GroupRunner's contract: consecutive sequence numbers, in issue
+  // order, each accepted by Supports and each with op.issued_at set by MarkIssue) as one unit,
+  // behind every op's issue point, and returns once they are queued, bounded by the largest of
+  // their timeouts. One completion for the whole group: it is done once every op of the group is.
+  // Errors as Launch's.
+  [[nodiscard]] virtual absl::StatusOr<std::shared_ptr<DeviceCompletion>> LaunchGroup(
+      const std::vector<OpDesc>& ops) = 0;
   // Queues a copy of `bytes` from `src` to `dst` (both in the memory of the backend's device) on
   // the backend's own stream, behind the caller's work that `at` marked and ahead of every op
   // launched after it: the coordinated retry's record of an op's input is then taken before the

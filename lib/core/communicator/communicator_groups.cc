@@ -63,8 +63,7 @@ absl::Status CommunicatorImpl::GroupEnd() {
     }
     return failed;
   }
-  executor_->SubmitGroup(std::move(group.works), group.epoch);
-  return absl::OkStatus();
+  return executor_->SubmitGroup(std::move(group.works), group.epoch);
 }
 
 absl::Status CommunicatorImpl::NoOpenGroup(const char* what) const {

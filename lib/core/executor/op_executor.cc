@@ -135,7 +135,7 @@ std::shared_ptr<WorkImpl> OpExecutor::Submit(OpDesc&& desc, int epoch) {
   return work;
 }
 
-void OpExecutor::SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works, int epoch) {
+absl::Status OpExecutor::SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works, int epoch) {
   ExecutorLock lock(this);
   if (step_.open != 0 && !step_.failure.ok()) {
     // As Submit: the step is to be redone, and its ops take no number.
@@ -143,7 +143,7 @@ void OpExecutor::SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works, int e
       w->EndOpenGroup();
       w->Finish(StepFailedLocked(w->desc()));
     }
-    return;
+    return absl::OkStatus();  // the step's redo status is its ops' and CommitStep's
   }
   // Every rank's group takes the same numbers, however many sends and receives it holds: the
   // group's own (its sends and receives carry it), then one per collective in issue order (the
@@ -157,6 +157,19 @@ void OpExecutor::SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works, int e
     w->set_membership_epoch(epoch < 0 ? static_cast<int>(changes_.size()) : epoch);
     w->set_step(step_.open);
   }
+  if (absl::Status marked = MarkGroupIssueLocked(works); !marked.ok()) {
+    // Refused before anything was queued (a capturing stream, a stream on another device): no
+    // rank queued anything, and the group takes no number.
+    next_seq_ = first;
+    const absl::Status refused(marked.code(), absl::StrCat("group of ", works.size(),
+                                                           " op(s) not run: ", marked.message()));
+    for (const std::shared_ptr<WorkImpl>& w : works) {
+      w->AssignSeq(0, timeout);
+      w->EndOpenGroup();
+      w->Finish(refused);
+    }
+    return refused;
+  }
   const std::shared_ptr<WorkImpl> head = works.front();
   WorkImpl::FormGroup(head, std::vector<std::shared_ptr<WorkImpl>>(works.begin() + 1, works.end()),
                       first, next_seq_ - 1);
@@ -164,11 +177,11 @@ void OpExecutor::SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works, int e
   if (!aborted_.ok()) {
     head->Finish(absl::Status(aborted_.code(),
                               absl::StrCat("communicator was aborted: ", aborted_.message())));
-    return;
+    return absl::OkStatus();  // as Submit: the ops carry it
   }
   if (stopping_) {
     head->Finish(absl::FailedPreconditionError("communicator is shutting down"));
-    return;
+    return absl::OkStatus();
   }
   for (const std::shared_ptr<WorkImpl>& w : works) {
     for (const auto& o : observers_) o->OnEnqueue(w->desc(), w->enqueue_time());
@@ -183,6 +196,25 @@ void OpExecutor::SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works, int e
     last_deferred_ = WallNow();
   }
   queue_.push_back(head);
+  return absl::OkStatus();
+}
+
+absl::Status OpExecutor::MarkGroupIssueLocked(const std::vector<std::shared_ptr<WorkImpl>>& works) {
+  if (!aborted_.ok() || stopping_) return absl::OkStatus();
+  StreamOrdered* ordered = backend().stream_ordered();
+  if (ordered == nullptr) return absl::OkStatus();
+  for (const std::shared_ptr<WorkImpl>& w : works) {
+    if (!IsDeviceOp(w->desc())) return absl::OkStatus();  // runs as a whole on the worker
+  }
+  std::vector<std::shared_ptr<const StreamPosition>> positions;
+  positions.reserve(works.size());
+  for (const std::shared_ptr<WorkImpl>& w : works) {
+    absl::StatusOr<std::shared_ptr<const StreamPosition>> position = ordered->MarkIssue(w->desc());
+    if (!position.ok()) return position.status();
+    positions.push_back(*std::move(position));
+  }
+  for (size_t i = 0; i < works.size(); ++i) works[i]->SetIssuedAt(std::move(positions[i]));
+  return absl::OkStatus();
 }
 
 bool OpExecutor::WaiterMayRun(const OpDesc& desc) const {
@@ -353,7 +385,7 @@ absl::StatusOr<OpDesc> OpExecutor::ForCurrentMembership(const WorkImpl& work) co
 absl::Status OpExecutor::Execute(const WorkImpl& work, absl::Time started,
                                  std::optional<Launched>* launched) {
   launched->reset();
-  if (work.heads_group()) return ExecuteGroup(work);
+  if (work.heads_group()) return ExecuteGroup(work, launched);
   if (work.membership_epoch() != epoch_.load()) {
     // Issued before a membership change: run as it reads now, or fail it for the trainer to redo.
     absl::StatusOr<OpDesc> translated = ForCurrentMembership(work);
@@ -395,6 +427,11 @@ void OpExecutor::RecordLaunchLocked(const std::shared_ptr<WorkImpl>& work, Launc
     return;
   }
   if (in_flight_.empty()) head_since_ = launched.started;
+  // A group's ops share its one completion: a Wait on any of them makes the caller's stream wait
+  // for the whole group.
+  for (const std::shared_ptr<WorkImpl>& m : work->group_members()) {
+    (void)m->MarkLaunched(*launched.completion);
+  }
   in_flight_.push_back(InFlight{work, work->MarkLaunched(*std::move(launched.completion))});
 }
 
@@ -596,7 +633,7 @@ absl::Time OpExecutor::PollInFlightLocked() {
            in_flight_.front().completion == oldest[ended.size()]) {
       ended.push_back(std::move(in_flight_.front().work));
       in_flight_.pop_front();
-      last_completed_seq_ = std::max(last_completed_seq_, ended.back()->desc().seq);
+      last_completed_seq_ = std::max(last_completed_seq_, ended.back()->last_seq());
       last_head_time_ = now - head_since_;
       head_since_ = now;
     }

@@ -199,12 +199,19 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // one) run as one unit headed by the first. The group takes a sequence number, which its sends
   // and receives carry, and one more per collective, in issue order (so every rank's group takes
   // the same numbers, whatever its sends and receives). It runs through the
-  // backend's GroupRunner, or one after the other on a backend without one. Device ops of a group
-  // are not stream-ordered: the group runs to completion on the executing thread, behind the ops
-  // in flight. Every op of the group ends with the group's status. A group takes no replay record
+  // backend's GroupRunner, or one after the other on a backend without one. A group of device ops
+  // on a stream-ordered backend is stream-ordered as one op: each op's place in its stream is
+  // taken here (at GroupEnd), the group is launched as one unit (StreamOrdered::LaunchGroup) and
+  // joins the ops in flight, and a Wait on any of its ops makes the caller's stream wait for the
+  // whole group. Any other group runs to completion on the executing thread, behind the ops in
+  // flight. Every op of the group ends with the group's status. A group takes no replay record
   // and is never re-run: inside a step its failure redoes the step; outside one the coordinated
-  // vote runs and its ops fail with the redo status, as an unrecorded op's.
-  void SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works, int epoch = -1);
+  // vote runs and its ops fail with the redo status, as an unrecorded op's (in flight: unless a
+  // Wait let a caller's stream past one of its ops, which breaks the communicator, DataLoss).
+  // Returns the refusal of a group that was not queued (MarkGroupIssueLocked: its ops fail with
+  // it), else OK.
+  [[nodiscard]] absl::Status SubmitGroup(std::vector<std::shared_ptr<WorkImpl>> works,
+                                         int epoch = -1);
   // A caller that waits for `work` without a bound runs it on its own thread when nothing else can
   // run in the meantime: `work` is next in the queue, the executor is idle (no op running, none in
   // flight, no retry pending), it is a host op and the backend runs on any thread
@@ -383,10 +390,18 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // this attempt started; an op that is the oldest in flight once launched has its device timeout
   // counted from there (its launch included), which saves a clock read per op.
   absl::Status Execute(const WorkImpl& work, absl::Time started, std::optional<Launched>* launched);
-  // Runs a group headed by `work` (Execute's part for groups).
-  absl::Status ExecuteGroup(const WorkImpl& work);
+  // Runs a group headed by `work` (Execute's part for groups): launched on the device as one unit
+  // when its ops have stream positions (*launched set), else to completion.
+  absl::Status ExecuteGroup(const WorkImpl& work, std::optional<Launched>* launched);
   // RunWithRetry's part for a group outside a step.
-  absl::Status RunGroupWithRetry(const WorkImpl& work, absl::Time started);
+  absl::Status RunGroupWithRetry(const WorkImpl& work, absl::Time started,
+                                 std::optional<Launched>* launched);
+  // SubmitGroup's part for a group of device ops on a stream-ordered backend: each op's place in
+  // its view's stream (StreamOrdered::MarkIssue), or the refusal of the first that has none (the
+  // group is then not queued). Does nothing for any other group. REQUIRES: mu_ held, sequence
+  // numbers assigned.
+  absl::Status MarkGroupIssueLocked(const std::vector<std::shared_ptr<WorkImpl>>& works)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Execute's part once the op reads as `desc` on the current membership.
   absl::Status ExecuteAs(const OpDesc& desc, absl::Time started, std::optional<Launched>* launched);
   // Puts a launched op in flight (or, if its launch failed, hands the ops in flight to the

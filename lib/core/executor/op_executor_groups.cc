@@ -1,11 +1,13 @@
 // OpExecutor's groups (Communicator::GroupStart/GroupEnd): a group is queued as one unit headed by
 // its first op (SubmitGroup, op_executor.cc) and runs here, through the backend's GroupRunner.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "lib/base/wall_clock.h"
 #include "lib/core/executor/op_executor.h"  // IWYU pragma: associated
 
 namespace adaptcomm::internal {
@@ -22,7 +24,8 @@ std::string GroupFingerprint(const WorkImpl& head) {
   return absl::StrCat("group(", absl::StrJoin(collectives, "; "), ")");
 }
 
-absl::Status OpExecutor::ExecuteGroup(const WorkImpl& head) {
+absl::Status OpExecutor::ExecuteGroup(const WorkImpl& head, std::optional<Launched>* launched) {
+  launched->reset();
   Backend& backend = this->backend();
   const bool wire_cast = backend.capabilities().wire_cast;
   std::vector<OpDesc> ops;
@@ -47,6 +50,19 @@ absl::Status OpExecutor::ExecuteGroup(const WorkImpl& head) {
   for (const std::shared_ptr<WorkImpl>& m : head.group_members()) {
     if (absl::Status s = add(*m); !s.ok()) return s;
   }
+  StreamOrdered* ordered = backend.stream_ordered();
+  if (ordered != nullptr && std::all_of(ops.begin(), ops.end(),
+                                        [](const OpDesc& op) { return op.issued_at != nullptr; })) {
+    // Positions taken at GroupEnd (MarkGroupIssueLocked): queued on the device as one unit, and in
+    // flight from here like a single op.
+    absl::StatusOr<std::shared_ptr<DeviceCompletion>> completion = ordered->LaunchGroup(ops);
+    if (!completion.ok() && (absl::IsInvalidArgument(completion.status()) ||
+                             absl::IsFailedPrecondition(completion.status()))) {
+      return completion.status();  // refused before anything was queued, as ExecuteAs's
+    }
+    launched->emplace(Launched{std::move(completion), WallNow()});
+    return absl::OkStatus();
+  }
   if (GroupRunner* runner = backend.groups(); runner != nullptr) return runner->RunGroup(ops);
   for (const OpDesc& op : ops) {
     if (absl::Status s = backend.Run(op); !s.ok()) return s;
@@ -54,7 +70,8 @@ absl::Status OpExecutor::ExecuteGroup(const WorkImpl& head) {
   return absl::OkStatus();
 }
 
-absl::Status OpExecutor::RunGroupWithRetry(const WorkImpl& head, absl::Time started) {
+absl::Status OpExecutor::RunGroupWithRetry(const WorkImpl& head, absl::Time started,
+                                           std::optional<Launched>* launched) {
   (void)started;  // a group is never re-run: no attempt to time
   // As every rank numbers it: the group's own number, whichever op this rank issued first.
   OpDesc desc = head.desc();
@@ -69,7 +86,7 @@ absl::Status OpExecutor::RunGroupWithRetry(const WorkImpl& head, absl::Time star
         unprotected_ops_.load(std::memory_order_relaxed) + 1 + head.group_members().size(),
         std::memory_order_relaxed);
   }
-  absl::Status status = ExecuteGroup(head);
+  absl::Status status = ExecuteGroup(head, launched);
   if (!status.ok() && retries_) {
     const std::string fingerprint = GroupFingerprint(head);
     return RecoverUnrecorded(desc, status, &fingerprint);

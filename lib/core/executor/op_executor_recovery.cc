@@ -48,7 +48,7 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
     if (!s.ok()) return s;
   }
   if (work.step() != 0) return RunInStep(work, started, launched);
-  if (work.heads_group()) return RunGroupWithRetry(work, started);
+  if (work.heads_group()) return RunGroupWithRetry(work, started, launched);
   bool replayable = false;
   if (retries_) {
     replay_.BeforeOp(desc, backend().stream_ordered());
@@ -368,6 +368,21 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
     if (failed.empty()) return;
   }
   const std::shared_ptr<WorkImpl> head = failed.front();
+  if (retries_ &&
+      std::any_of(failed.begin(), failed.end(), [](const auto& w) { return w->heads_group(); })) {
+    // A group in flight has no record and is never re-run (neither are the ops queued behind it):
+    // as for an unrecorded op, every rank votes and the communicator recovers, and the ops fail
+    // with the redo status; unless a Wait let a caller's stream past one of them.
+    if (absl::Status lost = ReleasedOpLoss(failed, status); !lost.ok()) {
+      status = lost;
+    } else {
+      OpDesc position = head->desc();
+      position.seq = head->first_seq();
+      const std::string fingerprint =
+          head->heads_group() ? GroupFingerprint(*head) : Fingerprint(position);
+      status = RecoverUnrecorded(position, status, &fingerprint);
+    }
+  }
   if (ReportToPeers(status)) {
     status = failure_handler_->OnOpFailure(head->desc(), std::move(status));
     if (break_hook_) break_hook_(status);
@@ -376,17 +391,23 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
   CompleteLocked(head, status);
   for (size_t i = 1; i < failed.size(); ++i) {
     const OpDesc& d = failed[i]->desc();
-    CompleteLocked(failed[i], absl::Status(status.code(),
-                                           absl::StrCat(OpKindName(d.kind), " #", d.seq,
-                                                        " did not complete: ", status.message())));
+    std::string message =
+        absl::StrCat(OpKindName(d.kind), " #", d.seq, " did not complete: ", status.message());
+    CompleteLocked(failed[i], IsStepRedo(status) ? StepRedoStatus(std::move(message))
+                                                 : absl::Status(status.code(), message));
   }
 }
 
 absl::Status OpExecutor::ReleasedOpLoss(const std::deque<std::shared_ptr<WorkImpl>>& failed,
                                         const absl::Status& cause) {
-  for (const std::shared_ptr<WorkImpl>& work : failed) {
-    if (!work->released()) continue;
-    const OpDesc& d = work->desc();
+  for (const std::shared_ptr<WorkImpl>& head : failed) {
+    // A group's ops are released one by one (each Wait), and fail together.
+    const WorkImpl* released = head->released() ? head.get() : nullptr;
+    for (const std::shared_ptr<WorkImpl>& m : head->group_members()) {
+      if (released == nullptr && m->released()) released = m.get();
+    }
+    if (released == nullptr) continue;
+    const OpDesc& d = released->desc();
     absl::Status lost = absl::DataLossError(absl::StrCat(
         OpKindName(d.kind), " #", d.seq, " on rank ", backend().rank(),
         " failed on the device after its Wait let the caller's stream go on (", cause.message(),
@@ -405,7 +426,11 @@ std::deque<std::shared_ptr<WorkImpl>> OpExecutor::TakeUnfinishedInFlightLocked()
     // Synchronize() saw the device finish it (and returned its result to the caller): it is
     // complete here, whatever failed after it; re-running it would write into buffers that are
     // the caller's again.
-    if (f.work->state() == WorkState::kDone) {
+    // A group's ops share one completion: any of them seen done means the group is.
+    const auto& members = f.work->group_members();
+    if (f.work->state() == WorkState::kDone ||
+        std::any_of(members.begin(), members.end(),
+                    [](const auto& m) { return m->state() == WorkState::kDone; })) {
       CompleteLocked(f.work, absl::OkStatus());
     } else {
       unfinished.push_back(std::move(f.work));

@@ -68,6 +68,11 @@ class WorkImpl {
   // timeout (the group's: the largest of its ops'). Only this writes desc_ after construction; the
   // issuing side reads no more of desc_ than its kind and views until then (seq() is atomic).
   void AssignSeq(uint64_t seq, absl::Duration timeout);
+  // GroupEnd, likewise, for a device op of a group that is launched stream-ordered: its place in
+  // its view's stream (StreamOrdered::MarkIssue, taken at GroupEnd as ncclGroupEnd would).
+  void SetIssuedAt(std::shared_ptr<const StreamPosition> position) {
+    desc_.issued_at = std::move(position);
+  }
   void EndOpenGroup() { in_open_group_.store(false, std::memory_order_release); }
   // The group's first op stands for the group in the executor's queue: it carries the others,
   // which start and end with it (MarkRunning, Finish) with its status. REQUIRES: before queued.
@@ -138,7 +143,7 @@ class WorkImpl {
   // being relaunched, or terminal).
   DeviceCompletion* CompletionLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
-  OpDesc desc_;  // const but for AssignSeq (see there)
+  OpDesc desc_;  // const but for AssignSeq and SetIssuedAt (see there)
   std::atomic<uint64_t> seq_{0};
   std::atomic<bool> in_open_group_{false};
   bool heads_group_ = false;  // set before the group is queued, then fixed
