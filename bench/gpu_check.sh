@@ -14,7 +14,9 @@
 # communicator is aborted while a consumer kernel on the trainer's stream waits for the result; no
 # committed step (and no op reported OK) may have let the consumer see a partial sum
 # (bench/gpu_check_abort.cc; docs/gpu.md). Then a Split of a fresh communicator: its child must be
-# built by ncclCommSplit and sum exactly. The ranks run under `timeout 280`
+# built by ncclCommSplit and sum exactly; then a stream-ordered group (a receive, an allreduce and a
+# send in one ncclGroupStart/ncclGroupEnd) whose consumer kernel after Wait() must see exact
+# results. The ranks run under `timeout 280`
 # (GPU_CHECK_ABORT_BOUND_S); without a GPU it says "no CUDA device" and exits 77 (skip).
 #   bench/gpu_check.sh two-rank-abort [build-dir]
 set -euo pipefail

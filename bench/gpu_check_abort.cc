@@ -477,6 +477,77 @@ void SplitVariant(RankState& r) {
               r.rank, (*child)->rank());
 }
 
+// A group on the real NCCL, stream-ordered: a receive of the peer's input, an allreduce and a send
+// of this rank's input (copied on the trainer's stream before GroupEnd, which the group must wait
+// for) in one ncclGroupStart/ncclGroupEnd. The Waits return without the host waiting for the
+// device; the consumer kernel queued right after them must see the exact sum, and the received
+// block must be the peer's input, element by element.
+void GroupVariant(RankState& r) {
+  auto comm = Communicator::Create(Options(r, "two_rank_group", ReplayMode::kAuto));
+  if (!comm.ok()) {
+    r.Fail(absl::StrCat("group: communicator: ", comm.status().ToString()));
+    return;
+  }
+  if (WarmUp(r, **comm, "group") == absl::ZeroDuration()) return;
+  const size_t bytes = r.n * sizeof(float);
+  DeviceMemory out(bytes), in(bytes);
+  if (out.p == nullptr || in.p == nullptr) {
+    r.Fail("group: cannot allocate the send and receive buffers");
+    return;
+  }
+  constexpr int kStep = 9;
+  if (!r.Fill(kStep)) return;
+  if (int e =
+          g_cuda->MemcpyAsync(out.p, r.buf->p, bytes, cuda::MemcpyKind::kDeviceToDevice, r.stream);
+      e != cuda::kCudaSuccess) {
+    r.Fail(absl::StrCat("group: copy of the input: ", CudaError(e)));
+    return;
+  }
+  const int peer = 1 - r.rank;
+  const absl::Time start = absl::Now();
+  std::vector<Work> works;
+  absl::Status s = (*comm)->Group([&] {
+    works.push_back((*comm)->Recv(TensorView{in.p, r.n, DType::kF32, Device::Cuda(0), r.stream},
+                                  peer, {.timeout = kDeviceBound}));
+    works.push_back((*comm)->Allreduce(r.View(), {.timeout = kDeviceBound}));
+    works.push_back((*comm)->Send(TensorView{out.p, r.n, DType::kF32, Device::Cuda(0), r.stream},
+                                  peer, {.timeout = kDeviceBound}));
+  });
+  for (Work& w : works) {
+    if (s.ok()) s = w.Wait(kDeviceBound);
+  }
+  const absl::Duration host = absl::Now() - start;
+  if (!s.ok()) {
+    r.Fail(absl::StrCat("group: ", s.ToString()));
+    return;
+  }
+  r.Consume(kStep);
+  if (const int64_t bad = r.Mismatches(); bad != 0) {
+    r.Fail(absl::StrCat("group: the consumer after Wait() saw ", bad, " of ", r.n,
+                        " elements differ from the sum"));
+    return;
+  }
+  std::vector<float> got(r.n);
+  g_cuda->MemcpyAsync(got.data(), in.p, bytes, cuda::MemcpyKind::kDeviceToHost, r.stream);
+  if (absl::Status d = Drain(r.stream); !d.ok()) {
+    r.Fail(absl::StrCat("group: ", d.ToString()));
+    return;
+  }
+  size_t bad = 0;
+  for (size_t i = 0; i < r.n; ++i) {
+    const float want = Input(peer, kStep, i);
+    bad += std::memcmp(&got[i], &want, sizeof(float)) != 0 ? 1 : 0;
+  }
+  if (bad != 0) {
+    r.Fail(absl::StrCat("group: ", bad, " of ", r.n, " received elements differ from rank ", peer,
+                        "'s input"));
+    return;
+  }
+  std::printf(
+      "  rank %d group: GroupEnd and 3 Waits took %s on the host; sum and received block exact\n",
+      r.rank, absl::FormatDuration(host).c_str());
+}
+
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
@@ -535,6 +606,8 @@ int RunRank() {
   CopyVariant(r);
   Barrier(r, "copy");
   SplitVariant(r);
+  Barrier(r, "split");
+  GroupVariant(r);
   Barrier(r, "done");
   (void)Drain(r.stream);
   r.buf.reset();
