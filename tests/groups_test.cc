@@ -397,6 +397,9 @@ TEST(GroupsFailureTest, FailedGroupIsRedoneNeverReRunAlone) {
       // (NcclGroup.DeviceFailureAfterWaitReleasedTheStreamIsDataLoss).
       const absl::Status failed = s.Synchronize(kOpTimeout);
       EXPECT_TRUE(IsStepRedo(failed)) << failed;
+      if (!in_step) {
+        EXPECT_THAT(std::string(failed.message()), HasSubstr("never re-run alone")) << failed;
+      }
       EXPECT_EQ(r.Synchronize(kOpTimeout), failed);
       if (in_step) {
         absl::Status commit = comm.CommitStep();

@@ -38,6 +38,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "adaptcomm/ext/backend.h"
@@ -128,6 +129,10 @@ class RecoveryHandler {
 std::string OpFingerprint(const OpDesc& op);
 // A group's: its collectives in issue order (its sends and receives may differ between ranks).
 std::string GroupFingerprint(const WorkImpl& head);
+
+// Why a group's ops have no replay record (RecoverUnrecorded).
+inline constexpr absl::string_view kGroupNotReRun =
+    "a group takes no replay record and is never re-run alone";
 
 // Aborted with the step-redo payload (IsStepRedo): a step's op, or the step, to be redone.
 absl::Status StepRedoStatus(std::string message);
@@ -353,9 +358,10 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   // A retryable failure of an op that has no record: the coordinated vote and rebuild all the
   // same (the vote names a rank that is gone), then the op fails with the redo status, or the
   // vote's error. Called while busy_, without mu_.
-  // `fingerprint`: what the vote compares (null: desc's own; a group's, GroupFingerprint).
+  // `why`: why it has no record, for the redo status. `fingerprint`: what the vote compares
+  // (null: desc's own; a group's, GroupFingerprint).
   absl::Status RecoverUnrecorded(const OpDesc& desc, const absl::Status& cause,
-                                 const std::string* fingerprint = nullptr);
+                                 absl::string_view why, const std::string* fingerprint = nullptr);
   // RunWithRetry for an op of a step: no record, no re-run; a failure recovers the communicator
   // (RecoverStep) and the op fails with the step's redo status.
   absl::Status RunInStep(const WorkImpl& work, absl::Time started,

@@ -89,7 +89,7 @@ absl::Status OpExecutor::RunGroupWithRetry(const WorkImpl& head, absl::Time star
   absl::Status status = ExecuteGroup(head, launched);
   if (!status.ok() && retries_) {
     const std::string fingerprint = GroupFingerprint(head);
-    return RecoverUnrecorded(desc, status, &fingerprint);
+    return RecoverUnrecorded(desc, status, kGroupNotReRun, &fingerprint);
   }
   return status;
 }

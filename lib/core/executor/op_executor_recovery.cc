@@ -50,10 +50,10 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
   if (work.step() != 0) return RunInStep(work, started, launched);
   if (work.heads_group()) return RunGroupWithRetry(work, started, launched);
   bool replayable = false;
+  absl::Status recorded;  // why the op has no record, when it has none
   if (retries_) {
     replay_.BeforeOp(desc, backend().stream_ordered());
-    absl::Status recorded =
-        replay_.Record(desc, backend().device_memory(), backend().stream_ordered());
+    recorded = replay_.Record(desc, backend().device_memory(), backend().stream_ordered());
     replayable = recorded.ok();
     if (!replayable) {
       // Only the executing thread writes it: a load and a store, no read-modify-write.
@@ -67,7 +67,12 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
     }
   }
   absl::Status status = Execute(work, started, launched);
-  if (!status.ok() && !replayable && retries_) return RecoverUnrecorded(desc, status);
+  if (!status.ok() && !replayable && retries_) {
+    return RecoverUnrecorded(desc, status,
+                             absl::IsFailedPrecondition(recorded)
+                                 ? "retry.replay auto keeps no copy of its input"
+                                 : recorded.message());
+  }
   // A failure while another rank's retry is pending (the backend was interrupted or already
   // broken for it) joins that retry whatever its code; otherwise the policy decides.
   for (int attempt = 1;
@@ -105,7 +110,7 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
 }
 
 absl::Status OpExecutor::RecoverUnrecorded(const OpDesc& desc, const absl::Status& cause,
-                                           const std::string* fingerprint) {
+                                           absl::string_view why, const std::string* fingerprint) {
   if (Aborted() || absl::IsInvalidArgument(cause) || IsMembershipChanged(cause) ||
       !(recovery_handler_->Retryable(cause) || RecoveryRequested())) {
     return cause;
@@ -123,10 +128,9 @@ absl::Status OpExecutor::RecoverUnrecorded(const OpDesc& desc, const absl::Statu
     return s;
   }
   return StepRedoStatus(absl::StrCat(
-      OpKindName(desc.kind), " #", desc.seq, " failed (", cause.message(),
-      ") and was not re-run (retry.replay auto keeps no copy of its input); every rank voted and "
-      "the communicator recovered at generation ",
-      generation(), ": redo the work of this op (or use BeginStep/CommitStep)"));
+      OpKindName(desc.kind), " #", desc.seq, " failed (", cause.message(), ") and was not re-run (",
+      why, "); every rank voted and the communicator recovered at generation ", generation(),
+      ": redo the work of this op (or use BeginStep/CommitStep)"));
 }
 
 absl::Status OpExecutor::RecoverFrom(uint64_t position, const std::string& fingerprint, int attempt,
@@ -380,7 +384,7 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
       position.seq = head->first_seq();
       const std::string fingerprint =
           head->heads_group() ? GroupFingerprint(*head) : Fingerprint(position);
-      status = RecoverUnrecorded(position, status, &fingerprint);
+      status = RecoverUnrecorded(position, status, kGroupNotReRun, &fingerprint);
     }
   }
   if (ReportToPeers(status)) {
