@@ -1,5 +1,6 @@
 // Groups of ops: a ring shift of 64 send/recv pairs in one group against one pair of the same total
-// size (in a group too, and as a plain ordered send then receive), on 2 ranks.
+// size (in a group too, as an ordered send then receive, and as an asynchronous send and receive
+// that every rank posts before waiting), on 2 ranks.
 //
 //   groups_bench [--backend shm|gloo] [--sizes 65536,1048576,16777216] [--rounds 7] [--pairs 64]
 //
@@ -45,16 +46,26 @@ void Check(const absl::Status& s, const char* what) {
   }
 }
 
-// One exchange of `bytes` each way split into `pieces` messages: grouped, or (pieces == 1,
-// !grouped) the plain ordered way, even ranks sending first.
+enum class How { kGroup, kOrdered, kAsync };
+
+// One exchange of `bytes` each way split into `pieces` messages: grouped; or one message each way,
+// ordered (even ranks sending first) or asynchronous (every rank sends first, then waits).
 void Exchange(adaptcomm::Communicator& comm, std::vector<float>& out, std::vector<float>& in,
-              int pieces, bool grouped) {
+              int pieces, How how) {
   const int r = comm.rank(), n = comm.size();
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   const size_t count = out.size() / static_cast<size_t>(pieces);
   std::vector<adaptcomm::Work> works;
   works.reserve(2 * static_cast<size_t>(pieces));
-  if (!grouped) {
+  if (how == How::kAsync) {
+    const adaptcomm::P2POptions async{.async = true};
+    adaptcomm::Work s = comm.Send(adaptcomm::HostView(out.data(), out.size()), next, async);
+    adaptcomm::Work rv = comm.Recv(adaptcomm::HostView(in.data(), in.size()), prev, async);
+    Check(s.Wait(), "async send");
+    Check(rv.Wait(), "async recv");
+    return;
+  }
+  if (how == How::kOrdered) {
     auto send = [&] {
       Check(comm.Send(adaptcomm::HostView(out.data(), out.size()), next).Wait(), "send");
     };
@@ -95,24 +106,27 @@ void Run(const Config& c) {
         if (env.rank == 0) {
           std::printf("backend %s, 2 ranks, %d pairs; us per exchange (median of %d rounds)\n",
                       cm.backend_name(), c.pairs, c.rounds);
-          std::printf("%12s %14s %14s %14s %10s\n", "bytes", "group 64 pairs", "group 1 pair",
-                      "plain pair", "ratio");
+          std::printf("%12s %14s %14s %14s %14s %10s\n", "bytes", "group 64 pairs", "group 1 pair",
+                      "ordered pair", "async pair", "ratio");
         }
         for (size_t bytes : c.sizes) {
           std::vector<float> out(bytes / sizeof(float), 1.0f), in(out.size());
           const int iters = Iterations(bytes);
           struct Way {
             int pieces;
-            bool grouped;
+            How how;
             std::vector<double> us;
           };
-          std::vector<Way> ways = {{c.pairs, true, {}}, {1, true, {}}, {1, false, {}}};
-          for (Way& w : ways) Exchange(cm, out, in, w.pieces, w.grouped);  // warm-up
+          std::vector<Way> ways = {{c.pairs, How::kGroup, {}},
+                                   {1, How::kGroup, {}},
+                                   {1, How::kOrdered, {}},
+                                   {1, How::kAsync, {}}};
+          for (Way& w : ways) Exchange(cm, out, in, w.pieces, w.how);  // warm-up (makes the links)
           for (int round = 0; round < c.rounds; ++round) {
             for (Way& w : ways) {
               Check(cm.Barrier().Wait(), "barrier");
               const auto start = Clock::now();
-              for (int i = 0; i < iters; ++i) Exchange(cm, out, in, w.pieces, w.grouped);
+              for (int i = 0; i < iters; ++i) Exchange(cm, out, in, w.pieces, w.how);
               const double us =
                   std::chrono::duration<double, std::micro>(Clock::now() - start).count() / iters;
               w.us.push_back(us);
@@ -120,8 +134,8 @@ void Run(const Config& c) {
           }
           if (env.rank == 0) {
             const double many = Median(ways[0].us), one = Median(ways[1].us);
-            std::printf("%12zu %14.1f %14.1f %14.1f %10.2f\n", bytes, many, one, Median(ways[2].us),
-                        many / one);
+            std::printf("%12zu %14.1f %14.1f %14.1f %14.1f %10.2f\n", bytes, many, one,
+                        Median(ways[2].us), Median(ways[3].us), many / one);
             std::fflush(stdout);
           }
         }

@@ -246,6 +246,13 @@ struct BarrierOptions {
 struct P2POptions {
   uint32_t tag = 0;  // a send matches the recv of the same tag between the same two ranks
   std::optional<absl::Duration> timeout = std::nullopt;  // as AllreduceOptions::timeout
+  // Outside a group, on host memory: posted and run beside the communicator's other ops, on a
+  // link of its own per direction between the two ranks (docs/groups.md, "Asynchronous sends and
+  // receives"). An asynchronous op matches only asynchronous ones: both ranks of a pair must ask
+  // for it. False: ordered like every op (it starts once the ops issued before it ended, and takes
+  // a sequence number). Ignored (ordered) in a group, in an open step, on CUDA views and after a
+  // membership change.
+  bool async = false;
 };
 
 // Communicator::Split's choices for the child.
@@ -332,10 +339,16 @@ class ADAPTCOMM_EXPORT Communicator {
   // lands in block rank() of output.
   Work Alltoall(TensorView input, TensorView output, const AlltoallOptions& options = {});
   Work Barrier(const BarrierOptions& options = {});
-  // Point to point. Outside a group each completes before the next operation of this
+  // Point to point. Ordered (the default): each completes before the next operation of this
   // communicator starts: order pairs so that they match (as with blocking MPI), or issue them in a
   // group (below), where any order completes. A send matches the receive of the same tag between
   // the same two ranks; sends of one pair and tag match its receives in issue order.
+  // Asynchronous (P2POptions::async, outside a group and a step, on host memory): posted and
+  // returned at once; each direction between two ranks runs on a link of its own, beside this
+  // communicator's other ops and the other directions, so matching sends and receives complete
+  // whatever order the ranks issued them in. One direction's asynchronous messages match in issue
+  // order (a receive names the tag of the send it meets), never an ordered or grouped op; the
+  // buffers are the communicator's until Wait returns; no sequence number (Work::seq() is 0).
   Work Send(TensorView data, int peer, const P2POptions& options = {});
   Work Recv(TensorView data, int peer, const P2POptions& options = {});
 

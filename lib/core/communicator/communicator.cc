@@ -70,6 +70,7 @@ CommunicatorImpl::CommunicatorImpl(CommunicatorOptions options, EffectiveConfig 
   if (config_.status.enabled && rendezvous_.root_store != nullptr) StartStatusRecord();
   if (metrics_ != nullptr && metrics_->slow_sampler() != nullptr) StartSlownessMonitor();
   if (coordinator_ != nullptr) StartFailureListener();
+  links_ = MakeLinks();
 }
 
 void CommunicatorImpl::InitMembership(const std::optional<JoinedAs>& joined) {
@@ -233,6 +234,7 @@ CommunicatorImpl::~CommunicatorImpl() {
   // Before anything is aborted: a communicator going away is not one that broke.
   family_member_->LeaveFamily();
   DropOpenGroup();
+  links_.reset();  // while the store is there: idle links leave as communicators do
   HeartbeatMonitor::Instance().Unregister(heartbeat_id_);
   monitor_.reset();  // no callback once the communicator goes
   status_.reset();   // its last record says the rank left, while the store is still there
@@ -285,9 +287,7 @@ std::string CommunicatorImpl::ProtectionText() const {
 }
 
 Work CommunicatorImpl::Submit(OpDesc&& desc, std::optional<absl::Duration> timeout) {
-  desc.timeout = timeout.has_value()                 ? *timeout
-                 : long_operation_scopes_.load() > 0 ? config_.timeouts.long_operation
-                                                     : config_.timeouts.collective;
+  desc.timeout = TimeoutOr(timeout);
   const OpExecutor::MembershipSnapshot members = executor_->membership();
   absl::Status valid = ValidateOp(desc, members.rank, members.world_size);
   if (valid.ok() && desc.wire.has_value() && !executor_->backend().capabilities().wire_cast) {
@@ -522,6 +522,7 @@ absl::Status CommunicatorImpl::AdmitJoiners() {
 
 void CommunicatorImpl::Abort(const absl::Status& reason) {
   if (coordinator_ != nullptr) coordinator_->Cancel();  // a vote in progress ends too
+  links_->Abort(reason);
   executor_->Abort(reason);
 }
 
@@ -740,14 +741,14 @@ Work Communicator::Send(TensorView data, int peer, const P2POptions& options) {
   OpDesc d = InOut(OpKind::kSend, data, TensorView{});
   d.peer = peer;
   d.tag = options.tag;
-  return impl_->Submit(std::move(d), options.timeout);
+  return impl_->SubmitPointToPoint(std::move(d), options);
 }
 
 Work Communicator::Recv(TensorView data, int peer, const P2POptions& options) {
   OpDesc d = InOut(OpKind::kRecv, TensorView{}, data);
   d.peer = peer;
   d.tag = options.tag;
-  return impl_->Submit(std::move(d), options.timeout);
+  return impl_->SubmitPointToPoint(std::move(d), options);
 }
 
 }  // namespace adaptcomm

@@ -17,6 +17,7 @@
 #include "adaptcomm/profile.h"
 #include "lib/core/communicator/communicator_factory.h"
 #include "lib/core/communicator/observability.h"
+#include "lib/core/communicator/p2p_links.h"
 #include "lib/core/communicator/slowness_monitor.h"
 #include "lib/core/elastic/elastic_grow.h"
 #include "lib/core/elastic/membership.h"
@@ -53,6 +54,9 @@ class CommunicatorImpl {
   // inside a LongOperationScope); validates `desc` (generic rules: a timeout that is not positive
   // is refused; then the backend's), queues it (or adds it to the open group).
   Work Submit(OpDesc&& desc, std::optional<absl::Duration> timeout);
+  // Communicator::Send / Recv: P2POptions::async ops outside groups and steps go to their
+  // direction's link (P2PLinks); the others to Submit (communicator_p2p.cc).
+  Work SubmitPointToPoint(OpDesc&& desc, const P2POptions& options);
   // Communicator::GroupStart / GroupEnd (communicator_groups.cc).
   absl::Status GroupStart();
   absl::Status GroupEnd();
@@ -142,6 +146,11 @@ class CommunicatorImpl {
     int epoch = -1;
   };
   std::optional<Work> AddToGroup(OpDesc& desc, const absl::Status& valid, int epoch);
+  // `timeout`, or the default: the long-operation timeout inside a LongOperationScope, else the
+  // collective one.
+  absl::Duration TimeoutOr(std::optional<absl::Duration> timeout) const;
+  // Makes P2PLinks' links: communicators of two ranks with this one's options and seams.
+  std::unique_ptr<P2PLinks> MakeLinks() const;
   // Fails the ops of a group still open (the communicator goes).
   void DropOpenGroup();
 
@@ -181,6 +190,8 @@ class CommunicatorImpl {
   std::unique_ptr<StatusPublisher> status_;  // null without a store or status.enabled
   // Null without a store or metrics, or with monitor.enabled false.
   std::unique_ptr<SlownessMonitor> monitor_;
+  // The links of asynchronous sends and receives (made when the first is posted).
+  std::unique_ptr<P2PLinks> links_;
   const std::string selection_reason_;
 };
 

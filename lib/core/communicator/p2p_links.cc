@@ -1,0 +1,174 @@
+#include "lib/core/communicator/p2p_links.h"
+
+#include <deque>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lib/base/wall_clock.h"
+
+namespace adaptcomm::internal {
+
+struct P2PLinks::Link {
+  absl::Mutex mu;
+  std::deque<std::shared_ptr<WorkImpl>> queue ABSL_GUARDED_BY(mu);
+  // The link's communicator while its thread serves it (owned by the thread, which clears this
+  // under mu before destroying it: whoever reads it under mu may use it while holding mu).
+  Communicator* comm ABSL_GUARDED_BY(mu) = nullptr;
+  bool made ABSL_GUARDED_BY(mu) = false;     // the thread is past making the link
+  bool running ABSL_GUARDED_BY(mu) = false;  // an op is on the link's communicator
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  absl::Status failed ABSL_GUARDED_BY(mu);  // every op fails with it from now on
+  std::thread thread;                       // started and joined under P2PLinks::mu_ only
+};
+
+namespace {
+
+std::string LinkName(int from, int to) {
+  return absl::StrCat("the point-to-point link ", from, " -> ", to);
+}
+
+}  // namespace
+
+P2PLinks::P2PLinks(int rank, MakeLink make) : rank_(rank), make_(std::move(make)) {}
+
+P2PLinks::~P2PLinks() {
+  std::map<std::pair<int, int>, std::shared_ptr<Link>> links;
+  {
+    absl::MutexLock lock(&mu_);
+    links.swap(links_);
+    if (aborted_.ok()) aborted_ = absl::CancelledError("the communicator was destroyed");
+  }
+  const absl::Status gone =
+      absl::CancelledError("the communicator was destroyed with this point-to-point op pending");
+  for (auto& [ends, link] : links) {
+    std::deque<std::shared_ptr<WorkImpl>> dropped;
+    bool made;
+    {
+      absl::MutexLock lock(&link->mu);
+      link->stopping = true;
+      dropped.swap(link->queue);
+      if (link->failed.ok()) link->failed = gone;
+      // An op in progress ends now; an idle link is left as a communicator goes (no failure for
+      // the peer to hear of).
+      if (link->running && link->comm != nullptr) link->comm->Abort(gone);
+      made = link->made;
+    }
+    for (const std::shared_ptr<WorkImpl>& w : dropped) w->Finish(gone);
+    if (made) {
+      link->thread.join();
+    } else {
+      // Still meeting its peer (bounded by the init timeout): it ends on its own, holding only
+      // what it shares.
+      link->thread.detach();
+    }
+  }
+}
+
+std::shared_ptr<WorkImpl> P2PLinks::Post(OpDesc desc) {
+  const bool send = desc.kind == OpKind::kSend;
+  const int from = send ? rank_ : desc.peer;
+  const int to = send ? desc.peer : rank_;
+  desc.seq = 0;  // the parent's numbers are its own ops'
+  std::shared_ptr<WorkImpl> work = MakeWorkImpl(std::move(desc), WallNow());
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.ok()) {
+    work->Finish(aborted_);
+    return work;
+  }
+  std::shared_ptr<Link>& link = links_[{from, to}];
+  if (link == nullptr) {
+    link = std::make_shared<Link>();
+    link->thread = std::thread(&P2PLinks::Serve, link, make_, from, to, rank_);
+  }
+  absl::MutexLock link_lock(&link->mu);
+  if (!link->failed.ok()) {
+    work->Finish(link->failed);
+  } else {
+    link->queue.push_back(work);
+  }
+  return work;
+}
+
+void P2PLinks::Abort(const absl::Status& reason) {
+  std::vector<std::shared_ptr<Link>> links;
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.ok()) aborted_ = reason;
+    for (const auto& [ends, link] : links_) links.push_back(link);
+  }
+  for (const std::shared_ptr<Link>& link : links) {
+    std::deque<std::shared_ptr<WorkImpl>> dropped;
+    {
+      absl::MutexLock lock(&link->mu);
+      if (link->failed.ok()) link->failed = reason;
+      dropped.swap(link->queue);
+      if (link->comm != nullptr) link->comm->Abort(reason);
+    }
+    for (const std::shared_ptr<WorkImpl>& w : dropped) w->Finish(reason);
+  }
+}
+
+void P2PLinks::Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to, int rank) {
+  absl::StatusOr<std::unique_ptr<Communicator>> made = make(from, to);
+  std::unique_ptr<Communicator> comm;
+  {
+    absl::MutexLock lock(&link->mu);
+    link->made = true;
+    if (!made.ok()) {
+      if (link->failed.ok()) {
+        link->failed = absl::Status(
+            made.status().code(),
+            absl::StrCat(LinkName(from, to), " could not be made: ", made.status().message()));
+      }
+    } else if (link->failed.ok()) {
+      comm = *std::move(made);
+      link->comm = comm.get();
+    }
+  }
+  const int peer = rank == from ? 1 : 0;  // in the link
+  auto ready = [&link]() ABSL_SHARED_LOCKS_REQUIRED(link->mu) {
+    return !link->queue.empty() || link->stopping;
+  };
+  while (true) {
+    std::shared_ptr<WorkImpl> work;
+    absl::Status failed;
+    {
+      absl::MutexLock lock(&link->mu);
+      link->mu.Await(absl::Condition(&ready));
+      if (link->queue.empty()) break;  // stopping
+      work = std::move(link->queue.front());
+      link->queue.pop_front();
+      failed = link->failed;
+      link->running = failed.ok();
+    }
+    if (!failed.ok()) {
+      work->Finish(failed);
+      continue;
+    }
+    absl::Status status;
+    if (work->MarkRunning(WallNow())) {
+      const OpDesc& d = work->desc();
+      const P2POptions options{.tag = d.tag, .timeout = d.timeout, .async = false};
+      Work w = d.kind == OpKind::kSend ? comm->Send(d.input, peer, options)
+                                       : comm->Recv(d.output, peer, options);
+      status = w.Wait();  // bounded by the link's watchdog
+    }
+    {
+      absl::MutexLock lock(&link->mu);
+      link->running = false;
+      if (absl::Status health = comm->health(); !health.ok() && link->failed.ok()) {
+        link->failed = absl::Status(health.code(),
+                                    absl::StrCat(LinkName(from, to), " broke: ", health.message()));
+      }
+    }
+    work->Finish(std::move(status));
+  }
+  {
+    absl::MutexLock lock(&link->mu);
+    link->comm = nullptr;
+  }
+}
+
+}  // namespace adaptcomm::internal
