@@ -348,7 +348,8 @@ class ADAPTCOMM_EXPORT Communicator {
   // communicator's other ops and the other directions, so matching sends and receives complete
   // whatever order the ranks issued them in. One direction's asynchronous messages match in issue
   // order (a receive names the tag of the send it meets), never an ordered or grouped op; the
-  // buffers are the communicator's until Wait returns; no sequence number (Work::seq() is 0).
+  // buffers are the communicator's until Wait returns; Work::seq() is not this communicator's
+  // (the link's, or 0 for an op queued while its link is made).
   Work Send(TensorView data, int peer, const P2POptions& options = {});
   Work Recv(TensorView data, int peer, const P2POptions& options = {});
 

@@ -58,7 +58,7 @@ Work CommunicatorImpl::SubmitPointToPoint(OpDesc&& desc, const P2POptions& optio
   if (absl::Status valid = ValidateOp(desc, members.rank, members.world_size); !valid.ok()) {
     return Work(WorkImpl::Failed(std::move(desc), std::move(valid)));
   }
-  return Work(links_->Post(std::move(desc)));
+  return links_->Post(std::move(desc));
 }
 
 }  // namespace adaptcomm::internal

@@ -17,7 +17,11 @@ struct P2PLinks::Link {
   // under mu before destroying it: whoever reads it under mu may use it while holding mu).
   Communicator* comm ABSL_GUARDED_BY(mu) = nullptr;
   bool made ABSL_GUARDED_BY(mu) = false;     // the thread is past making the link
-  bool running ABSL_GUARDED_BY(mu) = false;  // an op is on the link's communicator
+  bool running ABSL_GUARDED_BY(mu) = false;  // an op of the queue is on the link's communicator
+  // The ops queued while the link was being made have ended: later ones go straight to the link's
+  // communicator (its worker orders them), without the thread's hand-off.
+  bool direct ABSL_GUARDED_BY(mu) = false;
+  int peer = 0;  // the other rank in the link
   bool stopping ABSL_GUARDED_BY(mu) = false;
   absl::Status failed ABSL_GUARDED_BY(mu);  // every op fails with it from now on
   std::thread thread;                       // started and joined under P2PLinks::mu_ only
@@ -66,29 +70,38 @@ P2PLinks::~P2PLinks() {
   }
 }
 
-std::shared_ptr<WorkImpl> P2PLinks::Post(OpDesc desc) {
+namespace {
+
+// `op` (a send or receive of the parent) queued on the link `comm`, whose other rank is `peer`.
+Work SubmitOnLink(Communicator& comm, const OpDesc& op, int peer) {
+  const P2POptions options{.tag = op.tag, .timeout = op.timeout, .async = false};
+  return op.kind == OpKind::kSend ? comm.Send(op.input, peer, options)
+                                  : comm.Recv(op.output, peer, options);
+}
+
+}  // namespace
+
+Work P2PLinks::Post(OpDesc desc) {
   const bool send = desc.kind == OpKind::kSend;
   const int from = send ? rank_ : desc.peer;
   const int to = send ? desc.peer : rank_;
   desc.seq = 0;  // the parent's numbers are its own ops'
-  std::shared_ptr<WorkImpl> work = MakeWorkImpl(std::move(desc), WallNow());
   absl::MutexLock lock(&mu_);
-  if (!aborted_.ok()) {
-    work->Finish(aborted_);
-    return work;
-  }
+  if (!aborted_.ok()) return Work(WorkImpl::Failed(std::move(desc), aborted_));
   std::shared_ptr<Link>& link = links_[{from, to}];
   if (link == nullptr) {
     link = std::make_shared<Link>();
     link->thread = std::thread(&P2PLinks::Serve, link, make_, from, to, rank_);
   }
   absl::MutexLock link_lock(&link->mu);
-  if (!link->failed.ok()) {
-    work->Finish(link->failed);
-  } else {
-    link->queue.push_back(work);
+  if (!link->failed.ok()) return Work(WorkImpl::Failed(std::move(desc), link->failed));
+  if (link->direct) {
+    // On the link's own worker, which refuses it once the link broke or was aborted.
+    return SubmitOnLink(*link->comm, desc, link->peer);
   }
-  return work;
+  std::shared_ptr<WorkImpl> work = MakeWorkImpl(std::move(desc), WallNow());
+  link->queue.push_back(work);
+  return Work(std::move(work));
 }
 
 void P2PLinks::Abort(const absl::Status& reason) {
@@ -126,6 +139,7 @@ void P2PLinks::Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to
       comm = *std::move(made);
       link->comm = comm.get();
     }
+    link->peer = rank == from ? 1 : 0;
   }
   const int peer = rank == from ? 1 : 0;  // in the link
   auto ready = [&link]() ABSL_SHARED_LOCKS_REQUIRED(link->mu) {
@@ -136,6 +150,8 @@ void P2PLinks::Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to
     absl::Status failed;
     {
       absl::MutexLock lock(&link->mu);
+      // The ops queued while the link was made have ended: the next go straight to it.
+      if (link->queue.empty() && link->comm != nullptr && link->failed.ok()) link->direct = true;
       link->mu.Await(absl::Condition(&ready));
       if (link->queue.empty()) break;  // stopping
       work = std::move(link->queue.front());
@@ -149,11 +165,7 @@ void P2PLinks::Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to
     }
     absl::Status status;
     if (work->MarkRunning(WallNow())) {
-      const OpDesc& d = work->desc();
-      const P2POptions options{.tag = d.tag, .timeout = d.timeout, .async = false};
-      Work w = d.kind == OpKind::kSend ? comm->Send(d.input, peer, options)
-                                       : comm->Recv(d.output, peer, options);
-      status = w.Wait();  // bounded by the link's watchdog
+      status = SubmitOnLink(*comm, work->desc(), peer).Wait();  // bounded by the link's watchdog
     }
     {
       absl::MutexLock lock(&link->mu);

@@ -12,7 +12,9 @@
 // The ops of one direction are matched in issue order (a receive must name the tag of the send it
 // meets). An op's Work ends when its link's op does (its bound: the link's timeouts and watchdog);
 // it takes no sequence number of the parent's. A link that could not be made, or whose
-// communicator broke, fails its ops with that status from then on.
+// communicator broke, fails its ops with that status from then on. Once the ops queued while the
+// link was being made have ended, later ones go straight to the link's communicator from the
+// issuing thread (the thread's hand-off cost more than a small message).
 //
 // Thread safety: every method may be called from any thread.
 #ifndef ADAPTCOMM_LIB_CORE_COMMUNICATOR_P2P_LINKS_H_
@@ -46,8 +48,10 @@ class P2PLinks {
   P2PLinks& operator=(const P2PLinks&) = delete;
 
   // Queues `desc` (a send or a receive on host memory, validated against the parent) on its
-  // direction's link, making the link first if there is none; returns its Work at once.
-  std::shared_ptr<WorkImpl> Post(OpDesc desc);
+  // direction's link, making the link first if there is none; returns its Work at once: the
+  // link's own once the ops queued while it was made have ended (it carries the link's sequence
+  // number), else one the link's thread ends (sequence number 0).
+  Work Post(OpDesc desc);
   // Every op queued or running on a link fails with `reason` (each link communicator is
   // aborted), and so does every later one.
   void Abort(const absl::Status& reason);
