@@ -43,6 +43,7 @@ std::unique_ptr<Communicator> MakeComm(const RankEnv& env, BackendChoice backend
   o.timeout = absl::Seconds(20);
   o.init_timeout = init_timeout;
   o.max_retry_attempts = 1;
+  o.failure_report_window = absl::Seconds(1);  // a failed link waits this long for its peer's word
   absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Create(o);
   if (!comm.ok()) {
     ADD_FAILURE() << comm.status();
@@ -156,6 +157,33 @@ TEST(AsyncP2pOrderTest, OrderedByDefaultAsynchronousWhenAsked) {
       ASSERT_TRUE(w.Wait().ok()) << w.status();
       EXPECT_EQ(w.seq(), o.async ? 0u : 1u);
     }
+  });
+}
+
+// A receive that meets a send of another tag fails at once on shared memory, naming both tags,
+// and the link fails its later ops with that status: never data in the wrong buffer, never a hang.
+TEST(AsyncP2pFailureTest, ReceiveMeetingAnotherTagFailsNamingBoth) {
+  RunRanks(RankMode::kThreads, 2, [&](const RankEnv& env) {
+    std::unique_ptr<Communicator> comm = MakeComm(env, BackendChoice::kShm);
+    ASSERT_NE(comm, nullptr);
+    std::vector<float> v(8, static_cast<float>(env.rank + 1));
+    if (env.rank == 0) {
+      ASSERT_TRUE(comm->Send(HostView(v.data(), v.size()), 1, {.tag = 1, .async = true})
+                      .Wait(absl::Seconds(20))
+                      .ok());
+      return;
+    }
+    const absl::Time start = absl::Now();
+    const absl::Status s =
+        comm->Recv(HostView(v.data(), v.size()), 0, {.tag = 2, .async = true}).Wait();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+    EXPECT_FALSE(s.ok());
+    EXPECT_THAT(std::string(s.message()), HasSubstr("expected tag 2"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("has tag 1"));
+    for (float x : v) EXPECT_EQ(x, 2.0f);  // nothing landed
+    const absl::Status later =
+        comm->Recv(HostView(v.data(), v.size()), 0, {.tag = 1, .async = true}).Wait();
+    EXPECT_FALSE(later.ok());
   });
 }
 

@@ -147,6 +147,9 @@ class NcclBackend final : public BackendBase, public StreamOrdered, public Group
   // receives by tag in one ncclGroupStart/ncclGroupEnd. OK once queued (*queued: kSuccess or, on a
   // nonblocking communicator, kInProgress); a refusal as Launch's.
   absl::Status EnqueueGroup(const std::vector<OpDesc>& ops, NcclResult* queued);
+  // The first op of `ops` (not empty) with the largest timeout of the group: the group's name and
+  // bound; or the refusal (Supports) of its first op this backend cannot run.
+  absl::StatusOr<OpDesc> GroupBound(const std::vector<OpDesc>& ops) const;
   // The first op of a group named with the group's extent, for messages.
   std::string WhatGroup(const std::vector<OpDesc>& ops) const;
   // The completion of `op` once launched: its position's done event when the position is its own

@@ -26,6 +26,15 @@ std::string NcclBackend::WhatGroup(const std::vector<OpDesc>& ops) const {
                       ops.back().seq, " on rank ", options_.rank);
 }
 
+absl::StatusOr<OpDesc> NcclBackend::GroupBound(const std::vector<OpDesc>& ops) const {
+  OpDesc bound = ops.front();
+  for (const OpDesc& op : ops) {
+    if (absl::Status s = Supports(op); !s.ok()) return s;
+    bound.timeout = std::max(bound.timeout, op.timeout);
+  }
+  return bound;
+}
+
 absl::Status NcclBackend::EnqueueGroup(const std::vector<OpDesc>& ops, NcclResult* queued) {
   // In-place alltoalls of the group send from copies of their inputs, each its own part of the
   // staging buffer, copied on the communicator's stream behind the waits the caller queued.
@@ -73,12 +82,9 @@ absl::Status NcclBackend::RunGroup(const std::vector<OpDesc>& ops) {
   const OpDesc& head = ops.front();
   if (absl::Status s = BeginCall(head); !s.ok()) return s;
   return FinishCall([&]() -> absl::Status {
-    absl::Duration bound = head.timeout;
-    for (const OpDesc& op : ops) {
-      if (absl::Status s = Supports(op); !s.ok()) return s;
-      bound = std::max(bound, op.timeout);
-    }
-    const absl::Time deadline = absl::Now() + bound;
+    absl::StatusOr<OpDesc> group = GroupBound(ops);
+    if (!group.ok()) return group.status();
+    const absl::Time deadline = absl::Now() + group->timeout;
     ScopedCudaDevice device(*cuda_, options_.device);
     if (int e = device.error(); e != kCudaSuccess) {
       return Break(absl::UnavailableError(absl::StrCat(
@@ -111,9 +117,7 @@ absl::Status NcclBackend::RunGroup(const std::vector<OpDesc>& ops) {
     }
     NcclResult queued = NcclResult::kSuccess;
     if (absl::Status s = EnqueueGroup(ops, &queued); !s.ok()) return s;
-    OpDesc group = head;
-    group.timeout = bound;
-    return WaitDone(group, stream_, deadline);
+    return WaitDone(*group, stream_, deadline);
   }());
 }
 
@@ -133,11 +137,8 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::LaunchGroup(
   if (absl::Status s = BeginCall(head); !s.ok()) return s;
   std::shared_ptr<DeviceCompletion> completion;
   absl::Status status = FinishCall([&]() -> absl::Status {
-    OpDesc bound = head;  // the group's name in a launch that NCCL is slow to finish, and its bound
-    for (const OpDesc& op : ops) {
-      if (absl::Status s = Supports(op); !s.ok()) return s;
-      bound.timeout = std::max(bound.timeout, op.timeout);
-    }
+    absl::StatusOr<OpDesc> bound = GroupBound(ops);
+    if (!bound.ok()) return bound.status();
     // Per group, on the device (none of it waits for the host, nor the host for it):
     //  - each op's stream (the caller's): the op's issue event, recorded at GroupEnd (MarkIssue),
     //    which nothing on it waits for;
@@ -170,7 +171,7 @@ absl::StatusOr<std::shared_ptr<DeviceCompletion>> NcclBackend::LaunchGroup(
     }
     NcclResult queued = NcclResult::kSuccess;
     if (absl::Status s = EnqueueGroup(ops, &queued); !s.ok()) return s;
-    if (absl::Status s = AwaitLaunchDone(queued, bound); !s.ok()) return s;
+    if (absl::Status s = AwaitLaunchDone(queued, *bound); !s.ok()) return s;
     // The first op's position's done event stands for the group's end.
     absl::StatusOr<std::shared_ptr<DeviceCompletion>> claimed = CompletionOf(head);
     if (!claimed.ok()) return claimed.status();

@@ -3,6 +3,7 @@
 // this one's options and seams.
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,7 +26,10 @@ std::unique_ptr<P2PLinks> CommunicatorImpl::MakeLinks() const {
   // A link is a plain pair of ranks: no elastic membership of its own (its parent's changes
   // retire the links), no joiners.
   base.elastic = ElasticOptions{};
-  if (base.backend == BackendChoice::kNccl) base.backend = BackendChoice::kAuto;  // host views
+  // Two ranks on host memory: shared memory where the parent runs on it (one host), else Gloo,
+  // which reaches any pair (auto could pick NCCL, which takes no host memory).
+  base.backend = std::string_view(executor_->backend().name()) == "shm" ? BackendChoice::kShm
+                                                                        : BackendChoice::kGloo;
   const std::string dump_dir = config_.flight_recorder.dump_dir;
   const int me = *options_.rank;
   CommunicatorDeps deps = deps_;

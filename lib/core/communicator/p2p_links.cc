@@ -11,6 +11,8 @@
 namespace adaptcomm::internal {
 
 struct P2PLinks::Link {
+  explicit Link(int other) : peer(other) {}
+  const int peer;  // the other rank in the link (this rank is 0 when it sends)
   absl::Mutex mu;
   std::deque<std::shared_ptr<WorkImpl>> queue ABSL_GUARDED_BY(mu);
   // The link's communicator while its thread serves it (owned by the thread, which clears this
@@ -21,7 +23,6 @@ struct P2PLinks::Link {
   // The ops queued while the link was being made have ended: later ones go straight to the link's
   // communicator (its worker orders them), without the thread's hand-off.
   bool direct ABSL_GUARDED_BY(mu) = false;
-  int peer = 0;  // the other rank in the link
   bool stopping ABSL_GUARDED_BY(mu) = false;
   absl::Status failed ABSL_GUARDED_BY(mu);  // every op fails with it from now on
   std::thread thread;                       // started and joined under P2PLinks::mu_ only
@@ -47,19 +48,12 @@ P2PLinks::~P2PLinks() {
   const absl::Status gone =
       absl::CancelledError("the communicator was destroyed with this point-to-point op pending");
   for (auto& [ends, link] : links) {
-    std::deque<std::shared_ptr<WorkImpl>> dropped;
+    FailLink(*link, gone, /*stop=*/true);
     bool made;
     {
       absl::MutexLock lock(&link->mu);
-      link->stopping = true;
-      dropped.swap(link->queue);
-      if (link->failed.ok()) link->failed = gone;
-      // An op in progress ends now; an idle link is left as a communicator goes (no failure for
-      // the peer to hear of).
-      if (link->running && link->comm != nullptr) link->comm->Abort(gone);
       made = link->made;
     }
-    for (const std::shared_ptr<WorkImpl>& w : dropped) w->Finish(gone);
     if (made) {
       link->thread.join();
     } else {
@@ -68,6 +62,20 @@ P2PLinks::~P2PLinks() {
       link->thread.detach();
     }
   }
+}
+
+void P2PLinks::FailLink(Link& link, const absl::Status& reason, bool stop) {
+  std::deque<std::shared_ptr<WorkImpl>> dropped;
+  {
+    absl::MutexLock lock(&link.mu);
+    if (link.failed.ok()) link.failed = reason;
+    dropped.swap(link.queue);
+    // Stopping leaves an idle link as a communicator goes (no failure for its peer to hear of);
+    // an op of the queue in progress ends now.
+    if (link.comm != nullptr && (!stop || link.running)) link.comm->Abort(reason);
+    link.stopping = link.stopping || stop;
+  }
+  for (const std::shared_ptr<WorkImpl>& w : dropped) w->Finish(reason);
 }
 
 namespace {
@@ -90,8 +98,8 @@ Work P2PLinks::Post(OpDesc desc) {
   if (!aborted_.ok()) return Work(WorkImpl::Failed(std::move(desc), aborted_));
   std::shared_ptr<Link>& link = links_[{from, to}];
   if (link == nullptr) {
-    link = std::make_shared<Link>();
-    link->thread = std::thread(&P2PLinks::Serve, link, make_, from, to, rank_);
+    link = std::make_shared<Link>(send ? 1 : 0);
+    link->thread = std::thread(&P2PLinks::Serve, link, make_, from, to);
   }
   absl::MutexLock link_lock(&link->mu);
   if (!link->failed.ok()) return Work(WorkImpl::Failed(std::move(desc), link->failed));
@@ -111,19 +119,10 @@ void P2PLinks::Abort(const absl::Status& reason) {
     if (aborted_.ok()) aborted_ = reason;
     for (const auto& [ends, link] : links_) links.push_back(link);
   }
-  for (const std::shared_ptr<Link>& link : links) {
-    std::deque<std::shared_ptr<WorkImpl>> dropped;
-    {
-      absl::MutexLock lock(&link->mu);
-      if (link->failed.ok()) link->failed = reason;
-      dropped.swap(link->queue);
-      if (link->comm != nullptr) link->comm->Abort(reason);
-    }
-    for (const std::shared_ptr<WorkImpl>& w : dropped) w->Finish(reason);
-  }
+  for (const std::shared_ptr<Link>& link : links) FailLink(*link, reason, /*stop=*/false);
 }
 
-void P2PLinks::Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to, int rank) {
+void P2PLinks::Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to) {
   absl::StatusOr<std::unique_ptr<Communicator>> made = make(from, to);
   std::unique_ptr<Communicator> comm;
   {
@@ -139,9 +138,8 @@ void P2PLinks::Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to
       comm = *std::move(made);
       link->comm = comm.get();
     }
-    link->peer = rank == from ? 1 : 0;
   }
-  const int peer = rank == from ? 1 : 0;  // in the link
+  if (made.ok() && comm == nullptr) made->reset();  // made after an abort: not used
   auto ready = [&link]() ABSL_SHARED_LOCKS_REQUIRED(link->mu) {
     return !link->queue.empty() || link->stopping;
   };
@@ -165,7 +163,8 @@ void P2PLinks::Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to
     }
     absl::Status status;
     if (work->MarkRunning(WallNow())) {
-      status = SubmitOnLink(*comm, work->desc(), peer).Wait();  // bounded by the link's watchdog
+      // Bounded by the link's watchdog.
+      status = SubmitOnLink(*comm, work->desc(), link->peer).Wait();
     }
     {
       absl::MutexLock lock(&link->mu);

@@ -58,7 +58,13 @@ class P2PLinks {
 
  private:
   struct Link;
-  static void Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to, int rank);
+  // The link's thread: makes the link, hands it the ops queued meanwhile, then lets them go
+  // straight to it; ends once the link is stopped.
+  static void Serve(std::shared_ptr<Link> link, MakeLink make, int from, int to);
+  // Fails the link's queued ops and every later one with `reason` (its first failure stays), and
+  // aborts its communicator; `stop` (destruction) aborts it only if an op of the queue runs, and
+  // ends the link's thread.
+  static void FailLink(Link& link, const absl::Status& reason, bool stop);
 
   const int rank_;
   const MakeLink make_;

@@ -130,9 +130,11 @@ std::string OpFingerprint(const OpDesc& op);
 // A group's: its collectives in issue order (its sends and receives may differ between ranks).
 std::string GroupFingerprint(const WorkImpl& head);
 
-// Why a group's ops have no replay record (RecoverUnrecorded).
+// Why an op has no replay record (RecoverUnrecorded): a group's, and one of retry.replay auto.
 inline constexpr absl::string_view kGroupNotReRun =
     "a group takes no replay record and is never re-run alone";
+inline constexpr absl::string_view kReplayAutoNoCopy =
+    "retry.replay auto keeps no copy of its input";
 
 // Aborted with the step-redo payload (IsStepRedo): a step's op, or the step, to be redone.
 absl::Status StepRedoStatus(std::string message);
@@ -398,7 +400,9 @@ class OpExecutor : public std::enable_shared_from_this<OpExecutor> {
   absl::Status Execute(const WorkImpl& work, absl::Time started, std::optional<Launched>* launched);
   // Runs a group headed by `work` (Execute's part for groups): launched on the device as one unit
   // when its ops have stream positions (*launched set), else to completion.
-  absl::Status ExecuteGroup(const WorkImpl& work, std::optional<Launched>* launched);
+  // `started`: as Execute's.
+  absl::Status ExecuteGroup(const WorkImpl& work, absl::Time started,
+                            std::optional<Launched>* launched);
   // RunWithRetry's part for a group outside a step.
   absl::Status RunGroupWithRetry(const WorkImpl& work, absl::Time started,
                                  std::optional<Launched>* launched);

@@ -68,10 +68,9 @@ absl::Status OpExecutor::RunWithRetry(const WorkImpl& work, absl::Time started,
   }
   absl::Status status = Execute(work, started, launched);
   if (!status.ok() && !replayable && retries_) {
-    return RecoverUnrecorded(desc, status,
-                             absl::IsFailedPrecondition(recorded)
-                                 ? "retry.replay auto keeps no copy of its input"
-                                 : recorded.message());
+    return RecoverUnrecorded(
+        desc, status,
+        absl::IsFailedPrecondition(recorded) ? kReplayAutoNoCopy : recorded.message());
   }
   // A failure while another rank's retry is pending (the backend was interrupted or already
   // broken for it) joins that retry whatever its code; otherwise the policy decides.
@@ -374,9 +373,10 @@ void OpExecutor::HandleDeviceFailure(std::deque<std::shared_ptr<WorkImpl>> faile
   const std::shared_ptr<WorkImpl> head = failed.front();
   if (retries_ &&
       std::any_of(failed.begin(), failed.end(), [](const auto& w) { return w->heads_group(); })) {
-    // A group in flight has no record and is never re-run (neither are the ops queued behind it):
-    // as for an unrecorded op, every rank votes and the communicator recovers, and the ops fail
-    // with the redo status; unless a Wait let a caller's stream past one of them.
+    // A group has no record and is never re-run (nor are the ops in flight with it), but keeps what
+    // groups promise off the device too: every rank votes, the communicator recovers, and its ops
+    // fail with the redo status; unless a Wait let a caller's stream past one of them. (A single
+    // device op without a record fails without a rebuild: NcclRetry.OpWhoseRecordIsOverTheBudget.)
     if (absl::Status lost = ReleasedOpLoss(failed, status); !lost.ok()) {
       status = lost;
     } else {
