@@ -731,6 +731,16 @@ int FakeNcclApi::HostAlloc(void** ptr, size_t bytes) {
   return cuda::kCudaSuccess;
 }
 int FakeNcclApi::FreeHost(void* ptr) {
+  {
+    // Its range is no longer host memory of this runtime: a later Malloc may get the same address
+    // (std::malloc), which PointerGetAttributes must then call device memory.
+    absl::MutexLock lock(&world_->mu);
+    auto& ranges = state_->host_ranges;
+    ranges.erase(std::remove_if(
+                     ranges.begin(), ranges.end(),
+                     [ptr](const auto& r) { return r.first == reinterpret_cast<uintptr_t>(ptr); }),
+                 ranges.end());
+  }
   std::free(ptr);
   return cuda::kCudaSuccess;
 }
